@@ -1,0 +1,112 @@
+/*
+ * mzcache: an on-device LLM runtime whose memory can be given back to the system unit by unit and
+ * restored fast. This is the whole public API: C, opaque handles, params structs with defaults,
+ * integer return codes. No C++ exception crosses it.
+ *
+ * Errors: every function returning int returns MZ_OK (0) or a negative mz_status. The message of
+ * the last error on the calling thread is available from mz_last_error().
+ *
+ * Thread-safety: a model may be shared by contexts on different threads only for read-only calls
+ * (tokenize, piece, info). One context must not be used from two threads at once.
+ */
+#ifndef MZCACHE_H
+#define MZCACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int32_t mz_token;
+typedef struct mz_model mz_model;
+typedef struct mz_context mz_context;
+
+enum mz_status {
+  MZ_OK = 0,
+  MZ_ERR_INVALID_ARG = -1,   /* a bad request: null pointer, out-of-range value, bad token id */
+  MZ_ERR_IO = -2,            /* the OS refused a read/write (EIO, ...) */
+  MZ_ERR_CORRUPT = -3,       /* a file is malformed, truncated, or fails its checksum */
+  MZ_ERR_UNSUPPORTED = -4,   /* a valid file this build cannot run (architecture, type) */
+  MZ_ERR_NO_MEMORY = -5,     /* an allocation failed */
+  MZ_ERR_NO_SPACE = -6,      /* storage full (ENOSPC) */
+  MZ_ERR_BUSY = -7,          /* the operation conflicts with one in flight, or needs a restore */
+  MZ_ERR_CONTEXT_FULL = -8,  /* the request would exceed n_ctx */
+  MZ_ERR_MODEL_CHANGED = -9, /* the model file changed since it was loaded */
+  MZ_ERR_INTERNAL = -100
+};
+
+/* Short name of a status code ("ok", "corrupt data", ...). Never NULL. */
+const char* mz_status_str(int status);
+/* Message of the last error on this thread (empty string if none). Valid until the next call. */
+const char* mz_last_error(void);
+
+/* ---- model ---- */
+struct mz_model_params {
+  bool direct_io;   /* read weights with O_DIRECT (default true; falls back where unsupported) */
+  int32_t io_threads; /* threads reading weights at load (default 2) */
+};
+struct mz_model_params mz_model_default_params(void);
+
+/* Loads a GGUF of architecture llama (3.x), qwen2 or qwen3. On failure *out is NULL. */
+int mz_model_load(const char* path, const struct mz_model_params* params, mz_model** out);
+void mz_model_free(mz_model* model);
+
+struct mz_model_info {
+  const char* arch;        /* "llama", "qwen2", "qwen3" */
+  const char* name;        /* general.name */
+  int32_t n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+  uint64_t weight_bytes;   /* all tensor bytes */
+  uint64_t kv_bytes_per_token; /* fp16 K+V over all layers */
+};
+int mz_model_get_info(const mz_model* model, struct mz_model_info* out);
+
+/* Tokenizes text. Writes at most cap tokens to out and the needed count to *n_out; returns
+ * MZ_ERR_INVALID_ARG if cap is too small (then *n_out tells how many are needed). */
+int mz_tokenize(const mz_model* model, const char* text, bool add_special, bool parse_special, mz_token* out,
+                int32_t cap, int32_t* n_out);
+/* Text of one token, NUL-terminated, truncated to cap-1 bytes. Returns the full length or < 0. */
+int32_t mz_token_to_piece(const mz_model* model, mz_token token, char* buf, int32_t cap);
+bool mz_token_is_eog(const mz_model* model, mz_token token);
+
+/* ---- context: one conversation (KV cache in chunks) ---- */
+struct mz_context_params {
+  uint32_t n_ctx;            /* maximum tokens (default 8192); memory grows with use, not reserved */
+  uint32_t kv_chunk_tokens;  /* tokens per KV chunk (default 256) */
+  int32_t n_threads;         /* compute threads (default 2) */
+  uint32_t n_ubatch;         /* tokens per forward graph (default 512) */
+};
+struct mz_context_params mz_context_default_params(void);
+
+int mz_context_new(mz_model* model, const struct mz_context_params* params, mz_context** out);
+void mz_context_free(mz_context* ctx);
+
+/* Appends n tokens to the context and computes logits: for every token if all_logits, else for
+ * the last one. On failure the context is unchanged. */
+int mz_decode(mz_context* ctx, const mz_token* tokens, int32_t n, bool all_logits);
+/* Logits row i of the last mz_decode (n_vocab floats), or NULL if out of range. */
+const float* mz_get_logits(mz_context* ctx, int32_t i);
+int32_t mz_context_n_tokens(const mz_context* ctx);
+/* Forgets tokens from position n_keep on (n_keep = 0 clears the conversation). */
+int mz_context_truncate(mz_context* ctx, int32_t n_keep);
+
+/* ---- sampling ---- */
+struct mz_sampler_params {
+  float temperature; /* <= 0: greedy (default 0) */
+  int32_t top_k;     /* default 40 */
+  float top_p;       /* default 0.95 */
+  uint32_t seed;     /* default 42 */
+};
+struct mz_sampler_params mz_sampler_default_params(void);
+typedef struct mz_sampler mz_sampler;
+mz_sampler* mz_sampler_new(const struct mz_sampler_params* params);
+void mz_sampler_free(mz_sampler* s);
+/* Samples from logits row i of the last decode; returns the token or a negative status. */
+mz_token mz_sampler_sample(mz_sampler* s, mz_context* ctx, int32_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MZCACHE_H */

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds mzcache, makes the embedded default model (the
+# synthesized Qwen3-0.6B q8_0 with the real Qwen tokenizer) if missing, and runs a short generation
+# that prints TTFT and tokens/s. Extra arguments go to `mzcache run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX=$(scripts/deps.sh | tail -n 1)
+cmake -S . -B build -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+ninja -C build mzcache | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+exec ./build/mzcache run -p "${MZ_PROMPT:-Tell me about memory on phones.}" -n "${MZ_N_PREDICT:-48}" "$@"

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Obtain and build the pinned ggml + llama.cpp from the npm package node-llama-cpp.
+#
+# Contract: prints the install prefix (one line, last line of stdout) on success; exits non-zero with
+# a message on stderr on failure. Idempotent: a finished build is found in the cache and reused in
+# well under a second. Nothing is written inside the source tree.
+#
+#   MZ_DEPS_CACHE   cache root (default ~/.cache/mzcache)
+#   MZ_SKIP_APT=1   do not run apt-get (packages are known to be present)
+set -euo pipefail
+
+NLC_VERSION=3.21.1
+NLC_SHA256=7a231d6bafa14142a1cbed9893d4ec5bc6041b2a5f5939a623accaab4203c11f
+# Build flags are part of the cache key: change them and a new build is made.
+BUILD_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_CPU=ON \
+ -DGGML_OPENMP=ON -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+ -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DCMAKE_BUILD_TYPE=Release"
+KEY=$(printf '%s %s %s' "$NLC_VERSION" "$NLC_SHA256" "$BUILD_FLAGS" | sha256sum | cut -c1-12)
+
+CACHE=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}
+ROOT=$CACHE/deps/node-llama-cpp-$NLC_VERSION-$KEY
+PREFIX=$ROOT/install
+
+log() { echo "[deps] $*" >&2; }
+
+APT_PACKAGES="build-essential cmake ninja-build git libgtest-dev libgmock-dev libbenchmark-dev \
+ libcli11-dev nlohmann-json3-dev libzstd-dev liblz4-dev liburing-dev libxxhash-dev gnuplot-nox libfmt-dev \
+ libspdlog-dev libomp-dev ccache"
+
+install_apt() {
+  [ "${MZ_SKIP_APT:-0}" = 1 ] && return 0
+  local missing=()
+  for p in $APT_PACKAGES; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  # node/npm often come from elsewhere than Debian (the machine image ships them): check the commands.
+  command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}" >&2
+}
+
+install_apt
+
+if [ -f "$PREFIX/.complete" ]; then
+  echo "$PREFIX"
+  exit 0
+fi
+
+mkdir -p "$ROOT"
+cd "$ROOT"
+if [ ! -f pkg.ok ]; then
+  log "fetching node-llama-cpp@$NLC_VERSION from npm"
+  rm -rf pack && mkdir pack
+  (cd pack && npm pack --silent "node-llama-cpp@$NLC_VERSION" >/dev/null)
+  got=$(sha256sum pack/node-llama-cpp-$NLC_VERSION.tgz | cut -d' ' -f1)
+  if [ "$got" != "$NLC_SHA256" ]; then
+    log "sha256 mismatch for node-llama-cpp-$NLC_VERSION.tgz: got $got, want $NLC_SHA256"
+    exit 1
+  fi
+  tar -xzf pack/node-llama-cpp-$NLC_VERSION.tgz -C pack package/llama/gitRelease.bundle
+  rm -rf src
+  git clone -q pack/package/llama/gitRelease.bundle src
+  rm -rf pack/package pack/*.tgz
+  touch pkg.ok
+fi
+
+log "building ggml + llama.cpp (2 cores: about 10 minutes, once)"
+# shellcheck disable=SC2086
+cmake -S src -B build -G Ninja $BUILD_FLAGS -DCMAKE_INSTALL_PREFIX="$PREFIX" \
+  -DCMAKE_INSTALL_RPATH="$PREFIX/lib" -DCMAKE_BUILD_RPATH="$PREFIX/lib" >&2
+cmake --build build --target llama ggml llama-bench llama-cli llama-simple -j "$(nproc)" >&2 \
+  || cmake --build build --target llama ggml llama-bench -j "$(nproc)" >&2
+# Install by hand: only the targets above were built, so `cmake --install` would fail on the rest.
+rm -rf "$PREFIX" && mkdir -p "$PREFIX/include" "$PREFIX/lib" "$PREFIX/bin"
+cp src/include/*.h src/ggml/include/*.h "$PREFIX/include/"
+cp -P build/bin/*.so* "$PREFIX/lib/"
+for b in llama-bench llama-cli llama-simple; do
+  [ -x build/bin/$b ] && cp build/bin/$b "$PREFIX/bin/"
+done
+# Models' vocabularies: the synthesizer copies tokenizers from here.
+mkdir -p "$PREFIX/share/vocab"
+cp src/models/ggml-vocab-*.gguf "$PREFIX/share/vocab/"
+for lib in libllama.so libggml.so libggml-base.so libggml-cpu.so; do
+  [ -e "$PREFIX/lib/$lib" ] || { log "install incomplete: $PREFIX/lib/$lib missing"; exit 1; }
+done
+[ -x "$PREFIX/bin/llama-bench" ] || { log "install incomplete: llama-bench missing"; exit 1; }
+touch "$PREFIX/.complete"
+log "done: $PREFIX"
+echo "$PREFIX"

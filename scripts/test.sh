@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing (Debian packages, the pinned llama.cpp build, cached
+# in ~/.cache/mzcache), builds mzcache, and runs every test: the normal build, then ASan+UBSan,
+# then the concurrency tests under TSan. Exits non-zero if anything fails.
+#   MZ_TEST_QUICK=1  only the normal build (for a fast local loop)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+PREFIX=$(scripts/deps.sh | tail -n 1)
+echo "[test] deps: $PREFIX"
+
+build() {  # build DIR SANITIZE
+  local dir=$1 san=$2
+  cmake -S . -B "$dir" -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  echo "[test] building $dir ${san:+(sanitizers: $san)}"
+  ninja -C "$dir" -j "$JOBS" | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "[test] build failed: $dir"; exit 1; }
+}
+
+build build ""
+echo "[test] running tests (normal build)"
+(cd build && ctest --output-on-failure -j "$JOBS" --timeout 1200)
+[ "${MZ_TEST_QUICK:-0}" = 1 ] && exit 0
+
+build build-asan "address,undefined"
+echo "[test] running tests under ASan+UBSan"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/asan.supp
+export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# The synthesized test models are shared with the normal build (same generator, same seed).
+export MZ_TEST_MODEL_DIR_OVERRIDE=$PWD/build/test-models
+(cd build-asan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -LE slow)
+
+build build-tsan "thread"
+echo "[test] running concurrency tests under TSan"
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+(cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency)
+echo "[test] all test stages passed"

@@ -1,0 +1,209 @@
+// The C boundary: catches every exception, maps Status to mz_status, records the message.
+#include "mzcache.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+struct mz_model {
+  std::unique_ptr<mz::Model> model;
+  std::unique_ptr<mz::Tokenizer> tok;
+};
+struct mz_context {
+  std::unique_ptr<mz::Context> ctx;
+};
+struct mz_sampler {
+  std::unique_ptr<mz::Sampler> s;
+};
+
+namespace {
+thread_local std::string t_last_error;
+
+int Fail(const mz::Status& st, const char* fn) {
+  t_last_error = std::string(fn) + ": " + st.message();
+  return int(st.code());
+}
+
+template <class F>
+int Guard(const char* fn, F&& f) {
+  try {
+    mz::Status st = f();
+    if (!st.ok()) return Fail(st, fn);
+    t_last_error.clear();
+    return MZ_OK;
+  } catch (const std::bad_alloc&) {
+    return Fail(mz::Status::NoMemory("allocation failed"), fn);
+  } catch (const std::exception& e) {
+    return Fail(mz::Status::Internal(e.what()), fn);
+  } catch (...) {
+    return Fail(mz::Status::Internal("unknown exception"), fn);
+  }
+}
+}  // namespace
+
+extern "C" {
+
+const char* mz_status_str(int status) { return mz::StatusCodeName(mz::Status::Code(status)); }
+const char* mz_last_error(void) { return t_last_error.c_str(); }
+
+mz_model_params mz_model_default_params(void) {
+  mz_model_params p;
+  p.direct_io = true;
+  p.io_threads = 2;
+  return p;
+}
+
+int mz_model_load(const char* path, const mz_model_params* params, mz_model** out) {
+  if (out) *out = nullptr;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!path || !out) return mz::Status::InvalidArgument("path and out must not be NULL");
+    mz_model_params p = params ? *params : mz_model_default_params();
+    mz::ModelOptions o;
+    o.direct_io = p.direct_io;
+    o.io_threads = p.io_threads > 0 ? p.io_threads : 1;
+    auto m = std::make_unique<mz_model>();
+    MZ_RETURN_IF_ERROR(mz::Model::Load(mz::Env::Default(), path, o, &m->model));
+    MZ_RETURN_IF_ERROR(mz::Tokenizer::Load(path, &m->tok));
+    *out = m.release();
+    return mz::Status::Ok();
+  });
+}
+
+void mz_model_free(mz_model* model) { delete model; }
+
+int mz_model_get_info(const mz_model* model, mz_model_info* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
+    const mz::HParams& hp = model->model->hparams();
+    out->arch = mz::ArchName(hp.arch);
+    out->name = hp.name.c_str();
+    out->n_vocab = int32_t(hp.n_vocab);
+    out->n_ctx_train = int32_t(hp.n_ctx_train);
+    out->n_embd = int32_t(hp.n_embd);
+    out->n_layer = int32_t(hp.n_layer);
+    out->n_head = int32_t(hp.n_head);
+    out->n_head_kv = int32_t(hp.n_head_kv);
+    out->head_dim = int32_t(hp.head_dim);
+    out->n_ff = int32_t(hp.n_ff);
+    out->weight_bytes = model->model->tensor_bytes();
+    out->kv_bytes_per_token = hp.kv_bytes_per_token();
+    return mz::Status::Ok();
+  });
+}
+
+int mz_tokenize(const mz_model* model, const char* text, bool add_special, bool parse_special, mz_token* out,
+                int32_t cap, int32_t* n_out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!model || !text || !n_out || (cap > 0 && !out)) return mz::Status::InvalidArgument("null argument");
+    std::vector<int32_t> toks;
+    MZ_RETURN_IF_ERROR(model->tok->Tokenize(text, add_special, parse_special, &toks));
+    *n_out = int32_t(toks.size());
+    if (int32_t(toks.size()) > cap)
+      return mz::Status::InvalidArgument("output buffer too small: need " + std::to_string(toks.size()));
+    std::memcpy(out, toks.data(), toks.size() * sizeof(mz_token));
+    return mz::Status::Ok();
+  });
+}
+
+int32_t mz_token_to_piece(const mz_model* model, mz_token token, char* buf, int32_t cap) {
+  if (!model || token < 0 || token >= model->tok->n_vocab()) return MZ_ERR_INVALID_ARG;
+  std::string s = model->tok->Piece(token);
+  if (buf && cap > 0) {
+    size_t n = std::min(s.size(), size_t(cap - 1));
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return int32_t(s.size());
+}
+
+bool mz_token_is_eog(const mz_model* model, mz_token token) { return model && model->tok->IsEog(token); }
+
+mz_context_params mz_context_default_params(void) {
+  mz_context_params p;
+  p.n_ctx = 8192;
+  p.kv_chunk_tokens = 256;
+  p.n_threads = 2;
+  p.n_ubatch = 512;
+  return p;
+}
+
+int mz_context_new(mz_model* model, const mz_context_params* params, mz_context** out) {
+  if (out) *out = nullptr;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
+    mz_context_params p = params ? *params : mz_context_default_params();
+    if (p.n_ctx == 0 || p.n_ctx > (1u << 24)) return mz::Status::InvalidArgument("n_ctx out of range");
+    if (p.kv_chunk_tokens == 0 || p.kv_chunk_tokens > 65536)
+      return mz::Status::InvalidArgument("kv_chunk_tokens out of range");
+    if (p.n_threads <= 0 || p.n_threads > 256) return mz::Status::InvalidArgument("n_threads out of range");
+    if (p.n_ubatch == 0) return mz::Status::InvalidArgument("n_ubatch must be positive");
+    mz::ContextOptions o;
+    o.n_ctx = int(p.n_ctx);
+    o.kv_chunk_tokens = int(p.kv_chunk_tokens);
+    o.n_threads = p.n_threads;
+    o.n_ubatch = int(p.n_ubatch);
+    auto c = std::make_unique<mz_context>();
+    c->ctx = std::make_unique<mz::Context>(model->model.get(), o);
+    *out = c.release();
+    return mz::Status::Ok();
+  });
+}
+
+void mz_context_free(mz_context* ctx) { delete ctx; }
+
+int mz_decode(mz_context* ctx, const mz_token* tokens, int32_t n, bool all_logits) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !tokens || n <= 0) return mz::Status::InvalidArgument("need a context and at least one token");
+    return ctx->ctx->Decode(tokens, n, all_logits);
+  });
+}
+
+const float* mz_get_logits(mz_context* ctx, int32_t i) { return ctx ? ctx->ctx->logits(i) : nullptr; }
+int32_t mz_context_n_tokens(const mz_context* ctx) { return ctx ? int32_t(ctx->ctx->history().size()) : 0; }
+
+int mz_context_truncate(mz_context* ctx, int32_t n_keep) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || n_keep < 0) return mz::Status::InvalidArgument("bad context or n_keep");
+    ctx->ctx->Truncate(n_keep);
+    return mz::Status::Ok();
+  });
+}
+
+mz_sampler_params mz_sampler_default_params(void) {
+  mz_sampler_params p;
+  p.temperature = 0.0f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.seed = 42;
+  return p;
+}
+
+mz_sampler* mz_sampler_new(const mz_sampler_params* params) {
+  try {
+    mz_sampler_params p = params ? *params : mz_sampler_default_params();
+    mz::SamplerParams sp{p.temperature, p.top_k, p.top_p, p.seed};
+    auto s = std::make_unique<mz_sampler>();
+    s->s = std::make_unique<mz::Sampler>(sp);
+    return s.release();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void mz_sampler_free(mz_sampler* s) { delete s; }
+
+mz_token mz_sampler_sample(mz_sampler* s, mz_context* ctx, int32_t i) {
+  if (!s || !ctx) return MZ_ERR_INVALID_ARG;
+  const float* l = ctx->ctx->logits(i);
+  if (!l) return MZ_ERR_INVALID_ARG;
+  return s->s->Sample(l, int32_t(ctx->ctx->model()->hparams().n_vocab));
+}
+
+}  // extern "C"

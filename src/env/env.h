@@ -1,0 +1,96 @@
+// Env: the one seam between mzcache and the operating system (files, anonymous memory, clock).
+// Everything that touches the OS goes through an Env so tests can inject faults (see FaultEnv) and
+// count I/O. Thread-safety: Env and File methods are safe for concurrent use unless noted.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+
+namespace mz {
+
+struct FileInfo {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t inode = 0;
+  uint64_t device = 0;
+};
+
+// Direct I/O requires buffers, offsets and lengths aligned to kDirectIoAlign.
+constexpr size_t kDirectIoAlign = 4096;
+inline uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
+inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+class File {
+ public:
+  virtual ~File() = default;
+  // Reads exactly n bytes at off into buf unless EOF comes first; *got receives the count read.
+  // A short count is only returned at end of file. Errors (EIO, ...) return non-OK; *got is then
+  // the count read before the error.
+  virtual Status Read(void* buf, size_t n, uint64_t off, size_t* got) = 0;
+  // Writes all n bytes at off or returns non-OK (ENOSPC -> kNoSpace). Partial writes are an error.
+  virtual Status Write(const void* buf, size_t n, uint64_t off) = 0;
+  virtual Status Sync() = 0;
+  virtual Status Truncate(uint64_t size) = 0;
+  virtual Status Stat(FileInfo* info) = 0;
+  // True if the file was opened with O_DIRECT (alignment rules apply).
+  virtual bool direct() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+enum class OpenMode {
+  kRead,          // existing file, read-only
+  kReadWrite,     // existing file or create, read-write, not truncated
+  kCreateTrunc,   // create or truncate, read-write
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  // Opens path. With direct=true tries O_DIRECT and silently falls back to buffered I/O when the
+  // file system refuses it (tmpfs): check File::direct().
+  virtual Status Open(const std::string& path, OpenMode mode, bool direct,
+                      std::unique_ptr<File>* out) = 0;
+  virtual Status StatPath(const std::string& path, FileInfo* info) = 0;
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  virtual Status Remove(const std::string& path) = 0;
+  // fsync of the directory holding path (makes a rename durable).
+  virtual Status SyncDir(const std::string& path) = 0;
+
+  // Anonymous private memory, page aligned, zero-filled, returned to the OS by Unmap (not kept in a
+  // malloc arena, so freeing a unit really shrinks RSS). On failure returns nullptr.
+  virtual void* MapAnon(size_t bytes) = 0;
+  virtual void Unmap(void* p, size_t bytes) = 0;
+
+  virtual uint64_t NowNs() = 0;
+
+  // The process-wide POSIX Env. Never freed.
+  static Env* Default();
+};
+
+// Forwards every call to a target Env; test doubles override only what they need.
+class EnvWrapper : public Env {
+ public:
+  explicit EnvWrapper(Env* target) : target_(target) {}
+  Status Open(const std::string& p, OpenMode m, bool d, std::unique_ptr<File>* o) override {
+    return target_->Open(p, m, d, o);
+  }
+  Status StatPath(const std::string& p, FileInfo* i) override { return target_->StatPath(p, i); }
+  Status Rename(const std::string& a, const std::string& b) override { return target_->Rename(a, b); }
+  Status Remove(const std::string& p) override { return target_->Remove(p); }
+  Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
+  void* MapAnon(size_t n) override { return target_->MapAnon(n); }
+  void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
+  uint64_t NowNs() override { return target_->NowNs(); }
+  Env* target() const { return target_; }
+
+ private:
+  Env* target_;
+};
+
+// Reads [off, off+n) fully; a short read (EOF inside the range) is a kCorruption error naming what.
+Status ReadFully(File* f, void* buf, size_t n, uint64_t off, const std::string& what);
+
+}  // namespace mz

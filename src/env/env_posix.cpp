@@ -1,0 +1,162 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+
+#include "env/env.h"
+
+namespace mz {
+namespace {
+
+class PosixFile final : public File {
+ public:
+  PosixFile(int fd, std::string path, bool direct) : fd_(fd), path_(std::move(path)), direct_(direct) {}
+  ~PosixFile() override { ::close(fd_); }
+
+  Status Read(void* buf, size_t n, uint64_t off, size_t* got) override {
+    size_t done = 0;
+    while (done < n) {
+      size_t want = n - done;
+      if (want > (size_t(1) << 30)) want = size_t(1) << 30;
+      ssize_t r = ::pread(fd_, static_cast<char*>(buf) + done, want, off + done);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        *got = done;
+        return Status::FromErrno(errno, "read " + path_);
+      }
+      if (r == 0) break;
+      done += size_t(r);
+    }
+    *got = done;
+    return Status::Ok();
+  }
+
+  Status Write(const void* buf, size_t n, uint64_t off) override {
+    size_t done = 0;
+    while (done < n) {
+      size_t want = n - done;
+      if (want > (size_t(1) << 30)) want = size_t(1) << 30;
+      ssize_t r = ::pwrite(fd_, static_cast<const char*>(buf) + done, want, off + done);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, "write " + path_);
+      }
+      if (r == 0) return Status::IOError("write " + path_ + ": wrote nothing");
+      done += size_t(r);
+    }
+    return Status::Ok();
+  }
+
+  Status Sync() override {
+    if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fsync " + path_);
+    return Status::Ok();
+  }
+  Status Truncate(uint64_t size) override {
+    if (::ftruncate(fd_, off_t(size)) != 0) return Status::FromErrno(errno, "truncate " + path_);
+    return Status::Ok();
+  }
+  Status Stat(FileInfo* info) override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "stat " + path_);
+    info->size = uint64_t(st.st_size);
+    info->mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+    info->inode = st.st_ino;
+    info->device = st.st_dev;
+    return Status::Ok();
+  }
+  bool direct() const override { return direct_; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  int fd_;
+  std::string path_;
+  bool direct_;
+};
+
+class PosixEnv final : public Env {
+ public:
+  Status Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) override {
+    int flags = O_CLOEXEC;
+    switch (mode) {
+      case OpenMode::kRead: flags |= O_RDONLY; break;
+      case OpenMode::kReadWrite: flags |= O_RDWR | O_CREAT; break;
+      case OpenMode::kCreateTrunc: flags |= O_RDWR | O_CREAT | O_TRUNC; break;
+    }
+    int fd = -1;
+    bool is_direct = false;
+    if (direct) {
+      fd = ::open(path.c_str(), flags | O_DIRECT, 0644);
+      if (fd >= 0) is_direct = true;
+      else if (errno != EINVAL) return Status::FromErrno(errno, "open " + path);
+    }
+    if (fd < 0) fd = ::open(path.c_str(), flags, 0644);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    out->reset(new PosixFile(fd, path, is_direct));
+    return Status::Ok();
+  }
+  Status StatPath(const std::string& path, FileInfo* info) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
+    info->size = uint64_t(st.st_size);
+    info->mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+    info->inode = st.st_ino;
+    info->device = st.st_dev;
+    return Status::Ok();
+  }
+  Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return Status::FromErrno(errno, "rename " + from + " -> " + to);
+    return Status::Ok();
+  }
+  Status Remove(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Status::FromErrno(errno, "remove " + path);
+    return Status::Ok();
+  }
+  Status SyncDir(const std::string& path) override {
+    std::string dir = path;
+    auto slash = dir.find_last_of('/');
+    dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : dir.substr(0, slash));
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open dir " + dir);
+    int rc = ::fsync(fd);
+    int err = errno;
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno(err, "fsync dir " + dir);
+    return Status::Ok();
+  }
+  void* MapAnon(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
+  void Unmap(void* p, size_t bytes) override {
+    if (p) ::munmap(p, bytes);
+  }
+  uint64_t NowNs() override {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+  }
+};
+
+}  // namespace
+
+Env* Env::Default() {
+  static PosixEnv* env = new PosixEnv();
+  return env;
+}
+
+Status ReadFully(File* f, void* buf, size_t n, uint64_t off, const std::string& what) {
+  size_t got = 0;
+  Status st = f->Read(buf, n, off, &got);
+  if (!st.ok()) return st.With(what);
+  if (got < n)
+    return Status::Corruption(what + ": file truncated (wanted " + std::to_string(n) + " bytes at offset " +
+                              std::to_string(off) + ", got " + std::to_string(got) + ")");
+  return Status::Ok();
+}
+
+}  // namespace mz

@@ -1,0 +1,74 @@
+#include "memory/kv_cache.h"
+
+namespace mz {
+
+KvCache::KvCache(Env* env, const KvGeometry& g, int n_ctx_max)
+    : env_(env), g_(g), n_ctx_max_(n_ctx_max), chunks_(size_t(g.n_layer)), kptr_(size_t(g.n_layer)),
+      vptr_(size_t(g.n_layer)) {}
+
+KvCache::~KvCache() { Truncate(0); }
+
+void KvCache::RefreshView(int layer, int c) {
+  uint16_t* p = chunks_[layer][c];
+  kptr_[layer][c] = p;
+  vptr_[layer][c] = p ? p + g_.block_elems() : nullptr;
+}
+
+Status KvCache::Reserve(int tokens) {
+  if (tokens > n_ctx_max_)
+    return Status::ContextFull("context of " + std::to_string(tokens) + " tokens exceeds n_ctx " +
+                               std::to_string(n_ctx_max_));
+  const int need = n_chunks_for(tokens);
+  for (int l = 0; l < g_.n_layer; ++l) {
+    while (int(chunks_[l].size()) < need) {
+      void* p = env_->MapAnon(g_.chunk_bytes());
+      if (!p) return Status::NoMemory("allocating a KV chunk of " + std::to_string(g_.chunk_bytes()) + " bytes");
+      chunks_[l].push_back(static_cast<uint16_t*>(p));
+      kptr_[l].push_back(nullptr);
+      vptr_[l].push_back(nullptr);
+      RefreshView(l, int(chunks_[l].size()) - 1);
+    }
+  }
+  return Status::Ok();
+}
+
+void KvCache::Truncate(int tokens) {
+  const int keep = n_chunks_for(tokens);
+  for (int l = 0; l < g_.n_layer; ++l) {
+    while (int(chunks_[l].size()) > keep) {
+      env_->Unmap(chunks_[l].back(), g_.chunk_bytes());
+      chunks_[l].pop_back();
+      kptr_[l].pop_back();
+      vptr_[l].pop_back();
+    }
+  }
+  if (n_tokens_ > tokens) n_tokens_ = tokens;
+}
+
+uint16_t* KvCache::ReleaseChunk(int layer, int c) {
+  uint16_t* p = chunks_[layer][c];
+  chunks_[layer][c] = nullptr;
+  RefreshView(layer, c);
+  return p;
+}
+
+KvLayerView KvCache::view(int layer, int n_kv) const {
+  KvLayerView v;
+  v.k_chunks = kptr_[layer].data();
+  v.v_chunks = vptr_[layer].data();
+  v.n_chunks = int(kptr_[layer].size());
+  v.chunk_tokens = g_.chunk_tokens;
+  v.n_kv_head = g_.n_kv_head;
+  v.head_dim = g_.head_dim;
+  v.n_kv = n_kv;
+  return v;
+}
+
+uint64_t KvCache::resident_bytes() const {
+  uint64_t n = 0;
+  for (const auto& l : chunks_)
+    for (auto* p : l) n += p ? g_.chunk_bytes() : 0;
+  return n;
+}
+
+}  // namespace mz

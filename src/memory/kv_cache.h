@@ -1,0 +1,76 @@
+// KvCache: per-layer K/V storage in fixed-size chunks, each its own anonymous mapping.
+//
+// Chunk c of layer l holds tokens [c*T, (c+1)*T) with T = chunk_tokens. One chunk is one allocation
+// of chunk_bytes(): the K block followed by the V block, each laid out head-major
+// [n_kv_head][T][head_dim] in fp16. Chunks are allocated as the context grows (Reserve), never n_ctx
+// up front. A chunk pointer may be null while its unit is evicted (later issues); compute requires
+// every chunk it reads to be resident.
+//
+// Thread-safety: external synchronization; the compute threads only read chunk pointers and write
+// rows of chunks that Reserve made resident.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "env/env.h"
+#include "runtime/attention.h"
+
+namespace mz {
+
+struct KvGeometry {
+  int n_layer = 0;
+  int n_kv_head = 0;
+  int head_dim = 0;
+  int chunk_tokens = 256;
+  // One chunk (K+V) in bytes.
+  uint64_t chunk_bytes() const { return 2ull * n_kv_head * uint64_t(chunk_tokens) * head_dim * 2; }
+  uint64_t block_elems() const { return uint64_t(n_kv_head) * chunk_tokens * head_dim; }
+};
+
+class KvCache {
+ public:
+  KvCache(Env* env, const KvGeometry& g, int n_ctx_max);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvGeometry& geometry() const { return g_; }
+  int n_ctx_max() const { return n_ctx_max_; }
+  int n_tokens() const { return n_tokens_; }     // valid tokens (positions 0..n_tokens-1)
+  int n_chunks() const { return int(chunks_[0].size()); }  // chunks allocated per layer
+  int n_chunks_for(int tokens) const { return (tokens + g_.chunk_tokens - 1) / g_.chunk_tokens; }
+
+  // Makes room for `tokens` valid tokens in every layer (allocating chunks). kContextFull past
+  // n_ctx_max, kNoMemory if a mapping fails (what was allocated stays, consistent).
+  Status Reserve(int tokens);
+  // Sets the valid token count (after a successful forward pass). REQUIRES: tokens <= capacity.
+  void SetTokens(int tokens) { n_tokens_ = tokens; }
+  // Drops tokens >= tokens and frees chunks no longer needed.
+  void Truncate(int tokens);
+
+  uint16_t* chunk(int layer, int c) const { return chunks_[layer][c]; }
+  uint16_t* k_block(int layer, int c) const { return chunks_[layer][c]; }
+  uint16_t* v_block(int layer, int c) const { return chunks_[layer][c] + g_.block_elems(); }
+  // Installs / removes a chunk's memory (used by eviction). Set takes ownership of an Env mapping
+  // of chunk_bytes(); Release returns the pointer (caller frees or keeps it).
+  void SetChunk(int layer, int c, uint16_t* p) { chunks_[layer][c] = p; RefreshView(layer, c); }
+  uint16_t* ReleaseChunk(int layer, int c);
+  bool chunk_resident(int layer, int c) const { return chunks_[layer][c] != nullptr; }
+
+  // View for the attention kernel; pointers stay valid until the chunk set changes.
+  KvLayerView view(int layer, int n_kv) const;
+  uint64_t resident_bytes() const;
+  Env* env() const { return env_; }
+
+ private:
+  void RefreshView(int layer, int c);
+  Env* env_;
+  KvGeometry g_;
+  int n_ctx_max_;
+  int n_tokens_ = 0;
+  std::vector<std::vector<uint16_t*>> chunks_;        // [layer][chunk] -> K block (V follows)
+  std::vector<std::vector<const uint16_t*>> kptr_, vptr_;  // views for the kernel
+};
+
+}  // namespace mz

@@ -1,0 +1,318 @@
+#include "model/model.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "core/ggml_log.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+#include "gguf.h"
+
+namespace mz {
+namespace {
+
+struct ReaderCtx {
+  File* file;
+  bool failed = false;
+};
+
+size_t GgufRead(void* ud, void* out, uint64_t off, size_t len) {
+  auto* r = static_cast<ReaderCtx*>(ud);
+  size_t got = 0;
+  Status st = r->file->Read(out, len, off, &got);
+  if (!st.ok()) r->failed = true;
+  return got;
+}
+
+std::string ShapeStr(const int64_t* ne, int n) {
+  std::string s = "[";
+  for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+// Plans the direct-I/O read runs of a unit: tensors sorted by file offset, merged into one run
+// while the gap to the next tensor is small, each run page-aligned in file and region.
+void PlanRuns(WeightUnit& u) {
+  constexpr uint64_t kMaxGap = 64 * 1024;
+  std::sort(u.tensors.begin(), u.tensors.end(),
+            [](const TensorExtent& a, const TensorExtent& b) { return a.file_off < b.file_off; });
+  u.runs.clear();
+  uint64_t region = 0;
+  size_t i = 0;
+  while (i < u.tensors.size()) {
+    uint64_t start = u.tensors[i].file_off;
+    uint64_t end = start + u.tensors[i].bytes;
+    size_t j = i + 1;
+    while (j < u.tensors.size() && u.tensors[j].file_off <= end + kMaxGap) {
+      end = std::max(end, u.tensors[j].file_off + u.tensors[j].bytes);
+      ++j;
+    }
+    ReadRun run;
+    run.file_off = AlignDown(start, kDirectIoAlign);
+    run.len = AlignUp(end, kDirectIoAlign) - run.file_off;
+    run.need = end - run.file_off;
+    run.region_off = region;
+    for (size_t k = i; k < j; ++k) u.tensors[k].region_off = region + (u.tensors[k].file_off - run.file_off);
+    region += run.len;
+    u.runs.push_back(run);
+    i = j;
+  }
+  u.region_bytes = region;
+}
+
+}  // namespace
+
+Model::~Model() {
+  for (int u = 0; u < n_units(); ++u) DropUnit(u);
+  if (meta_) ggml_free(meta_);
+}
+
+uint64_t Model::tensor_bytes() const {
+  uint64_t s = 0;
+  for (const auto& u : units_) s += u.tensor_bytes;
+  return s;
+}
+
+Status Model::Load(Env* env, const std::string& path, const ModelOptions& options, std::unique_ptr<Model>* out) {
+  InitLibraryLogging();
+  std::unique_ptr<File> f;
+  MZ_RETURN_IF_ERROR(env->Open(path, OpenMode::kRead, /*direct=*/false, &f));
+  FileInfo info;
+  MZ_RETURN_IF_ERROR(f->Stat(&info));
+  if (info.size < 8) return Status::Corruption(path + ": not a GGUF file (" + std::to_string(info.size) + " bytes)");
+  char magic[4];
+  MZ_RETURN_IF_ERROR(ReadFully(f.get(), magic, 4, 0, path));
+  if (std::memcmp(magic, "GGUF", 4) != 0) return Status::Corruption(path + ": bad magic (not a GGUF file)");
+
+  std::unique_ptr<Model> m(new Model());
+  m->env_ = env;
+  m->path_ = path;
+  m->opts_ = options;
+
+  gguf_context* g = nullptr;
+  {
+    LogCapture cap;
+    ReaderCtx rc{f.get()};
+    gguf_init_params gp{/*no_alloc=*/true, /*ctx=*/nullptr};
+    g = gguf_init_from_callback(GgufRead, &rc, 1 << 20, info.size, gp);
+    if (!g) {
+      if (rc.failed) return Status::IOError(path + ": read error while parsing the GGUF header");
+      std::string why = cap.text();
+      return Status::Corruption(path + ": malformed GGUF: " + (why.empty() ? "rejected by the parser" : why));
+    }
+  }
+  Status st = ReadHParams(g, &m->hp_);
+  if (st.ok()) st = m->Parse(g, info.size);
+  if (st.ok()) {
+    // Identity: size + mtime + hash of everything before the tensor data.
+    uint64_t meta_len = gguf_get_data_offset(g);
+    std::vector<char> head(meta_len);
+    st = ReadFully(f.get(), head.data(), head.size(), 0, path);
+    m->identity_.size = info.size;
+    m->identity_.mtime_ns = info.mtime_ns;
+    m->identity_.header_hash = XXH64(head.data(), head.size(), 0);
+  }
+  gguf_free(g);
+  if (!st.ok()) return st.With(path);
+  if (options.load_weights) MZ_RETURN_IF_ERROR(m->LoadAll());
+  *out = std::move(m);
+  return Status::Ok();
+}
+
+Status Model::Parse(gguf_context* g, uint64_t file_size) {
+  const HParams& hp = hp_;
+  const int64_t n_tensors = gguf_get_n_tensors(g);
+  const uint64_t data_off = gguf_get_data_offset(g);
+  if (data_off > file_size) return Status::Corruption("tensor data section starts past end of file");
+
+  // Vocabulary size: rows of token_embd.
+  int64_t te = gguf_find_tensor(g, "token_embd.weight");
+  if (te < 0) return Status::Corruption("missing tensor 'token_embd.weight'");
+  const int64_t* te_ne = gguf_get_tensor_ne(g, te);
+  if (te_ne[0] != hp.n_embd || te_ne[1] <= 0 || te_ne[1] > (1 << 24))
+    return Status::Corruption("tensor 'token_embd.weight' has shape " + ShapeStr(te_ne, 2) + ", expected [" +
+                              std::to_string(hp.n_embd) + ", n_vocab]");
+  hp_.n_vocab = uint32_t(te_ne[1]);
+  hp_.tied_output = gguf_find_tensor(g, "output.weight") < 0;
+  hp_.rope_freqs = gguf_find_tensor(g, "rope_freqs.weight") >= 0;
+
+  ggml_init_params ip{size_t(n_tensors + 16) * ggml_tensor_overhead(), nullptr, /*no_alloc=*/true};
+  meta_ = ggml_init(ip);
+  if (!meta_) return Status::NoMemory("ggml_init for tensor metadata");
+
+  units_.resize(hp.n_layer + 1);
+  for (int u = 0; u <= int(hp.n_layer); ++u) {
+    units_[u].index = u;
+    units_[u].layer = u < int(hp.n_layer) ? u : -1;
+  }
+  layers_.resize(hp.n_layer);
+  std::vector<bool> used(size_t(n_tensors), false);
+
+  // Creates the ggml tensor for `name` after checking type, shape and data range. Missing optional
+  // tensors yield nullptr.
+  auto take = [&](const std::string& name, std::vector<int64_t> shape, bool required, bool must_f32, int unit,
+                  ggml_tensor** dst) -> Status {
+    int64_t id = gguf_find_tensor(g, name.c_str());
+    if (id < 0) {
+      if (required) return Status::Corruption("missing tensor '" + name + "'");
+      return Status::Ok();
+    }
+    const int64_t* ne = gguf_get_tensor_ne(g, id);
+    int64_t want[GGML_MAX_DIMS] = {1, 1, 1, 1};
+    for (size_t i = 0; i < shape.size(); ++i) want[i] = shape[i];
+    for (int i = 0; i < GGML_MAX_DIMS; ++i)
+      if (ne[i] != want[i])
+        return Status::Corruption("tensor '" + name + "' has shape " + ShapeStr(ne, GGML_MAX_DIMS) + ", expected " +
+                                  ShapeStr(want, GGML_MAX_DIMS));
+    ggml_type type = gguf_get_tensor_type(g, id);
+    if (must_f32 && type != GGML_TYPE_F32)
+      return Status::Unsupported("tensor '" + name + "' must be f32, is " + ggml_type_name(type));
+    if (ggml_get_type_traits_cpu(type)->vec_dot == nullptr && type != GGML_TYPE_F32)
+      return Status::Unsupported("tensor '" + name + "' has type " + ggml_type_name(type) + " with no CPU kernel");
+    ggml_tensor* t = ggml_new_tensor(meta_, type, int(shape.size()), shape.data());
+    ggml_set_name(t, name.c_str());
+    const uint64_t bytes = ggml_nbytes(t);
+    const uint64_t off = gguf_get_tensor_offset(g, id);
+    if (bytes != gguf_get_tensor_size(g, id)) return Status::Corruption("tensor '" + name + "' size mismatch");
+    if (off > file_size || bytes > file_size || data_off + off > file_size - bytes)
+      return Status::Corruption("tensor '" + name + "' data [" + std::to_string(data_off + off) + ", +" +
+                                std::to_string(bytes) + ") lies past end of file (" + std::to_string(file_size) +
+                                " bytes): file truncated?");
+    used[size_t(id)] = true;
+    units_[unit].tensors.push_back(TensorExtent{t, data_off + off, bytes, 0});
+    units_[unit].tensor_bytes += bytes;
+    *dst = t;
+    return Status::Ok();
+  };
+
+  const int64_t E = hp.n_embd, Q = hp.n_embd_q(), KV = hp.n_embd_kv(), F = hp.n_ff, D = hp.head_dim;
+  const int b = base_unit();
+  MZ_RETURN_IF_ERROR(take("token_embd.weight", {E, int64_t(hp_.n_vocab)}, true, false, b, &base_.tok_embd));
+  MZ_RETURN_IF_ERROR(take("output_norm.weight", {E}, true, true, b, &base_.output_norm));
+  MZ_RETURN_IF_ERROR(take("output.weight", {E, int64_t(hp_.n_vocab)}, false, false, b, &base_.output));
+  if (!base_.output) base_.output = base_.tok_embd;
+  MZ_RETURN_IF_ERROR(take("rope_freqs.weight", {D / 2}, false, true, b, &base_.rope_freqs));
+
+  for (int il = 0; il < int(hp.n_layer); ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    LayerTensors& L = layers_[il];
+    MZ_RETURN_IF_ERROR(take(p + "attn_norm.weight", {E}, true, true, il, &L.attn_norm));
+    MZ_RETURN_IF_ERROR(take(p + "attn_q.weight", {E, Q}, true, false, il, &L.wq));
+    MZ_RETURN_IF_ERROR(take(p + "attn_k.weight", {E, KV}, true, false, il, &L.wk));
+    MZ_RETURN_IF_ERROR(take(p + "attn_v.weight", {E, KV}, true, false, il, &L.wv));
+    MZ_RETURN_IF_ERROR(take(p + "attn_output.weight", {Q, E}, true, false, il, &L.wo));
+    MZ_RETURN_IF_ERROR(take(p + "attn_q.bias", {Q}, hp.qkv_bias, true, il, &L.bq));
+    MZ_RETURN_IF_ERROR(take(p + "attn_k.bias", {KV}, hp.qkv_bias, true, il, &L.bk));
+    MZ_RETURN_IF_ERROR(take(p + "attn_v.bias", {KV}, hp.qkv_bias, true, il, &L.bv));
+    MZ_RETURN_IF_ERROR(take(p + "attn_q_norm.weight", {D}, hp.qk_norm, true, il, &L.q_norm));
+    MZ_RETURN_IF_ERROR(take(p + "attn_k_norm.weight", {D}, hp.qk_norm, true, il, &L.k_norm));
+    MZ_RETURN_IF_ERROR(take(p + "ffn_norm.weight", {E}, true, true, il, &L.ffn_norm));
+    MZ_RETURN_IF_ERROR(take(p + "ffn_gate.weight", {E, F}, true, false, il, &L.ffn_gate));
+    MZ_RETURN_IF_ERROR(take(p + "ffn_up.weight", {E, F}, true, false, il, &L.ffn_up));
+    MZ_RETURN_IF_ERROR(take(p + "ffn_down.weight", {F, E}, true, false, il, &L.ffn_down));
+  }
+  for (int64_t i = 0; i < n_tensors; ++i)
+    if (!used[size_t(i)]) {
+      std::string name = gguf_get_tensor_name(g, i);
+      // llama.cpp files may carry tensors this engine does not use (e.g. rope_freqs duplicates);
+      // a tensor of an unknown layer means the metadata lies about block_count.
+      if (name.rfind("blk.", 0) == 0) {
+        int il = std::atoi(name.c_str() + 4);
+        if (il >= int(hp.n_layer))
+          return Status::Corruption("tensor '" + name + "' belongs to a layer beyond block_count (" +
+                                    std::to_string(hp.n_layer) + ")");
+      }
+    }
+  for (auto& u : units_) PlanRuns(u);
+  return Status::Ok();
+}
+
+Status Model::LoadUnitFrom(File* f, WeightUnit& u) {
+  if (u.resident()) return Status::Ok();
+  void* region = env_->MapAnon(u.region_bytes);
+  if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
+                                       std::to_string(u.index));
+  for (const ReadRun& r : u.runs) {
+    size_t got = 0;
+    Status st = f->Read(static_cast<char*>(region) + r.region_off, r.len, r.file_off, &got);
+    if (st.ok() && got < r.need)
+      st = Status::Corruption("model file truncated: unit " + std::to_string(u.index) + " needs " +
+                              std::to_string(r.need) + " bytes at offset " + std::to_string(r.file_off) + ", got " +
+                              std::to_string(got));
+    if (!st.ok()) {
+      env_->Unmap(region, u.region_bytes);
+      return st.With("loading weight unit " + std::to_string(u.index));
+    }
+  }
+  ggml_backend_buffer_t buf = ggml_backend_cpu_buffer_from_ptr(region, u.region_bytes);
+  if (!buf) {
+    env_->Unmap(region, u.region_bytes);
+    return Status::NoMemory("ggml_backend_cpu_buffer_from_ptr");
+  }
+  for (const TensorExtent& e : u.tensors) {
+    if (ggml_backend_tensor_alloc(buf, e.tensor, static_cast<char*>(region) + e.region_off) != GGML_STATUS_SUCCESS) {
+      for (const TensorExtent& x : u.tensors) x.tensor->data = nullptr, x.tensor->buffer = nullptr;
+      ggml_backend_buffer_free(buf);
+      env_->Unmap(region, u.region_bytes);
+      return Status::Internal("ggml_backend_tensor_alloc failed for " + std::string(e.tensor->name));
+    }
+  }
+  u.buffer = buf;
+  u.region = region;
+  return Status::Ok();
+}
+
+Status Model::LoadUnit(int u) {
+  if (u < 0 || u >= n_units()) return Status::InvalidArgument("no weight unit " + std::to_string(u));
+  if (units_[u].resident()) return Status::Ok();
+  FileInfo info;
+  MZ_RETURN_IF_ERROR(env_->StatPath(path_, &info));
+  if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
+    return Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)");
+  std::unique_ptr<File> f;
+  MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f));
+  return LoadUnitFrom(f.get(), units_[u]);
+}
+
+void Model::DropUnit(int u) {
+  WeightUnit& w = units_[u];
+  if (!w.resident()) return;
+  for (const TensorExtent& e : w.tensors) {
+    e.tensor->data = nullptr;
+    e.tensor->buffer = nullptr;
+  }
+  ggml_backend_buffer_free(w.buffer);
+  env_->Unmap(w.region, w.region_bytes);
+  w.buffer = nullptr;
+  w.region = nullptr;
+}
+
+Status Model::LoadAll() {
+  std::unique_ptr<File> f;
+  MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f));
+  std::atomic<int> next{0};
+  std::vector<Status> errs(size_t(std::max(1, opts_.io_threads)));
+  auto worker = [&](int t) {
+    for (int u; (u = next.fetch_add(1)) < n_units();) {
+      Status st = LoadUnitFrom(f.get(), units_[u]);
+      if (!st.ok()) {
+        errs[t] = st;
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int t = 1; t < int(errs.size()); ++t) ts.emplace_back(worker, t);
+  worker(0);
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (!e.ok()) return e;
+  return Status::Ok();
+}
+
+}  // namespace mz

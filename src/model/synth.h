@@ -1,0 +1,41 @@
+// Model synthesis: writes a GGUF with the exact tensor shapes and metadata of a named real model,
+// deterministic seeded random weights, and the real tokenizer copied from one of llama.cpp's
+// models/ggml-vocab-*.gguf files. The result loads in llama.cpp unchanged.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "env/env.h"
+
+namespace mz {
+
+struct ModelSpec {
+  std::string id;         // "qwen3-0.6b"
+  std::string arch;       // "qwen3" | "llama" | "qwen2"
+  std::string real_name;  // "Qwen3-0.6B"
+  std::string vocab;      // "qwen2" | "llama-bpe" (file ggml-vocab-<vocab>.gguf)
+  int n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx_train;
+  float rope_base, rms_eps;
+  bool tied;
+  bool llama3_rope;       // rope_freqs.weight with llama3 scaling factors
+};
+
+const std::vector<ModelSpec>& KnownModelSpecs();
+const ModelSpec* FindModelSpec(const std::string& id);
+
+struct SynthOptions {
+  std::string type = "q8_0";   // f16 | q8_0 | q4_0 | q4_k
+  uint64_t seed = 1;
+  std::string vocab_dir;       // folder holding ggml-vocab-*.gguf
+  int threads = 2;
+  // Progress: called with (bytes written, total bytes) now and then.
+  std::function<void(uint64_t, uint64_t)> progress;
+};
+
+// Writes the model to path (via a temporary name + rename: a partial file is never left behind).
+Status SynthesizeModel(Env* env, const ModelSpec& spec, const SynthOptions& opts, const std::string& path);
+
+}  // namespace mz

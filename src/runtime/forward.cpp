@@ -1,0 +1,246 @@
+#include "runtime/forward.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+namespace mz {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Shared by the two custom ops of one layer graph; lives on the stack of RunUbatch.
+struct LayerOpData {
+  KvCache* kv;
+  int layer;
+  int pos0;
+  int n_tokens;
+  float scale;
+};
+
+// dst->src[0] = k [D, Hkv, n] f32, dst->src[1] = v [D, Hkv, n] f32. Writes fp16 rows into chunks.
+void KvStoreOp(ggml_tensor* dst, int ith, int nth, void* ud) {
+  auto* d = static_cast<LayerOpData*>(ud);
+  const ggml_tensor* k = dst->src[0];
+  const ggml_tensor* v = dst->src[1];
+  const KvGeometry& g = d->kv->geometry();
+  const int D = g.head_dim, H = g.n_kv_head, T = g.chunk_tokens;
+  for (int i = ith; i < d->n_tokens; i += nth) {
+    const int pos = d->pos0 + i;
+    const int c = pos / T, off = pos % T;
+    uint16_t* kb = d->kv->k_block(d->layer, c);
+    uint16_t* vb = d->kv->v_block(d->layer, c);
+    for (int h = 0; h < H; ++h) {
+      const float* ks = reinterpret_cast<const float*>(static_cast<const char*>(k->data) + i * k->nb[2] + h * k->nb[1]);
+      const float* vs = reinterpret_cast<const float*>(static_cast<const char*>(v->data) + i * v->nb[2] + h * v->nb[1]);
+      uint16_t* kd = kb + (size_t(h) * T + off) * D;
+      uint16_t* vd = vb + (size_t(h) * T + off) * D;
+      ggml_fp32_to_fp16_row(ks, reinterpret_cast<ggml_fp16_t*>(kd), D);
+      ggml_fp32_to_fp16_row(vs, reinterpret_cast<ggml_fp16_t*>(vd), D);
+    }
+  }
+}
+
+// dst [D, H, n] f32 = attention(q = dst->src[0] [D, H, n] f32 contiguous) over the layer's chunks.
+void AttentionOp(ggml_tensor* dst, int ith, int nth, void* ud) {
+  auto* d = static_cast<LayerOpData*>(ud);
+  const ggml_tensor* q = dst->src[0];
+  AttnArgs a;
+  a.q = static_cast<const float*>(q->data);
+  a.out = static_cast<float*>(dst->data);
+  a.n_tokens = d->n_tokens;
+  a.n_head = int(q->ne[1]);
+  a.pos0 = d->pos0;
+  a.scale = d->scale;
+  KvLayerView view = d->kv->view(d->layer, d->pos0 + d->n_tokens);
+  attention_chunked(a, view, ith, nth);
+}
+
+ggml_tensor* Norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, float eps) {
+  return ggml_mul(ctx, ggml_rms_norm(ctx, x, eps), w);
+}
+
+}  // namespace
+
+Forward::Forward(Model* model, KvCache* kv, const ForwardOptions& opts) : model_(model), kv_(kv), opts_(opts) {
+  backend_ = ggml_backend_cpu_init();
+  ggml_backend_cpu_set_n_threads(backend_, opts_.n_threads);
+  galloc_ = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+  meta_buf_.resize(ggml_tensor_overhead() * 4096 + ggml_graph_overhead_custom(4096, false));
+}
+
+Forward::~Forward() {
+  ggml_gallocr_free(galloc_);
+  ggml_backend_free(backend_);
+}
+
+void Forward::set_n_threads(int n) {
+  opts_.n_threads = n;
+  ggml_backend_cpu_set_n_threads(backend_, n);
+}
+
+Status Forward::Wait(int unit) {
+  if (wait_) {
+    double t0 = Now();
+    Status st = wait_(unit);
+    timing_.wait_s += Now() - t0;
+    MZ_RETURN_IF_ERROR(st);
+  }
+  if (!model_->unit(unit).resident())
+    return Status::Busy("weight unit " + std::to_string(unit) + " is not resident (restore it first)");
+  return Status::Ok();
+}
+
+Status Forward::Compute(ggml_cgraph* gf) {
+  if (!ggml_gallocr_alloc_graph(galloc_, gf)) return Status::NoMemory("allocating compute buffers");
+  if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) return Status::Internal("graph compute failed");
+  return Status::Ok();
+}
+
+Status Forward::Decode(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
+  if (n <= 0) return Status::InvalidArgument("no tokens to decode");
+  const int n_vocab = int(model_->hparams().n_vocab);
+  for (int i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= n_vocab)
+      return Status::InvalidArgument("token id " + std::to_string(tokens[i]) + " out of range [0, " +
+                                     std::to_string(n_vocab) + ")");
+  const int start = kv_->n_tokens();
+  Status st = kv_->Reserve(start + n);
+  if (!st.ok()) {
+    kv_->Truncate(start);
+    return st;
+  }
+  timing_ = LayerTiming();
+  logits->clear();
+  for (int off = 0; off < n; off += opts_.n_ubatch) {
+    const int m = std::min(opts_.n_ubatch, n - off);
+    const bool want = all_logits || off + m == n;
+    st = RunUbatch(tokens + off, m, start + off, all_logits, want ? logits : nullptr);
+    if (!st.ok()) {
+      kv_->Truncate(start);
+      return st;
+    }
+    kv_->SetTokens(start + off + m);
+  }
+  return Status::Ok();
+}
+
+Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logits, std::vector<float>* logits) {
+  const HParams& hp = model_->hparams();
+  const int E = int(hp.n_embd), D = int(hp.head_dim), H = int(hp.n_head), HKV = int(hp.n_head_kv);
+  const int base = model_->base_unit();
+  const BaseTensors& B = model_->base();
+  act_.resize(size_t(n) * E);
+  ids_.assign(tokens, tokens + n);
+  pos_.resize(size_t(n));
+  for (int i = 0; i < n; ++i) pos_[size_t(i)] = pos0 + i;
+
+  ggml_init_params ip{meta_buf_.size(), meta_buf_.data(), /*no_alloc=*/true};
+
+  // Embedding.
+  double t0 = Now();
+  MZ_RETURN_IF_ERROR(Wait(base));
+  {
+    ggml_context* ctx = ggml_init(ip);
+    ggml_tensor* ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    ids->data = ids_.data();
+    ggml_tensor* out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
+    out->data = act_.data();
+    ggml_tensor* x = ggml_get_rows(ctx, B.tok_embd, ids);
+    ggml_tensor* cp = ggml_cpy(ctx, x, out);
+    ggml_cgraph* gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, cp);
+    Status st = Compute(gf);
+    ggml_free(ctx);
+    MZ_RETURN_IF_ERROR(st);
+  }
+  double t1 = Now();
+  timing_.embed_s += t1 - t0;
+
+  const float scale = 1.0f / std::sqrt(float(D));
+  for (int il = 0; il < int(hp.n_layer); ++il) {
+    MZ_RETURN_IF_ERROR(Wait(il));
+    for (int c = pos0 / kv_->geometry().chunk_tokens; c < kv_->n_chunks_for(pos0 + n); ++c)
+      if (!kv_->chunk_resident(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
+                                                           std::to_string(il) + " is not resident");
+    const LayerTensors& L = model_->layer(il);
+    LayerOpData od{kv_, il, pos0, n, scale};
+    ggml_context* ctx = ggml_init(ip);
+    ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
+    x->data = act_.data();
+    ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    pos->data = pos_.data();
+
+    ggml_tensor* cur = Norm(ctx, x, L.attn_norm, hp.rms_eps);
+    ggml_tensor* q = ggml_mul_mat(ctx, L.wq, cur);
+    ggml_tensor* k = ggml_mul_mat(ctx, L.wk, cur);
+    ggml_tensor* v = ggml_mul_mat(ctx, L.wv, cur);
+    if (L.bq) q = ggml_add(ctx, q, L.bq);
+    if (L.bk) k = ggml_add(ctx, k, L.bk);
+    if (L.bv) v = ggml_add(ctx, v, L.bv);
+    q = ggml_reshape_3d(ctx, q, D, H, n);
+    k = ggml_reshape_3d(ctx, k, D, HKV, n);
+    v = ggml_reshape_3d(ctx, v, D, HKV, n);
+    if (L.q_norm) q = Norm(ctx, q, L.q_norm, hp.rms_eps);
+    if (L.k_norm) k = Norm(ctx, k, L.k_norm, hp.rms_eps);
+    const int mode = int(hp.rope_type);
+    q = ggml_rope_ext(ctx, q, pos, B.rope_freqs, int(hp.n_rot), mode, int(hp.n_ctx_train), hp.rope_freq_base,
+                      hp.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+    k = ggml_rope_ext(ctx, k, pos, B.rope_freqs, int(hp.n_rot), mode, int(hp.n_ctx_train), hp.rope_freq_base,
+                      hp.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+    ggml_tensor* store_args[2] = {k, v};
+    ggml_tensor* stored = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, store_args, 2, KvStoreOp,
+                                         GGML_N_TASKS_MAX, &od);
+    ggml_tensor* attn_args[2] = {q, stored};
+    ggml_tensor* attn = ggml_custom_4d(ctx, GGML_TYPE_F32, D, H, n, 1, attn_args, 2, AttentionOp,
+                                       GGML_N_TASKS_MAX, &od);
+    cur = ggml_reshape_2d(ctx, attn, D * H, n);
+    cur = ggml_mul_mat(ctx, L.wo, cur);
+    ggml_tensor* h = ggml_add(ctx, cur, x);
+    cur = Norm(ctx, h, L.ffn_norm, hp.rms_eps);
+    ggml_tensor* gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
+    ggml_tensor* up = ggml_mul_mat(ctx, L.ffn_up, cur);
+    cur = ggml_swiglu_split(ctx, gate, up);
+    cur = ggml_mul_mat(ctx, L.ffn_down, cur);
+    cur = ggml_add(ctx, cur, h);
+    ggml_tensor* out = ggml_cpy(ctx, cur, x);  // residual written back in place (x read earlier)
+    ggml_cgraph* gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    Status st = Compute(gf);
+    ggml_free(ctx);
+    MZ_RETURN_IF_ERROR(st.With("layer " + std::to_string(il)));
+  }
+  double t2 = Now();
+  timing_.layers_s += t2 - t1;
+
+  if (logits) {
+    MZ_RETURN_IF_ERROR(Wait(base));
+    const int n_out = all_logits ? n : 1;
+    const size_t before = logits->size();
+    logits->resize(before + size_t(n_out) * hp.n_vocab);
+    ggml_context* ctx = ggml_init(ip);
+    ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n_out);
+    x->data = act_.data() + size_t(n - n_out) * E;
+    ggml_tensor* dst = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_vocab, n_out);
+    dst->data = logits->data() + before;
+    ggml_tensor* cur = Norm(ctx, x, B.output_norm, hp.rms_eps);
+    cur = ggml_mul_mat(ctx, B.output, cur);
+    ggml_tensor* cp = ggml_cpy(ctx, cur, dst);
+    ggml_cgraph* gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, cp);
+    Status st = Compute(gf);
+    ggml_free(ctx);
+    MZ_RETURN_IF_ERROR(st);
+    timing_.head_s += Now() - t2;
+  }
+  return Status::Ok();
+}
+
+}  // namespace mz

@@ -1,0 +1,79 @@
+// Forward: the transformer forward pass on ggml, computed layer by layer.
+//
+// Each ubatch runs as: an embedding graph (needs the base unit), one graph per layer (needs weight
+// unit l and the KV chunks of layer l), then a head graph (base unit). Before each of these the
+// optional `wait` hook is called with the unit index it needs (layer l, or base_unit() for the
+// embedding/head); the hook may block until that unit is resident (the restoration pipeline) or
+// fail, which aborts the pass with the KV cache untouched beyond the layers already computed
+// (the caller truncates it back).
+//
+// Per-layer graph (shapes in ggml order, n = tokens in the ubatch):
+//   x[E,n] -> rms_norm*attn_norm -> q=Wq.x[+bq] [D,H,n], k=Wk.x[+bk] [D,Hkv,n], v=Wv.x[+bv] [D,Hkv,n]
+//   -> (qwen3) rms_norm(q)*q_norm, rms_norm(k)*k_norm -> rope(q), rope(k)
+//   -> kv_store(k, v) into chunks at positions pos0..pos0+n-1 (custom op)
+//   -> attention over the chunk pointers (custom op, src/runtime/attention.h) [D,H,n]
+//   -> Wo -> +x -> rms_norm*ffn_norm -> down(silu(gate) * up) -> +  -> x (written back in place)
+//
+// Thread-safety: one Forward per context; not safe for concurrent use.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "memory/kv_cache.h"
+#include "model/model.h"
+
+struct ggml_backend;
+struct ggml_gallocr;
+struct ggml_cgraph;
+
+namespace mz {
+
+struct ForwardOptions {
+  int n_threads = 2;
+  int n_ubatch = 512;
+};
+
+struct LayerTiming {
+  double embed_s = 0, layers_s = 0, head_s = 0, wait_s = 0;
+};
+
+class Forward {
+ public:
+  Forward(Model* model, KvCache* kv, const ForwardOptions& opts);
+  ~Forward();
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
+
+  using WaitFn = std::function<Status(int unit)>;
+  void set_wait(WaitFn fn) { wait_ = std::move(fn); }
+  void set_n_threads(int n);
+  int n_threads() const { return opts_.n_threads; }
+
+  // Appends tokens at positions [kv->n_tokens(), +n). On success the KV cache holds them and
+  // *logits holds n_vocab floats per output row: every token's row if all_logits, else only the last
+  // token's. On failure the KV cache is truncated back to its previous length (no torn state).
+  Status Decode(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits);
+
+  const LayerTiming& timing() const { return timing_; }
+
+ private:
+  Status RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logits, std::vector<float>* logits);
+  Status Wait(int unit);
+  Status Compute(ggml_cgraph* gf);
+
+  Model* model_;
+  KvCache* kv_;
+  ForwardOptions opts_;
+  WaitFn wait_;
+  ggml_backend* backend_ = nullptr;
+  ggml_gallocr* galloc_ = nullptr;
+  std::vector<uint8_t> meta_buf_;
+  std::vector<float> act_;      // residual stream [n][E]
+  std::vector<int32_t> pos_;    // positions of the ubatch
+  std::vector<int32_t> ids_;
+  LayerTiming timing_;
+};
+
+}  // namespace mz

@@ -1,0 +1,35 @@
+// Tokenizer: text <-> tokens and chat templates through libllama's vocabulary (a vocab-only load of
+// the same GGUF: no weights are read). Thread-safety: const methods are safe concurrently.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+struct llama_model;
+struct llama_vocab;
+
+namespace mz {
+
+class Tokenizer {
+ public:
+  ~Tokenizer();
+  static Status Load(const std::string& gguf_path, std::unique_ptr<Tokenizer>* out);
+
+  Status Tokenize(const std::string& text, bool add_special, bool parse_special, std::vector<int32_t>* out) const;
+  std::string Piece(int32_t token) const;  // text of one token (special tokens rendered)
+  bool IsEog(int32_t token) const;
+  int32_t n_vocab() const;
+  // Applies the model's chat template to (role, content) messages; add_assistant opens the reply.
+  Status ApplyChat(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
+                   std::string* out) const;
+
+ private:
+  Tokenizer() = default;
+  llama_model* model_ = nullptr;
+  const llama_vocab* vocab_ = nullptr;
+};
+
+}  // namespace mz

@@ -1,0 +1,308 @@
+// Tests for runtime/attention: the chunked kernels (SIMD dispatch and scalar) against the naive
+// double-precision reference, across chunk boundaries, GQA ratios, head dims, decode and prefill,
+// thread splits, garbage in the unused cache tail, and large scores.
+#include "runtime/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace mz {
+namespace {
+
+constexpr uint16_t kGarbage[] = {0x7e00, 0x7c00, 0xfc00, 0x7fff};  // NaN, +inf, -inf, NaN
+
+// A layer's KV cache in separately allocated chunks (so ASan sees reads past a chunk). Tokens past
+// n_kv in the last chunk, for every head, hold NaN/inf bit patterns.
+struct TestKv {
+  std::vector<std::vector<uint16_t>> k, v;
+  std::vector<const uint16_t*> kp, vp;
+  KvLayerView view{};
+};
+
+// Values are uniform in [-amp, amp], or integers in [-amp, amp] when integral (exact in fp16).
+float draw(std::mt19937& rng, float amp, bool integral) {
+  if (integral) {
+    std::uniform_int_distribution<int> d(-static_cast<int>(amp), static_cast<int>(amp));
+    return static_cast<float>(d(rng));
+  }
+  std::uniform_real_distribution<float> d(-amp, amp);
+  return d(rng);
+}
+
+void make_kv(TestKv& kv, int n_kv, int chunk_tokens, int n_kv_head, int head_dim, uint32_t seed, float amp,
+             bool integral) {
+  std::mt19937 rng(seed);
+  const int n_chunks = (n_kv + chunk_tokens - 1) / chunk_tokens;
+  const size_t chunk_elems = static_cast<size_t>(n_kv_head) * chunk_tokens * head_dim;
+  kv.k.assign(n_chunks, std::vector<uint16_t>(chunk_elems));
+  kv.v.assign(n_chunks, std::vector<uint16_t>(chunk_elems));
+  for (int c = 0; c < n_chunks; ++c) {
+    for (int h = 0; h < n_kv_head; ++h) {
+      for (int t = 0; t < chunk_tokens; ++t) {
+        const bool valid = c * chunk_tokens + t < n_kv;
+        for (int d = 0; d < head_dim; ++d) {
+          const size_t i = (static_cast<size_t>(h) * chunk_tokens + t) * head_dim + d;
+          kv.k[c][i] = valid ? fp32_to_fp16(draw(rng, amp, integral)) : kGarbage[d % 4];
+          kv.v[c][i] = valid ? fp32_to_fp16(draw(rng, amp, integral)) : kGarbage[(d + 1) % 4];
+        }
+      }
+    }
+  }
+  kv.kp.clear();
+  kv.vp.clear();
+  for (int c = 0; c < n_chunks; ++c) {
+    kv.kp.push_back(kv.k[c].data());
+    kv.vp.push_back(kv.v[c].data());
+  }
+  kv.view = KvLayerView{kv.kp.data(), kv.vp.data(), n_chunks, chunk_tokens, n_kv_head, head_dim, n_kv};
+}
+
+struct Case {
+  int n_kv;
+  int chunk_tokens;
+  int n_kv_head;
+  int group;  // n_head / n_kv_head
+  int head_dim;
+  int n_tokens;
+  int pos0;
+  float amp = 1.0f;        // q, k, v magnitude
+  float scale = 0.0f;      // 0: 1/sqrt(head_dim)
+  bool integral = false;   // integer-valued q, k, v
+};
+
+std::string describe(const Case& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "n_kv=%d ct=%d kvh=%d group=%d D=%d n_tokens=%d pos0=%d amp=%g scale=%g", c.n_kv,
+                c.chunk_tokens, c.n_kv_head, c.group, c.head_dim, c.n_tokens, c.pos0, c.amp, c.scale);
+  return buf;
+}
+
+using Kernel = void (*)(const AttnArgs&, const KvLayerView&, int, int);
+
+// Max abs difference; NaN/inf anywhere (including rows never written) counts as infinite.
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
+    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  return m;
+}
+
+double max_abs(const std::vector<float>& a) {
+  double m = 0.0;
+  for (float x : a) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+struct Fixture {
+  Case c;
+  TestKv kv;
+  std::vector<float> q, ref;
+  AttnArgs args{};
+};
+
+void setup(Fixture& f, const Case& c, uint32_t seed) {
+  f.c = c;
+  make_kv(f.kv, c.n_kv, c.chunk_tokens, c.n_kv_head, c.head_dim, seed, c.amp, c.integral);
+  const int n_head = c.n_kv_head * c.group;
+  f.q.resize(static_cast<size_t>(c.n_tokens) * n_head * c.head_dim);
+  std::mt19937 rng(seed ^ 0x9e3779b9u);
+  for (float& x : f.q) x = draw(rng, c.amp, c.integral);
+  f.ref.assign(f.q.size(), 0.0f);
+  f.args.q = f.q.data();
+  f.args.out = f.ref.data();
+  f.args.n_tokens = c.n_tokens;
+  f.args.n_head = n_head;
+  f.args.pos0 = c.pos0;
+  f.args.scale = c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  attention_reference(f.args, f.kv.view);
+}
+
+// Runs kernel for every ith of nth sequentially into a NaN-filled output and returns the max diff.
+double run_sequential(const Fixture& f, Kernel kernel, int nth) {
+  std::vector<float> out(f.q.size(), std::numeric_limits<float>::quiet_NaN());
+  AttnArgs a = f.args;
+  a.out = out.data();
+  for (int ith = 0; ith < nth; ++ith) kernel(a, f.kv.view, ith, nth);
+  return max_diff(out, f.ref);
+}
+
+// Errors come from f32 dot products/accumulation over <= ~1000 keys (~1e-6 relative) and the
+// polynomial exp2 (~2e-7 relative); observed max is ~1.5e-7, so 1e-5 leaves a wide margin while still catching a missing
+// rescale, a wrong mask position or a wrong kv head, which all give errors >= 1e-2.
+constexpr double kRelTol = 1e-5;
+
+void check_case(const Case& c, uint32_t seed, double rel_tol = kRelTol) {
+  SCOPED_TRACE(describe(c));
+  Fixture f;
+  setup(f, c, seed);
+  const double tol = rel_tol * (1.0 + max_abs(f.ref));
+  double worst = 0.0;
+  for (int nth = 1; nth <= 3; ++nth) {
+    const double d_simd = run_sequential(f, attention_chunked, nth);
+    const double d_scalar = run_sequential(f, attention_chunked_scalar, nth);
+    EXPECT_LE(d_simd, tol) << "attention_chunked nth=" << nth;
+    EXPECT_LE(d_scalar, tol) << "attention_chunked_scalar nth=" << nth;
+    worst = std::max({worst, d_simd, d_scalar});
+  }
+  std::printf("  %-90s maxdiff=%.3g (tol %.3g)\n", describe(c).c_str(), worst, tol);
+}
+
+TEST(AttentionFp16, RoundTripAndKnownValues) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const uint16_t bits = static_cast<uint16_t>(h);
+    const float f = fp16_to_fp32(bits);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(fp16_to_fp32(fp32_to_fp16(f)))) << h;
+      continue;
+    }
+    ASSERT_EQ(fp32_to_fp16(f), bits) << h;
+  }
+  EXPECT_EQ(fp32_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(fp32_to_fp16(-2.0f), 0xc000);
+  EXPECT_EQ(fp32_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(fp32_to_fp16(65519.0f), 0x7bff);
+  EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7c00);
+  EXPECT_EQ(fp32_to_fp16(1e-8f), 0x0000);              // below half of the smallest subnormal
+  EXPECT_EQ(fp32_to_fp16(5.9604644775390625e-8f), 0x0001);
+  EXPECT_EQ(fp32_to_fp16(1.0f + 1.0f / 2048.0f), 0x3c00);  // tie -> even
+  EXPECT_EQ(fp32_to_fp16(1.0f + 3.0f / 2048.0f), 0x3c02);  // tie -> even
+  EXPECT_FLOAT_EQ(fp16_to_fp32(0x3555), 0.333251953125f);
+#if defined(__F16C__)
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(fp32_to_fp16(f), _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT)) << bits;
+  }
+#endif
+}
+
+TEST(Attention, DecodeAcrossChunkBoundaries) {
+  std::printf("simd path compiled in: %s\n", attention_chunked_has_simd() ? "yes" : "no");
+  for (int n_kv : {1, 255, 256, 257, 600, 1000}) {
+    check_case({n_kv, 256, 2, 2, 128, 1, n_kv - 1}, 100 + n_kv);
+  }
+  for (int n_kv : {1, 15, 16, 17, 37, 300}) {
+    check_case({n_kv, 16, 2, 4, 64, 1, n_kv - 1}, 200 + n_kv);
+  }
+  check_case({200, 64, 4, 1, 64, 1, 199}, 301);
+}
+
+TEST(Attention, MultiTokenQueries) {
+  for (int n_tokens : {3, 8, 64}) {
+    for (int group : {1, 2, 4}) {
+      for (int head_dim : {64, 128}) {
+        check_case({1000, 256, 2, group, head_dim, n_tokens, 1000 - n_tokens}, 400 + n_tokens * 10 + group + head_dim);
+      }
+    }
+  }
+  check_case({37, 16, 2, 2, 128, 8, 29}, 501);
+  check_case({200, 64, 3, 2, 64, 5, 195}, 502);
+  check_case({600, 256, 2, 2, 64, 8, 100}, 503);   // cache holds more tokens than the queries may see
+  check_case({300, 64, 1, 8, 64, 64, 236}, 504);   // 8 heads x 4 tokens = 32 rows per item
+  check_case({100, 16, 1, 48, 64, 3, 97}, 505);    // group > rows per item: heads split across items
+  check_case({300, 256, 2, 2, 80, 8, 292}, 506);   // head_dim not a multiple of 32
+  check_case({300, 64, 2, 2, 256, 8, 292}, 507);
+}
+
+TEST(Attention, CausalPrefill) {
+  check_case({1, 256, 2, 2, 128, 1, 0}, 601);
+  check_case({77, 16, 2, 4, 64, 77, 0}, 602);
+  check_case({300, 64, 2, 2, 128, 300, 0}, 603);
+  check_case({300, 256, 1, 1, 64, 300, 0}, 604);
+  check_case({520, 256, 2, 4, 128, 520, 0}, 605);
+  check_case({1000, 256, 1, 2, 64, 1000, 0}, 606);
+  check_case({450, 64, 2, 2, 64, 150, 300}, 607);  // chunked prefill continuing a cached prefix
+}
+
+TEST(Attention, LargeScoresStayFinite) {
+  // Integer q/k in [-8, 8] with scale 1: scores are exact integers of magnitude up to hundreds, so the
+  // softmax is nearly one-hot and every tile shifts the running max by large amounts.
+  check_case({1000, 256, 2, 2, 128, 8, 992, 8.0f, 1.0f, true}, 701, 1e-3);
+  check_case({300, 64, 2, 2, 64, 300, 0, 8.0f, 1.0f, true}, 702, 1e-3);
+  check_case({257, 16, 1, 4, 128, 3, 254, 8.0f, 1.0f, false}, 703, 1e-3);
+}
+
+TEST(Attention, RealThreads) {
+  const Case cases[] = {
+      {1000, 256, 8, 2, 128, 8, 992},
+      {300, 64, 2, 2, 64, 300, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    Fixture f;
+    setup(f, c, 800);
+    const double tol = kRelTol * (1.0 + max_abs(f.ref));
+    for (Kernel kernel : {static_cast<Kernel>(attention_chunked), static_cast<Kernel>(attention_chunked_scalar)}) {
+      for (int nth : {2, 3}) {
+        std::vector<float> out(f.q.size(), std::numeric_limits<float>::quiet_NaN());
+        AttnArgs a = f.args;
+        a.out = out.data();
+        std::vector<std::thread> threads;
+        for (int ith = 0; ith < nth; ++ith) threads.emplace_back([&, ith] { kernel(a, f.kv.view, ith, nth); });
+        for (auto& t : threads) t.join();
+        const double d = max_diff(out, f.ref);
+        EXPECT_LE(d, tol) << "nth=" << nth;
+      }
+    }
+  }
+}
+
+// Each thread writes a disjoint set of rows, all rows get written, and the Qwen3-0.6B decode shape
+// (8 kv heads, group 2, 8 tokens) splits evenly over 2 threads.
+TEST(Attention, PartitionIsDisjointAndBalanced) {
+  const Case cases[] = {
+      {1000, 256, 8, 2, 128, 8, 992},
+      {1000, 256, 8, 2, 128, 1, 999},
+      {300, 64, 2, 4, 64, 300, 0},
+      {100, 16, 1, 48, 64, 3, 97},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    Fixture f;
+    setup(f, c, 900);
+    const int D = c.head_dim;
+    const size_t n_rows = f.q.size() / D;
+    for (int nth : {1, 2, 3, 4}) {
+      std::vector<int> owner(n_rows, -1);
+      std::vector<size_t> rows_of(nth, 0);
+      for (int ith = 0; ith < nth; ++ith) {
+        std::vector<float> out(f.q.size(), std::numeric_limits<float>::quiet_NaN());
+        AttnArgs a = f.args;
+        a.out = out.data();
+        attention_chunked(a, f.kv.view, ith, nth);
+        for (size_t r = 0; r < n_rows; ++r) {
+          if (std::isnan(out[r * D])) continue;
+          EXPECT_EQ(owner[r], -1) << "row " << r << " written by threads " << owner[r] << " and " << ith;
+          owner[r] = ith;
+          ++rows_of[ith];
+        }
+      }
+      for (size_t r = 0; r < n_rows; ++r) EXPECT_NE(owner[r], -1) << "row " << r << " never written";
+      if (c.n_kv_head == 8 && nth == 2) {
+        EXPECT_EQ(rows_of[0], rows_of[1]);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mz

@@ -1,0 +1,16 @@
+// Shared test helpers: synthesized test models (made once per build tree, reused), real text.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mz::test {
+
+// Path of a synthesized model of `shape` and weight `type` under the build's test-models folder,
+// made on first use (safe against concurrent test processes: written to a temp name and renamed).
+std::string ModelPath(const std::string& shape, const std::string& type = "q8_0");
+// A long public-domain English text (the GPL text shipped by Debian, or a fallback).
+std::string LongText();
+// Scratch directory for this test process (created, not removed).
+std::string TempDir();
+
+}  // namespace mz::test

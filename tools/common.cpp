@@ -1,0 +1,64 @@
+#include "tools/common.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "env/env.h"
+#include "model/synth.h"
+
+namespace mz::cli {
+
+std::string CacheDir() {
+  if (const char* d = std::getenv("MZ_CACHE_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/mzcache";
+}
+
+std::string VocabDir() {
+  if (const char* d = std::getenv("MZ_VOCAB_DIR"); d && *d) return d;
+  return std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+}
+
+std::string LlamaBenchPath() {
+  if (const char* d = std::getenv("MZ_LLAMA_BENCH"); d && *d) return d;
+  return std::string(MZ_DEPS_PREFIX_STR) + "/bin/llama-bench";
+}
+
+void Progress(const char* what, uint64_t done, uint64_t total) {
+  static int last = -1;
+  int pct = total ? int(done * 100 / total) : 100;
+  bool tty = isatty(2);
+  if (!tty && pct / 10 == last / 10 && pct != 100) return;
+  if (pct == last) return;
+  last = pct;
+  std::fprintf(stderr, tty ? "\r%s: %3d%% (%.1f / %.1f MiB)" : "%s: %3d%% (%.1f / %.1f MiB)\n", what, pct,
+               double(done) / 1048576.0, double(total) / 1048576.0);
+  if (tty && pct == 100) std::fprintf(stderr, "\n");
+  if (pct == 100) last = -1;
+}
+
+Status EnsureDefaultModel(std::string* path, const std::string& spec_id, const std::string& type) {
+  std::string dir = CacheDir() + "/models";
+  std::string cmd = "mkdir -p '" + dir + "'";
+  if (std::system(cmd.c_str()) != 0) return Status::IOError("cannot create " + dir);
+  *path = dir + "/" + spec_id + "-" + type + ".gguf";
+  FileInfo info;
+  if (Env::Default()->StatPath(*path, &info).ok()) return Status::Ok();
+  const ModelSpec* spec = FindModelSpec(spec_id);
+  if (!spec) return Status::InvalidArgument("unknown model shape " + spec_id);
+  SynthOptions o;
+  o.type = type;
+  o.vocab_dir = VocabDir();
+  o.progress = [](uint64_t d, uint64_t t) { Progress("synthesizing default model", d, t); };
+  std::fprintf(stderr, "making %s (first run only)\n", path->c_str());
+  return SynthesizeModel(Env::Default(), *spec, o, *path);
+}
+
+int Fail(const Status& st) {
+  std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
+  return 1;
+}
+
+}  // namespace mz::cli

@@ -1,0 +1,22 @@
+// Helpers shared by the CLI subcommands.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "core/status.h"
+
+namespace mz::cli {
+
+// ~/.cache/mzcache (or $MZ_CACHE_DIR).
+std::string CacheDir();
+// Folder with llama.cpp's ggml-vocab-*.gguf ($MZ_VOCAB_DIR, else the pinned deps install).
+std::string VocabDir();
+// llama-bench from the pinned deps install ($MZ_LLAMA_BENCH overrides).
+std::string LlamaBenchPath();
+// The default model: synthesized Qwen3-0.6B q8_0 in the cache dir; made if missing.
+Status EnsureDefaultModel(std::string* path, const std::string& spec = "qwen3-0.6b", const std::string& type = "q8_0");
+// Prints a one-line progress bar to stderr (only when stderr is a terminal, else every 10%).
+void Progress(const char* what, uint64_t done, uint64_t total);
+int Fail(const Status& st);
+
+}  // namespace mz::cli
