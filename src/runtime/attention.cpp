@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -167,7 +168,42 @@ inline void for_each_tile(const KvLayerView& kv, int kvh, int kend, Fn&& fn) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scalar path.
+// Scalar path. Written so compilers can auto-vectorize it (GCC >= 12 does at -O2, NEON on aarch64):
+// eight independent partial sums in the dot product, plain saxpy loops for P*V.
+
+inline void cvt_tile_portable(const uint16_t* src, size_t count, float* dst) {
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+  for (size_t i = 0; i < count; ++i) {  // native half type on AArch64: vectorizes to fcvtl
+    __fp16 h;
+    std::memcpy(&h, src + i, sizeof(h));
+    dst[i] = static_cast<float>(h);
+  }
+#else
+  for (size_t i = 0; i < count; ++i) dst[i] = fp16_to_fp32(src[i]);
+#endif
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MZ_RESTRICT __restrict__
+#else
+#define MZ_RESTRICT
+#endif
+
+// y[0..D) += a * x[0..D), D % 8 == 0. The fixed 8-wide body lets the SLP vectorizer work even when
+// the loop vectorizer's cost model (GCC -O2) refuses a runtime trip count.
+inline void axpy_portable(float a, const float* MZ_RESTRICT x, float* MZ_RESTRICT y, int D) {
+  for (int d = 0; d < D; d += 8) {
+    for (int i = 0; i < 8; ++i) y[d + i] += a * x[d + i];
+  }
+}
+
+inline float dot_portable(const float* MZ_RESTRICT a, const float* MZ_RESTRICT b, int D) {  // D % 8 == 0
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int d = 0; d < D; d += 8) {
+    for (int i = 0; i < 8; ++i) part[i] += a[d + i] * b[d + i];
+  }
+  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
 
 void item_scalar(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
   const int D = kv.head_dim, R = it.rows();
@@ -181,18 +217,14 @@ void item_scalar(const AttnArgs& a, const KvLayerView& kv, const Item& it, const
   const int kend = a.pos0 + it.t0 + it.tn;  // keys [0, kend) are visible to at least one row
   for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile&) {
     const int k0 = t.k0, n = t.n;
-    for (int i = 0; i < n * D; ++i) sc.kv[i] = fp16_to_fp32(t.k[i]);
+    cvt_tile_portable(t.k, static_cast<size_t>(n) * D, sc.kv);
     for (int r = 0; r < R; ++r) {
       float* s = sc.s + r * kTile;
       const int lim = std::max(0, std::min(n, a.pos0 + it.t0 + r / it.gn - k0 + 1));  // causal
       float mx = kNegInf;
       for (int j = 0; j < lim; ++j) {
-        const float* q = sc.q + r * D;
-        const float* k = sc.kv + j * D;
-        float dot = 0.0f;
-        for (int d = 0; d < D; ++d) dot += q[d] * k[d];
-        s[j] = dot;
-        mx = std::max(mx, dot);
+        s[j] = dot_portable(sc.q + r * D, sc.kv + j * D, D);
+        mx = std::max(mx, s[j]);
       }
       const float m_new = std::max(sc.m[r], mx);
       if (lim == 0 || m_new == kNegInf) {
@@ -210,9 +242,9 @@ void item_scalar(const AttnArgs& a, const KvLayerView& kv, const Item& it, const
       sc.m[r] = m_new;
       sc.l[r] = sc.l[r] * sc.alpha[r] + sum;
     }
-    for (int i = 0; i < n * D; ++i) sc.kv[i] = fp16_to_fp32(t.v[i]);
+    cvt_tile_portable(t.v, static_cast<size_t>(n) * D, sc.kv);
     for (int r = 0; r < R; ++r) {
-      float* acc = sc.acc + r * D;
+      float* MZ_RESTRICT acc = sc.acc + r * D;
       const float al = sc.alpha[r];
       if (al != 1.0f) {
         for (int d = 0; d < D; ++d) acc[d] *= al;
@@ -221,8 +253,7 @@ void item_scalar(const AttnArgs& a, const KvLayerView& kv, const Item& it, const
       for (int j = 0; j < n; ++j) {
         const float pj = p[j];
         if (pj == 0.0f) continue;
-        const float* v = sc.kv + j * D;
-        for (int d = 0; d < D; ++d) acc[d] += pj * v[d];
+        axpy_portable(pj, sc.kv + j * D, acc, D);
       }
     }
   });

@@ -1,0 +1,25 @@
+// Benchmark helpers: statistics, subprocess capture, memory bandwidth, result files.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mz::cli {
+
+struct Stats {
+  double mean = 0, stddev = 0, median = 0, min = 0, max = 0;
+  int n = 0;
+};
+Stats Summarize(const std::vector<double>& xs);
+
+double NowSeconds();
+// Runs a shell command, returns its stdout; *rc receives the exit status (-1 if it could not run).
+std::string RunCapture(const std::string& cmd, int* rc);
+// Sequential read bandwidth of RAM in bytes/s (n_threads threads summing a buffer of `bytes`),
+// best of `reps`. Used to print the memory-bandwidth bound next to measurements.
+double MeasureReadBandwidth(int n_threads, size_t bytes = size_t(512) << 20, int reps = 3);
+// Writes text to dir/name (creating dir); returns false on failure.
+bool WriteFile(const std::string& dir, const std::string& name, const std::string& text);
+std::string MachineDescription();
+
+}  // namespace mz::cli
