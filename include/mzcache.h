@@ -77,6 +77,10 @@ struct mz_context_params {
   uint32_t kv_chunk_tokens;  /* tokens per KV chunk (default 256) */
   int32_t n_threads;         /* compute threads (default 2) */
   uint32_t n_ubatch;         /* tokens per forward graph (default 512) */
+  const char* kv_codec;      /* codec for compressed KV: "q8" (default), "q4", "cachegen", "none", "lz4", "zstd" */
+  const char* swap_path;     /* storage swap file (default NULL: $TMPDIR or /var/tmp, one file per context) */
+  bool direct_io;            /* O_DIRECT for swap and weight reloads (default true) */
+  int32_t restore_threads;   /* threads restoring units (default 2) */
 };
 struct mz_context_params mz_context_default_params(void);
 
@@ -91,6 +95,60 @@ const float* mz_get_logits(mz_context* ctx, int32_t i);
 int32_t mz_context_n_tokens(const mz_context* ctx);
 /* Forgets tokens from position n_keep on (n_keep = 0 clears the conversation). */
 int mz_context_truncate(mz_context* ctx, int32_t n_keep);
+
+/* ---- elastic memory ---- */
+enum mz_unit_kind { MZ_UNIT_WEIGHTS = 0, MZ_UNIT_KV = 1 };
+enum mz_unit_state {
+  MZ_STATE_RESIDENT = 0,              /* in RAM, usable by compute */
+  MZ_STATE_KV_MEM_COMPRESSED = 1,     /* KV chunk compressed in the in-memory swap stack */
+  MZ_STATE_KV_STORAGE_RAW = 2,        /* KV chunk raw in the storage swap file */
+  MZ_STATE_KV_STORAGE_COMPRESSED = 3, /* KV chunk compressed in the storage swap file */
+  MZ_STATE_WEIGHTS_DROPPED = 4        /* weight unit released; re-read from the model file */
+};
+/* One unit and where it should go. Weights: layer in [0, n_layer) or -1 for the base unit
+ * (embeddings, output head); chunk ignored. KV: layer and chunk (tokens [chunk*T, (chunk+1)*T)). */
+struct mz_placement {
+  int32_t kind;   /* enum mz_unit_kind */
+  int32_t layer;
+  int32_t chunk;
+  int32_t state;  /* enum mz_unit_state; MZ_STATE_RESIDENT restores the unit */
+};
+struct mz_plan {
+  const struct mz_placement* items;
+  size_t n_items;
+};
+/* Releases at least `bytes` of RAM. plan == NULL: the restoration-oriented policy decides (hybrid
+ * swap, Algorithm 1 of the paper, backward-out order), continuing from whatever state earlier calls
+ * left; if less than `bytes` is left in RAM it releases everything it can. plan != NULL: the
+ * placements are applied in order until `bytes` are released (bytes = 0: the whole plan).
+ * *freed (optional) receives what was released. While a decode runs on another thread it returns
+ * MZ_ERR_BUSY and changes nothing. On an error (e.g. MZ_ERR_NO_SPACE) placements already applied
+ * stay applied and the failing unit stays where it was: the context is intact. */
+int mz_evict(mz_context* ctx, uint64_t bytes, const struct mz_plan* plan, uint64_t* freed);
+/* Brings every unit back into RAM (multi-threaded). mz_decode also does this on demand. */
+int mz_restore(mz_context* ctx);
+
+struct mz_memory_report {
+  uint64_t weights_total, weights_resident, weights_dropped;
+  uint64_t kv_total, kv_resident;
+  uint64_t kv_mem_compressed_raw, kv_mem_compressed; /* raw bytes represented, bytes held */
+  uint64_t kv_storage_raw;
+  uint64_t kv_storage_compressed_raw, kv_storage_compressed;
+  uint64_t swap_stack_mapped; /* RAM held by the in-memory swap */
+  uint64_t swap_file_used;    /* storage held by the swap file */
+  uint64_t in_memory;         /* weights_resident + kv_resident + swap_stack_mapped */
+  uint64_t footprint;         /* weights_total + kv_total */
+  double remaining;           /* in_memory / footprint (the paper's "remaining in memory") */
+  int32_t n_weight_units[5], n_kv_chunks[5]; /* per enum mz_unit_state */
+  int32_t n_kv_lost;          /* chunks whose stored copy failed verification */
+};
+int mz_get_memory_report(mz_context* ctx, struct mz_memory_report* out);
+
+/* ---- sessions: a conversation saved to a file and loaded in another process ---- */
+/* Writes tokens + KV (codec "none" is lossless; default q8 when NULL) crash-safely. */
+int mz_session_save(mz_context* ctx, const char* path, const char* codec);
+/* Replaces the context's conversation with the file's; on error the context is unchanged. */
+int mz_session_load(mz_context* ctx, const char* path);
 
 /* ---- sampling ---- */
 struct mz_sampler_params {

@@ -11,6 +11,7 @@
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
+#include "swap/session_file.h"
 
 struct mz_model {
   std::unique_ptr<mz::Model> model;
@@ -131,6 +132,10 @@ mz_context_params mz_context_default_params(void) {
   p.kv_chunk_tokens = 256;
   p.n_threads = 2;
   p.n_ubatch = 512;
+  p.kv_codec = "q8";
+  p.swap_path = nullptr;
+  p.direct_io = true;
+  p.restore_threads = 2;
   return p;
 }
 
@@ -149,8 +154,13 @@ int mz_context_new(mz_model* model, const mz_context_params* params, mz_context*
     o.kv_chunk_tokens = int(p.kv_chunk_tokens);
     o.n_threads = p.n_threads;
     o.n_ubatch = int(p.n_ubatch);
+    o.kv_codec = p.kv_codec ? p.kv_codec : "q8";
+    o.swap_path = p.swap_path ? p.swap_path : "";
+    o.direct_io = p.direct_io;
+    o.restore_threads = p.restore_threads > 0 ? p.restore_threads : 1;
     auto c = std::make_unique<mz_context>();
     c->ctx = std::make_unique<mz::Context>(model->model.get(), o);
+    MZ_RETURN_IF_ERROR(c->ctx->Init());
     *out = c.release();
     return mz::Status::Ok();
   });
@@ -173,6 +183,75 @@ int mz_context_truncate(mz_context* ctx, int32_t n_keep) {
     if (!ctx || n_keep < 0) return mz::Status::InvalidArgument("bad context or n_keep");
     ctx->ctx->Truncate(n_keep);
     return mz::Status::Ok();
+  });
+}
+
+int mz_evict(mz_context* ctx, uint64_t bytes, const mz_plan* plan, uint64_t* freed) {
+  if (freed) *freed = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    if (!plan) return ctx->ctx->EvictBytes(bytes, freed);
+    if (plan->n_items && !plan->items) return mz::Status::InvalidArgument("plan items are NULL");
+    mz::Plan p;
+    for (size_t i = 0; i < plan->n_items; ++i) {
+      const mz_placement& x = plan->items[i];
+      if (x.kind != MZ_UNIT_WEIGHTS && x.kind != MZ_UNIT_KV)
+        return mz::Status::InvalidArgument("placement " + std::to_string(i) + ": bad kind");
+      if (x.state < 0 || x.state > MZ_STATE_WEIGHTS_DROPPED)
+        return mz::Status::InvalidArgument("placement " + std::to_string(i) + ": bad state");
+      p.push_back({x.kind == MZ_UNIT_WEIGHTS ? mz::UnitRef::Weights(x.layer) : mz::UnitRef::Kv(x.layer, x.chunk),
+                   mz::UnitState(x.state)});
+    }
+    uint64_t f = 0;
+    mz::Status st = ctx->ctx->Evict(p, bytes, &f);
+    if (freed) *freed = f;
+    return st;
+  });
+}
+
+int mz_restore(mz_context* ctx) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    return ctx->ctx->Restore();
+  });
+}
+
+int mz_get_memory_report(mz_context* ctx, mz_memory_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !out) return mz::Status::InvalidArgument("null argument");
+    mz::MemoryReport r = ctx->ctx->Report();
+    out->weights_total = r.weights_total;
+    out->weights_resident = r.weights_resident;
+    out->weights_dropped = r.weights_dropped;
+    out->kv_total = r.kv_total;
+    out->kv_resident = r.kv_resident;
+    out->kv_mem_compressed_raw = r.kv_mem_compressed_raw;
+    out->kv_mem_compressed = r.kv_mem_compressed;
+    out->kv_storage_raw = r.kv_storage_raw;
+    out->kv_storage_compressed_raw = r.kv_storage_compressed_raw;
+    out->kv_storage_compressed = r.kv_storage_compressed;
+    out->swap_stack_mapped = r.stack_mapped;
+    out->swap_file_used = r.swap_file_used;
+    out->in_memory = r.in_memory();
+    out->footprint = r.footprint();
+    out->remaining = r.remaining();
+    for (int i = 0; i < 5; ++i) out->n_weight_units[i] = r.n_weight_units[i], out->n_kv_chunks[i] = r.n_kv_chunks[i];
+    out->n_kv_lost = r.n_kv_lost;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_session_save(mz_context* ctx, const char* path, const char* codec) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !path) return mz::Status::InvalidArgument("null argument");
+    return mz::SaveSession(*ctx->ctx, path, codec ? codec : "q8");
+  });
+}
+
+int mz_session_load(mz_context* ctx, const char* path) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !path) return mz::Status::InvalidArgument("null argument");
+    return mz::LoadSession(*ctx->ctx, path);
   });
 }
 

@@ -111,6 +111,7 @@ Status Model::Load(Env* env, const std::string& path, const ModelOptions& option
   if (st.ok()) {
     // Identity: size + mtime + hash of everything before the tensor data.
     uint64_t meta_len = gguf_get_data_offset(g);
+    m->meta_len_ = meta_len;
     std::vector<char> head(meta_len);
     st = ReadFully(f.get(), head.data(), head.size(), 0, path);
     m->identity_.size = info.size;
@@ -290,6 +291,21 @@ void Model::DropUnit(int u) {
   env_->Unmap(w.region, w.region_bytes);
   w.buffer = nullptr;
   w.region = nullptr;
+}
+
+Status Model::VerifyIdentity() const {
+  FileInfo info;
+  Status st = env_->StatPath(path_, &info);
+  if (!st.ok()) return Status::ModelChanged(path_ + " is gone: " + st.message());
+  if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
+    return Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)");
+  std::unique_ptr<File> f;
+  MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, false, &f));
+  std::vector<char> head(meta_len_);
+  MZ_RETURN_IF_ERROR(ReadFully(f.get(), head.data(), head.size(), 0, path_));
+  if (XXH64(head.data(), head.size(), 0) != identity_.header_hash)
+    return Status::ModelChanged(path_ + " changed since it was loaded (header differs)");
+  return Status::Ok();
 }
 
 Status Model::LoadAll() {

@@ -124,6 +124,9 @@ class Model {
   Status LoadUnit(int u);
   // Releases unit u's memory to the OS. No-op if not resident.
   void DropUnit(int u);
+  // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
+  // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
+  Status VerifyIdentity() const;
   // Loads every dropped unit (parallel over options.io_threads).
   Status LoadAll();
 
@@ -140,6 +143,7 @@ class Model {
   std::vector<LayerTensors> layers_;
   std::vector<WeightUnit> units_;
   FileIdentity identity_;
+  uint64_t meta_len_ = 0;  // bytes before the tensor data (hashed into identity_)
   ggml_context* meta_ = nullptr;  // owns the ggml_tensor structs (no data)
 };
 

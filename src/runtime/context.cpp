@@ -1,5 +1,7 @@
 #include "runtime/context.h"
 
+#include <cstdlib>
+
 namespace mz {
 
 Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts_(opts) {
@@ -14,9 +16,90 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   fo.n_threads = opts.n_threads;
   fo.n_ubatch = opts.n_ubatch;
   fwd_ = std::make_unique<Forward>(model, kv_.get(), fo);
+  ElasticOptions eo;
+  eo.codec = opts.kv_codec;
+  eo.swap_path = opts.swap_path;
+  eo.direct_io = opts.direct_io;
+  eo.restore_threads = opts.restore_threads;
+  elastic_ = std::make_unique<ElasticMemory>(model, kv_.get(), eo);
+}
+
+Status Context::Init() {
+  MZ_RETURN_IF_ERROR(elastic_->Init());
+  profile_ = DeviceProfile::Default();
+  std::string path = opts_.profile_path;
+  if (path.empty()) {
+    const char* home = std::getenv("HOME");
+    const char* cache = std::getenv("MZ_CACHE_DIR");
+    path = cache && *cache ? std::string(cache) + "/profile.json"
+                           : std::string(home ? home : "/tmp") + "/.cache/mzcache/profile.json";
+    FileInfo fi;
+    if (!Env::Default()->StatPath(path, &fi).ok()) return Status::Ok();
+  }
+  return DeviceProfile::Load(path, &profile_);
+}
+
+PolicyInput Context::MakePolicyInput(uint64_t bytes) {
+  PolicyInput in;
+  const HParams& hp = model_->hparams();
+  in.n_layer = int(hp.n_layer);
+  in.n_chunks = kv_->n_chunks();
+  for (int l = 0; l < in.n_layer; ++l) in.layer_bytes.push_back(model_->unit(l).region_bytes);
+  in.base_bytes = model_->unit(model_->base_unit()).region_bytes;
+  in.chunk_bytes = kv_->geometry().chunk_bytes();
+  in.ratio = profile_.Ratio(opts_.kv_codec);
+  const uint64_t mean_layer = in.layer_bytes.empty() ? 0 : in.layer_bytes[0];
+  in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer);
+  ElasticMemory* e = elastic_.get();
+  in.state = [e](const UnitRef& u) { return e->state(u); };
+  in.bytes = bytes;
+  in.order = opts_.evict_order;
+  in.seed = opts_.evict_seed;
+  in.parallel_paths = opts_.hybrid;
+  return in;
+}
+
+Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan) {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a generation is running: eviction refused (retry when it finishes)");
+  uint64_t total = 0;
+  // Estimates can be off (compression ratio, segment rounding): plan again until done or stuck.
+  for (int round = 0; round < 8 && total < bytes; ++round) {
+    PolicyOutput plan = PlanHybridSwap(MakePolicyInput(bytes - total));
+    if (plan.plan.empty()) break;
+    uint64_t f = 0;
+    Status st = elastic_->Apply(plan.plan, bytes - total, &f);
+    total += f;
+    if (last_plan) *last_plan = plan;
+    if (!st.ok()) {
+      if (freed) *freed = total;
+      return st;
+    }
+    if (f == 0) break;
+  }
+  if (freed) *freed = total;
+  return Status::Ok();
+}
+
+Status Context::Evict(const Plan& plan, uint64_t bytes, uint64_t* freed) {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a generation is running: eviction refused (retry when it finishes)");
+  return elastic_->Apply(plan, bytes, freed);
+}
+
+Status Context::Restore() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return elastic_->RestoreAll();
+}
+
+MemoryReport Context::Report() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return elastic_->Report();
 }
 
 Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
+  std::lock_guard<std::mutex> lk(mu_);
+  MZ_RETURN_IF_ERROR(elastic_->RestoreAll());
   MZ_RETURN_IF_ERROR(fwd_->Decode(tokens, n, all_logits, &logits_));
   history_.insert(history_.end(), tokens, tokens + n);
   return Status::Ok();
@@ -33,9 +116,11 @@ const float* Context::logits(int row) const {
 }
 
 void Context::Truncate(int n_keep) {
+  std::lock_guard<std::mutex> lk(mu_);
   if (n_keep < 0) n_keep = 0;
   if (n_keep >= int(history_.size())) return;
   history_.resize(size_t(n_keep));
+  elastic_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
   kv_->Truncate(n_keep);
   logits_.clear();
 }

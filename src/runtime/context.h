@@ -1,11 +1,19 @@
-// Context: one conversation. Owns the chunked KV cache, the forward pass and the token history;
-// borrows the model (which must outlive it). Not thread-safe: one caller at a time.
+// Context: one conversation. Owns the chunked KV cache, the forward pass, the elastic memory state
+// and the token history; borrows the model (which must outlive it).
+// Thread-safety: Decode, Truncate, Restore and Report serialize on an internal mutex. Evict may be
+// called from another thread (a memory-pressure handler): while a Decode runs it returns kBusy at
+// once rather than tearing state.
 #pragma once
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "memory/elastic.h"
 #include "memory/kv_cache.h"
+#include "policy/device_profile.h"
+#include "policy/hybrid_swap.h"
 #include "model/model.h"
 #include "runtime/forward.h"
 
@@ -16,17 +24,41 @@ struct ContextOptions {
   int kv_chunk_tokens = 256;
   int n_threads = 2;
   int n_ubatch = 512;
+  std::string kv_codec = "q8";   // codec for compressed KV placements
+  std::string swap_path;         // storage swap file (default: $TMPDIR or /var/tmp)
+  bool direct_io = true;
+  int restore_threads = 2;
+  std::string profile_path;      // device profile (default: <cache>/profile.json if present)
+  EvictOrder evict_order = EvictOrder::kBackwardOut;
+  uint64_t evict_seed = 1;       // random-out
+  bool hybrid = true;            // false: a single storage path (ablation)
 };
 
 class Context {
  public:
   Context(Model* model, const ContextOptions& opts);
+  // Validates options; call once after construction.
+  Status Init();
 
   // See Forward::Decode. Tokens are appended to history() on success only.
   Status Decode(const int32_t* tokens, int n, bool all_logits);
   const float* logits(int row) const;  // nullptr if out of range
   int n_logit_rows() const;
   void Truncate(int n_keep);
+
+  // Moves units per plan until `bytes` are released (0: whole plan). kBusy during a Decode.
+  Status Evict(const Plan& plan, uint64_t bytes, uint64_t* freed);
+  // Policy-driven eviction (hybrid swap, Algorithm 1): releases at least `bytes` of RAM, or all
+  // it can (reported in *freed), from whatever state previous calls left. kBusy during a Decode.
+  Status EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan = nullptr);
+  // The policy's input for the current state (pure data; for tests and tools).
+  PolicyInput MakePolicyInput(uint64_t bytes);
+  const DeviceProfile& profile() const { return profile_; }
+  void set_profile(const DeviceProfile& p) { profile_ = p; }
+  // Brings every unit back (multi-threaded).
+  Status Restore();
+  MemoryReport Report();
+  ElasticMemory& elastic() { return *elastic_; }
 
   Model* model() const { return model_; }
   KvCache& kv() { return *kv_; }
@@ -35,10 +67,15 @@ class Context {
   const ContextOptions& options() const { return opts_; }
 
  private:
+  friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*);
+  friend Status LoadSession(Context&, const std::string&, struct SessionInfo*);
   Model* model_;
   ContextOptions opts_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Forward> fwd_;
+  std::unique_ptr<ElasticMemory> elastic_;
+  DeviceProfile profile_;
+  std::mutex mu_;
   std::vector<int32_t> history_;
   std::vector<float> logits_;
 };

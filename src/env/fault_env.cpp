@@ -1,0 +1,72 @@
+#include "env/fault_env.h"
+
+#include <cerrno>
+
+namespace mz {
+namespace {
+
+class FaultFile final : public File {
+ public:
+  FaultFile(FaultEnv* env, std::unique_ptr<File> f) : env_(env), f_(std::move(f)) {}
+  Status Read(void* buf, size_t n, uint64_t off, size_t* got) override {
+    env_->n_reads++;
+    if (FaultEnv::Fire(env_->fail_reads_after)) {
+      *got = 0;
+      return Status::FromErrno(EIO, "read " + f_->path() + " (injected)");
+    }
+    if (FaultEnv::Fire(env_->short_reads_after)) n /= 2;
+    Status st = f_->Read(buf, n, off, got);
+    if (st.ok() && *got > 0 && FaultEnv::Fire(env_->flip_bit_read_after))
+      static_cast<uint8_t*>(buf)[*got / 2] ^= 0x10;
+    env_->bytes_read += int64_t(*got);
+    return st;
+  }
+  Status Write(const void* buf, size_t n, uint64_t off) override {
+    env_->n_writes++;
+    if (FaultEnv::Fire(env_->fail_writes_after)) return Status::FromErrno(EIO, "write " + f_->path() + " (injected)");
+    int64_t budget = env_->write_budget.load();
+    if (budget >= 0) {
+      if (int64_t(n) > budget) return Status::FromErrno(ENOSPC, "write " + f_->path() + " (injected)");
+      env_->write_budget -= int64_t(n);
+    }
+    env_->bytes_written += int64_t(n);
+    return f_->Write(buf, n, off);
+  }
+  Status Sync() override { return f_->Sync(); }
+  Status Truncate(uint64_t size) override { return f_->Truncate(size); }
+  Status Stat(FileInfo* info) override { return f_->Stat(info); }
+  bool direct() const override { return f_->direct(); }
+  const std::string& path() const override { return f_->path(); }
+
+ private:
+  FaultEnv* env_;
+  std::unique_ptr<File> f_;
+};
+
+}  // namespace
+
+bool FaultEnv::Fire(std::atomic<int64_t>& c) {
+  int64_t v = c.load();
+  while (v >= 0) {
+    if (c.compare_exchange_weak(v, v - 1)) return v == 0;
+  }
+  return false;
+}
+
+Status FaultEnv::Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) {
+  std::unique_ptr<File> f;
+  MZ_RETURN_IF_ERROR(target()->Open(path, mode, direct, &f));
+  if (!path_filter.empty() && path.find(path_filter) == std::string::npos) {
+    *out = std::move(f);
+    return Status::Ok();
+  }
+  out->reset(new FaultFile(this, std::move(f)));
+  return Status::Ok();
+}
+
+void* FaultEnv::MapAnon(size_t bytes) {
+  if (Fire(fail_maps_after)) return nullptr;
+  return target()->MapAnon(bytes);
+}
+
+}  // namespace mz

@@ -1,0 +1,33 @@
+// FaultEnv: an Env that injects the faults a swap file on a phone meets: EIO on reads or writes,
+// short reads, ENOSPC after a byte budget, bit flips in data read back, failing allocations.
+// Faults apply to files whose path contains `path_filter` (empty: all files). Deterministic: each
+// fault is armed explicitly and counts down. Thread-safe (atomics).
+#pragma once
+#include <atomic>
+#include <string>
+
+#include "env/env.h"
+
+namespace mz {
+
+class FaultEnv : public EnvWrapper {
+ public:
+  explicit FaultEnv(Env* target) : EnvWrapper(target) {}
+
+  std::string path_filter;
+  std::atomic<int64_t> fail_reads_after{-1};     // >= 0: after this many more reads, reads fail with EIO
+  std::atomic<int64_t> short_reads_after{-1};    // >= 0: after this many more reads, one read returns half
+  std::atomic<int64_t> fail_writes_after{-1};    // >= 0: after this many more writes, writes fail with EIO
+  std::atomic<int64_t> write_budget{-1};         // >= 0: bytes that may still be written; then ENOSPC
+  std::atomic<int64_t> flip_bit_read_after{-1};  // >= 0: after this many more reads, one read gets a bit flipped
+  std::atomic<int64_t> fail_maps_after{-1};      // >= 0: after this many more MapAnon calls, MapAnon fails
+  std::atomic<int64_t> n_reads{0}, n_writes{0}, bytes_read{0}, bytes_written{0};
+
+  Status Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) override;
+  void* MapAnon(size_t bytes) override;
+
+  // True (and disarms) when a countdown reaches zero.
+  static bool Fire(std::atomic<int64_t>& countdown);
+};
+
+}  // namespace mz

@@ -1,0 +1,333 @@
+#include "memory/elastic.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+namespace mz {
+
+const char* UnitStateName(UnitState s) {
+  switch (s) {
+    case UnitState::kResident: return "resident";
+    case UnitState::kKvMemCompressed: return "kv-mem-compressed";
+    case UnitState::kKvStorageRaw: return "kv-storage-raw";
+    case UnitState::kKvStorageCompressed: return "kv-storage-compressed";
+    case UnitState::kWeightsDropped: return "weights-dropped";
+  }
+  return "?";
+}
+
+std::string UnitName(const UnitRef& u) {
+  if (u.kind == UnitRef::kWeights) return u.layer < 0 ? "weights[base]" : "weights[" + std::to_string(u.layer) + "]";
+  return "kv[" + std::to_string(u.layer) + "," + std::to_string(u.chunk) + "]";
+}
+
+double MemoryReport::remaining(bool exclude_base) const {
+  double num = double(in_memory()), den = double(footprint());
+  if (exclude_base) num -= double(base_resident), den -= double(base_total);
+  return den > 0 ? num / den : 1.0;
+}
+
+ElasticMemory::ElasticMemory(Model* model, KvCache* kv, const ElasticOptions& opts)
+    : model_(model), kv_(kv), opts_(opts), slots_(size_t(kv->geometry().n_layer)) {
+  stack_ = std::make_unique<CompressedStack>(model->env());
+}
+
+ElasticMemory::~ElasticMemory() = default;
+
+Status ElasticMemory::Init() {
+  codec_ = MakeKvCodec(opts_.codec);
+  if (!codec_) return Status::InvalidArgument("unknown KV codec '" + opts_.codec + "'");
+  if (opts_.swap_path.empty()) {
+    const char* t = std::getenv("TMPDIR");
+    opts_.swap_path = std::string(t && *t ? t : "/var/tmp") + "/mzcache-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
+                      ".swap";
+  }
+  return Status::Ok();
+}
+
+Status ElasticMemory::EnsureSwap() {
+  if (swap_) return Status::Ok();
+  return SwapFile::Create(model_->env(), opts_.swap_path, opts_.direct_io, &swap_);
+}
+
+ElasticMemory::KvSlot& ElasticMemory::slot(int layer, int chunk) {
+  auto& v = slots_[size_t(layer)];
+  if (int(v.size()) <= chunk) v.resize(size_t(chunk) + 1);
+  return v[size_t(chunk)];
+}
+
+const ElasticMemory::KvSlot* ElasticMemory::find_slot(int layer, int chunk) const {
+  if (layer < 0 || layer >= int(slots_.size())) return nullptr;
+  const auto& v = slots_[size_t(layer)];
+  return chunk < int(v.size()) ? &v[size_t(chunk)] : nullptr;
+}
+
+ChunkShape ElasticMemory::shape(int layer, int chunk) const {
+  const KvGeometry& g = kv_->geometry();
+  ChunkShape s;
+  s.n_kv_head = g.n_kv_head;
+  s.chunk_tokens = g.chunk_tokens;
+  s.head_dim = g.head_dim;
+  s.n_tokens = std::clamp(kv_->n_tokens() - chunk * g.chunk_tokens, 1, g.chunk_tokens);
+  s.layer = layer;
+  s.n_layer = g.n_layer;
+  return s;
+}
+
+UnitState ElasticMemory::state(const UnitRef& u) const {
+  if (u.kind == UnitRef::kWeights)
+    return model_->unit(weight_unit(u.layer)).resident() ? UnitState::kResident : UnitState::kWeightsDropped;
+  const KvSlot* s = find_slot(u.layer, u.chunk);
+  return s ? s->state : UnitState::kResident;
+}
+
+bool ElasticMemory::lost(int layer, int chunk) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  return s && s->lost;
+}
+
+Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
+  KvSlot& s = slot(layer, chunk);
+  const KvGeometry& g = kv_->geometry();
+  const size_t raw = g.chunk_bytes();
+  if (s.state == UnitState::kKvMemCompressed && target == UnitState::kKvStorageCompressed) {
+    // CompKV: move the encoded bytes from the stack to storage.
+    MZ_RETURN_IF_ERROR(EnsureSwap());
+    size_t n = 0;
+    const uint8_t* p = stack_->Get(s.h, &n);
+    if (!p) return Status::Internal("swap stack entry missing for " + UnitName(UnitRef::Kv(layer, chunk)));
+    SwapExtent e;
+    MZ_RETURN_IF_ERROR(swap_->Write(p, n, &e));
+    stack_->Free(s.h);
+    s.h = -1;
+    s.ext = e;
+    s.state = target;
+    return Status::Ok();
+  }
+  if (s.state != UnitState::kResident)
+    return Status::InvalidArgument(UnitName(UnitRef::Kv(layer, chunk)) + ": cannot move from " +
+                                   UnitStateName(s.state) + " to " + UnitStateName(target));
+  uint16_t* data = kv_->chunk(layer, chunk);
+  if (!data) return Status::Internal("resident chunk without memory");
+  const ChunkShape sh = shape(layer, chunk);
+  s.enc_tokens = sh.n_tokens;
+  if (target == UnitState::kKvStorageRaw) {
+    MZ_RETURN_IF_ERROR(EnsureSwap());
+    SwapExtent e;
+    MZ_RETURN_IF_ERROR(swap_->Write(data, raw, &e));
+    s.ext = e;
+    s.enc_bytes = raw;
+  } else if (target == UnitState::kKvMemCompressed || target == UnitState::kKvStorageCompressed) {
+    std::vector<uint8_t> buf(codec_->MaxEncodedSize(sh));
+    size_t n = 0;
+    MZ_RETURN_IF_ERROR(codec_->Encode(sh, data, buf.data(), buf.size(), &n).With(UnitName(UnitRef::Kv(layer, chunk))));
+    if (target == UnitState::kKvMemCompressed) {
+      MZ_RETURN_IF_ERROR(stack_->Push(buf.data(), n, &s.h));
+    } else {
+      MZ_RETURN_IF_ERROR(EnsureSwap());
+      SwapExtent e;
+      MZ_RETURN_IF_ERROR(swap_->Write(buf.data(), n, &e));
+      s.ext = e;
+    }
+    s.enc_bytes = n;
+  } else {
+    return Status::InvalidArgument("KV chunks cannot be placed in state " + std::string(UnitStateName(target)));
+  }
+  kv_->ReleaseChunk(layer, chunk);
+  kv_->env()->Unmap(data, raw);
+  s.state = target;
+  return Status::Ok();
+}
+
+Status ElasticMemory::RestoreKv(int layer, int chunk) {
+  KvSlot& s = slot(layer, chunk);
+  if (s.state == UnitState::kResident) return Status::Ok();
+  if (s.lost)
+    return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost (its stored copy failed verification)");
+  const KvGeometry& g = kv_->geometry();
+  const size_t raw = g.chunk_bytes();
+  void* mem = kv_->env()->MapAnon(raw);
+  if (!mem) return Status::NoMemory("allocating a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
+  uint16_t* dst = static_cast<uint16_t*>(mem);
+  ChunkShape sh = shape(layer, chunk);
+  sh.n_tokens = s.enc_tokens;
+  Status st;
+  if (s.state == UnitState::kKvMemCompressed) {
+    size_t n = 0;
+    const uint8_t* p = stack_->Get(s.h, &n);
+    st = p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
+  } else if (s.state == UnitState::kKvStorageRaw) {
+    st = swap_->Read(s.ext, dst);
+  } else {
+    std::vector<uint8_t> buf(s.ext.size);
+    st = swap_->Read(s.ext, buf.data());
+    if (st.ok()) st = codec_->Decode(sh, buf.data(), buf.size(), dst);
+  }
+  if (!st.ok()) {
+    kv_->env()->Unmap(mem, raw);
+    if (st.code() == Status::kCorruption) s.lost = true;
+    return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
+  }
+  if (s.state == UnitState::kKvMemCompressed) stack_->Free(s.h);
+  else swap_->Free(s.ext);
+  s.h = -1;
+  s.ext = SwapExtent();
+  s.enc_bytes = 0;
+  s.state = UnitState::kResident;
+  kv_->SetChunk(layer, chunk, dst);
+  return Status::Ok();
+}
+
+Status ElasticMemory::ReadChunk(int layer, int chunk, uint16_t* dst) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  const size_t raw = kv_->geometry().chunk_bytes();
+  if (!s || s->state == UnitState::kResident) {
+    std::memcpy(dst, kv_->chunk(layer, chunk), raw);
+    return Status::Ok();
+  }
+  if (s->lost) return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost");
+  ChunkShape sh = shape(layer, chunk);
+  sh.n_tokens = s->enc_tokens;
+  if (s->state == UnitState::kKvMemCompressed) {
+    size_t n = 0;
+    const uint8_t* p = stack_->Get(s->h, &n);
+    return p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
+  }
+  if (s->state == UnitState::kKvStorageRaw) return swap_->Read(s->ext, dst);
+  std::vector<uint8_t> buf(s->ext.size);
+  MZ_RETURN_IF_ERROR(swap_->Read(s->ext, buf.data()));
+  return codec_->Decode(sh, buf.data(), buf.size(), dst);
+}
+
+Status ElasticMemory::Move(const Placement& p) {
+  const UnitRef& u = p.unit;
+  if (u.kind == UnitRef::kWeights) {
+    if (u.layer < -1 || u.layer >= int(model_->hparams().n_layer))
+      return Status::InvalidArgument("no weight unit for layer " + std::to_string(u.layer));
+    if (p.target == UnitState::kResident) return model_->LoadUnit(weight_unit(u.layer));
+    if (p.target != UnitState::kWeightsDropped)
+      return Status::InvalidArgument(UnitName(u) + ": weights can only be resident or dropped");
+    model_->DropUnit(weight_unit(u.layer));
+    return Status::Ok();
+  }
+  if (u.layer < 0 || u.layer >= kv_->geometry().n_layer || u.chunk < 0 || u.chunk >= kv_->n_chunks())
+    return Status::InvalidArgument("no KV chunk " + UnitName(u) + " (the context has " +
+                                   std::to_string(kv_->n_chunks()) + " chunks per layer)");
+  if (p.target == UnitState::kResident) return RestoreKv(u.layer, u.chunk);
+  if (state(u) == p.target) return Status::Ok();
+  return EvictKv(u.layer, u.chunk, p.target);
+}
+
+Status ElasticMemory::Apply(const Plan& plan, uint64_t bytes, uint64_t* freed) {
+  const uint64_t before = Report().in_memory();
+  Status st;
+  for (const Placement& p : plan) {
+    st = Move(p);
+    if (!st.ok()) break;
+    if (bytes > 0) {
+      const uint64_t now = Report().in_memory();
+      if (before > now && before - now >= bytes) break;
+    }
+  }
+  const uint64_t after = Report().in_memory();
+  if (freed) *freed = before > after ? before - after : 0;
+  return st;
+}
+
+Status ElasticMemory::Restore(const UnitRef& u) { return Move(Placement{u, UnitState::kResident}); }
+
+bool ElasticMemory::AllResident() const {
+  for (int u = 0; u < model_->n_units(); ++u)
+    if (!model_->unit(u).resident()) return false;
+  for (const auto& l : slots_)
+    for (const auto& s : l)
+      if (s.state != UnitState::kResident) return false;
+  return true;
+}
+
+Status ElasticMemory::RestoreAll() {
+  if (AllResident()) return Status::Ok();
+  std::vector<UnitRef> todo;
+  auto add_w = [&](int layer) {
+    if (!model_->unit(weight_unit(layer)).resident()) todo.push_back(UnitRef::Weights(layer));
+  };
+  add_w(-1);
+  for (int l = 0; l < kv_->geometry().n_layer; ++l) {
+    add_w(l);
+    for (int c = 0; c < int(slots_[size_t(l)].size()); ++c)
+      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident) todo.push_back(UnitRef::Kv(l, c));
+  }
+  bool any_weights = false;
+  for (const auto& u : todo) any_weights |= u.kind == UnitRef::kWeights;
+  if (any_weights) MZ_RETURN_IF_ERROR(model_->VerifyIdentity());
+  std::atomic<size_t> next{0};
+  const int nt = std::max(1, std::min(opts_.restore_threads, int(todo.size())));
+  std::vector<Status> errs(static_cast<size_t>(nt));
+  auto worker = [&](int t) {
+    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+      Status st = Restore(todo[i]);
+      if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int t = 1; t < nt; ++t) ts.emplace_back(worker, t);
+  worker(0);
+  for (auto& t : ts) t.join();
+  for (const auto& e : errs)
+    if (!e.ok()) return e;
+  return Status::Ok();
+}
+
+void ElasticMemory::ForgetChunksFrom(int first_chunk) {
+  for (int l = 0; l < int(slots_.size()); ++l) {
+    auto& v = slots_[size_t(l)];
+    for (int c = int(v.size()) - 1; c >= first_chunk && c >= 0; --c) {
+      KvSlot& s = v[size_t(c)];
+      if (s.state == UnitState::kKvMemCompressed) stack_->Free(s.h);
+      else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) swap_->Free(s.ext);
+      // An evicted chunk's pointer is null; KvCache::Truncate skips it when unmapping.
+    }
+    if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));
+  }
+}
+
+MemoryReport ElasticMemory::Report() const {
+  MemoryReport r;
+  for (int u = 0; u < model_->n_units(); ++u) {
+    const WeightUnit& w = model_->unit(u);
+    r.weights_total += w.region_bytes;
+    const bool res = w.resident();
+    (res ? r.weights_resident : r.weights_dropped) += w.region_bytes;
+    r.n_weight_units[int(res ? UnitState::kResident : UnitState::kWeightsDropped)]++;
+    if (u == model_->base_unit()) {
+      r.base_total = w.region_bytes;
+      r.base_resident = res ? w.region_bytes : 0;
+    }
+  }
+  const uint64_t cb = kv_->geometry().chunk_bytes();
+  for (int l = 0; l < kv_->geometry().n_layer; ++l) {
+    for (int c = 0; c < kv_->n_chunks(); ++c) {
+      const KvSlot* s = find_slot(l, c);
+      const UnitState st = s ? s->state : UnitState::kResident;
+      r.kv_total += cb;
+      r.n_kv_chunks[int(st)]++;
+      if (s && s->lost) r.n_kv_lost++;
+      switch (st) {
+        case UnitState::kResident: r.kv_resident += cb; break;
+        case UnitState::kKvMemCompressed: r.kv_mem_compressed_raw += cb, r.kv_mem_compressed += s->enc_bytes; break;
+        case UnitState::kKvStorageRaw: r.kv_storage_raw += cb; break;
+        case UnitState::kKvStorageCompressed:
+          r.kv_storage_compressed_raw += cb, r.kv_storage_compressed += s->enc_bytes;
+          break;
+        default: break;
+      }
+    }
+  }
+  r.stack_mapped = stack_->mapped_bytes();
+  r.swap_file_used = swap_ ? swap_->used_bytes() : 0;
+  return r;
+}
+
+}  // namespace mz

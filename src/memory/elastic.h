@@ -1,0 +1,152 @@
+// ElasticMemory: the state of every memory unit of one context and the one place that moves units
+// between states (the "apply" of plan/apply). Policies (src/policy) produce Plans; only this class
+// changes memory.
+//
+// Units: weight unit u (layer u, or the base unit: embeddings + output head), and KV chunk (l, c).
+// States:
+//   kResident            bytes in RAM where compute uses them
+//   kKvMemCompressed     KV chunk encoded by the codec, held in the in-memory CompressedStack
+//   kKvStorageRaw        KV chunk raw in the storage SwapFile
+//   kKvStorageCompressed KV chunk encoded, in the SwapFile
+//   kWeightsDropped      weight unit released; re-read from the model file on restore
+// Valid transitions: resident -> any state of its kind; kKvMemCompressed -> kKvStorageCompressed
+// (the paper's CompKV stage); any state -> resident (restore). Anything else is kInvalidArgument.
+//
+// Failure: every transition is all-or-nothing for its unit. A failed eviction (ENOSPC, EIO,
+// allocation) leaves the unit resident and returns the error; a failed restore leaves it evicted.
+// A KV chunk whose stored copy fails its checksum is marked lost: the context reports kCorruption
+// for it until truncated before it (never silently wrong).
+//
+// Thread-safety: Apply / RestoreAll / Report must be externally serialized with compute (the
+// Context does this); RestoreAll itself fans out over worker threads.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "memory/kv_cache.h"
+#include "model/model.h"
+#include "swap/kv_codec.h"
+#include "swap/mem_stack.h"
+#include "swap/swap_file.h"
+
+namespace mz {
+
+enum class UnitState : uint8_t {
+  kResident = 0,
+  kKvMemCompressed = 1,
+  kKvStorageRaw = 2,
+  kKvStorageCompressed = 3,
+  kWeightsDropped = 4,
+};
+constexpr int kNumUnitStates = 5;
+const char* UnitStateName(UnitState s);
+
+struct UnitRef {
+  enum Kind : uint8_t { kWeights = 0, kKv = 1 };
+  Kind kind = kWeights;
+  int layer = 0;  // weights: -1 = base unit
+  int chunk = 0;  // KV only
+  static UnitRef Weights(int layer) { return {kWeights, layer, 0}; }
+  static UnitRef Kv(int layer, int chunk) { return {kKv, layer, chunk}; }
+  bool operator==(const UnitRef& o) const { return kind == o.kind && layer == o.layer && chunk == o.chunk; }
+};
+std::string UnitName(const UnitRef& u);
+
+struct Placement {
+  UnitRef unit;
+  UnitState target = UnitState::kResident;
+};
+using Plan = std::vector<Placement>;
+
+struct MemoryReport {
+  uint64_t weights_total = 0, weights_resident = 0, weights_dropped = 0;  // region bytes
+  uint64_t base_total = 0, base_resident = 0;                             // base unit (part of weights_*)
+  uint64_t kv_total = 0;            // raw bytes of every allocated chunk
+  uint64_t kv_resident = 0;
+  uint64_t kv_mem_compressed_raw = 0, kv_mem_compressed = 0;  // raw bytes represented / encoded bytes
+  uint64_t kv_storage_raw = 0;
+  uint64_t kv_storage_compressed_raw = 0, kv_storage_compressed = 0;
+  uint64_t stack_mapped = 0;        // RAM held by the in-memory swap (segments)
+  uint64_t swap_file_used = 0;      // storage held by the swap file
+  int n_weight_units[kNumUnitStates] = {};
+  int n_kv_chunks[kNumUnitStates] = {};
+  int n_kv_lost = 0;
+  // What the process holds in RAM for the model: resident weights + resident KV + compressed KV in RAM.
+  uint64_t in_memory() const { return weights_resident + kv_resident + stack_mapped; }
+  uint64_t footprint() const { return weights_total + kv_total; }
+  // The paper's "remaining in memory" (§6.2): in-memory share of the full footprint. Token
+  // embeddings are excluded as in the paper when exclude_base is true.
+  double remaining(bool exclude_base = false) const;
+};
+
+struct ElasticOptions {
+  std::string codec = "q8";
+  std::string swap_path;      // file for the storage swap (created on first use)
+  bool direct_io = true;
+  int restore_threads = 2;
+};
+
+class ElasticMemory {
+ public:
+  ElasticMemory(Model* model, KvCache* kv, const ElasticOptions& opts);
+  ~ElasticMemory();
+
+  // Validates options (codec name). Call once before use.
+  Status Init();
+
+  // Applies placements in order; stops early once at least `bytes` of RAM were released (0: apply
+  // all). *freed receives the RAM released (in_memory() before - after). On error, placements
+  // already applied stay applied.
+  Status Apply(const Plan& plan, uint64_t bytes, uint64_t* freed);
+  Status Move(const Placement& p);
+  Status Restore(const UnitRef& u);
+  // Restores every evicted unit, forward order (base, then layer 0: weights, KV chunks, layer 1...),
+  // over opts.restore_threads workers. Verifies the model file's identity first if any weight unit
+  // is dropped. Returns the first error; other units are still restored.
+  Status RestoreAll();
+  bool AllResident() const;
+  // Forget chunks >= first_chunk (context truncation): frees their swap copies.
+  void ForgetChunksFrom(int first_chunk);
+
+  // Copies KV chunk (layer, chunk) in raw form into dst (chunk_bytes()) whatever its state, without
+  // changing it (decoding a compressed copy). Used to save sessions.
+  Status ReadChunk(int layer, int chunk, uint16_t* dst) const;
+  // Valid token rows of chunk c in the current context (the codec shape).
+  ChunkShape shape(int layer, int chunk) const;
+
+  UnitState state(const UnitRef& u) const;
+  bool lost(int layer, int chunk) const;
+  MemoryReport Report() const;
+  const KvCodec& codec() const { return *codec_; }
+  const ElasticOptions& options() const { return opts_; }
+
+ private:
+  struct KvSlot {
+    UnitState state = UnitState::kResident;
+    CompressedStack::Handle h = -1;
+    SwapExtent ext;
+    uint64_t enc_bytes = 0;
+    int enc_tokens = 0;   // valid rows when encoded (the decode shape must match the encode shape)
+    bool lost = false;
+  };
+  KvSlot& slot(int layer, int chunk);
+  const KvSlot* find_slot(int layer, int chunk) const;
+  Status EnsureSwap();
+  Status EvictKv(int layer, int chunk, UnitState target);
+  Status RestoreKv(int layer, int chunk);
+  int weight_unit(int layer) const { return layer < 0 ? model_->base_unit() : layer; }
+
+  Model* model_;
+  KvCache* kv_;
+  ElasticOptions opts_;
+  std::unique_ptr<KvCodec> codec_;
+  std::unique_ptr<CompressedStack> stack_;
+  std::unique_ptr<SwapFile> swap_;
+  std::vector<std::vector<KvSlot>> slots_;  // [layer][chunk]; missing = resident
+};
+
+}  // namespace mz

@@ -1,0 +1,47 @@
+// DeviceProfile: the throughputs the restoration policy balances (paper §4.3 "Offline profiling"):
+// per-codec decode throughput, sequential direct-I/O read throughput by request size, allocation
+// cost. Measured once per device by `mzcache profile`; per-unit times for any model are derived
+// from it without re-profiling.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+
+namespace mz {
+
+struct DeviceProfile {
+  std::string device;                          // machine description
+  std::map<std::string, double> decode_Bps;    // codec -> raw bytes/s decoded, one thread
+  std::map<std::string, double> encode_Bps;    // codec -> raw bytes/s encoded, one thread
+  std::map<std::string, double> ratio;         // codec -> encoded / raw bytes on real KV
+  std::vector<std::pair<uint64_t, double>> read_Bps;  // request bytes -> bytes/s (direct I/O, sequential)
+  double alloc_s_per_MiB = 0.0;                // mmap + first touch
+  int threads = 1;                             // threads the decode path uses in restoration
+
+  // Read throughput for requests of `bytes` (interpolated; saturates at the largest measured size).
+  double ReadBps(uint64_t bytes) const;
+  // Smallest measured request size that reaches 90% of the peak read throughput.
+  uint64_t SaturatingRequest() const;
+  double DecodeBps(const std::string& codec) const;
+  double Ratio(const std::string& codec) const;
+
+  Status Save(const std::string& path) const;
+  static Status Load(const std::string& path, DeviceProfile* out);
+  // Conservative stand-in when no profile was measured (documented in docs/design.md).
+  static DeviceProfile Default();
+};
+
+// Per-unit restoration times (seconds) for one model and KV geometry.
+struct UnitTimes {
+  double t_d_kv = 0;   // decompress one KV chunk (in-memory path)
+  double t_r_kv = 0;   // read one raw KV chunk from storage
+  double t_r_kvc = 0;  // read one compressed KV chunk from storage (and decode it)
+  double t_r_w = 0;    // read one weight layer from storage
+};
+UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint64_t chunk_bytes,
+                          uint64_t layer_bytes);
+
+}  // namespace mz

@@ -1,0 +1,66 @@
+// CompressedStack: the in-memory swap for compressed KV chunks, organised as a stack (paper §4.4).
+//
+// Backward-out eviction pushes chunks rear-first; forward-in restoration pops them front-first, i.e.
+// in LIFO order. Storage is a list of segments (anonymous mappings) allocated only when a push does
+// not fit the top segment and returned to the OS as soon as they are empty. Entries may also be
+// removed out of order (an explicit plan may restore in any order): their space is reclaimed when
+// everything above them is gone, as in any stack.
+//
+// Thread-safety: Push/Free/Get are serialized by an internal mutex; the bytes of a live entry may be
+// read concurrently (the pointer stays valid until that entry is freed).
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "core/status.h"
+#include "env/env.h"
+
+namespace mz {
+
+class CompressedStack {
+ public:
+  // segment_bytes: default size of a new segment (a larger push gets a segment of its own size).
+  CompressedStack(Env* env, size_t segment_bytes = size_t(8) << 20);
+  ~CompressedStack();
+  CompressedStack(const CompressedStack&) = delete;
+  CompressedStack& operator=(const CompressedStack&) = delete;
+
+  using Handle = int64_t;  // (gen << 32) | index; stable until Free, never reused
+  // Copies n bytes onto the top of the stack. kNoMemory if a segment cannot be mapped.
+  Status Push(const void* data, size_t n, Handle* out);
+  // Pointer to an entry's bytes and its size.
+  const uint8_t* Get(Handle h, size_t* n) const;
+  // Frees an entry; empty top segments are returned to the OS.
+  void Free(Handle h);
+
+  uint64_t live_bytes() const;     // sum of live entries
+  uint64_t mapped_bytes() const;   // sum of mapped segments (what the process holds)
+  int n_segments() const;
+  int n_live() const;
+
+ private:
+  struct Segment {
+    uint8_t* base;
+    size_t cap;
+    size_t top;
+  };
+  struct Entry {
+    int seg;
+    size_t off;
+    size_t n;
+    bool live;
+    uint32_t gen;  // push sequence number: a stale handle never matches a reused slot
+  };
+  void Shrink();  // pops dead entries from the top and releases empty segments
+  Env* env_;
+  size_t segment_bytes_;
+  mutable std::mutex mu_;
+  std::vector<Segment> segs_;
+  std::vector<Entry> entries_;     // in push order
+  uint32_t gen_ = 0;
+  uint64_t live_bytes_ = 0;
+  int n_live_ = 0;
+};
+
+}  // namespace mz

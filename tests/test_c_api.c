@@ -1,0 +1,153 @@
+/*
+ * The public header compiles as C (C11, -Wall -Wextra -Werror: see tests/CMakeLists.txt) and the C API
+ * works end to end from C: defaults, status names, an I/O error with its message, then load ->
+ * tokenize -> decode -> greedy sampling of 4 tokens on the tiny-qwen3 model. Exits non-zero on the
+ * first failure, printing what failed and mz_last_error().
+ *
+ * Model path, in this order: argv[1]; $MZ_TEST_MODEL_DIR_OVERRIDE/tiny-qwen3-q8_0.gguf (the shared
+ * model folder the sanitizer runs use, as in tests/test_util.cpp); $MZ_TEST_MODEL (set by ctest).
+ * ctest makes sure the file exists first (fixture test c_api_model_setup).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mzcache.h"
+
+#define CHECK(cond, ...)                                                        \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);           \
+      fprintf(stderr, __VA_ARGS__);                                             \
+      fprintf(stderr, " (mz_last_error: \"%s\")\n", mz_last_error());           \
+      return 1;                                                                 \
+    }                                                                           \
+  } while (0)
+
+static int check_defaults(void) {
+  struct mz_model_params mp = mz_model_default_params();
+  CHECK(mp.direct_io && mp.io_threads == 2, "model defaults: direct_io %d io_threads %d", (int)mp.direct_io,
+        (int)mp.io_threads);
+  struct mz_context_params cp = mz_context_default_params();
+  CHECK(cp.n_ctx == 8192 && cp.kv_chunk_tokens == 256 && cp.n_threads == 2 && cp.n_ubatch == 512,
+        "context defaults: n_ctx %u chunk %u threads %d ubatch %u", (unsigned)cp.n_ctx, (unsigned)cp.kv_chunk_tokens,
+        (int)cp.n_threads, (unsigned)cp.n_ubatch);
+  struct mz_sampler_params sp = mz_sampler_default_params();
+  CHECK(sp.temperature <= 0.0f && sp.top_k == 40 && fabsf(sp.top_p - 0.95f) < 1e-6f && sp.seed == 42,
+        "sampler defaults: temperature %g top_k %d top_p %g seed %u", (double)sp.temperature, (int)sp.top_k,
+        (double)sp.top_p, (unsigned)sp.seed);
+  const char* s = mz_status_str(MZ_ERR_CORRUPT);
+  CHECK(s != NULL && strstr(s, "corrupt") != NULL, "mz_status_str(MZ_ERR_CORRUPT) = \"%s\"", s ? s : "(null)");
+  CHECK(mz_status_str(MZ_OK) != NULL && strcmp(mz_status_str(MZ_OK), s) != 0, "status names not distinct");
+  CHECK(mz_status_str(12345) != NULL, "mz_status_str of an unknown code must not be NULL");
+  return 0;
+}
+
+static int check_missing_file(void) {
+  const char* path = "/nonexistent-mzcache-dir/model.gguf";
+  mz_model* m = (mz_model*)&m; /* non-NULL garbage: must be reset to NULL on failure */
+  int rc = mz_model_load(path, NULL, &m);
+  CHECK(rc == MZ_ERR_IO, "loading a missing file returned %d (%s), want MZ_ERR_IO", rc, mz_status_str(rc));
+  CHECK(m == NULL, "*out not NULL after a failed load");
+  CHECK(mz_last_error()[0] != '\0', "no error message after a failed load");
+  CHECK(strstr(mz_last_error(), path) != NULL, "the error message does not name the file");
+  CHECK(mz_model_load(NULL, NULL, &m) == MZ_ERR_INVALID_ARG, "NULL path accepted");
+  return 0;
+}
+
+static int argmax(const float* x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+static int run_model(const char* path) {
+  mz_model* model = NULL;
+  int rc = mz_model_load(path, NULL, &model);
+  CHECK(rc == MZ_OK && model != NULL, "mz_model_load(%s) = %d (%s)", path, rc, mz_status_str(rc));
+
+  struct mz_model_info info;
+  rc = mz_model_get_info(model, &info);
+  CHECK(rc == MZ_OK, "mz_model_get_info = %d", rc);
+  CHECK(mz_last_error()[0] == '\0', "mz_last_error not cleared by a successful call");
+  CHECK(strcmp(info.arch, "qwen3") == 0 && info.n_layer == 4 && info.n_vocab > 0, "info: arch %s n_layer %d n_vocab %d",
+        info.arch, (int)info.n_layer, (int)info.n_vocab);
+  CHECK(info.weight_bytes > 0 && info.kv_bytes_per_token == 2ull * info.n_layer * info.n_head_kv * info.head_dim * 2,
+        "info: weight_bytes %llu kv_bytes_per_token %llu", (unsigned long long)info.weight_bytes,
+        (unsigned long long)info.kv_bytes_per_token);
+
+  /* Size query first (cap 0), then the real call. */
+  int32_t n = 0;
+  rc = mz_tokenize(model, "Hello world", false, false, NULL, 0, &n);
+  CHECK(rc == MZ_ERR_INVALID_ARG && n > 0, "size query: rc %d n %d", rc, (int)n);
+  mz_token toks[64 + 4];
+  CHECK(n <= 64, "\"Hello world\" took %d tokens", (int)n);
+  int32_t n2 = 0;
+  rc = mz_tokenize(model, "Hello world", false, false, toks, 64, &n2);
+  CHECK(rc == MZ_OK && n2 == n, "mz_tokenize = %d, n %d vs %d", rc, (int)n2, (int)n);
+  char piece[64];
+  printf("prompt tokens:");
+  for (int i = 0; i < n; ++i) {
+    CHECK(toks[i] >= 0 && toks[i] < info.n_vocab, "token %d out of range", (int)toks[i]);
+    CHECK(mz_token_to_piece(model, toks[i], piece, sizeof piece) >= 0, "no piece for token %d", (int)toks[i]);
+    printf(" %d '%s'", (int)toks[i], piece);
+  }
+  printf("\n");
+
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  mz_context* ctx = NULL;
+  rc = mz_context_new(model, &cp, &ctx);
+  CHECK(rc == MZ_OK && ctx != NULL, "mz_context_new = %d", rc);
+  CHECK(mz_decode(ctx, toks, 0, false) == MZ_ERR_INVALID_ARG, "decoding 0 tokens accepted");
+  rc = mz_decode(ctx, toks, n, false);
+  CHECK(rc == MZ_OK, "mz_decode(prompt) = %d (%s)", rc, mz_status_str(rc));
+  CHECK(mz_context_n_tokens(ctx) == n, "n_tokens %d after the prompt, want %d", (int)mz_context_n_tokens(ctx), (int)n);
+  CHECK(mz_get_logits(ctx, 1) == NULL, "logits row 1 exists without all_logits");
+
+  struct mz_sampler_params sp = mz_sampler_default_params(); /* greedy by default */
+  mz_sampler* s = mz_sampler_new(&sp);
+  CHECK(s != NULL, "mz_sampler_new failed");
+  printf("greedy:");
+  for (int step = 0; step < 4; ++step) {
+    const float* logits = mz_get_logits(ctx, 0);
+    CHECK(logits != NULL, "no logits at step %d", step);
+    for (int v = 0; v < info.n_vocab; ++v) CHECK(isfinite(logits[v]), "logit %d not finite at step %d", v, step);
+    mz_token t = mz_sampler_sample(s, ctx, 0);
+    CHECK(t >= 0 && t < info.n_vocab, "sampled %d at step %d", (int)t, step);
+    CHECK(t == argmax(logits, info.n_vocab), "greedy sample %d is not the argmax %d", (int)t,
+          argmax(logits, info.n_vocab));
+    mz_token_to_piece(model, t, piece, sizeof piece);
+    printf(" %d '%s'", (int)t, piece);
+    rc = mz_decode(ctx, &t, 1, false);
+    CHECK(rc == MZ_OK, "mz_decode(token %d) = %d (%s)", (int)t, rc, mz_status_str(rc));
+  }
+  printf("\n");
+  CHECK(mz_context_n_tokens(ctx) == n + 4, "n_tokens %d, want %d", (int)mz_context_n_tokens(ctx), (int)n + 4);
+  CHECK(mz_context_truncate(ctx, 0) == MZ_OK && mz_context_n_tokens(ctx) == 0, "truncate to 0 failed");
+
+  mz_sampler_free(s);
+  mz_context_free(ctx);
+  mz_model_free(model);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  static char buf[4096];
+  const char* path = argc > 1 ? argv[1] : NULL;
+  const char* over = getenv("MZ_TEST_MODEL_DIR_OVERRIDE");
+  if (!path && over && *over) {
+    snprintf(buf, sizeof buf, "%s/tiny-qwen3-q8_0.gguf", over);
+    path = buf;
+  }
+  if (!path) path = getenv("MZ_TEST_MODEL");
+  if (!path || !*path) {
+    fprintf(stderr, "FAIL: no model path (argv[1], MZ_TEST_MODEL_DIR_OVERRIDE or MZ_TEST_MODEL)\n");
+    return 2;
+  }
+  if (check_defaults() || check_missing_file() || run_model(path)) return 1;
+  printf("PASS: C API (%s)\n", path);
+  return 0;
+}

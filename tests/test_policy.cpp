@@ -1,0 +1,169 @@
+// The hybrid swap policy as pure planning (no I/O): stage order in both cases of §4.3, balance
+// preservation, backward-out keeps the longest resident prefix, and repeated calls continue from
+// the state the previous plan left.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "policy/hybrid_swap.h"
+
+namespace mz {
+namespace {
+
+struct World {
+  int L, C;
+  std::map<std::tuple<int, int, int>, UnitState> st;  // (kind, layer, chunk)
+  UnitState get(const UnitRef& u) const {
+    auto it = st.find({int(u.kind), u.layer, u.chunk});
+    return it == st.end() ? UnitState::kResident : it->second;
+  }
+  void apply(const Plan& p) {
+    for (auto& x : p) st[{int(x.unit.kind), x.unit.layer, x.unit.chunk}] = x.target;
+  }
+};
+
+PolicyInput Input(World& w, uint64_t bytes, UnitTimes t, EvictOrder order = EvictOrder::kBackwardOut) {
+  PolicyInput in;
+  in.n_layer = w.L;
+  in.n_chunks = w.C;
+  in.layer_bytes.assign(size_t(w.L), 40 << 20);
+  in.base_bytes = 100 << 20;
+  in.chunk_bytes = 1 << 20;
+  in.ratio = 0.5;
+  in.t = t;
+  in.state = [&w](const UnitRef& u) { return w.get(u); };
+  in.bytes = bytes;
+  in.order = order;
+  return in;
+}
+
+// t_r^W / t_d^KV = 10 -> k = 10, T = 28 * 10 = 280.
+UnitTimes Times() {
+  UnitTimes t;
+  t.t_d_kv = 0.001;
+  t.t_r_kv = 0.0015;
+  t.t_r_kvc = 0.0012;
+  t.t_r_w = 0.0105;
+  return t;
+}
+
+std::vector<Stage> StagesOf(const PolicyOutput& o) {
+  std::vector<Stage> s;
+  for (auto& x : o.steps)
+    if (s.empty() || s.back() != x.stage) s.push_back(x.stage);
+  return s;
+}
+
+TEST(Policy, CaseKvExceedsThreshold_KvOnlyThenKvAndWThenWonlyThenCompKv) {
+  World w{28, 32};  // 896 chunks > T = 280
+  PolicyOutput o = PlanHybridSwap(Input(w, UINT64_MAX, Times()));
+  EXPECT_EQ(StagesOf(o), (std::vector<Stage>{Stage::kKvOnly, Stage::kKvAndW, Stage::kWOnly, Stage::kCompKv}));
+  // KVonly stops exactly at T resident chunks.
+  int kvonly = 0;
+  for (auto& s : o.steps) kvonly += s.stage == Stage::kKvOnly;
+  EXPECT_EQ(kvonly, 28 * 32 - 280);
+  // Wonly in case 1 only drops the base unit: KV and weight layers ran out together.
+  int wonly_layers = 0;
+  for (auto& s : o.steps) wonly_layers += s.stage == Stage::kWOnly && s.placement.unit.layer >= 0;
+  EXPECT_LE(wonly_layers, 1);
+  // Everything ends out of RAM: all KV on storage (compressed or raw), all weights dropped.
+  World after = w;
+  after.apply(o.plan);
+  for (int l = 0; l < 28; ++l) {
+    EXPECT_EQ(after.get(UnitRef::Weights(l)), UnitState::kWeightsDropped);
+    for (int c = 0; c < 32; ++c) {
+      UnitState s = after.get(UnitRef::Kv(l, c));
+      EXPECT_TRUE(s == UnitState::kKvStorageRaw || s == UnitState::kKvStorageCompressed) << l << "," << c;
+    }
+  }
+}
+
+TEST(Policy, CaseKvWithinThreshold_StartsAtKvAndWThenWonly) {
+  World w{28, 4};  // 112 chunks <= T = 280
+  PolicyOutput o = PlanHybridSwap(Input(w, UINT64_MAX, Times()));
+  EXPECT_EQ(StagesOf(o), (std::vector<Stage>{Stage::kKvAndW, Stage::kWOnly, Stage::kCompKv}));
+  int wonly_layers = 0;
+  for (auto& s : o.steps) wonly_layers += s.stage == Stage::kWOnly && s.placement.unit.layer >= 0;
+  EXPECT_GT(wonly_layers, 10) << "with few KV chunks the weights outlast them";
+}
+
+TEST(Policy, BalancePreservedThroughKvOnlyAndKvAndW) {
+  for (int C : {4, 32, 64}) {
+    World w{28, C};
+    const UnitTimes t = Times();
+    PolicyOutput o = PlanHybridSwap(Input(w, UINT64_MAX, t));
+    // KVonly: every step moves one KV chunk; the paths stay within one chunk's time.
+    // KVandW: a step is one weight layer (t_r^W on the storage path) or one KV chunk; the paths stay
+    // within one weight layer's time plus one chunk's rounding.
+    for (auto& s : o.steps) {
+      const double bound = s.stage == Stage::kKvOnly ? std::max(t.t_d_kv, t.t_r_kv) : t.t_r_w + t.t_d_kv;
+      if (s.stage != Stage::kKvOnly && s.stage != Stage::kKvAndW) continue;
+      EXPECT_LE(std::fabs(s.mem_path_s - s.sto_path_s), bound + 1e-12)
+          << "C=" << C << " after " << UnitName(s.placement.unit) << " in " << StageName(s.stage);
+    }
+    // After each complete KVandW increment (a weight layer and the KV chunks that balance it), the
+    // paths are within one KV chunk's time (the in-memory path has caught up).
+    for (size_t i = 0; i + 1 < o.steps.size(); ++i)
+      if (o.steps[i].stage == Stage::kKvAndW && o.steps[i + 1].stage == Stage::kKvAndW &&
+          o.steps[i + 1].placement.unit.kind == UnitRef::kWeights && o.steps[i].placement.unit.kind == UnitRef::kKv)
+        EXPECT_LE(std::fabs(o.steps[i].mem_path_s - o.steps[i].sto_path_s), t.t_d_kv + 1e-12) << "C=" << C << " step " << i;
+  }
+}
+
+// Fully-resident layers 0..p-1: the prefix compute can run on without waiting.
+int ResidentPrefix(const World& w) {
+  for (int l = 0; l < w.L; ++l) {
+    if (w.get(UnitRef::Weights(l)) != UnitState::kResident) return l;
+    for (int c = 0; c < w.C; ++c)
+      if (w.get(UnitRef::Kv(l, c)) != UnitState::kResident) return l;
+  }
+  return w.L;
+}
+
+TEST(Policy, BackwardOutLeavesTheLongestResidentPrefix) {
+  for (uint64_t mib : {8, 64, 256, 600, 1200}) {
+    int prefix[3];
+    int i = 0;
+    for (EvictOrder ord : {EvictOrder::kBackwardOut, EvictOrder::kForwardOut, EvictOrder::kRandomOut}) {
+      World w{28, 32};
+      w.apply(PlanHybridSwap(Input(w, mib << 20, Times(), ord)).plan);
+      prefix[i++] = ResidentPrefix(w);
+    }
+    EXPECT_GE(prefix[0], prefix[1]) << mib << " MiB";
+    EXPECT_GE(prefix[0], prefix[2]) << mib << " MiB";
+    EXPECT_EQ(prefix[1], 0) << "forward-out evicts layer 0 first";
+  }
+  // Backward-out: the prefix is as long as the bytes allow (only the rearmost layers are touched).
+  World w{28, 32};
+  w.apply(PlanHybridSwap(Input(w, 10 << 20, Times())).plan);
+  EXPECT_GE(ResidentPrefix(w), 27);
+}
+
+TEST(Policy, RepeatedRequestsContinueFromTheCurrentState) {
+  World big{28, 32}, inc{28, 32};
+  PolicyOutput all = PlanHybridSwap(Input(big, 900ull << 20, Times()));
+  big.apply(all.plan);
+  uint64_t freed = 0;
+  std::vector<Stage> seen;
+  while (freed < (900ull << 20)) {
+    PolicyOutput o = PlanHybridSwap(Input(inc, 50ull << 20, Times()));
+    ASSERT_FALSE(o.plan.empty());
+    inc.apply(o.plan);
+    freed += o.est_freed;
+    for (auto& s : o.steps)
+      if (seen.empty() || seen.back() != s.stage) seen.push_back(s.stage);
+  }
+  // Same stage progression as one big request; stages never go backwards.
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_GT(int(seen[i]), int(seen[i - 1]));
+  EXPECT_EQ(ResidentPrefix(big), ResidentPrefix(inc));
+}
+
+TEST(Policy, NothingLeftGivesAnEmptyPlan) {
+  World w{4, 2};
+  w.apply(PlanHybridSwap(Input(w, UINT64_MAX, Times())).plan);
+  EXPECT_TRUE(PlanHybridSwap(Input(w, 1, Times())).plan.empty());
+}
+
+}  // namespace
+}  // namespace mz
