@@ -63,6 +63,9 @@ class Env {
   // malloc arena, so freeing a unit really shrinks RSS). On failure returns nullptr.
   virtual void* MapAnon(size_t bytes) = 0;
   virtual void Unmap(void* p, size_t bytes) = 0;
+  // Faults in every page of [p, p+bytes) for writing (allocation + zeroing done now, not on first
+  // touch). Best effort.
+  virtual void Prefault(void* p, size_t bytes) = 0;
 
   virtual uint64_t NowNs() = 0;
 
@@ -83,6 +86,7 @@ class EnvWrapper : public Env {
   Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
   void* MapAnon(size_t n) override { return target_->MapAnon(n); }
   void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
+  void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   uint64_t NowNs() override { return target_->NowNs(); }
   Env* target() const { return target_; }
 

@@ -135,6 +135,13 @@ class PosixEnv final : public Env {
   void Unmap(void* p, size_t bytes) override {
     if (p) ::munmap(p, bytes);
   }
+  void Prefault(void* p, size_t bytes) override {
+#ifdef MADV_POPULATE_WRITE
+    if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+    volatile char* c = static_cast<volatile char*>(p);
+    for (size_t i = 0; i < bytes; i += 4096) c[i] = 0;
+  }
   uint64_t NowNs() override {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now().time_since_epoch())

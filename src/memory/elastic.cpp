@@ -141,14 +141,17 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
   return Status::Ok();
 }
 
-Status ElasticMemory::RestoreKv(int layer, int chunk) {
+Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
   KvSlot& s = slot(layer, chunk);
-  if (s.state == UnitState::kResident) return Status::Ok();
-  if (s.lost)
-    return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost (its stored copy failed verification)");
   const KvGeometry& g = kv_->geometry();
   const size_t raw = g.chunk_bytes();
-  void* mem = kv_->env()->MapAnon(raw);
+  if (s.state == UnitState::kResident || s.lost) {
+    if (mem) kv_->env()->Unmap(mem, raw);
+    if (s.lost)
+      return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost (its stored copy failed verification)");
+    return Status::Ok();
+  }
+  if (!mem) mem = kv_->env()->MapAnon(raw);
   if (!mem) return Status::NoMemory("allocating a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
   uint16_t* dst = static_cast<uint16_t*>(mem);
   ChunkShape sh = shape(layer, chunk);
@@ -221,6 +224,7 @@ Status ElasticMemory::Move(const Placement& p) {
 }
 
 Status ElasticMemory::Apply(const Plan& plan, uint64_t bytes, uint64_t* freed) {
+  if (!codec_) return Status::Internal("ElasticMemory::Init was not called");
   const uint64_t before = Report().in_memory();
   Status st;
   for (const Placement& p : plan) {
@@ -237,6 +241,19 @@ Status ElasticMemory::Apply(const Plan& plan, uint64_t bytes, uint64_t* freed) {
 }
 
 Status ElasticMemory::Restore(const UnitRef& u) { return Move(Placement{u, UnitState::kResident}); }
+
+void* ElasticMemory::AllocateFor(const UnitRef& u, size_t* bytes) {
+  if (state(u) == UnitState::kResident) return nullptr;
+  *bytes = u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : kv_->geometry().chunk_bytes();
+  void* p = kv_->env()->MapAnon(*bytes);
+  if (p) kv_->env()->Prefault(p, *bytes);
+  return p;
+}
+
+Status ElasticMemory::RestoreInto(const UnitRef& u, void* mem) {
+  if (u.kind == UnitRef::kWeights) return model_->LoadUnit(weight_unit(u.layer), mem);
+  return RestoreKv(u.layer, u.chunk, mem);
+}
 
 bool ElasticMemory::AllResident() const {
   for (int u = 0; u < model_->n_units(); ++u)

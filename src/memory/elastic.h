@@ -109,6 +109,12 @@ class ElasticMemory {
   // is dropped. Returns the first error; other units are still restored.
   Status RestoreAll();
   bool AllResident() const;
+  // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
+  // memory for u (nullptr if u is resident or the mapping fails; *bytes receives the size);
+  // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it
+  // allocates itself). Distinct units may be restored concurrently.
+  void* AllocateFor(const UnitRef& u, size_t* bytes);
+  Status RestoreInto(const UnitRef& u, void* mem);
   // Forget chunks >= first_chunk (context truncation): frees their swap copies.
   void ForgetChunksFrom(int first_chunk);
 
@@ -119,6 +125,8 @@ class ElasticMemory {
   ChunkShape shape(int layer, int chunk) const;
 
   UnitState state(const UnitRef& u) const;
+  // True if chunk c of layer exists in the context (resident or not).
+  bool has_chunk(int layer, int chunk) const { return chunk >= 0 && chunk < kv_->n_chunks() && layer >= 0 && layer < kv_->geometry().n_layer; }
   bool lost(int layer, int chunk) const;
   MemoryReport Report() const;
   const KvCodec& codec() const { return *codec_; }
@@ -137,7 +145,7 @@ class ElasticMemory {
   const KvSlot* find_slot(int layer, int chunk) const;
   Status EnsureSwap();
   Status EvictKv(int layer, int chunk, UnitState target);
-  Status RestoreKv(int layer, int chunk);
+  Status RestoreKv(int layer, int chunk, void* mem = nullptr);
   int weight_unit(int layer) const { return layer < 0 ? model_->base_unit() : layer; }
 
   Model* model_;

@@ -233,9 +233,12 @@ Status Model::Parse(gguf_context* g, uint64_t file_size) {
   return Status::Ok();
 }
 
-Status Model::LoadUnitFrom(File* f, WeightUnit& u) {
-  if (u.resident()) return Status::Ok();
-  void* region = env_->MapAnon(u.region_bytes);
+Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
+  if (u.resident()) {
+    if (region) env_->Unmap(region, u.region_bytes);
+    return Status::Ok();
+  }
+  if (!region) region = env_->MapAnon(u.region_bytes);
   if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
                                        std::to_string(u.index));
   for (const ReadRun& r : u.runs) {
@@ -268,16 +271,25 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u) {
   return Status::Ok();
 }
 
-Status Model::LoadUnit(int u) {
-  if (u < 0 || u >= n_units()) return Status::InvalidArgument("no weight unit " + std::to_string(u));
-  if (units_[u].resident()) return Status::Ok();
+Status Model::LoadUnit(int u, void* region) {
+  if (u < 0 || u >= n_units()) {
+    if (region) return Status::Internal("region passed for a bad unit");
+    return Status::InvalidArgument("no weight unit " + std::to_string(u));
+  }
+  auto fail = [&](Status st) {
+    if (region) env_->Unmap(region, units_[u].region_bytes);
+    return st;
+  };
+  if (units_[u].resident()) return fail(Status::Ok());
   FileInfo info;
-  MZ_RETURN_IF_ERROR(env_->StatPath(path_, &info));
+  Status st = env_->StatPath(path_, &info);
+  if (!st.ok()) return fail(Status::ModelChanged(path_ + " is gone: " + st.message()));
   if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
-    return Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)");
+    return fail(Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)"));
   std::unique_ptr<File> f;
-  MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f));
-  return LoadUnitFrom(f.get(), units_[u]);
+  st = env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f);
+  if (!st.ok()) return fail(st);
+  return LoadUnitFrom(f.get(), units_[u], region);
 }
 
 void Model::DropUnit(int u) {
@@ -315,7 +327,7 @@ Status Model::LoadAll() {
   std::vector<Status> errs(size_t(std::max(1, opts_.io_threads)));
   auto worker = [&](int t) {
     for (int u; (u = next.fetch_add(1)) < n_units();) {
-      Status st = LoadUnitFrom(f.get(), units_[u]);
+      Status st = LoadUnitFrom(f.get(), units_[u], nullptr);
       if (!st.ok()) {
         errs[t] = st;
         return;

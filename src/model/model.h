@@ -121,7 +121,9 @@ class Model {
   // Allocates unit u's region and reads it from the model file (direct I/O). Before reading, the file
   // is checked against the identity recorded at load (kModelChanged if it differs). On failure the
   // unit stays dropped and nothing leaks. No-op if resident.
-  Status LoadUnit(int u);
+  // region: optional pre-allocated mapping of unit(u).region_bytes (from Env::MapAnon) that the
+  // call takes ownership of (the restoration pipeline allocates ahead of reading).
+  Status LoadUnit(int u, void* region = nullptr);
   // Releases unit u's memory to the OS. No-op if not resident.
   void DropUnit(int u);
   // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
@@ -133,7 +135,7 @@ class Model {
  private:
   Model() = default;
   Status Parse(gguf_context* g, uint64_t file_size);
-  Status LoadUnitFrom(File* f, WeightUnit& unit);
+  Status LoadUnitFrom(File* f, WeightUnit& unit, void* region);
 
   Env* env_ = nullptr;
   std::string path_;

@@ -1,6 +1,10 @@
 #include "runtime/context.h"
 
+#include "policy/partial_offload.h"
+
+#include <chrono>
 #include <cstdlib>
+#include <ctime>
 
 namespace mz {
 
@@ -65,7 +69,8 @@ Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_p
   uint64_t total = 0;
   // Estimates can be off (compression ratio, segment rounding): plan again until done or stuck.
   for (int round = 0; round < 8 && total < bytes; ++round) {
-    PolicyOutput plan = PlanHybridSwap(MakePolicyInput(bytes - total));
+    PolicyInput in = MakePolicyInput(bytes - total);
+    PolicyOutput plan = opts_.partial_offload ? PlanPartialOffload(in) : PlanHybridSwap(in);
     if (plan.plan.empty()) break;
     uint64_t f = 0;
     Status st = elastic_->Apply(plan.plan, bytes - total, &f);
@@ -123,6 +128,55 @@ void Context::Truncate(int n_keep) {
   elastic_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
   kv_->Truncate(n_keep);
   logits_.clear();
+}
+
+}  // namespace mz
+
+namespace mz {
+
+static double CpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = CpuSeconds();
+  const int start = int(history_.size());
+  // Chunks for the new tokens exist before workers run (the chunk table must not grow under them).
+  MZ_RETURN_IF_ERROR(kv_->Reserve(start + n));
+  RestorePipeline pipe(elastic_.get(), int(model_->hparams().n_layer), po);
+  Status st = pipe.Start();
+  const int full = opts_.n_threads;
+  const int during = pipe.done() ? full : std::max(1, full - 1);
+  fwd_->set_n_threads(during);
+  fwd_->set_wait([&](int unit) -> Status {
+    Status s = pipe.Wait(unit);
+    if (pipe.done() && fwd_->n_threads() != full) fwd_->set_n_threads(full);
+    return s;
+  });
+  if (st.ok()) st = fwd_->Decode(tokens, n, false, &logits_);
+  const double wait = fwd_->timing().wait_s;
+  const auto t1 = std::chrono::steady_clock::now();
+  fwd_->set_wait(nullptr);
+  fwd_->set_n_threads(full);
+  Status fin = pipe.Finish();
+  if (st.ok() && !fin.ok()) st = fin;
+  if (!st.ok()) {
+    kv_->Truncate(start);
+    return st;
+  }
+  history_.insert(history_.end(), tokens, tokens + n);
+  if (stats) {
+    stats->pipeline = pipe.stats();
+    stats->ttft_s = std::chrono::duration<double>(t1 - t0).count();
+    stats->wait_s = wait;
+    stats->cpu_s = CpuSeconds() - c0;
+    stats->compute_threads_during_restore = during;
+  }
+  return Status::Ok();
 }
 
 }  // namespace mz

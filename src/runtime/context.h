@@ -13,11 +13,20 @@
 #include "memory/elastic.h"
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
+#include "pipeline/restore_pipeline.h"
 #include "policy/hybrid_swap.h"
 #include "model/model.h"
 #include "runtime/forward.h"
 
 namespace mz {
+
+struct RestoreGenerateStats {
+  PipelineStats pipeline;
+  double ttft_s = 0;      // request to logits of the last input token
+  double wait_s = 0;      // compute stalled waiting for units
+  double cpu_s = 0;       // process CPU time spent
+  int compute_threads_during_restore = 0;
+};
 
 struct ContextOptions {
   int n_ctx = 8192;
@@ -32,6 +41,7 @@ struct ContextOptions {
   EvictOrder evict_order = EvictOrder::kBackwardOut;
   uint64_t evict_seed = 1;       // random-out
   bool hybrid = true;            // false: a single storage path (ablation)
+  bool partial_offload = false;  // the Partial Offload baseline's eviction instead of hybrid swap
 };
 
 class Context {
@@ -55,6 +65,12 @@ class Context {
   PolicyInput MakePolicyInput(uint64_t bytes);
   const DeviceProfile& profile() const { return profile_; }
   void set_profile(const DeviceProfile& p) { profile_ = p; }
+  // restore_generate: appends tokens and computes the last token's logits while evicted units are
+  // restored in forward order (layer l's compute starts when layer l is resident). Compute uses
+  // n_threads - 1 threads while restoration runs (the restore workers take the other core) and all
+  // n_threads once it is done. On failure the context is as before the call (units restored so far
+  // stay restored).
+  Status RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats);
   // Brings every unit back (multi-threaded).
   Status Restore();
   MemoryReport Report();

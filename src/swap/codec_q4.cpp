@@ -6,22 +6,23 @@
 // nibble is written 0 and ignored on decode).
 //   K block, for head h, for token group g = 0..ceil(n_tokens/32)-1 (tokens 32g..min(32g+32,n)-1,
 //   the last group may be partial):
-//     scale[head_dim] fp16, min[head_dim] fp16   one (scale, min) pair per channel over the group
-//     code[tokens in group][R]                   4-bit codes
+//     lo[head_dim] fp16, hi[head_dim] fp16   per-channel min and max over the group's tokens
+//     code[tokens in group][R]               4-bit codes
 //   V block, for head h, for token t = 0..n_tokens-1:
-//     param[ceil(head_dim/32)][2] fp16           (scale, min) per group of 32 channels (last partial)
+//     range[ceil(head_dim/32)][2] fp16       (lo, hi) per group of 32 channels (the last may be partial)
 //     code[R]
 // Size (always exactly): n_kv_head * (ceil(n/32)*4*head_dim + n*R  +  n*(4*ceil(head_dim/32) + R)).
 //
-// Group encoding (x sanitized: NaN -> 0, +-inf -> +-65504, -0 -> +0): m = min x (an exact fp16), the
-// scale h is the smallest fp16 with fp16(fma(15, h, m)) >= max x (SearchScale; groups whose range
-// would overflow fp16 use the largest h that still decodes finite), code = clamp(nearbyint((x - m) / h),
-// 0, 15). Decoding: y = fp16(fma(code, h, m)). Error per element <= h/2 + half an fp16 ulp of y,
-// h ~= (max - min) / 15. Idempotent for the same reason as q8: the decoded group has the same min
-// (code 0 decodes to m exactly) and its max still needs the same minimal h (see SearchScale).
+// Group encoding (x sanitized: NaN -> 0, +-inf -> +-65504, -0 -> +0): lo = min x and hi = max x are
+// fp16 values stored exactly; step = (hi - lo) * fl(1/15) in f32; code = clamp(nearbyint((x - lo) /
+// step), 0, 15) (0 when hi == lo). Decoding: code 15 -> hi exactly, else fp16(fma(code, step, lo))
+// (code 0 -> lo exactly). Error per element <= step/2 + half an fp16 ulp of y, step = (hi - lo)/15.
+// Idempotent: the decoded group has the same min and max (codes 0 and 15 decode to them, everything
+// else lies between), hence the same step, and each decoded value is the fp16 nearest to its grid
+// point, so it re-quantizes to the same code.
 //
-// Bad input: a min that is not finite, or a scale that is negative, not finite, or makes
-// fp16(fma(15, h, m)) overflow, is Corruption; so every accepted blob decodes to finite values.
+// Bad input: lo or hi not finite, or lo > hi, is Corruption; so every accepted blob decodes to
+// finite values within [lo, hi] of their group.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -81,24 +82,16 @@ class Q4Codec final : public KvCodec {
       for (int t0 = 0; t0 < n; t0 += kGroup) {
         const int tg = std::min(kGroup, n - t0);
         for (int t = 0; t < tg; t++) LoadSanitized(in + size_t(t0 + t) * d, d, x + size_t(t) * d);
-        for (int c = 0; c < d; c++) mn[c] = mx[c] = x[c];
-        for (int t = 1; t < tg; t++)
-          for (int c = 0; c < d; c++) {
-            mn[c] = std::min(mn[c], x[size_t(t) * d + c]);
-            mx[c] = std::max(mx[c], x[size_t(t) * d + c]);
-          }
-        uint8_t* scales = p;
-        uint8_t* mins = p + 2 * size_t(d);
+        MinMaxRows(x, tg, d, mn, mx);
         for (int c = 0; c < d; c++) {
-          const uint16_t hb = SearchScale(mn[c], mn[c], mx[c], 15, 0);
-          Store16(scales + 2 * c, hb);
-          Store16(mins + 2 * c, fp32_to_fp16(mn[c]));
-          mx[c] = fp16_to_fp32(hb);  // reuse as the scale
+          Store16(p + 2 * c, fp32_to_fp16(mn[c]));
+          Store16(p + 2 * size_t(d) + 2 * c, fp32_to_fp16(mx[c]));
+          mx[c] = AsymStep(mn[c], mx[c], 15);  // reuse as the step
         }
         p += 4 * size_t(d);
         for (int t = 0; t < tg; t++) {
           const float* row = x + size_t(t) * d;
-          for (int c = 0; c < d; c++) q[c] = uint8_t(QuantizeCode(row[c], mn[c], mx[c], 15, 0));
+          QuantizeRowAsym(row, d, mn, mx, 15, q);
           PackNibbles(q, d, p);
           p += r;
         }
@@ -116,13 +109,13 @@ class Q4Codec final : public KvCodec {
             lo = std::min(lo, x[c]);
             hi = std::max(hi, x[c]);
           }
-          const uint16_t hb = SearchScale(lo, lo, hi, 15, 0);
-          const float sc = fp16_to_fp32(hb);
-          Store16(p, hb);
-          Store16(p + 2, fp32_to_fp16(lo));
+          Store16(p, fp32_to_fp16(lo));
+          Store16(p + 2, fp32_to_fp16(hi));
           p += 4;
-          for (int c = c0; c < c0 + cg; c++) q[c] = uint8_t(QuantizeCode(x[c], lo, sc, 15, 0));
+          std::fill(mn + c0, mn + c0 + cg, lo);
+          std::fill(mx + c0, mx + c0 + cg, AsymStep(lo, hi, 15));
         }
+        QuantizeRowAsym(x, d, mn, mx, 15, q);
         PackNibbles(q, d, p);
         p += r;
       }
@@ -139,9 +132,10 @@ class Q4Codec final : public KvCodec {
       return Status::Corruption("kv codec q4: payload of " + std::to_string(payload) + " bytes, expected " +
                                 std::to_string(Q4PayloadBytes(s)));
     const int n = s.n_tokens, d = s.head_dim, r = (d + 1) / 2;
-    float* sc = reinterpret_cast<float*>(Scratch(1, 2 * size_t(d) * sizeof(float)));
+    float* sc = reinterpret_cast<float*>(Scratch(1, 3 * size_t(d) * sizeof(float)));
     if (!sc) return Status::NoMemory("kv codec q4: scratch allocation failed");
     float* mn = sc + d;
+    float* mx = mn + d;
     const uint8_t* p = src + kKvCodecHeaderBytes;
     const size_t stride = size_t(s.chunk_tokens) * d;
 
@@ -150,15 +144,13 @@ class Q4Codec final : public KvCodec {
       for (int t0 = 0; t0 < n; t0 += kGroup) {
         const int tg = std::min(kGroup, n - t0);
         for (int c = 0; c < d; c++) {
-          const uint16_t hb = Load16(p + 2 * c), mb = Load16(p + 2 * size_t(d) + 2 * c);
-          if ((mb & 0x7c00u) == 0x7c00u) return BadParam("key min", h, t0);
-          mn[c] = fp16_to_fp32(mb);
-          if (!ScaleOk(hb, mn[c], 15, 0)) return BadParam("key scale", h, t0);
-          sc[c] = fp16_to_fp32(hb);
+          const uint16_t lb = Load16(p + 2 * c), hb = Load16(p + 2 * size_t(d) + 2 * c);
+          if (!RangeOk(lb, hb, &mn[c], &mx[c])) return BadParam("key range", h, t0);
+          sc[c] = AsymStep(mn[c], mx[c], 15);
         }
         p += 4 * size_t(d);
         for (int t = 0; t < tg; t++) {
-          DequantNibbles(p, d, sc, mn, out + size_t(t0 + t) * d);
+          DequantNibbles(p, d, sc, mn, mx, out + size_t(t0 + t) * d);
           p += r;
         }
       }
@@ -168,16 +160,14 @@ class Q4Codec final : public KvCodec {
       for (int t = 0; t < n; t++) {
         for (int c0 = 0; c0 < d; c0 += kGroup) {
           const int cg = std::min(kGroup, d - c0);
-          const uint16_t hb = Load16(p), mb = Load16(p + 2);
+          float lo, hi;
+          if (!RangeOk(Load16(p), Load16(p + 2), &lo, &hi)) return BadParam("value range", s.n_kv_head + h, t);
           p += 4;
-          if ((mb & 0x7c00u) == 0x7c00u) return BadParam("value min", s.n_kv_head + h, t);
-          const float m = fp16_to_fp32(mb);
-          if (!ScaleOk(hb, m, 15, 0)) return BadParam("value scale", s.n_kv_head + h, t);
-          const float scale = fp16_to_fp32(hb);
-          std::fill(sc + c0, sc + c0 + cg, scale);
-          std::fill(mn + c0, mn + c0 + cg, m);
+          std::fill(sc + c0, sc + c0 + cg, AsymStep(lo, hi, 15));
+          std::fill(mn + c0, mn + c0 + cg, lo);
+          std::fill(mx + c0, mx + c0 + cg, hi);
         }
-        DequantNibbles(p, d, sc, mn, out + size_t(t) * d);
+        DequantNibbles(p, d, sc, mn, mx, out + size_t(t) * d);
         p += r;
       }
     }

@@ -1,25 +1,24 @@
 // "q8": FlexGen-style symmetric int8, one fp16 scale per [head][token] row of head_dim values, for
-// both K and V. The default swap codec (2x smaller than fp16 at head_dim 128, ~0.4% RMS error).
+// both K and V. The default swap codec (2x smaller than fp16 at head_dim 128, ~0.5% RMS error).
 //
 // Payload (after the 16-byte header, param byte 0), for block in (K, V), for head h in 0..n_kv_head-1:
-//   scale[n_tokens]           fp16 little-endian, one per valid token row
+//   amax[n_tokens]            fp16 little-endian: the row's max |x| (the scale is amax / 127)
 //   code[n_tokens][head_dim]  int8, two's complement, in [-127, 127]
 // Size: exactly 2 * n_kv_head * n_tokens * (2 + head_dim) bytes.
 //
-// Encoding a row x (sanitized: NaN -> 0, +-inf -> +-65504, -0 -> +0): amax = max |x|; the scale h is
-// the smallest fp16 with fp16(127 * h) >= amax (capped at 515.5, the largest h whose extreme codes
-// decode finite; see SearchScale); code = clamp(nearbyint(x / h), -127, 127), all zero when h == 0.
-// Decoding: y = fp16(code * h) (the product is exact in f32, so one rounding; SIMD and scalar paths
-// agree bit for bit). Error per element <= h/2 + half an fp16 ulp of y, with h <= amax/127 * (1 + 2^-10)
-// (or the smallest subnormal fp16 for tiny rows).
+// Encoding a row x (sanitized: NaN -> 0, +-inf -> +-65504, -0 -> +0): amax = max |x| (an fp16 value,
+// stored exactly); step = amax * fl(1/127) in f32; code = clamp(nearbyint(x / step), -127, 127), all
+// zero when amax == 0. Decoding: y = fp16(code * step) computed as one f32 multiply and one
+// round-to-nearest-even conversion, so the SIMD (F16C) and scalar paths agree bit for bit.
+// Error per element <= step/2 + half an fp16 ulp of y (step = amax/127, not rounded to fp16).
 //
-// Idempotence: the decoded row's largest magnitude is fp16(127 * h) (or, for subnormal h, a value
-// the same minimal-h search maps back to h), so re-encoding picks the same h, and every decoded value
-// lies within 127 * 2^-11 * h < h/2 of code * h, so it re-quantizes to the same code. The scale
-// property is checked for every possible fp16 amax by the tests.
+// Idempotence: codes +-127 decode to exactly +-amax (127 * step is within 3 f32 ulps of amax), so the
+// decoded row has the same amax and the same step; every other decoded value is the fp16 nearest to
+// its grid point code*step, hence no farther from it than the original value was (<= step/2), and
+// re-quantizes to the same code. Checked exhaustively over every (amax, code) pair by the tests.
 //
-// Bad input: a scale that is negative, non-finite or above 515.5 is Corruption; a code of -128
-// (never written by the encoder) decodes as -127; so every accepted blob decodes to finite values.
+// Bad input: an amax that is negative or not finite is Corruption; a code of -128 (never written by
+// the encoder) decodes as -127; so every accepted blob decodes to finite values with |y| <= amax.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -45,18 +44,17 @@ uint16_t Q8EncodeRow(const float* x, int n, int8_t* codes) {
   for (float l : lanes) amax = std::max(amax, l);
 #endif
   for (; i < n; i++) amax = std::max(amax, std::fabs(x[i]));
-  const uint16_t hb = SearchScale(0.0f, -amax, amax, 127, 127);
-  if (hb == 0) {
+  if (amax == 0.0f) {
     std::memset(codes, 0, size_t(n));
     return 0;
   }
-  const float h = fp16_to_fp32(hb);
+  const float step = Q8Step(amax);
   i = 0;
 #ifdef MZ_KVC_SIMD
-  const __m256 vh = _mm256_set1_ps(h), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  const __m256 vs = _mm256_set1_ps(step), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
   for (; i + 16 <= n; i += 16) {
-    __m256 a = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vh), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 b = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), vh), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 a = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 b = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
     b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
     __m256i ia = _mm256_cvtps_epi32(a), ib = _mm256_cvtps_epi32(b);  // exact: already integral
@@ -65,30 +63,30 @@ uint16_t Q8EncodeRow(const float* x, int n, int8_t* codes) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), p8);
   }
 #endif
-  for (; i < n; i++) codes[i] = int8_t(QuantizeCode(x[i], 0.0f, h, 127, 127));
-  return hb;
+  for (; i < n; i++) codes[i] = int8_t(QuantizeCode(x[i], 0.0f, step, -127, 127));
+  return fp32_to_fp16(amax);  // exact: amax is an fp16 value
 }
 
-void Q8DecodeRowScalar(const int8_t* codes, int n, uint16_t scale_bits, uint16_t* out) {
-  const float h = fp16_to_fp32(scale_bits);
-  for (int i = 0; i < n; i++) out[i] = fp32_to_fp16(float(std::max<int>(codes[i], -127)) * h);
+void Q8DecodeRowScalar(const int8_t* codes, int n, uint16_t amax_bits, uint16_t* out) {
+  const float step = Q8Step(fp16_to_fp32(amax_bits));
+  for (int i = 0; i < n; i++) out[i] = fp32_to_fp16(float(std::max<int>(codes[i], -127)) * step);
 }
 
-void Q8DecodeRowSimd(const int8_t* codes, int n, uint16_t scale_bits, uint16_t* out) {
+void Q8DecodeRowSimd(const int8_t* codes, int n, uint16_t amax_bits, uint16_t* out) {
 #ifdef MZ_KVC_SIMD
-  const __m256 vh = _mm256_set1_ps(fp16_to_fp32(scale_bits));
+  const __m256 vs = _mm256_set1_ps(Q8Step(fp16_to_fp32(amax_bits)));
   const __m128i m127 = _mm_set1_epi8(-127);
   int i = 0;
   for (; i + 16 <= n; i += 16) {
     __m128i q = _mm_max_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), m127);
-    __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vh);
-    __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), vh);
+    __m256 a = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vs);
+    __m256 b = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), vs);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), _mm256_cvtps_ph(b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
-  if (i < n) Q8DecodeRowScalar(codes + i, n - i, scale_bits, out + i);
+  if (i < n) Q8DecodeRowScalar(codes + i, n - i, amax_bits, out + i);
 #else
-  Q8DecodeRowScalar(codes, n, scale_bits, out);
+  Q8DecodeRowScalar(codes, n, amax_bits, out);
 #endif
 }
 
@@ -123,8 +121,8 @@ Status Q8DecodeWith(const ChunkShape& s, const uint8_t* src, size_t size, uint16
     uint16_t* out = dst + size_t(j) * s.chunk_tokens * d;
     for (int t = 0; t < n; t++) {
       const uint16_t hb = Load16(scales + 2 * t);
-      if (hb > kQ8MaxScaleBits)
-        return Status::Corruption("kv codec q8: bad scale bits " + std::to_string(hb) + " (segment " +
+      if (hb > 0x7bffu)
+        return Status::Corruption("kv codec q8: bad row max (fp16 bits " + std::to_string(hb) + ", segment " +
                                   std::to_string(j) + ", row " + std::to_string(t) + ")");
       row(codes + size_t(t) * d, d, hb, out + size_t(t) * d);
     }

@@ -1,5 +1,6 @@
 // Private helpers shared by the KV codecs (src/swap/codec_*.cpp) and their tests. Not a public API.
 #pragma once
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +63,13 @@ Status ZstdDecompressExact(const uint8_t* in, size_t size, void* out, size_t n);
 uint8_t* Scratch(int slot, size_t n);
 
 // ---- lossy-codec arithmetic (shared so every codec is idempotent for the same reason) ----
+//
+// Every lossy codec stores its quantization range as exact fp16 data values (q8: the row's max |x|;
+// q4 / cachegen: the group's min and max), derives the f32 step from them, and decodes the extreme
+// codes to exactly those stored values. Re-encoding decoded data therefore finds the same extremes,
+// the same step and (because each decoded value is the fp16 nearest to its grid point, hence no
+// farther from it than the original value was) the same codes: Encode(Decode(Encode(x))) == Encode(x).
+
 // Finite canonical value of an fp16: NaN -> +0, +-inf -> +-65504, -0 -> +0.
 inline float SanitizeF16(uint16_t h) {
   if ((h & 0x7c00u) == 0x7c00u) {
@@ -70,63 +78,65 @@ inline float SanitizeF16(uint16_t h) {
   }
   return fp16_to_fp32(h) + 0.0f;  // -0 + +0 = +0
 }
-// fp16 rounding of f, returned as float.
-inline float RoundF16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
-// Decoded value of code q with scale h (fp16 value) around centre a (fp16 value): fp16(fma(q, h, a)).
-// Encoder and decoder use exactly this expression (fma: one rounding, no dependence on contraction).
-inline float Dequant(float q, float h, float a) { return RoundF16(std::fma(q, h, a)); }
-
-// Scale selection. Returns the fp16 bits of the smallest non-negative fp16 h for which the extreme
-// codes reach the data range: Dequant(qpos, h, a) >= hi and Dequant(-qneg, h, a) <= lo, searched
-// among the h for which both extremes decode finite; if no such h covers the range, the largest
-// such h (values outside are then clamped to the extreme codes). REQUIRES: a, lo, hi finite fp16
-// values, lo <= a <= hi, qpos >= 1, qneg >= 0 (qneg == 0 requires lo == a).
-// Why minimal-h makes the codecs idempotent: re-encoding decoded data sees the extremes
-// Dequant(+-qmax, h, a), which still satisfy the cover test at h, while every h' < h failed it for
-// the original (no larger) extremes -- so the same h is chosen again; and since decoded values sit
-// within half an fp16 ulp (< h/2) of q*h + a, they re-quantize to the same codes.
-uint16_t SearchScale(float a, float lo, float hi, int qpos, int qneg);
-// Code of x for centre a and scale h: clamp(nearbyint((x - a) / h), -qneg, qpos); 0 when h == 0.
-inline int QuantizeCode(float x, float a, float h, int qpos, int qneg) {
-  if (h == 0.0f) return 0;
-  float q = std::nearbyint((x - a) / h);
-  if (q > float(qpos)) q = float(qpos);
-  if (q < -float(qneg)) q = -float(qneg);
+// Code of x on the grid base + k*step: clamp(nearbyint((x - base) / step), lo, hi); 0 when step == 0.
+inline int QuantizeCode(float x, float base, float step, int lo, int hi) {
+  if (step == 0.0f) return std::clamp(0, lo, hi);
+  float q = std::nearbyint((x - base) / step);
+  if (q > float(hi)) q = float(hi);
+  if (q < float(lo)) q = float(lo);
   return int(q);
 }
-// True if an fp16 scale from a blob is usable: finite, sign clear, and both extreme codes decode
-// finite around a.
-inline bool ScaleOk(uint16_t hb, float a, int qpos, int qneg) {
-  if (hb >= 0x7c00u) return false;  // inf/NaN or sign bit set
-  float h = fp16_to_fp32(hb);
-  return std::isfinite(Dequant(float(qpos), h, a)) && std::isfinite(Dequant(-float(qneg), h, a));
+// q8 step of a row whose max |x| is amax (an fp16 value): amax * fl(1/127). Code +-127 decodes to
+// fp16(+-127 * step) == +-amax exactly (the f32 product is within 3 f32 ulps of amax).
+inline constexpr float kInv127 = 1.0f / 127.0f;
+inline float Q8Step(float amax) { return amax * kInv127; }
+// Asymmetric step for `levels` intervals over [lo, hi] (fp16 values, lo <= hi).
+inline float AsymStep(float lo, float hi, int levels) { return (hi - lo) * (1.0f / float(levels)); }
+// Stored (lo, hi) range from a blob: both finite and lo <= hi (else false = corrupt).
+inline bool RangeOk(uint16_t lo_bits, uint16_t hi_bits, float* lo, float* hi) {
+  if ((lo_bits & 0x7c00u) == 0x7c00u || (hi_bits & 0x7c00u) == 0x7c00u) return false;
+  *lo = fp16_to_fp32(lo_bits);
+  *hi = fp16_to_fp32(hi_bits);
+  return *lo <= *hi;
+}
+// Asymmetric decode (scalar reference of the DequantNibbles / DequantI8 kernels): code q in
+// [0, levels]; the top code decodes to hi exactly, the others to fp16(fma(q, step, lo)) (fma: one f32
+// rounding, independent of compiler contraction), code 0 therefore to lo exactly.
+inline float AsymDecode(int q, float step, float lo, float hi, int levels) {
+  return q == levels ? hi : fp16_to_fp32(fp32_to_fp16(std::fma(float(q), step, lo)));
 }
 
 // ---- row conversions (AVX2+F16C when compiled with them, same results either way) ----
 // out[i] = SanitizeF16(in[i]).
 void LoadSanitized(const uint16_t* in, int n, float* out);
-// out[i] = fp32_to_fp16(in[i]).
-void StoreF16(const float* in, int n, uint16_t* out);
+// Column-wise min / max of rows x[0..rows)[0..n) (row stride n; sanitized input, rows >= 1).
+void MinMaxRows(const float* x, int rows, int n, float* lo, float* hi);
+// q[i] = QuantizeCode(x[i], base[i], step[i], 0, levels) for sanitized x (levels <= 255).
+void QuantizeRowAsym(const float* x, int n, const float* base, const float* step, int levels, uint8_t* q);
 
-// out[i] = fp32_to_fp16(fma(code_i, scale[i], base[i])) where code_i is the i-th 4-bit code of
+// out[i] = fp16(AsymDecode(q_i, step[i], lo[i], hi[i], 15)) where q_i is the i-th 4-bit code of
 // `packed` (channel 2k in the low nibble of byte k, 2k+1 in the high nibble).
-void DequantNibbles(const uint8_t* packed, int n, const float* scale, const float* base, uint16_t* out);
-// Same for int8 codes clamped to [-qmax, qmax].
-void DequantI8(const int8_t* codes, int n, int qmax, const float* scale, const float* base, uint16_t* out);
+void DequantNibbles(const uint8_t* packed, int n, const float* step, const float* lo, const float* hi,
+                    uint16_t* out);
+// out[i] = fp16(AsymDecode(q_i, step[i], lo[i], hi[i], levels)), q_i = clamp(codes[i] + shift[i], 0,
+// levels) (shift holds small non-negative integers as floats).
+void DequantI8(const int8_t* codes, int n, int levels, const float* shift, const float* step, const float* lo,
+               const float* hi, uint16_t* out);
 
 // ---- q8 internals exposed for tests ----
-// Largest valid q8 row scale (fp16 bits of 515.5: 127 * 515.5 rounds to 65472, still finite).
-inline constexpr uint16_t kQ8MaxScaleBits = 0x6007;
-// Row quantizer: returns the scale bits for row x[0..n) and writes codes.
+// Row quantizer: returns the fp16 bits of the row's max |x| (x sanitized) and writes the codes.
 uint16_t Q8EncodeRow(const float* x, int n, int8_t* codes);
-// Decode of one q8 row: out[i] = fp16(codes[i] * scale), codes clamped to [-127, 127].
-void Q8DecodeRowScalar(const int8_t* codes, int n, uint16_t scale_bits, uint16_t* out);
-void Q8DecodeRowSimd(const int8_t* codes, int n, uint16_t scale_bits, uint16_t* out);  // = scalar without AVX2
+// Decode of one q8 row with stored max amax_bits (REQUIRES: a finite non-negative fp16):
+// out[i] = fp16(codes[i] * Q8Step(amax)), codes clamped to [-127, 127].
+void Q8DecodeRowScalar(const int8_t* codes, int n, uint16_t amax_bits, uint16_t* out);
+void Q8DecodeRowSimd(const int8_t* codes, int n, uint16_t amax_bits, uint16_t* out);  // = scalar without AVX2
 bool Q8HasSimd();
 // Whole-blob q8 decode forcing the scalar row kernel (the codec's Decode uses the SIMD one).
 Status Q8DecodeScalar(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst);
 
 // ---- cachegen internals exposed for tests ----
+// Tokens per delta group (per-channel lo/hi ranges are stored once per group).
+inline constexpr int kCacheGenGroup = 64;
 // Delta bit width for a layer: 6 in the first third of the layers, 5 in the second, 4 in the last.
 int CacheGenBits(int layer, int n_layer);
 

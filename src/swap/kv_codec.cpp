@@ -130,29 +130,6 @@ uint8_t* Scratch(int slot, size_t n) {
 // ---------------------------------------------------------------------------------------------
 // arithmetic
 
-uint16_t SearchScale(float a, float lo, float hi, int qpos, int qneg) {
-  auto finite_at = [&](uint16_t hb) {
-    const float h = fp16_to_fp32(hb);
-    return std::isfinite(Dequant(float(qpos), h, a)) && std::isfinite(Dequant(-float(qneg), h, a));
-  };
-  auto covers = [&](uint16_t hb) {
-    const float h = fp16_to_fp32(hb);
-    return Dequant(float(qpos), h, a) >= hi && Dequant(-float(qneg), h, a) <= lo;
-  };
-  if (covers(0)) return 0;
-  float span = (hi - a) / float(qpos);
-  if (qneg > 0) span = std::max(span, (a - lo) / float(qneg));
-  uint16_t hb = fp32_to_fp16(span) & 0x7fffu;
-  if (hb >= 0x7c00u) hb = 0x7bffu;
-  while (hb > 0 && !finite_at(hb)) --hb;  // both predicates are monotone in h (fma and rounding are)
-  while (!covers(hb)) {
-    if (hb + 1 >= 0x7c00 || !finite_at(uint16_t(hb + 1))) return hb;
-    ++hb;
-  }
-  while (hb > 0 && covers(uint16_t(hb - 1))) --hb;
-  return hb;
-}
-
 void LoadSanitized(const uint16_t* in, int n, float* out) {
   int i = 0;
 #ifdef MZ_KVC_SIMD
@@ -168,55 +145,96 @@ void LoadSanitized(const uint16_t* in, int n, float* out) {
   for (; i < n; i++) out[i] = SanitizeF16(in[i]);
 }
 
-void StoreF16(const float* in, int n, uint16_t* out) {
-  int i = 0;
+void MinMaxRows(const float* x, int rows, int n, float* lo, float* hi) {
+  std::memcpy(lo, x, size_t(n) * sizeof(float));
+  std::memcpy(hi, x, size_t(n) * sizeof(float));
+  for (int t = 1; t < rows; t++) {
+    const float* r = x + size_t(t) * n;
+    int i = 0;
 #ifdef MZ_KVC_SIMD
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(r + i);
+      _mm256_storeu_ps(lo + i, _mm256_min_ps(_mm256_loadu_ps(lo + i), v));
+      _mm256_storeu_ps(hi + i, _mm256_max_ps(_mm256_loadu_ps(hi + i), v));
+    }
 #endif
-  for (; i < n; i++) out[i] = fp32_to_fp16(in[i]);
+    for (; i < n; i++) {
+      lo[i] = std::min(lo[i], r[i]);
+      hi[i] = std::max(hi[i], r[i]);
+    }
+  }
 }
 
-void DequantNibbles(const uint8_t* packed, int n, const float* scale, const float* base, uint16_t* out) {
+void QuantizeRowAsym(const float* x, int n, const float* base, const float* step, int levels, uint8_t* q) {
+  int i = 0;
+#ifdef MZ_KVC_SIMD
+  const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(float(levels));
+  auto code8 = [&](int k) {
+    const __m256 t = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(base + k)),
+                                   _mm256_loadu_ps(step + k));
+    // step == 0 only when the whole group equals base: 0/0 = NaN, and max_ps(NaN, 0) returns 0.
+    const __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, zero), top));
+  };
+  for (; i + 16 <= n; i += 16) {
+    const __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(code8(i), code8(i + 8)), 0xd8);
+    const __m128i p8 = _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), p8);
+  }
+#endif
+  for (; i < n; i++) q[i] = uint8_t(QuantizeCode(x[i], base[i], step[i], 0, levels));
+}
+
+#ifdef MZ_KVC_SIMD
+namespace {
+// fp16(AsymDecode(q, step, lo, hi, levels)) for 8 lanes; q holds integral floats in [0, levels].
+inline __m128i AsymDecode8(__m256 q, const float* step, const float* lo, const float* hi, __m256 top) {
+  __m256 f = _mm256_fmadd_ps(q, _mm256_loadu_ps(step), _mm256_loadu_ps(lo));
+  f = _mm256_blendv_ps(f, _mm256_loadu_ps(hi), _mm256_cmp_ps(q, top, _CMP_EQ_OQ));
+  return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+}  // namespace
+#endif
+
+void DequantNibbles(const uint8_t* packed, int n, const float* step, const float* lo, const float* hi,
+                    uint16_t* out) {
   int i = 0;
 #ifdef MZ_KVC_SIMD
   const __m128i lo4 = _mm_set1_epi8(0x0f);
+  const __m256 top = _mm256_set1_ps(15.0f);
   for (; i + 16 <= n; i += 16) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + i / 2));
     const __m128i q = _mm_unpacklo_epi8(_mm_and_si128(b, lo4), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
-    __m256 qa = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
-    __m256 qb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
-    qa = _mm256_fmadd_ps(qa, _mm256_loadu_ps(scale + i), _mm256_loadu_ps(base + i));
-    qb = _mm256_fmadd_ps(qb, _mm256_loadu_ps(scale + i + 8), _mm256_loadu_ps(base + i + 8));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(qa, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), _mm256_cvtps_ph(qb, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256 qa = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
+    const __m256 qb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), AsymDecode8(qa, step + i, lo + i, hi + i, top));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), AsymDecode8(qb, step + i + 8, lo + i + 8, hi + i + 8, top));
   }
 #endif
   for (; i < n; i++) {
     const int q = (packed[i / 2] >> (4 * (i & 1))) & 15;
-    out[i] = fp32_to_fp16(std::fma(float(q), scale[i], base[i]));
+    out[i] = fp32_to_fp16(AsymDecode(q, step[i], lo[i], hi[i], 15));
   }
 }
 
-void DequantI8(const int8_t* codes, int n, int qmax, const float* scale, const float* base, uint16_t* out) {
+void DequantI8(const int8_t* codes, int n, int levels, const float* shift, const float* step, const float* lo,
+               const float* hi, uint16_t* out) {
   int i = 0;
 #ifdef MZ_KVC_SIMD
-  const __m128i vlo = _mm_set1_epi8(int8_t(-qmax)), vhi = _mm_set1_epi8(int8_t(qmax));
+  const __m256 top = _mm256_set1_ps(float(levels)), zero = _mm256_setzero_ps();
   for (; i + 16 <= n; i += 16) {
-    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-    q = _mm_min_epi8(_mm_max_epi8(q, vlo), vhi);
-    __m256 qa = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-    __m256 qb = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
-    qa = _mm256_fmadd_ps(qa, _mm256_loadu_ps(scale + i), _mm256_loadu_ps(base + i));
-    qb = _mm256_fmadd_ps(qb, _mm256_loadu_ps(scale + i + 8), _mm256_loadu_ps(base + i + 8));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(qa, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), _mm256_cvtps_ph(qb, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+    __m256 qa = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), _mm256_loadu_ps(shift + i));
+    __m256 qb = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))), _mm256_loadu_ps(shift + i + 8));
+    qa = _mm256_min_ps(_mm256_max_ps(qa, zero), top);
+    qb = _mm256_min_ps(_mm256_max_ps(qb, zero), top);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), AsymDecode8(qa, step + i, lo + i, hi + i, top));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), AsymDecode8(qb, step + i + 8, lo + i + 8, hi + i + 8, top));
   }
 #endif
   for (; i < n; i++) {
-    const int q = std::clamp<int>(codes[i], -qmax, qmax);
-    out[i] = fp32_to_fp16(std::fma(float(q), scale[i], base[i]));
+    const int q = std::clamp(int(codes[i]) + int(shift[i]), 0, levels);
+    out[i] = fp32_to_fp16(AsymDecode(q, step[i], lo[i], hi[i], levels));
   }
 }
 

@@ -1,0 +1,169 @@
+#include "pipeline/restore_pipeline.h"
+
+#include <chrono>
+
+#include "core/sync_point.h"
+
+namespace mz {
+namespace {
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+const char* OverlapName(Overlap o) {
+  switch (o) {
+    case Overlap::kNone: return "none";
+    case Overlap::kAllocReload: return "alloc-reload";
+    case Overlap::kReloadPrefill: return "reload-prefill";
+    case Overlap::kFull: return "full";
+  }
+  return "?";
+}
+
+bool ParseOverlap(const std::string& s, Overlap* o) {
+  for (Overlap x : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull})
+    if (s == OverlapName(x)) {
+      *o = x;
+      return true;
+    }
+  return false;
+}
+
+RestorePipeline::RestorePipeline(ElasticMemory* e, int n_layer, const PipelineOptions& opts)
+    : e_(e), n_layer_(n_layer), opts_(opts), pending_(size_t(n_layer + 1), 0), errors_(size_t(n_layer + 1)) {}
+
+RestorePipeline::~RestorePipeline() { Finish(); }
+
+void RestorePipeline::Process(Task& t) {
+  const int64_t t0 = NowNs();
+  MZ_SYNC_POINT("pipeline:before_unit", t.key);
+  if (!t.mem) t.mem = e_->AllocateFor(t.u, &t.bytes);
+  Status st = e_->RestoreInto(t.u, t.mem);
+  t.mem = nullptr;  // ownership passed
+  MZ_SYNC_POINT("pipeline:after_unit", t.key);
+  const int64_t t1 = NowNs();
+  (t.mem_path ? mem_busy_ns_ : sto_busy_ns_) += uint64_t(t1 - t0);
+  t_last_done_ns_ = t1;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!st.ok() && errors_[size_t(t.key)].ok()) errors_[size_t(t.key)] = st;
+    --pending_[size_t(t.key)];
+  }
+  --remaining_;
+  cv_.notify_all();
+}
+
+void RestorePipeline::RunQueue(std::vector<size_t>& q, std::atomic<size_t>& next, bool) {
+  for (size_t i; (i = next.fetch_add(1)) < q.size();) Process(tasks_[q[i]]);
+}
+
+void RestorePipeline::Worker(bool mem_path) {
+  if (mem_path) {
+    RunQueue(mem_q_, mem_next_, true);
+    if (opts_.parallel_paths) RunQueue(sto_q_, sto_next_, false);
+  } else {
+    RunQueue(sto_q_, sto_next_, false);
+    if (opts_.parallel_paths) RunQueue(mem_q_, mem_next_, true);
+  }
+}
+
+void RestorePipeline::AllocateAll() {
+  // Allocation phase over all workers' worth of threads (the paper parallelizes it across cores).
+  const int nt = std::max(1, opts_.io_threads + opts_.decode_threads);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < tasks_.size();) tasks_[i].mem = e_->AllocateFor(tasks_[i].u, &tasks_[i].bytes);
+  };
+  std::vector<std::thread> ts;
+  for (int t = 1; t < nt; ++t) ts.emplace_back(work);
+  work();
+  for (auto& t : ts) t.join();
+  allocated_ = true;
+}
+
+Status RestorePipeline::Start() {
+  const MemoryReport r = e_->Report();
+  stats_.bytes_from_storage = r.weights_dropped + r.kv_storage_raw + r.kv_storage_compressed;
+  stats_.bytes_decoded = r.kv_mem_compressed_raw + r.kv_storage_compressed_raw;
+  // Forward order: base, then per layer its weights and KV chunks.
+  auto add = [&](const UnitRef& u, int key) {
+    UnitState s = e_->state(u);
+    if (s == UnitState::kResident) return;
+    tasks_.push_back(Task{u, key, s == UnitState::kKvMemCompressed});
+    ++pending_[size_t(key)];
+  };
+  add(UnitRef::Weights(-1), n_layer_);
+  for (int l = 0; l < n_layer_; ++l) {
+    add(UnitRef::Weights(l), l);
+    for (int c = 0;; ++c) {
+      UnitRef u = UnitRef::Kv(l, c);
+      if (!e_->has_chunk(l, c)) break;
+      add(u, l);
+    }
+  }
+  stats_.units = int(tasks_.size());
+  remaining_ = int(tasks_.size());
+  for (size_t i = 0; i < tasks_.size(); ++i) (tasks_[i].mem_path ? mem_q_ : sto_q_).push_back(i);
+  if (tasks_.empty()) return Status::Ok();
+
+  if (opts_.sequential) {
+    t_reload0_ = double(NowNs()) * 1e-9;
+    for (auto& t : tasks_) Process(t);
+    stats_.reload_s = double(t_last_done_ns_.load()) * 1e-9 - t_reload0_;
+    return Finish();
+  }
+  if (opts_.overlap == Overlap::kNone || opts_.overlap == Overlap::kReloadPrefill) {
+    const double a0 = double(NowNs()) * 1e-9;
+    AllocateAll();
+    stats_.alloc_s = double(NowNs()) * 1e-9 - a0;
+  }
+  t_reload0_ = double(NowNs()) * 1e-9;
+  if (opts_.parallel_paths) {
+    for (int i = 0; i < opts_.decode_threads; ++i) workers_.emplace_back(&RestorePipeline::Worker, this, true);
+    for (int i = 0; i < opts_.io_threads; ++i) workers_.emplace_back(&RestorePipeline::Worker, this, false);
+  } else {
+    // In-memory path first, then the storage path.
+    workers_.emplace_back([this] {
+      std::vector<std::thread> ts;
+      for (int i = 0; i < opts_.decode_threads; ++i) ts.emplace_back(&RestorePipeline::Worker, this, true);
+      for (auto& t : ts) t.join();
+      ts.clear();
+      for (int i = 0; i < opts_.io_threads; ++i) ts.emplace_back(&RestorePipeline::Worker, this, false);
+      for (auto& t : ts) t.join();
+    });
+  }
+  if (opts_.overlap == Overlap::kNone || opts_.overlap == Overlap::kAllocReload) return Finish();
+  return Status::Ok();
+}
+
+Status RestorePipeline::Wait(int unit) {
+  if (unit < 0 || unit > n_layer_) return Status::Ok();
+  MZ_SYNC_POINT("pipeline:wait", unit);
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return pending_[size_t(unit)] == 0 || !errors_[size_t(unit)].ok(); });
+  return errors_[size_t(unit)];
+}
+
+Status RestorePipeline::Finish() {
+  for (auto& t : workers_) t.join();
+  workers_.clear();
+  // Free memory allocated ahead for tasks that never ran (only after an early exit).
+  for (auto& t : tasks_)
+    if (t.mem) {
+      size_t n = t.bytes;
+      (void)n;
+      e_->RestoreInto(t.u, t.mem);  // takes ownership (restores or frees)
+      t.mem = nullptr;
+    }
+  if (t_last_done_ns_.load() > 0 && t_reload0_ > 0)
+    stats_.reload_s = std::max(0.0, double(t_last_done_ns_.load()) * 1e-9 - t_reload0_);
+  stats_.mem_path_busy_s = double(mem_busy_ns_.load()) * 1e-9;
+  stats_.sto_path_busy_s = double(sto_busy_ns_.load()) * 1e-9;
+  for (const auto& e : errors_)
+    if (!e.ok()) return e;
+  return Status::Ok();
+}
+
+}  // namespace mz

@@ -1,0 +1,200 @@
+// restore_generate: for every eviction policy, every overlap variant and remaining-memory levels
+// 0/25/50/75%, the logits equal the never-evicted run (bit-identical for lossless placements,
+// bounded for q8). Deterministic sync points force compute to reach a layer before that layer is
+// restored, so the readiness signalling is exercised, not just the easy interleavings.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <sys/stat.h>
+
+#include "core/sync_point.h"
+#include "runtime/context.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+#include "test_util.h"
+
+namespace mz {
+namespace {
+
+constexpr int kPrompt = 160;
+
+struct Rig {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Context> ctx;
+};
+
+std::vector<int32_t> Prompt(const std::string& path) {
+  std::unique_ptr<Tokenizer> tok;
+  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
+  std::vector<int32_t> t;
+  EXPECT_TRUE(tok->Tokenize(test::LongText(), true, false, &t).ok());
+  t.resize(kPrompt + 8);
+  return t;
+}
+
+Rig MakeCtx(const std::string& path, const std::string& codec, EvictOrder order, bool partial, const char* tag) {
+  Rig s;
+  EXPECT_TRUE(Model::Load(Env::Default(), path, ModelOptions(), &s.model).ok());
+  ContextOptions co;
+  co.n_ctx = 512;
+  co.kv_chunk_tokens = 16;
+  co.kv_codec = codec;
+  co.evict_order = order;
+  co.partial_offload = partial;
+  co.swap_path = test::TempDir() + "/pipe-" + tag + ".swap";
+  s.ctx = std::make_unique<Context>(s.model.get(), co);
+  EXPECT_TRUE(s.ctx->Init().ok());
+  s.ctx->set_profile(DeviceProfile::Default());  // the same plans on every machine
+  return s;
+}
+
+std::vector<float> Logits(Context& c) {
+  const int nv = int(c.model()->hparams().n_vocab);
+  return std::vector<float>(c.logits(0), c.logits(0) + nv);
+}
+
+struct Case {
+  std::string policy;  // backward, forward, random, partial
+  Overlap overlap;
+  double remaining;
+  std::string codec;
+};
+
+class RestoreGenerate : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RestoreGenerate, MatchesNeverEvicted) {
+  const Case c = GetParam();
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  Rig ref = MakeCtx(path, c.codec, EvictOrder::kBackwardOut, false, "ref");
+  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
+  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
+  const auto want = Logits(*ref.ctx);
+
+  EvictOrder order = c.policy == "forward" ? EvictOrder::kForwardOut
+                     : c.policy == "random" ? EvictOrder::kRandomOut
+                                            : EvictOrder::kBackwardOut;
+  Rig s = MakeCtx(path, c.codec, order, c.policy == "partial", "run");
+  ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+  MemoryReport r = s.ctx->Report();
+  const uint64_t target = uint64_t(c.remaining * double(r.footprint()));
+  uint64_t freed = 0;
+  if (r.in_memory() > target) ASSERT_TRUE(s.ctx->EvictBytes(r.in_memory() - target, &freed).ok());
+  r = s.ctx->Report();
+  // Evicted at least down to the level (within one unit), or everything there was.
+  EXPECT_LE(r.remaining(), c.remaining + 0.08) << "remaining " << r.remaining();
+
+  PipelineOptions po;
+  po.overlap = c.overlap;
+  po.sequential = c.policy == "partial";
+  RestoreGenerateStats st;
+  Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(s.ctx->elastic().AllResident());
+  const auto got = Logits(*s.ctx);
+  const bool lossless = s.ctx->elastic().codec().lossless();
+  if (lossless) {
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "logits differ";
+  } else {
+    double md = 0;
+    for (size_t i = 0; i < want.size(); ++i) md = std::max(md, double(std::fabs(got[i] - want[i])));
+    EXPECT_LT(md, 0.5) << "q8 placement moved a logit by " << md;
+    EXPECT_EQ(ArgMax(want.data(), int(want.size())), ArgMax(got.data(), int(got.size())));
+  }
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> v;
+  for (std::string pol : {"backward", "forward", "random", "partial"})
+    for (Overlap o : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull})
+      for (double rem : {0.0, 0.25, 0.5, 0.75}) {
+        if (pol == "partial" && o != Overlap::kNone) continue;  // its restore has no overlap variants
+        v.push_back({pol, o, rem, "none"});
+        if (o == Overlap::kFull) v.push_back({pol, o, rem, "q8"});
+      }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPoliciesOverlapsLevels, RestoreGenerate, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) {
+                           const Case& c = info.param;
+                           std::string s = c.policy + "_" + OverlapName(c.overlap) + "_" +
+                                           std::to_string(int(c.remaining * 100)) + "_" + c.codec;
+                           for (auto& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
+
+// Compute must reach layer 2 and wait there before layer 2 starts restoring.
+TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  Rig ref = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "sref");
+  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
+  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
+  const auto want = Logits(*ref.ctx);
+
+  Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "sync");
+  ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+  MemoryReport r = s.ctx->Report();
+  ASSERT_TRUE(s.ctx->EvictBytes(r.in_memory() / 2, nullptr).ok());  // layers 2, 3 evicted (rear half)
+  ASSERT_NE(s.ctx->elastic().state(UnitRef::Weights(3)), UnitState::kResident);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool compute_waiting_on_3 = false;
+  std::atomic<int> restored_before_wait{0};
+  SyncPoints::SetCallback("pipeline:wait", [&](int unit) {
+    if (unit == 3) {
+      std::lock_guard<std::mutex> lk(mu);
+      compute_waiting_on_3 = true;
+      cv.notify_all();
+    }
+  });
+  SyncPoints::SetCallback("pipeline:before_unit", [&](int key) {
+    if (key == 3) {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return compute_waiting_on_3; });  // hold layer 3 until compute asks for it
+    }
+  });
+  SyncPoints::SetCallback("pipeline:after_unit", [&](int key) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (key == 3 && !compute_waiting_on_3) restored_before_wait++;
+  });
+  PipelineOptions po;
+  po.overlap = Overlap::kFull;
+  RestoreGenerateStats st;
+  Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
+  SyncPoints::ClearAll();
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(compute_waiting_on_3);
+  EXPECT_EQ(restored_before_wait.load(), 0);
+  EXPECT_GT(st.wait_s, 0.0);
+  EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4));
+}
+
+// A pressure handler calling evict while restore_generate runs is refused (kBusy), never tears state.
+TEST(RestoreGenerateSync, EvictionDuringGenerationIsRefused) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "fail");
+  ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+  ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() / 2, nullptr).ok());
+  std::atomic<bool> stop{false};
+  Status evict_st;
+  SyncPoints::SetCallback("pipeline:before_unit", [&](int key) {
+    if (key == 3 && !stop.exchange(true)) evict_st = s.ctx->EvictBytes(1 << 20, nullptr);
+  });
+  Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, PipelineOptions(), nullptr);
+  SyncPoints::ClearAll();
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(evict_st.code(), Status::kBusy) << "eviction during a generation must be refused: " << evict_st.ToString();
+  EXPECT_EQ(int(s.ctx->history().size()), kPrompt + 8);
+}
+
+}  // namespace
+}  // namespace mz
