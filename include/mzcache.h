@@ -128,6 +128,32 @@ int mz_evict(mz_context* ctx, uint64_t bytes, const struct mz_plan* plan, uint64
 /* Brings every unit back into RAM (multi-threaded). mz_decode also does this on demand. */
 int mz_restore(mz_context* ctx);
 
+enum mz_overlap {
+  MZ_OVERLAP_NONE = 0,           /* allocate all, reload all, then prefill (mz_NO) */
+  MZ_OVERLAP_ALLOC_RELOAD = 1,   /* allocation and reload pipelined, then prefill (mz_AR) */
+  MZ_OVERLAP_RELOAD_PREFILL = 2, /* allocate all, then reload overlapped with prefill (mz_RP) */
+  MZ_OVERLAP_FULL = 3            /* everything overlapped (default) */
+};
+struct mz_restore_params {
+  int32_t overlap;        /* enum mz_overlap (default MZ_OVERLAP_FULL) */
+  int32_t io_threads;     /* storage-path workers (default 2) */
+  int32_t decode_threads; /* in-memory decompression workers (default 1) */
+};
+struct mz_restore_params mz_restore_default_params(void);
+struct mz_restore_stats {
+  double ttft_s;          /* call to logits of the last input token */
+  double alloc_s, reload_s; /* allocation phase, reload phase wall times */
+  double wait_s;          /* compute time spent waiting for units */
+  double cpu_s;           /* process CPU seconds */
+  uint64_t bytes_from_storage, bytes_decoded;
+  int32_t units_restored;
+};
+/* restore_generate: appends tokens and computes logits for the last one while evicted units are
+ * restored front layers first; layer l computes as soon as it is resident. Then sample with
+ * mz_sampler_sample(s, ctx, 0). stats may be NULL. On failure the conversation is unchanged. */
+int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, const struct mz_restore_params* params,
+                        struct mz_restore_stats* stats);
+
 struct mz_memory_report {
   uint64_t weights_total, weights_resident, weights_dropped;
   uint64_t kv_total, kv_resident;

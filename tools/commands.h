@@ -9,5 +9,6 @@ namespace mz::cli {
 using Runners = std::vector<std::function<int()>>;
 void AddModelCommands(CLI::App& app, Runners& runners);  // make-model, info
 void AddRunCommands(CLI::App& app, Runners& runners);    // run, chat
-void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed
+void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
+void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 }  // namespace mz::cli

@@ -1,6 +1,7 @@
 // The C boundary: catches every exception, maps Status to mz_status, records the message.
 #include "mzcache.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -213,6 +214,40 @@ int mz_restore(mz_context* ctx) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx) return mz::Status::InvalidArgument("null context");
     return ctx->ctx->Restore();
+  });
+}
+
+mz_restore_params mz_restore_default_params(void) {
+  mz_restore_params p;
+  p.overlap = MZ_OVERLAP_FULL;
+  p.io_threads = 2;
+  p.decode_threads = 1;
+  return p;
+}
+
+int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, const mz_restore_params* params,
+                        mz_restore_stats* stats) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !tokens || n <= 0) return mz::Status::InvalidArgument("need a context and at least one token");
+    mz_restore_params p = params ? *params : mz_restore_default_params();
+    if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_FULL) return mz::Status::InvalidArgument("bad overlap");
+    mz::PipelineOptions po;
+    po.overlap = mz::Overlap(p.overlap);
+    po.io_threads = std::max(1, p.io_threads);
+    po.decode_threads = std::max(1, p.decode_threads);
+    mz::RestoreGenerateStats st;
+    MZ_RETURN_IF_ERROR(ctx->ctx->RestoreGenerate(tokens, n, po, &st));
+    if (stats) {
+      stats->ttft_s = st.ttft_s;
+      stats->alloc_s = st.pipeline.alloc_s;
+      stats->reload_s = st.pipeline.reload_s;
+      stats->wait_s = st.wait_s;
+      stats->cpu_s = st.cpu_s;
+      stats->bytes_from_storage = st.pipeline.bytes_from_storage;
+      stats->bytes_decoded = st.pipeline.bytes_decoded;
+      stats->units_restored = st.pipeline.units;
+    }
+    return mz::Status::Ok();
   });
 }
 

@@ -48,11 +48,13 @@ namespace {
 constexpr int kGroup = kCacheGenGroup;
 constexpr int kLevel = 1;
 
-size_t SegmentBytes(const ChunkShape& s) {
+// Per (block, head) segment: side bytes (anchor + ranges) and code bytes.
+size_t SideBytes(const ChunkShape& s) {
   const size_t d = s.head_dim, m = size_t(s.n_tokens) - 1, g = (m + kGroup - 1) / kGroup;
-  return 2 + d + g * 4 * d + m * d;
+  return 2 + d + g * 4 * d;
 }
-size_t RawPayloadBytes(const ChunkShape& s) { return 2 * size_t(s.n_kv_head) * SegmentBytes(s); }
+size_t CodeBytes(const ChunkShape& s) { return (size_t(s.n_tokens) - 1) * s.head_dim; }
+size_t RawPayloadBytes(const ChunkShape& s) { return 2 * size_t(s.n_kv_head) * (SideBytes(s) + CodeBytes(s)); }
 
 Status CheckLayer(const ChunkShape& s) {
   if (s.n_layer < 1 || s.layer < 0 || s.layer >= s.n_layer)
@@ -86,7 +88,8 @@ class CacheGenCodec final : public KvCodec {
     float* hi = lo + d;
     uint16_t* a16 = reinterpret_cast<uint16_t*>(hi + d);
     uint8_t* ishift = reinterpret_cast<uint8_t*>(a16 + d);
-    uint8_t* p = P;
+    uint8_t* p = P;                               // side section: anchors and ranges
+    uint8_t* pb = P + 2 * s.n_kv_head * SideBytes(s);  // code section
     for (int j = 0; j < 2 * s.n_kv_head; j++) {
       const uint16_t* in = src + size_t(j) * s.chunk_tokens * d;
       // anchor
@@ -111,9 +114,9 @@ class CacheGenCodec final : public KvCodec {
         p += 4 * size_t(d);
         for (int t = 0; t < tg; t++) {
           const float* row = x + size_t(t) * d;
-          QuantizeRowAsym(row, d, lo, hi, levels, p);
-          for (int c = 0; c < d; c++) p[c] = uint8_t(p[c] - ishift[c]);  // int8 delta k - ka (mod 256)
-          p += d;
+          QuantizeRowAsym(row, d, lo, hi, levels, pb);
+          for (int c = 0; c < d; c++) pb[c] = uint8_t(pb[c] - ishift[c]);  // int8 delta k - ka (mod 256)
+          pb += d;
         }
       }
     }
@@ -142,6 +145,7 @@ class CacheGenCodec final : public KvCodec {
     float* shift = hi + d;
     MZ_RETURN_IF_ERROR(ZstdDecompressExact(src + kKvCodecHeaderBytes, payload, P, plen).With("kv codec cachegen"));
     const uint8_t* p = P;
+    const uint8_t* pb = P + 2 * s.n_kv_head * SideBytes(s);
     for (int j = 0; j < 2 * s.n_kv_head; j++) {
       uint16_t* out = dst + size_t(j) * s.chunk_tokens * d;
       const uint16_t amax = Load16(p);
@@ -161,8 +165,8 @@ class CacheGenCodec final : public KvCodec {
         }
         p += 4 * size_t(d);
         for (int t = 0; t < tg; t++) {
-          DequantI8(reinterpret_cast<const int8_t*>(p), d, levels, shift, step, lo, hi, out + size_t(t0 + t) * d);
-          p += d;
+          DequantI8(reinterpret_cast<const int8_t*>(pb), d, levels, shift, step, lo, hi, out + size_t(t0 + t) * d);
+          pb += d;
         }
       }
     }

@@ -155,19 +155,18 @@ class Q4Codec final : public KvCodec {
         }
       }
     }
+    const int ng = (d + kGroup - 1) / kGroup;
     for (int h = 0; h < s.n_kv_head; h++) {
       uint16_t* out = dst + (s.n_kv_head + h) * stride;
       for (int t = 0; t < n; t++) {
+        const uint8_t* codes = p + 4 * size_t(ng);
         for (int c0 = 0; c0 < d; c0 += kGroup) {
-          const int cg = std::min(kGroup, d - c0);
           float lo, hi;
           if (!RangeOk(Load16(p), Load16(p + 2), &lo, &hi)) return BadParam("value range", s.n_kv_head + h, t);
           p += 4;
-          std::fill(sc + c0, sc + c0 + cg, AsymStep(lo, hi, 15));
-          std::fill(mn + c0, mn + c0 + cg, lo);
-          std::fill(mx + c0, mx + c0 + cg, hi);
+          DequantNibblesUniform(codes + c0 / 2, std::min(kGroup, d - c0), AsymStep(lo, hi, 15), lo, hi,
+                                out + size_t(t) * d + c0);
         }
-        DequantNibbles(p, d, sc, mn, mx, out + size_t(t) * d);
         p += r;
       }
     }

@@ -24,7 +24,7 @@ std::unique_ptr<KvCodec> MakeQ4Codec();
 std::unique_ptr<KvCodec> MakeCacheGenCodec();
 
 // ---- header ----
-// InvalidArgument unless 1 <= dims <= 65535, 1 <= n_tokens <= chunk_tokens, raw_bytes() < 2^31.
+// InvalidArgument unless 1 <= dims <= 65535, 1 <= n_tokens <= chunk_tokens, raw_bytes() <= 1 GiB.
 Status ValidateShape(const ChunkShape& s);
 // Writes the 16-byte header (see kv_codec.h).
 void WriteHeader(uint8_t* dst, uint8_t id, uint8_t param, const ChunkShape& s, uint32_t payload);
@@ -118,6 +118,8 @@ void QuantizeRowAsym(const float* x, int n, const float* base, const float* step
 // `packed` (channel 2k in the low nibble of byte k, 2k+1 in the high nibble).
 void DequantNibbles(const uint8_t* packed, int n, const float* step, const float* lo, const float* hi,
                     uint16_t* out);
+// Same with one (step, lo, hi) for all n channels. REQUIRES: packed starts at an even channel.
+void DequantNibblesUniform(const uint8_t* packed, int n, float step, float lo, float hi, uint16_t* out);
 // out[i] = fp16(AsymDecode(q_i, step[i], lo[i], hi[i], levels)), q_i = clamp(codes[i] + shift[i], 0,
 // levels) (shift holds small non-negative integers as floats).
 void DequantI8(const int8_t* codes, int n, int levels, const float* shift, const float* step, const float* lo,

@@ -37,7 +37,7 @@ Status ValidateShape(const ChunkShape& s) {
   if (s.n_tokens < 1 || s.n_tokens > s.chunk_tokens)
     return Status::InvalidArgument("kv codec: n_tokens=" + std::to_string(s.n_tokens) + " outside 1.." +
                                    std::to_string(s.chunk_tokens));
-  if (s.raw_bytes() >= (size_t(1) << 31)) return Status::InvalidArgument("kv codec: chunk larger than 2 GiB");
+  if (s.raw_bytes() > (size_t(1) << 30)) return Status::InvalidArgument("kv codec: chunk larger than 1 GiB");
   return Status::Ok();
 }
 
@@ -196,25 +196,48 @@ inline __m128i AsymDecode8(__m256 q, const float* step, const float* lo, const f
 }  // namespace
 #endif
 
-void DequantNibbles(const uint8_t* packed, int n, const float* step, const float* lo, const float* hi,
-                    uint16_t* out) {
+namespace {
+// kUniform: step/lo/hi point at one value used for all n channels (q4 value groups).
+template <bool kUniform>
+void DequantNibblesT(const uint8_t* packed, int n, const float* step, const float* lo, const float* hi,
+                     uint16_t* out) {
   int i = 0;
 #ifdef MZ_KVC_SIMD
   const __m128i lo4 = _mm_set1_epi8(0x0f);
   const __m256 top = _mm256_set1_ps(15.0f);
+  const __m256 us = _mm256_set1_ps(step[0]), ul = _mm256_set1_ps(lo[0]), uh = _mm256_set1_ps(hi[0]);
+  auto dec8 = [&](__m256 q, int k) {
+    const __m256 s8 = kUniform ? us : _mm256_loadu_ps(step + k);
+    const __m256 l8 = kUniform ? ul : _mm256_loadu_ps(lo + k);
+    const __m256 h8 = kUniform ? uh : _mm256_loadu_ps(hi + k);
+    __m256 f = _mm256_fmadd_ps(q, s8, l8);
+    f = _mm256_blendv_ps(f, h8, _mm256_cmp_ps(q, top, _CMP_EQ_OQ));
+    return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  };
   for (; i + 16 <= n; i += 16) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + i / 2));
     const __m128i q = _mm_unpacklo_epi8(_mm_and_si128(b, lo4), _mm_and_si128(_mm_srli_epi16(b, 4), lo4));
     const __m256 qa = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q));
     const __m256 qb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), AsymDecode8(qa, step + i, lo + i, hi + i, top));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), AsymDecode8(qb, step + i + 8, lo + i + 8, hi + i + 8, top));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), dec8(qa, i));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i + 8), dec8(qb, i + 8));
   }
 #endif
   for (; i < n; i++) {
     const int q = (packed[i / 2] >> (4 * (i & 1))) & 15;
-    out[i] = fp32_to_fp16(AsymDecode(q, step[i], lo[i], hi[i], 15));
+    const int k = kUniform ? 0 : i;
+    out[i] = fp32_to_fp16(AsymDecode(q, step[k], lo[k], hi[k], 15));
   }
+}
+}  // namespace
+
+void DequantNibbles(const uint8_t* packed, int n, const float* step, const float* lo, const float* hi,
+                    uint16_t* out) {
+  DequantNibblesT<false>(packed, n, step, lo, hi, out);
+}
+
+void DequantNibblesUniform(const uint8_t* packed, int n, float step, float lo, float hi, uint16_t* out) {
+  DequantNibblesT<true>(packed, n, &step, &lo, &hi, out);
 }
 
 void DequantI8(const int8_t* codes, int n, int levels, const float* shift, const float* step, const float* lo,

@@ -77,7 +77,7 @@ class KvCodec {
   virtual size_t MaxEncodedSize(const ChunkShape& s) const = 0;
   // Encodes src (a raw chunk of s.raw_bytes(); only the valid rows are read) into dst.
   // kInvalidArgument if s is invalid (dims < 1 or > 65535, n_tokens outside 1..chunk_tokens,
-  // raw_bytes() >= 2^31, cachegen layer outside [0, n_layer)) or cap < MaxEncodedSize(s).
+  // raw_bytes() > 1 GiB, cachegen layer outside [0, n_layer)) or cap < MaxEncodedSize(s).
   // On success *written is the blob size. Thread-safe.
   virtual Status Encode(const ChunkShape& s, const uint16_t* src, uint8_t* dst, size_t cap,
                         size_t* written) const = 0;
