@@ -11,4 +11,5 @@ void AddModelCommands(CLI::App& app, Runners& runners);  // make-model, info
 void AddRunCommands(CLI::App& app, Runners& runners);    // run, chat
 void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
+void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 }  // namespace mz::cli

@@ -109,6 +109,7 @@ class ElasticMemory {
   // is dropped. Returns the first error; other units are still restored.
   Status RestoreAll();
   bool AllResident() const;
+  Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
   // memory for u (nullptr if u is resident or the mapping fails; *bytes receives the size);
   // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it

@@ -104,11 +104,28 @@ Status RestorePipeline::Start() {
     }
   }
   stats_.units = int(tasks_.size());
+  for (const auto& t : tasks_)
+    if (t.u.kind == UnitRef::kWeights) {
+      // Dropped weights are re-read from the model file: make sure it is the file that was loaded.
+      Status st = e_->VerifyModelIdentity();
+      if (!st.ok()) {
+        tasks_.clear();
+        std::fill(pending_.begin(), pending_.end(), 0);
+        remaining_ = 0;
+        return st;
+      }
+      break;
+    }
   remaining_ = int(tasks_.size());
   for (size_t i = 0; i < tasks_.size(); ++i) (tasks_[i].mem_path ? mem_q_ : sto_q_).push_back(i);
   if (tasks_.empty()) return Status::Ok();
 
   if (opts_.sequential) {
+    // Partial Offload: allocate everything, then read everything, one thread, forward order.
+    const double a0 = double(NowNs()) * 1e-9;
+    for (auto& t : tasks_) t.mem = e_->AllocateFor(t.u, &t.bytes);
+    allocated_ = true;
+    stats_.alloc_s = double(NowNs()) * 1e-9 - a0;
     t_reload0_ = double(NowNs()) * 1e-9;
     for (auto& t : tasks_) Process(t);
     stats_.reload_s = double(t_last_done_ns_.load()) * 1e-9 - t_reload0_;

@@ -64,6 +64,13 @@ class Context {
   // The policy's input for the current state (pure data; for tests and tools).
   PolicyInput MakePolicyInput(uint64_t bytes);
   const DeviceProfile& profile() const { return profile_; }
+  // Switches the eviction policy for later EvictBytes calls (benchmarks compare policies on one
+  // context). REQUIRES: no concurrent EvictBytes.
+  void SetEvictionPolicy(bool partial_offload, EvictOrder order, bool hybrid) {
+    opts_.partial_offload = partial_offload;
+    opts_.evict_order = order;
+    opts_.hybrid = hybrid;
+  }
   void set_profile(const DeviceProfile& p) { profile_ = p; }
   // restore_generate: appends tokens and computes the last token's logits while evicted units are
   // restored in forward order (layer l's compute starts when layer l is resident). Compute uses

@@ -6,19 +6,22 @@
 // coder does the entropy coding, anchor-centred codes concentrate near 0).
 //
 // Header param byte = b; Decode requires b == CacheGenBits(s.layer, s.n_layer). L = 2^b - 1 levels.
-// Payload (after the 16-byte header) = one zstd frame whose content P is, for block in (K, V), for
-// head h in 0..n_kv_head-1:
-//   anchor_amax fp16, anchor_code[head_dim] int8       token 0 as a q8 row (see codec_q8.cpp)
-//   for token group g over tokens 1..n_tokens-1 in groups of kGroup (the last may be partial):
-//     lo[head_dim] fp16, hi[head_dim] fp16             per-channel min / max over the group's tokens
-//     delta[tokens in group][head_dim] int8 in [-L, L]
-// |P| = 2*n_kv_head*(2 + head_dim + ceil((n-1)/kGroup)*4*head_dim + (n-1)*head_dim); the frame must
-// decompress to exactly |P| bytes.
+// Payload (after the 16-byte header) = one zstd frame whose content P is two sections (side data
+// first, so zstd's per-block Huffman tables see homogeneous bytes). With segments = (block, head)
+// pairs in order (K heads 0..H-1, then V heads 0..H-1) and token groups g over tokens 1..n_tokens-1
+// in groups of kGroup (the last may be partial; none when n_tokens == 1):
+//   side section, for each segment:
+//     anchor_amax fp16, anchor_code[head_dim] int8   token 0 as a q8 row (see codec_q8.cpp)
+//     for each group g: lo[head_dim] fp16, hi[head_dim] fp16   per-channel min / max over the group
+//   code section, for each segment, for each token 1..n_tokens-1:
+//     delta[head_dim] int8 in [-L, L]
+// |P| = 2*n_kv_head*((2 + head_dim + ceil((n-1)/kGroup)*4*head_dim) + (n-1)*head_dim); the frame
+// must decompress to exactly |P| bytes.
 //
 // Delta encoding of channel c in a group (x sanitized as in q8, a = decoded anchor value): the
 // quantization grid is lo + k*step, step = (hi - lo) * fl(1/L), k in [0, L]; the anchor's grid
 // position ka = clamp(nearbyint((a - lo) / step), 0, L) (derived, not stored); the stored delta is
-// k - ka, i.e. (x - a) / step rounded. Decoding: k = clamp(delta + ka, 0, L); k == L -> hi exactly,
+// k - ka, i.e. about (x - a) / step. Decoding: k = clamp(delta + ka, 0, L); k == L -> hi exactly,
 // else fp16(fma(k, step, lo)). Error per element <= step/2 + half an fp16 ulp of y. Idempotent:
 // the anchor row is a q8 row (idempotent), so re-encoding sees the same a; each group's min and
 // max decode exactly (k = 0, L), so it sees the same lo, hi, step and ka; and every decoded value

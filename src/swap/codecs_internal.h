@@ -58,7 +58,7 @@ Status ZstdCompress(const void* in, size_t n, uint8_t* out, size_t cap, int leve
 Status ZstdDecompressExact(const uint8_t* in, size_t size, void* out, size_t n);
 
 // ---- thread-local scratch ----
-// A per-thread byte buffer (slot 0 or 1) of at least n bytes, 32-byte aligned. Valid until the same
+// A per-thread byte buffer (slot 0 or 1) of at least n bytes, 64-byte aligned. Valid until the same
 // thread asks for the same slot again.
 uint8_t* Scratch(int slot, size_t n);
 
@@ -69,6 +69,8 @@ uint8_t* Scratch(int slot, size_t n);
 // codes to exactly those stored values. Re-encoding decoded data therefore finds the same extremes,
 // the same step and (because each decoded value is the fp16 nearest to its grid point, hence no
 // farther from it than the original value was) the same codes: Encode(Decode(Encode(x))) == Encode(x).
+// All of this assumes the default floating-point environment (round to nearest even), which the
+// runtime never changes; FTZ/DAZ do not matter (no f32 intermediate here is subnormal).
 
 // Finite canonical value of an fp16: NaN -> +0, +-inf -> +-65504, -0 -> +0.
 inline float SanitizeF16(uint16_t h) {

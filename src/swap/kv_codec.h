@@ -34,6 +34,13 @@
 // stream, out-of-range parameters); they do not checksum payload bytes, that is the container's
 // job (swap file / session headers).
 //
+// Buffers: src and dst of a call must not overlap; no alignment is required of any of them. Encode
+// writes only [dst, dst + MaxEncodedSize(s)), Decode only [dst, dst + raw_bytes()).
+//
+// SIMD: the hot loops use AVX2/F16C/FMA when the build enables them (MZ_AVX2); every SIMD kernel
+// has a scalar twin computing the same IEEE operations, so blobs and decoded chunks are
+// bit-identical whichever path made them.
+//
 // Thread-safety: codec objects are immutable; Encode/Decode/MaxEncodedSize may run concurrently on
 // one object from any number of threads. Codecs that need scratch memory or zstd contexts keep them
 // thread_local (allocated on a thread's first use, grown to the largest chunk seen, freed at thread
@@ -73,7 +80,8 @@ class KvCodec {
   virtual uint8_t id() const = 0;         // none=0, q8=1, q4=2, cachegen=3, lz4=4, zstd=5
   virtual bool lossless() const = 0;
   // Upper bound of the encoded size (header included) for ANY input of shape s; 0 if s is invalid.
-  // q8, q4 and none always produce exactly this many bytes.
+  // q8, q4 and none always produce exactly this many bytes. Non-decreasing in n_tokens (and
+  // independent of layer), so the bound for a full chunk covers every partial chunk of the geometry.
   virtual size_t MaxEncodedSize(const ChunkShape& s) const = 0;
   // Encodes src (a raw chunk of s.raw_bytes(); only the valid rows are read) into dst.
   // kInvalidArgument if s is invalid (dims < 1 or > 65535, n_tokens outside 1..chunk_tokens,
