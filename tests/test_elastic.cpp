@@ -316,6 +316,9 @@ uint64_t RssBytes() {
 }
 
 TEST(ElasticRss, ReportAgreesWithTheKernel) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizer shadow memory and quarantine change RSS; checked in the normal build";
+#endif
   // A KV cache large enough that 2% is meaningful: 96k tokens of tiny-qwen3 (2 KiB/token = 192 MiB),
   // filled with random fp16 values directly (no prefill needed to test accounting).
   const std::string path = test::ModelPath("tiny-qwen3", "f16");

@@ -122,6 +122,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   auto* bench = app.add_subcommand("bench", "benchmarks (results as markdown + JSON + plots)");
   bench->require_subcommand(1);
   AddTtftBench(bench, runners);
+  AddEvictBench(bench, runners);
   auto a = std::make_shared<SpeedArgs>();
   auto* speed = bench->add_subcommand("speed", "pp512, tg128, pp8 at depth 8192: mzcache vs llama.cpp llama-bench");
   speed->add_option("-m,--model", a->model, "GGUF (default: the synthesized Qwen3-0.6B q8_0)");

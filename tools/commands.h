@@ -12,4 +12,5 @@ void AddRunCommands(CLI::App& app, Runners& runners);    // run, chat
 void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
+void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
 }  // namespace mz::cli

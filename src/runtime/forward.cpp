@@ -69,9 +69,19 @@ ggml_tensor* Norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, float eps) 
 
 }  // namespace
 
+// Under ThreadSanitizer, ggml computes on the calling thread only: its OpenMP fork/join and barriers
+// live in uninstrumented libraries (libgomp, libggml-cpu), so TSan would report every hand-off to
+// our custom ops as a race. Our own threads (restoration workers, swap, codecs) still run
+// concurrently with compute and are fully checked.
+#if defined(__SANITIZE_THREAD__)
+static int ComputeThreads(int n) { return n > 0 ? 1 : n; }
+#else
+static int ComputeThreads(int n) { return n; }
+#endif
+
 Forward::Forward(Model* model, KvCache* kv, const ForwardOptions& opts) : model_(model), kv_(kv), opts_(opts) {
   backend_ = ggml_backend_cpu_init();
-  ggml_backend_cpu_set_n_threads(backend_, opts_.n_threads);
+  ggml_backend_cpu_set_n_threads(backend_, ComputeThreads(opts_.n_threads));
   galloc_ = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
   meta_buf_.resize(ggml_tensor_overhead() * 4096 + ggml_graph_overhead_custom(4096, false));
 }
@@ -83,7 +93,7 @@ Forward::~Forward() {
 
 void Forward::set_n_threads(int n) {
   opts_.n_threads = n;
-  ggml_backend_cpu_set_n_threads(backend_, n);
+  ggml_backend_cpu_set_n_threads(backend_, ComputeThreads(n));
 }
 
 Status Forward::Wait(int unit) {
