@@ -13,4 +13,5 @@ void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench t
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
+void AddOsPagingWorker(CLI::App& app, Runners& runners);    // ospaging-worker (hidden)
 }  // namespace mz::cli

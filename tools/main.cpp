@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   mz::cli::AddRunCommands(app, runners);
   mz::cli::AddBenchCommands(app, runners);
   mz::cli::AddProfileCommands(app, runners);
+  mz::cli::AddOsPagingWorker(app, runners);
   CLI11_PARSE(app, argc, argv);
   for (auto& r : runners) {
     int rc = r();  // -1: that subcommand was not selected

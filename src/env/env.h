@@ -62,6 +62,10 @@ class Env {
   // Anonymous private memory, page aligned, zero-filled, returned to the OS by Unmap (not kept in a
   // malloc arena, so freeing a unit really shrinks RSS). On failure returns nullptr.
   virtual void* MapAnon(size_t bytes) = 0;
+  // Maps [off, off+len) of the file at path read-only (MAP_PRIVATE, MAP_FIXED) at address `at`,
+  // which must lie inside a mapping this Env made. File-backed pages: the kernel may drop them under
+  // pressure and fault them back (the OS Paging baseline). off and at must be page aligned.
+  virtual Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at) = 0;
   virtual void Unmap(void* p, size_t bytes) = 0;
   // Faults in every page of [p, p+bytes) for writing (allocation + zeroing done now, not on first
   // touch). Best effort.
@@ -85,6 +89,9 @@ class EnvWrapper : public Env {
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
   void* MapAnon(size_t n) override { return target_->MapAnon(n); }
+  Status MapFileAt(const std::string& p, uint64_t off, size_t len, void* at) override {
+    return target_->MapFileAt(p, off, len, at);
+  }
   void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   uint64_t NowNs() override { return target_->NowNs(); }

@@ -135,6 +135,15 @@ class PosixEnv final : public Env {
   void Unmap(void* p, size_t bytes) override {
     if (p) ::munmap(p, bytes);
   }
+  Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    void* p = ::mmap(at, len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, off_t(off));
+    int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
+    return Status::Ok();
+  }
   void Prefault(void* p, size_t bytes) override {
 #ifdef MADV_POPULATE_WRITE
     if (::madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;

@@ -267,6 +267,16 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
   if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
                                        std::to_string(u.index));
   for (const ReadRun& r : u.runs) {
+    if (opts_.mmap_weights) {
+      // The run's last page may lie past end of file: map only what the file has.
+      const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
+      Status st = env_->MapFileAt(path_, r.file_off, len, static_cast<char*>(region) + r.region_off);
+      if (!st.ok()) {
+        env_->Unmap(region, u.region_bytes);
+        return st.With("mapping weight unit " + std::to_string(u.index));
+      }
+      continue;
+    }
     size_t got = 0;
     Status st = f->Read(static_cast<char*>(region) + r.region_off, r.len, r.file_off, &got);
     if (st.ok() && got < r.need)

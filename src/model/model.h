@@ -93,6 +93,9 @@ struct ModelOptions {
   bool direct_io = true;   // read weights with O_DIRECT (falls back to buffered where unsupported)
   bool load_weights = true;  // false: parse and plan only (info, tests)
   int io_threads = 2;        // threads reading units at load
+  // OS Paging baseline: weights are file-backed mappings of the GGUF (as llama.cpp's mmap) that the
+  // kernel may drop and fault back, instead of mzcache's own anonymous units.
+  bool mmap_weights = false;
 };
 
 class Model {

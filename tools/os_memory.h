@@ -1,0 +1,46 @@
+// Real memory pressure for the OS Paging baseline: a memory cgroup (v1) whose limit is lowered to
+// force the kernel to reclaim a process's pages, and zram swap so anonymous pages (the KV cache)
+// can be swapped out compressed, as on Android. Everything created is removed by the destructors.
+// Requires root; every method says clearly why it cannot work on a machine that lacks something.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace mz::cli {
+
+class ZramSwap {
+ public:
+  ~ZramSwap();
+  // Uses active swap if there is one; else sets up /dev/zram0 (zstd if available) of `bytes`.
+  Status Ensure(uint64_t bytes);
+  std::string description() const { return desc_; }
+  // Compressed bytes zram holds now (0 if swap is not zram).
+  uint64_t CompressedBytes() const;
+
+ private:
+  bool created_ = false;
+  std::string desc_;
+};
+
+class MemCgroup {
+ public:
+  ~MemCgroup();
+  Status Create(const std::string& name);
+  const std::string& path() const { return path_; }
+  Status AddPid(int pid);
+  // Lowers (or raises) memory.limit_in_bytes; kBusy if the kernel cannot reclaim down to it.
+  Status SetLimit(uint64_t bytes);
+  Status Unlimit();
+  uint64_t Usage() const;
+
+ private:
+  std::string path_;
+};
+
+// VmRSS and VmSwap of a process, in bytes.
+void ProcMemory(int pid, uint64_t* rss, uint64_t* swap);
+Status DropPageCache();
+
+}  // namespace mz::cli
