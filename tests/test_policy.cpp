@@ -63,7 +63,7 @@ TEST(Policy, CaseKvExceedsThreshold_KvOnlyThenKvAndWThenWonlyThenCompKv) {
   int kvonly = 0;
   for (auto& s : o.steps) kvonly += s.stage == Stage::kKvOnly;
   EXPECT_EQ(kvonly, 28 * 32 - 280);
-  // Wonly in case 1 only drops the base unit: KV and weight layers ran out together.
+  // In case 1 KV chunks and weight layers run out (almost) together: Wonly has at most one layer left.
   int wonly_layers = 0;
   for (auto& s : o.steps) wonly_layers += s.stage == Stage::kWOnly && s.placement.unit.layer >= 0;
   EXPECT_LE(wonly_layers, 1);

@@ -130,7 +130,11 @@ class PosixEnv final : public Env {
   void* MapAnon(size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? nullptr : p;
+    if (p == MAP_FAILED) return nullptr;
+    // Large units (weight layers) on transparent huge pages: 512x fewer faults when they are
+    // allocated and filled on restore.
+    if (bytes >= (size_t(4) << 20)) ::madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
   }
   void Unmap(void* p, size_t bytes) override {
     if (p) ::munmap(p, bytes);

@@ -123,14 +123,16 @@ PolicyOutput PlanHybridSwap(const PolicyInput& in) {
       --n_w;
       sto_s += in.t.t_r_w;
       emit(UnitRef::Weights(l), UnitState::kWeightsDropped, Stage::kWOnly, in.layer_bytes[size_t(l)]);
-    } else if (base) {
-      base = false;
-      emit(UnitRef::Weights(-1), UnitState::kWeightsDropped, Stage::kWOnly, in.base_bytes);
     } else if (next_kv(UnitState::kKvMemCompressed, &l, &c)) {
       kv[size_t(l)][size_t(c)] = UnitState::kKvStorageCompressed;
       mem_s -= in.t.t_d_kv;
       sto_s += in.t.t_r_kvc;
       emit(UnitRef::Kv(l, c), UnitState::kKvStorageCompressed, Stage::kCompKv, comp);
+    } else if (base) {
+      // The base unit (embeddings, output head) goes last: the first and last thing compute needs,
+      // and outside "remaining in memory" as the paper counts it.
+      base = false;
+      emit(UnitRef::Weights(-1), UnitState::kWeightsDropped, Stage::kCompKv, in.base_bytes);
     } else {
       break;  // everything is already out of RAM
     }
