@@ -4,6 +4,9 @@
 // Contexts are built once by real prefill of real text and kept as session files.
 #include <nlohmann/json.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -128,6 +131,15 @@ Status MeasureOnce(Context& ctx, const std::string& system, double level, const 
 
 double Median(std::vector<double> v) { return Summarize(v).median; }
 
+// Ctrl-C / SIGTERM during the OS Paging runs must not leave zram swap on or cgroups behind. Not
+// async-signal-safe, deliberately: the process is about to exit and only these side effects matter.
+OsPagingEnv* g_ose = nullptr;
+void OnSignal(int sig) {
+  if (g_ose) OsPagingTeardown(g_ose);
+  std::system(("rmdir /sys/fs/cgroup/memory/mzcache-ospaging-" + std::to_string(getpid()) + " 2>/dev/null").c_str());
+  _exit(128 + sig);
+}
+
 // Direct-I/O sequential read bandwidth of the swap storage (4 MiB requests), measured now.
 double MeasureStorageRead(const std::string& dir) {
   const std::string path = dir + "/mzcache-bench-read.bin";
@@ -238,6 +250,9 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
       OsPagingEnv* e;
       ~Teardown() { OsPagingTeardown(e); }
     } teardown{&ose};  // zram is switched off again on every exit path
+    g_ose = &ose;
+    signal(SIGINT, OnSignal);
+    signal(SIGTERM, OnSignal);
     for (const std::string& m : a->models) {
       const std::string path = ModelPathFor(m, a->type);
       if (path.empty()) return 1;

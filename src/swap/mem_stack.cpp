@@ -7,7 +7,8 @@ namespace mz {
 CompressedStack::CompressedStack(Env* env, size_t segment_bytes) : env_(env), segment_bytes_(segment_bytes) {}
 
 CompressedStack::~CompressedStack() {
-  for (auto& s : segs_) env_->Unmap(s.base, s.cap);
+  for (auto& s : segs_)
+    if (s.base) env_->Unmap(s.base, s.cap);
 }
 
 Status CompressedStack::Push(const void* data, size_t n, Handle* out) {
@@ -17,13 +18,14 @@ Status CompressedStack::Push(const void* data, size_t n, Handle* out) {
     const size_t cap = AlignUp(std::max(segment_bytes_, need), kDirectIoAlign);
     void* p = env_->MapAnon(cap);
     if (!p) return Status::NoMemory("mapping a " + std::to_string(cap) + "-byte swap stack segment");
-    segs_.push_back(Segment{static_cast<uint8_t*>(p), cap, 0});
+    segs_.push_back(Segment{static_cast<uint8_t*>(p), cap, 0, 0});
   }
   Segment& s = segs_.back();
   std::memcpy(s.base + s.top, data, n);
   const uint32_t gen = ++gen_;
   entries_.push_back(Entry{int(segs_.size()) - 1, s.top, n, true, gen});
   s.top += need;
+  s.live++;
   live_bytes_ += n;
   ++n_live_;
   *out = int64_t(entries_.size() - 1) | (int64_t(gen) << 32);
@@ -51,6 +53,13 @@ void CompressedStack::Free(Handle h) {
   e.live = false;
   live_bytes_ -= e.n;
   --n_live_;
+  Segment& seg = segs_[size_t(e.seg)];
+  if (--seg.live == 0 && seg.base && size_t(e.seg) + 1 < segs_.size()) {
+    // An interior segment emptied out of order: give it back now (the top one is handled by Shrink).
+    env_->Unmap(seg.base, seg.cap);
+    seg.base = nullptr;
+    seg.top = 0;
+  }
   Shrink();
 }
 
@@ -58,10 +67,10 @@ void CompressedStack::Shrink() {
   while (!entries_.empty() && !entries_.back().live) {
     const Entry e = entries_.back();
     entries_.pop_back();
-    segs_[size_t(e.seg)].top = e.off;
+    if (segs_[size_t(e.seg)].base) segs_[size_t(e.seg)].top = e.off;
   }
-  while (!segs_.empty() && segs_.back().top == 0) {
-    env_->Unmap(segs_.back().base, segs_.back().cap);
+  while (!segs_.empty() && (segs_.back().top == 0 || !segs_.back().base)) {
+    if (segs_.back().base) env_->Unmap(segs_.back().base, segs_.back().cap);
     segs_.pop_back();
   }
 }
@@ -73,12 +82,14 @@ uint64_t CompressedStack::live_bytes() const {
 uint64_t CompressedStack::mapped_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   uint64_t n = 0;
-  for (const auto& s : segs_) n += s.cap;
+  for (const auto& s : segs_) n += s.base ? s.cap : 0;
   return n;
 }
 int CompressedStack::n_segments() const {
   std::lock_guard<std::mutex> lk(mu_);
-  return int(segs_.size());
+  int n = 0;
+  for (const auto& s : segs_) n += s.base != nullptr;
+  return n;
 }
 int CompressedStack::n_live() const {
   std::lock_guard<std::mutex> lk(mu_);

@@ -41,9 +41,10 @@ class CompressedStack {
 
  private:
   struct Segment {
-    uint8_t* base;
+    uint8_t* base;  // nullptr once released
     size_t cap;
     size_t top;
+    int live;       // live entries in this segment
   };
   struct Entry {
     int seg;

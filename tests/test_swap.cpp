@@ -1,0 +1,133 @@
+// The two swap spaces on their own: the compressed in-memory stack (LIFO, segments returned to the
+// OS when empty, out-of-order frees) and the storage swap file (direct I/O, checksums, space reuse,
+// clear errors on ENOSPC / EIO / corruption).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "env/fault_env.h"
+#include "swap/mem_stack.h"
+#include "swap/swap_file.h"
+#include "test_util.h"
+
+namespace mz {
+namespace {
+
+std::vector<uint8_t> Bytes(size_t n, uint32_t seed) {
+  std::mt19937 r(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = uint8_t(r());
+  return v;
+}
+
+TEST(CompressedStack, LifoPushPopReturnsSegmentsToTheOs) {
+  CompressedStack s(Env::Default(), 1 << 20);
+  std::vector<CompressedStack::Handle> hs;
+  for (int i = 0; i < 10; ++i) {
+    auto b = Bytes(300 << 10, uint32_t(i));
+    CompressedStack::Handle h;
+    ASSERT_TRUE(s.Push(b.data(), b.size(), &h).ok());
+    hs.push_back(h);
+  }
+  EXPECT_EQ(s.n_live(), 10);
+  EXPECT_GE(s.n_segments(), 3);  // 3 entries of 300 KiB fit a 1 MiB segment
+  for (int i = 9; i >= 0; --i) {
+    size_t n = 0;
+    const uint8_t* p = s.Get(hs[size_t(i)], &n);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(0, std::memcmp(p, Bytes(300 << 10, uint32_t(i)).data(), n));
+    s.Free(hs[size_t(i)]);
+  }
+  EXPECT_EQ(s.n_segments(), 0);
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+  EXPECT_EQ(s.Get(hs[0], nullptr), nullptr) << "a freed handle must not resolve";
+}
+
+TEST(CompressedStack, BottomSegmentsFreedOutOfOrderAreReleased) {
+  CompressedStack s(Env::Default(), 1 << 20);
+  std::vector<CompressedStack::Handle> hs;
+  for (int i = 0; i < 9; ++i) {
+    auto b = Bytes(300 << 10, uint32_t(i));
+    CompressedStack::Handle h;
+    ASSERT_TRUE(s.Push(b.data(), b.size(), &h).ok());
+    hs.push_back(h);
+  }
+  const uint64_t full = s.mapped_bytes();
+  // Free the first three (the bottom segment): its memory goes back although the stack is not empty.
+  for (int i = 0; i < 3; ++i) s.Free(hs[size_t(i)]);
+  EXPECT_EQ(s.mapped_bytes(), full - (1 << 20));
+  // The rest still reads back correctly; a new push works.
+  size_t n = 0;
+  ASSERT_NE(s.Get(hs[5], &n), nullptr);
+  auto b = Bytes(100, 99);
+  CompressedStack::Handle h;
+  ASSERT_TRUE(s.Push(b.data(), b.size(), &h).ok());
+  for (int i = 3; i < 9; ++i) s.Free(hs[size_t(i)]);
+  s.Free(h);
+  EXPECT_EQ(s.mapped_bytes(), 0u);
+}
+
+TEST(CompressedStack, FailedSegmentMappingIsAClearError) {
+  FaultEnv env(Env::Default());
+  CompressedStack s(&env, 1 << 20);
+  env.fail_maps_after = 0;
+  CompressedStack::Handle h;
+  auto b = Bytes(1000, 1);
+  Status st = s.Push(b.data(), b.size(), &h);
+  EXPECT_EQ(st.code(), Status::kNoMemory) << st.ToString();
+  EXPECT_EQ(s.n_live(), 0);
+}
+
+TEST(SwapFile, RoundTripChecksumsAndSpaceReuse) {
+  std::unique_ptr<SwapFile> f;
+  ASSERT_TRUE(SwapFile::Create(Env::Default(), test::TempDir() + "/t.swap", true, &f).ok());
+  std::vector<SwapExtent> ex;
+  for (int i = 0; i < 6; ++i) {
+    auto b = Bytes(size_t(100000 + i * 5000), uint32_t(i));  // unaligned sizes: bounce buffer path
+    SwapExtent e;
+    ASSERT_TRUE(f->Write(b.data(), b.size(), &e).ok());
+    ex.push_back(e);
+  }
+  const uint64_t end = f->file_bytes();
+  for (int i = 0; i < 6; ++i) {
+    std::vector<uint8_t> out(ex[size_t(i)].size);
+    ASSERT_TRUE(f->Read(ex[size_t(i)], out.data()).ok());
+    EXPECT_EQ(out, Bytes(out.size(), uint32_t(i)));
+  }
+  // Free two neighbours: they coalesce and a larger write reuses the hole.
+  f->Free(ex[1]);
+  f->Free(ex[2]);
+  auto big = Bytes(ex[1].len + ex[2].len - 4096, 7);
+  SwapExtent e;
+  ASSERT_TRUE(f->Write(big.data(), big.size(), &e).ok());
+  EXPECT_EQ(e.off, ex[1].off);
+  EXPECT_EQ(f->file_bytes(), end) << "the file must not grow while a hole fits";
+  for (auto& x : {ex[0], ex[3], ex[4], ex[5], e}) f->Free(x);
+  EXPECT_EQ(f->used_bytes(), 0u);
+}
+
+TEST(SwapFile, FaultsGiveClearErrors) {
+  FaultEnv env(Env::Default());
+  std::unique_ptr<SwapFile> f;
+  ASSERT_TRUE(SwapFile::Create(&env, test::TempDir() + "/f.swap", true, &f).ok());
+  auto b = Bytes(1 << 20, 3);
+  SwapExtent e;
+  env.write_budget = 1000;
+  Status st = f->Write(b.data(), b.size(), &e);
+  EXPECT_EQ(st.code(), Status::kNoSpace) << st.ToString();
+  EXPECT_EQ(f->used_bytes(), 0u) << "a failed write allocates nothing";
+  env.write_budget = -1;
+  ASSERT_TRUE(f->Write(b.data(), b.size(), &e).ok());
+  std::vector<uint8_t> out(b.size());
+  env.fail_reads_after = 0;
+  EXPECT_EQ(f->Read(e, out.data()).code(), Status::kIOError);
+  env.flip_bit_read_after = 0;
+  st = f->Read(e, out.data());
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+  EXPECT_TRUE(f->Read(e, out.data()).ok()) << "the stored copy itself is intact";
+  EXPECT_EQ(out, b);
+}
+
+}  // namespace
+}  // namespace mz
