@@ -266,6 +266,43 @@ TEST(Attention, RealThreads) {
   }
 }
 
+// The dispatching kernel must take the SIMD path whenever the build targets one (AVX2+FMA+F16C on x86,
+// NEON on AArch64), and that path must agree with the scalar one (same partition, so the same rows,
+// and values within the reference tolerance).
+TEST(Attention, SimdPathMatchesScalar) {
+#if (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)) || (defined(__aarch64__) && defined(__ARM_NEON))
+  EXPECT_TRUE(attention_chunked_has_simd());
+#endif
+  const Case cases[] = {
+      {1000, 256, 8, 2, 128, 8, 992},
+      {37, 16, 2, 4, 64, 1, 36},
+      {300, 64, 2, 2, 80, 300, 0},
+      {100, 16, 1, 48, 64, 3, 97},
+      {1000, 256, 2, 2, 128, 8, 992, 8.0f, 1.0f, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    Fixture f;
+    setup(f, c, 1000);
+    const double tol = kRelTol * (1.0 + max_abs(f.ref));
+    for (int nth : {1, 2, 3}) {
+      std::vector<float> simd(f.q.size(), std::numeric_limits<float>::quiet_NaN()), scalar(simd);
+      AttnArgs a = f.args;
+      for (int ith = 0; ith < nth; ++ith) {
+        a.out = simd.data();
+        attention_chunked(a, f.kv.view, ith, nth);
+        a.out = scalar.data();
+        attention_chunked_scalar(a, f.kv.view, ith, nth);
+        // After each thread's share, both outputs have the same rows written (NaN elsewhere).
+        for (size_t i = 0; i < simd.size(); ++i) {
+          ASSERT_EQ(std::isnan(simd[i]), std::isnan(scalar[i])) << "element " << i << " ith=" << ith << " nth=" << nth;
+        }
+      }
+      EXPECT_LE(max_diff(simd, scalar), tol) << "nth=" << nth;
+    }
+  }
+}
+
 // Each thread writes a disjoint set of rows, all rows get written, and the Qwen3-0.6B decode shape
 // (8 kv heads, group 2, 8 tokens) splits evenly over 2 threads.
 TEST(Attention, PartitionIsDisjointAndBalanced) {

@@ -122,16 +122,34 @@ TEST_P(ElasticStates, EvictRestoreMatchesNeverEvicted) {
   ASSERT_EQ(got.size(), want.size());
 
   const bool lossless = kv_state == UnitState::kKvStorageRaw || f.ctx->elastic().codec().lossless();
+  // Continue both contexts over a generated stretch (32 greedy tokens of the reference, fed to both)
+  // and compare every step's next-token distribution.
+  double kl_sum = 0, kl_max = KL(want, got);
+  int agree = ArgMax(want.data(), int(want.size())) == ArgMax(got.data(), int(got.size()));
+  bool identical = std::memcmp(got.data(), want.data(), want.size() * 4) == 0;
+  kl_sum += kl_max;
+  std::vector<float> w = want, g = got;
+  const int kGen = 32;
+  for (int step = 0; step < kGen; ++step) {
+    const int32_t t = ArgMax(w.data(), int(w.size()));
+    w = NextLogits(*ref.ctx, t);
+    g = NextLogits(*f.ctx, t);
+    const double kl = KL(w, g);
+    kl_sum += kl;
+    kl_max = std::max(kl_max, kl);
+    agree += ArgMax(w.data(), int(w.size())) == ArgMax(g.data(), int(g.size()));
+    identical = identical && std::memcmp(g.data(), w.data(), w.size() * 4) == 0;
+  }
+  const int positions = kGen + 1;
   if (lossless) {
-    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "lossless placement changed the logits";
+    EXPECT_TRUE(identical) << "lossless placement changed the logits";
   } else {
-    const double kl = KL(want, got);
-    std::printf("[%s %s] KL %.2e top1 %s\n", codec.c_str(), UnitStateName(kv_state), kl,
-                ArgMax(want.data(), int(want.size())) == ArgMax(got.data(), int(got.size())) ? "same" : "differs");
-    // Bounds for the random-weight tiny model (which amplifies any perturbation through its layers
-    // more than a trained model does): q8 measured 1.6e-3, q4 5.4e-3, cachegen 3.6e-3.
-    EXPECT_LT(kl, codec == "q8" ? 5e-3 : 2e-2);
-    EXPECT_EQ(ArgMax(want.data(), int(want.size())), ArgMax(got.data(), int(got.size())));
+    std::printf("[%s %s] over %d generated positions: mean KL %.2e, max KL %.2e, top-1 agreement %d/%d\n",
+                codec.c_str(), UnitStateName(kv_state), positions, kl_sum / positions, kl_max, agree, positions);
+    // Bounds for the random-weight tiny model, which amplifies any perturbation through its layers
+    // more than a trained model does (measured: q8 mean KL ~1e-3, q4 and cachegen a few 1e-3).
+    EXPECT_LT(kl_sum / positions, codec == "q8" ? 5e-3 : 2e-2);
+    EXPECT_GE(agree, positions * 9 / 10);
   }
 }
 

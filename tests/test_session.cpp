@@ -1,0 +1,179 @@
+// Session files: save a context, load it in a fresh process, and the continuation is identical (a
+// killed process resumes its conversation without recompute). Truncated or corrupt files, and
+// files of another model, are rejected with kCorruption and leave the context unchanged.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "runtime/context.h"
+#include "runtime/tokenizer.h"
+#include "swap/session_file.h"
+#include "test_util.h"
+
+namespace mz {
+namespace {
+
+constexpr int kPrompt = 300;  // crosses chunk boundaries (chunk 64)
+constexpr int kNext = 4;
+
+struct Rig {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Context> ctx;
+};
+
+Rig Make(const std::string& path) {
+  Rig r;
+  EXPECT_TRUE(Model::Load(Env::Default(), path, ModelOptions(), &r.model).ok());
+  ContextOptions co;
+  co.n_ctx = 1024;
+  co.kv_chunk_tokens = 64;
+  co.swap_path = test::TempDir() + "/sess-" + std::to_string(getpid()) + ".swap";
+  r.ctx = std::make_unique<Context>(r.model.get(), co);
+  EXPECT_TRUE(r.ctx->Init().ok());
+  return r;
+}
+
+std::vector<int32_t> Tokens(const std::string& path) {
+  std::unique_ptr<Tokenizer> tok;
+  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
+  std::vector<int32_t> t;
+  EXPECT_TRUE(tok->Tokenize(test::LongText(), true, false, &t).ok());
+  t.resize(kPrompt + kNext);
+  return t;
+}
+
+// Logits of the kNext continuation tokens, all rows.
+std::vector<float> Continue(Context& c, const std::vector<int32_t>& toks) {
+  Status st = c.Decode(toks.data() + kPrompt, kNext, true);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  const size_t nv = c.model()->hparams().n_vocab;
+  std::vector<float> out;
+  for (int i = 0; i < kNext; ++i) out.insert(out.end(), c.logits(i), c.logits(i) + nv);
+  return out;
+}
+
+std::vector<float> ReadFloats(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::vector<char> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+
+// Child side: runs only when the parent re-executes this binary with MZ_SESSION_CHILD set.
+TEST(SessionChild, LoadAndContinue) {
+  const char* sess = std::getenv("MZ_SESSION_CHILD");
+  if (!sess) GTEST_SKIP() << "runs only as the child process of SessionFile.FreshProcessContinuesIdentically";
+  const std::string path = test::ModelPath("tiny-qwen3");
+  Rig r = Make(path);
+  SessionInfo info;
+  Status st = LoadSession(*r.ctx, sess, &info);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(info.n_tokens, kPrompt);
+  auto out = Continue(*r.ctx, Tokens(path));
+  std::ofstream f(std::string(sess) + ".logits", std::ios::binary);
+  f.write(reinterpret_cast<const char*>(out.data()), std::streamsize(out.size() * 4));
+}
+
+class SessionFile : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SessionFile, FreshProcessContinuesIdentically) {
+  const std::string codec = GetParam();
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Tokens(path);
+  Rig a = Make(path);
+  ASSERT_TRUE(a.ctx->Decode(toks.data(), kPrompt, false).ok());
+  const std::string sess = test::TempDir() + "/s-" + codec + ".sess";
+  SessionInfo info;
+  ASSERT_TRUE(SaveSession(*a.ctx, sess, codec, &info).ok());
+  EXPECT_EQ(info.n_tokens, kPrompt);
+  // The reference continuation: with "none" the never-saved context; with a lossy codec, the same
+  // context after its KV went through that codec in memory (same encode, same decode).
+  std::vector<float> want;
+  if (codec == "none") {
+    want = Continue(*a.ctx, toks);
+  } else {
+    ContextOptions co = a.ctx->options();
+    co.kv_codec = codec;
+    Context c(a.model.get(), co);
+    ASSERT_TRUE(c.Init().ok());
+    ASSERT_TRUE(c.Decode(toks.data(), kPrompt, false).ok());
+    Plan p;
+    for (int l = 0; l < 4; ++l)
+      for (int ch = 0; ch < c.kv().n_chunks(); ++ch) p.push_back({UnitRef::Kv(l, ch), UnitState::kKvMemCompressed});
+    ASSERT_TRUE(c.Evict(p, 0, nullptr).ok());
+    want = Continue(c, toks);
+  }
+  // A fresh process: this binary again, running only the child test.
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  ASSERT_GT(n, 0);
+  exe[n] = 0;
+  const std::string cmd = "MZ_SESSION_CHILD='" + sess + "' '" + exe + "' --gtest_filter=SessionChild.* > '" + sess +
+                          ".log' 2>&1";
+  ASSERT_EQ(0, std::system(cmd.c_str())) << "child failed; see " << sess << ".log";
+  const auto got = ReadFloats(sess + ".logits");
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4))
+      << "the continuation in a fresh process differs from the reference";
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, SessionFile, ::testing::Values("none", "q8"));
+
+TEST(SessionFile, CorruptOrTruncatedFilesAreRejectedAndTheContextIsUnchanged) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Tokens(path);
+  Rig a = Make(path);
+  ASSERT_TRUE(a.ctx->Decode(toks.data(), kPrompt, false).ok());
+  const std::string sess = test::TempDir() + "/good.sess";
+  ASSERT_TRUE(SaveSession(*a.ctx, sess, "q8").ok());
+  std::ifstream in(sess, std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  Rig b = Make(path);
+  ASSERT_TRUE(b.ctx->Decode(toks.data(), 10, false).ok());  // a different conversation that must survive
+  const auto before = b.ctx->history();
+  auto attempt = [&](const std::string& bytes, const char* what) {
+    const std::string p = test::TempDir() + "/bad.sess";
+    {
+      std::ofstream out(p, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), std::streamsize(bytes.size()));
+    }
+    Status st = LoadSession(*b.ctx, p);
+    EXPECT_EQ(st.code(), Status::kCorruption) << what << ": " << st.ToString();
+    EXPECT_EQ(b.ctx->history(), before) << what << ": the context changed";
+  };
+  for (size_t cut : {size_t(0), size_t(100), size_t(4095), size_t(4096), size_t(5000), good.size() / 2, good.size() - 1})
+    attempt(good.substr(0, cut), ("truncated at " + std::to_string(cut)).c_str());
+  std::mt19937 rng(5);
+  // Header fields, the token list, a chunk record, and a chunk's payload (data starts at 8192 here:
+  // header 4096 + index of 300 tokens and 20 records, aligned). Padding after a payload is not data.
+  for (size_t off : {size_t(3), size_t(20), size_t(60), size_t(4100), size_t(4096 + 4 * kPrompt + 8), size_t(8192 + 20)}) {
+    std::string bad = good;
+    bad[off] = char(bad[off] ^ 0x40);
+    attempt(bad, ("byte flipped at " + std::to_string(off)).c_str());
+  }
+  // Another model's session.
+  Rig other = [&] {
+    Rig r;
+    EXPECT_TRUE(Model::Load(Env::Default(), test::ModelPath("tiny-qwen2"), ModelOptions(), &r.model).ok());
+    ContextOptions co;
+    co.kv_chunk_tokens = 64;
+    r.ctx = std::make_unique<Context>(r.model.get(), co);
+    EXPECT_TRUE(r.ctx->Init().ok());
+    return r;
+  }();
+  Status st = LoadSession(*other.ctx, sess);
+  EXPECT_EQ(st.code(), Status::kCorruption);
+  EXPECT_NE(st.message().find("different model"), std::string::npos) << st.message();
+  // The good file still loads into b and replaces its conversation.
+  ASSERT_TRUE(LoadSession(*b.ctx, sess).ok());
+  EXPECT_EQ(int(b.ctx->history().size()), kPrompt);
+}
+
+}  // namespace
+}  // namespace mz
