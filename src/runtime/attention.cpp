@@ -1,12 +1,13 @@
 // Chunked-KV attention kernels. See attention.h for the contract.
 //
-// Algorithm (all paths: scalar, AVX2, NEON): the work is cut into items = (kv head, sub-group of the q heads sharing it,
-// block of query tokens); an item owns R <= kMaxRows query rows. For one item, the keys [0, kend) are
-// streamed once in tiles of <= kTile tokens that never straddle a chunk: the K tile is converted
-// fp16->f32 into scratch, scores S[R][n] are computed for all rows, the online softmax state (m, l)
-// and accumulators acc[R][head_dim] are updated (acc rescaled by exp(m_old - m_new)), then the V tile
-// is converted into the same scratch and P*V is accumulated. Only keys < pos0 + n_tokens <= n_kv are
-// ever read, so garbage past n_kv in the last chunk is never touched.
+// Algorithm (all paths: scalar, AVX2, NEON): the work is cut into items = (kv head, sub-group of the
+// q heads sharing it, block of query tokens); an item owns R <= kMaxRows query rows. For one item,
+// the keys [0, kend) are streamed once in tiles of <= kTile tokens that never straddle a chunk: the
+// K tile is converted fp16->f32 into scratch, scores S[R][n] are computed for all rows, the online
+// softmax state (m, l) and accumulators acc[R][head_dim] are updated (acc rescaled by
+// exp(m_old - m_new)), then the V tile is converted into the same scratch and P*V is accumulated.
+// Only keys < pos0 + n_tokens <= n_kv are ever read, so garbage past n_kv in the last chunk is never
+// touched.
 #include "runtime/attention.h"
 
 #include <algorithm>
@@ -288,8 +289,8 @@ inline void prefetch_l2(const char* p) {
 }
 
 // Prefetches [base, base + bytes) into L2 a few cache lines per step() over `steps` calls, so the
-// misses overlap with compute instead of queueing up behind the fill buffers in one burst (measured:
-// one burst per tile gains nothing; spreading them gains ~25%). L2 rather than L1 so the prefetched
+// misses overlap with compute instead of queueing up behind the fill buffers in one burst (measured
+// on x86: one burst per tile gains nothing; spreading them gains ~25%). L2 rather than L1 so the prefetched
 // lines do not evict the f32 tile, queries and accumulators.
 class Prefetcher {
  public:

@@ -40,8 +40,8 @@ struct AttnArgs {
 // [0, nth), concurrently or sequentially, computes all of `out`; the partition depends only on the
 // shapes and nth, never on timing. Work items are (kv head, head sub-group, query-token block) and
 // are dealt to threads in a snake order so causal prefill stays balanced.
-// Uses AVX2+FMA+F16C when this file is compiled with them (__AVX2__ && __F16C__ && __FMA__), else
-// the scalar path. Thread-safe; keeps a thread_local scratch buffer (allocated on a thread's first
+// Uses AVX2+FMA+F16C when this file is compiled with them (__AVX2__ && __F16C__ && __FMA__), NEON on
+// AArch64 (__aarch64__ && __ARM_NEON), else the scalar path. Thread-safe; keeps a thread_local scratch buffer (allocated on a thread's first
 // call, grown only if head_dim grows), so steady-state calls do not allocate.
 void attention_chunked(const AttnArgs& a, const KvLayerView& kv, int ith, int nth);
 
@@ -51,7 +51,7 @@ void attention_chunked_scalar(const AttnArgs& a, const KvLayerView& kv, int ith,
 // Naive reference: gathers K/V to f32, full softmax in double. Single-threaded, allocates. Tests only.
 void attention_reference(const AttnArgs& a, const KvLayerView& kv);
 
-// True when attention_chunked runs the AVX2 path in this build.
+// True when attention_chunked runs a SIMD path (AVX2 or NEON) in this build.
 bool attention_chunked_has_simd();
 
 // Portable IEEE binary16 <-> binary32 conversion (round to nearest even, NaN stays NaN, overflow
