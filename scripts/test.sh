@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (Debian packages, the pinned llama.cpp build, cached
 # in ~/.cache/mzcache), builds mzcache, and runs every test: the normal build, then ASan+UBSan,
-# then the concurrency tests under TSan. Exits non-zero if anything fails.
+# then the concurrency tests under TSan, then the NEON attention path cross-built for AArch64 and
+# run under qemu. Exits non-zero if anything fails.
 #   MZ_TEST_QUICK=1  only the normal build (for a fast local loop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,4 +36,6 @@ build build-tsan "thread"
 echo "[test] running concurrency tests under TSan"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 (cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency)
+echo "[test] NEON attention path: AArch64 cross build under qemu"
+scripts/test-arm64.sh
 echo "[test] all test stages passed"
