@@ -341,8 +341,17 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
           md += line;
           (void)os_med;
           char d[256];
-          std::snprintf(d, sizeof d, "%d %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n", lv, mz.median, mz.min, mz.max, po_.median,
-                        po_.min, po_.max, lb);
+          Stats osx;
+          if (!osr[lv].empty()) {
+            std::vector<double> t;
+            for (auto& x : osr[lv]) t.push_back(x.ttft);
+            osx = Summarize(t);
+          }
+          std::snprintf(d, sizeof d, "%d %.4f %.4f %.4f %.4f %.4f %.4f %.4f %s\n", lv, mz.median, mz.min, mz.max,
+                        po_.median, po_.min, po_.max, lb,
+                        osr[lv].empty() ? "NaN NaN NaN"
+                                        : (std::to_string(osx.median) + " " + std::to_string(osx.min) + " " +
+                                           std::to_string(osx.max)).c_str());
           dat += d;
           rows.push_back({{"model", m}, {"ctx", n}, {"level", lv}, {"mzcache", {{"median", mz.median}, {"min", mz.min}, {"max", mz.max}}},
                           {"partial_offload", {{"median", po_.median}, {"min", po_.min}, {"max", po_.max}}},
@@ -357,7 +366,8 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                          ", " + std::to_string(n) + "-token context, " + std::to_string(a->query) +
                          "-token query'\nset xlabel 'remaining in memory (%)'\nset ylabel 'TTFT (s)'\nset key top right\n"
                          "set xrange [-5:80]\nset yrange [0:*]\nplot 'ttft-" + tag + ".dat' u 1:2:3:4 w yerrorlines t 'mzcache', "
-                         "'' u 1:5:6:7 w yerrorlines t 'Partial Offload', '' u 1:8 w lp dt 2 t 'lower bound', " +
+                         "'' u 1:5:6:7 w yerrorlines t 'Partial Offload', '' u 1:9:10:11 w yerrorlines t 'OS Paging (zram)', "
+                         "'' u 1:8 w lp dt 2 t 'lower bound', " +
                          std::to_string(mem.median) + " w l dt 3 t 'all in memory'\n";
         std::string png = Gnuplot(a->out, "ttft-" + tag, gp);
         if (!png.empty()) md += "\n![TTFT " + tag + "](ttft-" + tag + ".png)\n";
