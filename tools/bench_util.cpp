@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -11,6 +12,8 @@
 #include <fstream>
 #include <memory>
 #include <thread>
+
+#include "env/env.h"
 
 namespace mz::cli {
 
@@ -68,6 +71,34 @@ double MeasureReadBandwidth(int n_threads, size_t bytes, int reps) {
     for (auto& t : ts) t.join();
     best = std::max(best, double(bytes) / (NowSeconds() - t0));
   }
+  return best;
+}
+
+double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request) {
+  const std::string path = dir + "/mzcache-read-test.bin";
+  std::unique_ptr<File> f;
+  if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return 0;
+  const size_t blk = size_t(4) << 20;
+  void* buf = std::aligned_alloc(4096, std::max(blk, request));
+  std::memset(buf, 0x5a, std::max(blk, request));
+  bool ok = true;
+  for (size_t off = 0; off < bytes && ok; off += blk) ok = f->Write(buf, blk, off).ok();
+  ok = ok && f->Sync().ok();
+  f.reset();
+  double best = 0;
+  if (ok && Env::Default()->Open(path, OpenMode::kRead, true, &f).ok()) {
+    for (int rep = 0; rep < 2; ++rep) {
+      double t0 = NowSeconds();
+      for (size_t off = 0; off < bytes; off += request) {
+        size_t got = 0;
+        if (!f->Read(buf, request, off, &got).ok()) return 0;
+      }
+      best = std::max(best, double(bytes) / (NowSeconds() - t0));
+    }
+    f.reset();
+  }
+  std::free(buf);
+  Env::Default()->Remove(path);
   return best;
 }
 

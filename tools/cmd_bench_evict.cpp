@@ -69,28 +69,7 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
           real.emplace_back(p, p + ctx.kv().geometry().chunk_bytes() / 2);
         }
     }
-    const double bw_read = [&] {
-      // Direct-I/O read bandwidth, 4 MiB requests.
-      const std::string path = a->swap_dir + "/mzcache-bench-evict.bin";
-      std::unique_ptr<File> f;
-      if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return 0.0;
-      const size_t n = size_t(512) << 20, blk = 4 << 20;
-      void* buf = std::aligned_alloc(4096, blk);
-      std::memset(buf, 1, blk);
-      for (size_t off = 0; off < n; off += blk) f->Write(buf, blk, off);
-      f->Sync();
-      f.reset();
-      Env::Default()->Open(path, OpenMode::kRead, true, &f);
-      double t0 = NowSeconds();
-      for (size_t off = 0; off < n; off += blk) {
-        size_t got;
-        f->Read(buf, blk, off, &got);
-      }
-      double bw = double(n) / (NowSeconds() - t0);
-      std::free(buf);
-      Env::Default()->Remove(path);
-      return bw;
-    }();
+    const double bw_read = MeasureDirectRead(a->swap_dir, size_t(512) << 20);
     const double bw_memcpy = [] {
       const size_t n = size_t(512) << 20;
       std::vector<char> x(n, 1), y(n, 0);

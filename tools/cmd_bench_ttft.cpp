@@ -140,33 +140,6 @@ void OnSignal(int sig) {
   _exit(128 + sig);
 }
 
-// Direct-I/O sequential read bandwidth of the swap storage (4 MiB requests), measured now.
-double MeasureStorageRead(const std::string& dir) {
-  const std::string path = dir + "/mzcache-bench-read.bin";
-  const size_t n = size_t(256) << 20, blk = 4 << 20;
-  std::unique_ptr<File> f;
-  if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return 1e9;
-  void* buf = std::aligned_alloc(4096, blk);
-  std::memset(buf, 0x5a, blk);
-  for (size_t off = 0; off < n; off += blk) f->Write(buf, blk, off);
-  f->Sync();
-  f.reset();
-  Env::Default()->Open(path, OpenMode::kRead, true, &f);
-  double best = 0;
-  for (int rep = 0; rep < 2; ++rep) {
-    double t0 = NowSeconds();
-    for (size_t off = 0; off < n; off += blk) {
-      size_t got;
-      f->Read(buf, blk, off, &got);
-    }
-    best = std::max(best, double(n) / (NowSeconds() - t0));
-  }
-  std::free(buf);
-  f.reset();
-  Env::Default()->Remove(path);
-  return best;
-}
-
 // Decode throughput (raw bytes/s, one thread) of the context's codec on its own KV, measured now.
 double MeasureDecode(Context& ctx) {
   const KvGeometry& g = ctx.kv().geometry();
@@ -227,7 +200,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
     doc["threads"] = a->threads;
     doc["reps"] = a->reps;
     doc["query_tokens"] = a->query;
-    const double read_Bps = MeasureStorageRead(a->swap_dir);
+    const double read_Bps = MeasureDirectRead(a->swap_dir, size_t(256) << 20);
     std::fprintf(stderr, "storage direct-I/O read: %.2f GB/s (4 MiB requests, measured now)\n", read_Bps / 1e9);
     doc["storage_read_GBps"] = read_Bps / 1e9;
     std::string md = "# bench ttft\n\nmachine: " + MachineDescription() + "; threads " + std::to_string(a->threads) +
