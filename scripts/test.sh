@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
 PREFIX=$(scripts/deps.sh | tail -n 1)
 echo "[test] deps: $PREFIX"
 
@@ -20,7 +22,7 @@ build() {  # build DIR SANITIZE
 
 build build ""
 echo "[test] running tests (normal build)"
-(cd build && ctest --output-on-failure -j "$JOBS" --timeout 1200)
+(cd build && ctest --output-on-failure -j "$JOBS" --timeout 1200) | tee -a "$LOG"
 [ "${MZ_TEST_QUICK:-0}" = 1 ] && exit 0
 
 build build-asan "address,undefined"
@@ -30,12 +32,16 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # The synthesized test models are shared with the normal build (same generator, same seed).
 export MZ_TEST_MODEL_DIR_OVERRIDE=$PWD/build/test-models
-(cd build-asan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -LE slow)
+(cd build-asan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -LE slow) | tee -a "$LOG"
 
 build build-tsan "thread"
 echo "[test] running concurrency tests under TSan"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-(cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency)
+(cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency) | tee -a "$LOG"
 echo "[test] NEON attention path: AArch64 cross build under qemu"
-scripts/test-arm64.sh
+scripts/test-arm64.sh | tee -a "$LOG"
+# One closing line over all stages (each stage above already stopped the script on any failure).
+passed=$(sed -n -e 's/.*tests failed out of \([0-9]*\).*/\1/p' -e 's/^\[  PASSED  \] \([0-9]*\) tests\?\.$/\1/p' "$LOG" |
+  awk '{s += $1} END {print s + 0}')
 echo "[test] all test stages passed"
+echo "tests: $passed passed, 0 failed"
