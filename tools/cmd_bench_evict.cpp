@@ -46,29 +46,11 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
     Status st = Model::Load(Env::Default(), a->model, ModelOptions(), &model);
     if (!st.ok()) return Fail(st);
     const HParams& hp = model->hparams();
-    // Real KV: 512 tokens of real text.
+    // Real KV: 512 tokens of real text (2 chunks per layer).
     std::vector<std::vector<uint16_t>> real;
-    {
-      std::unique_ptr<Tokenizer> tok;
-      st = Tokenizer::Load(a->model, &tok);
-      std::string text;
-      if (st.ok()) st = RealText(64 << 10, &text);
-      std::vector<int32_t> toks;
-      if (st.ok()) st = tok->Tokenize(text, true, false, &toks);
-      if (!st.ok()) return Fail(st);
-      toks.resize(512);
-      ContextOptions co;
-      co.n_ctx = 1024;
-      Context ctx(model.get(), co);
-      st = ctx.Init();
-      if (st.ok()) st = ctx.Decode(toks.data(), 512, false);
-      if (!st.ok()) return Fail(st);
-      for (int l = 0; l < int(hp.n_layer); ++l)
-        for (int ch = 0; ch < 2; ++ch) {
-          const uint16_t* p = ctx.kv().chunk(l, ch);
-          real.emplace_back(p, p + ctx.kv().geometry().chunk_bytes() / 2);
-        }
-    }
+    ChunkShape real_shape;
+    st = RealKvChunks(a->model, &real, &real_shape);
+    if (!st.ok()) return Fail(st);
     const double bw_read = MeasureDirectRead(a->swap_dir, size_t(512) << 20);
     const double bw_memcpy = [] {
       const size_t n = size_t(512) << 20;

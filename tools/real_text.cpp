@@ -1,5 +1,11 @@
 #include "tools/real_text.h"
 
+#include <memory>
+
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/tokenizer.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -36,6 +42,33 @@ Status RealText(size_t min_bytes, std::string* out) {
   }
   out->clear();
   while (out->size() < min_bytes) *out += text;
+  return Status::Ok();
+}
+
+// Real KV: chunks of a context built by prefill of real text.
+Status RealKvChunks(const std::string& model_path, std::vector<std::vector<uint16_t>>* chunks, ChunkShape* shape) {
+  std::unique_ptr<Model> model;
+  MZ_RETURN_IF_ERROR(Model::Load(Env::Default(), model_path, ModelOptions(), &model));
+  std::unique_ptr<Tokenizer> tok;
+  MZ_RETURN_IF_ERROR(Tokenizer::Load(model_path, &tok));
+  std::string text;
+  MZ_RETURN_IF_ERROR(RealText(64 << 10, &text));
+  std::vector<int32_t> toks;
+  MZ_RETURN_IF_ERROR(tok->Tokenize(text, true, false, &toks));
+  toks.resize(512);
+  ContextOptions co;
+  co.n_ctx = 1024;
+  Context ctx(model.get(), co);
+  MZ_RETURN_IF_ERROR(ctx.Init());
+  std::fprintf(stderr, "  prefill of 512 real-text tokens for real KV chunks...\n");
+  MZ_RETURN_IF_ERROR(ctx.Decode(toks.data(), 512, false));
+  const KvGeometry& g = ctx.kv().geometry();
+  *shape = ChunkShape{g.n_kv_head, g.chunk_tokens, g.head_dim, g.chunk_tokens, 0, g.n_layer};
+  for (int l = 0; l < g.n_layer; ++l)
+    for (int c = 0; c < 2; ++c) {
+      const uint16_t* p = ctx.kv().chunk(l, c);
+      chunks->emplace_back(p, p + g.chunk_bytes() / 2);
+    }
   return Status::Ok();
 }
 

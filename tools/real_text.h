@@ -1,11 +1,17 @@
 // Long real text for building contexts: the King James Bible from Debian's bible-kjv package
 // (public domain), cached as plain text. Falls back to Debian's license texts.
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "swap/kv_codec.h"
 
 namespace mz::cli {
 // Returns at least `min_bytes` of real English prose (repeating the corpus if it is shorter).
 Status RealText(size_t min_bytes, std::string* out);
+// Real KV: prefill of 512 tokens of real text on the model; returns chunks 0 and 1 of every layer
+// (in layer order, 2 per layer) as raw fp16 chunks and their shape (full chunks).
+Status RealKvChunks(const std::string& model_path, std::vector<std::vector<uint16_t>>* chunks, ChunkShape* shape);
 }  // namespace mz::cli
