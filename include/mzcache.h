@@ -35,6 +35,8 @@ enum mz_status {
   MZ_ERR_BUSY = -7,          /* the operation conflicts with one in flight, or needs a restore */
   MZ_ERR_CONTEXT_FULL = -8,  /* the request would exceed n_ctx */
   MZ_ERR_MODEL_CHANGED = -9, /* the model file changed since it was loaded */
+  MZ_ERR_TIMEOUT = -10,      /* a bounded wait ended with nothing to report */
+  MZ_ERR_CANCELLED = -11,    /* stopped by its owner (e.g. a pressure watcher being stopped) */
   MZ_ERR_INTERNAL = -100
 };
 
@@ -189,6 +191,84 @@ mz_sampler* mz_sampler_new(const struct mz_sampler_params* params);
 void mz_sampler_free(mz_sampler* s);
 /* Samples from logits row i of the last decode; returns the token or a negative status. */
 mz_token mz_sampler_sample(mz_sampler* s, mz_context* ctx, int32_t i);
+
+/* ---- memory pressure: give memory back when the system needs it (see docs/pressure.md) ----
+ * Unlike the rest of the context API, mz_on_trim_memory, mz_evict and the mz_pressure_* functions
+ * may be called from another thread while mz_decode / mz_restore_generate run on the context: they
+ * never wait for a generation. A request that arrives during one is queued and applied at its next
+ * safe point (right after the running mz_decode / mz_restore_generate call finishes, on that
+ * thread), never tearing state. */
+
+/* Android ComponentCallbacks2.TRIM_MEMORY_* values, as passed to Application.onTrimMemory(). */
+enum mz_trim_level {
+  MZ_TRIM_MEMORY_RUNNING_MODERATE = 5,
+  MZ_TRIM_MEMORY_RUNNING_LOW = 10,
+  MZ_TRIM_MEMORY_RUNNING_CRITICAL = 15,
+  MZ_TRIM_MEMORY_UI_HIDDEN = 20,
+  MZ_TRIM_MEMORY_BACKGROUND = 40,
+  MZ_TRIM_MEMORY_MODERATE = 60,
+  MZ_TRIM_MEMORY_COMPLETE = 80
+};
+/* Reacts to Android's onTrimMemory(level). Levels between the defined values count as the next
+ * lower one (Android's own advice: compare with >=). The step is a share of the LLM memory (the
+ * footprint above the embeddings/output base unit) set by mz_pressure_params (default 25 points;
+ * repeated events escalate, events within the hysteresis window merge, never below the floor):
+ *   0..4                          nothing
+ *   5  RUNNING_MODERATE, 10 RUNNING_LOW   low:      one step
+ *   15 RUNNING_CRITICAL, 40 BACKGROUND    medium:   one escalated step (step * escalation)
+ *   20 UI_HIDDEN                  nothing (the UI went away; no memory was asked for)
+ *   60 MODERATE, 80 COMPLETE      critical: everything down to the floor
+ * Nothing is restored eagerly: the next mz_restore_generate brings units back overlapped with the
+ * prefill (or in the background after calm, if a watcher was started with restore_in_background).
+ * Returns MZ_OK when handled (possibly giving back nothing: merged, at the floor, level without
+ * action); MZ_ERR_BUSY when a generation holds the context: the request is queued and applied at
+ * its next safe point (nothing to retry); MZ_ERR_INVALID_ARG for a NULL context or a negative
+ * level; an eviction error (e.g. MZ_ERR_NO_SPACE) leaves the context intact. Uses the context's
+ * watcher if one runs (one policy state per context), else the default mz_pressure_params. */
+int mz_on_trim_memory(mz_context* ctx, int32_t level);
+
+struct mz_pressure_params {
+  const char* source;       /* "auto" (default), "psi", "cgroup-v1", "watermark", "manual" */
+  const char* cgroup_dir;   /* cgroup to watch (v1 memory cgroup or v2 dir); NULL: system-wide */
+  float step_points;        /* share of LLM memory per event (default 0.25; the paper: 0.15-0.25) */
+  float escalation;         /* step multiplier for a repeated event (default 1.5) */
+  float max_step_points;    /* cap of an escalated step (default 1.0) */
+  float floor_points;       /* never give back below this share (default 0) */
+  uint32_t escalation_window_ms; /* events this close to the last applied one escalate (5000) */
+  uint32_t hysteresis_ms;   /* same-or-lower level events this close merge (default 1000) */
+  bool restore_in_background; /* restore once calm (default false: on the next request) */
+  uint32_t calm_ms;         /* calm needed before a background restore (default 10000) */
+  uint32_t psi_stall_us;    /* PSI trigger stall (default 150000) ... */
+  uint32_t psi_window_us;   /* ... within this window (default 1000000; rounded to 2 s unprivileged) */
+  uint32_t poll_ms;         /* watermark poller period (default 100) */
+};
+struct mz_pressure_params mz_pressure_default_params(void);
+/* Starts a thread that watches the system's memory pressure (source per params; "auto" picks
+ * cgroup v1 notifications for cgroup_dir, else PSI, else the MemAvailable watermark) and gives
+ * memory back by itself. params NULL: defaults. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL context,
+ * out-of-range value, unknown source); MZ_ERR_UNSUPPORTED (the requested source does not work on
+ * this machine; mz_last_error says why); MZ_ERR_BUSY (already watching: stop first); or the OS
+ * error arming the source. */
+int mz_pressure_watch_start(mz_context* ctx, const struct mz_pressure_params* params);
+/* Stops the watcher (joins its thread). MZ_OK, also when none runs. Call before mz_context_free
+ * only if you need the thread gone earlier: mz_context_free stops it too. */
+int mz_pressure_watch_stop(mz_context* ctx);
+
+struct mz_pressure_stats {
+  bool watching;            /* a watcher thread runs */
+  char source[192];         /* active source, e.g. "cgroup-v1:/sys/fs/cgroup/memory/app" ("" if none) */
+  uint32_t events;          /* events handled (including merged / nothing-to-do ones) */
+  uint32_t evictions;       /* events that gave memory back */
+  uint32_t deferred;        /* of those, applied at a safe point after a generation */
+  uint32_t restores;        /* background restores */
+  uint64_t bytes_freed;     /* total given back */
+  int32_t pending;          /* 1 if a request waits for a safe point */
+  int32_t last_level;       /* 0 none, 1 low, 2 medium, 3 critical (of the last event) */
+  uint64_t last_freed;      /* bytes given back by the last event */
+  double last_remaining;    /* share of LLM memory resident after the last action */
+};
+/* Statistics of the context's pressure handling (all zero if it never saw an event). */
+int mz_pressure_get_stats(mz_context* ctx, struct mz_pressure_stats* out);
 
 #ifdef __cplusplus
 }

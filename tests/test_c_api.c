@@ -63,6 +63,79 @@ static int argmax(const float* x, int n) {
   return best;
 }
 
+/* Memory pressure from C: defaults, argument checks, Android trim levels (mapping: 20 does nothing,
+ * 5 gives back one step, 80 everything down to the floor: weights dropped), the conversation going
+ * on afterwards, and a watcher started / refused / stopped. */
+static int check_pressure(mz_model* model, const mz_token* toks, int32_t n) {
+  struct mz_pressure_params pp = mz_pressure_default_params();
+  CHECK(pp.source != NULL && strcmp(pp.source, "auto") == 0 && pp.cgroup_dir == NULL, "pressure defaults: source");
+  CHECK(fabsf(pp.step_points - 0.25f) < 1e-6f && fabsf(pp.escalation - 1.5f) < 1e-6f && pp.floor_points == 0.0f &&
+            pp.hysteresis_ms == 1000 && !pp.restore_in_background && pp.psi_stall_us == 150000 &&
+            pp.psi_window_us == 1000000 && pp.poll_ms == 100,
+        "pressure defaults: step %g escalation %g", (double)pp.step_points, (double)pp.escalation);
+  CHECK(mz_on_trim_memory(NULL, MZ_TRIM_MEMORY_COMPLETE) == MZ_ERR_INVALID_ARG, "NULL context accepted");
+  CHECK(mz_pressure_watch_start(NULL, NULL) == MZ_ERR_INVALID_ARG, "watch on NULL context accepted");
+
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  mz_context* ctx = NULL;
+  int rc = mz_context_new(model, &cp, &ctx);
+  CHECK(rc == MZ_OK, "mz_context_new = %d", rc);
+  rc = mz_decode(ctx, toks, n, false);
+  CHECK(rc == MZ_OK, "mz_decode = %d", rc);
+  CHECK(mz_on_trim_memory(ctx, -1) == MZ_ERR_INVALID_ARG, "negative level accepted");
+
+  struct mz_pressure_stats st;
+  CHECK(mz_on_trim_memory(ctx, MZ_TRIM_MEMORY_UI_HIDDEN) == MZ_OK, "UI_HIDDEN: %s", mz_last_error());
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == 0 && !st.watching, "UI_HIDDEN acted: %u events",
+        (unsigned)st.events);
+  rc = mz_on_trim_memory(ctx, MZ_TRIM_MEMORY_RUNNING_MODERATE);
+  CHECK(rc == MZ_OK, "RUNNING_MODERATE = %d", rc);
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == 1 && st.last_level == 1,
+        "after RUNNING_MODERATE: events %u level %d", (unsigned)st.events, (int)st.last_level);
+  rc = mz_on_trim_memory(ctx, MZ_TRIM_MEMORY_COMPLETE);
+  CHECK(rc == MZ_OK, "COMPLETE = %d", rc);
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == 2 && st.last_level == 3 && st.pending == 0,
+        "after COMPLETE: events %u level %d pending %d", (unsigned)st.events, (int)st.last_level, (int)st.pending);
+  struct mz_memory_report r;
+  CHECK(mz_get_memory_report(ctx, &r) == MZ_OK, "report");
+  CHECK(r.weights_dropped > 0 && r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED] > 0,
+        "COMPLETE left every weight unit resident (dropped %llu)", (unsigned long long)r.weights_dropped);
+  /* The conversation goes on (units come back on demand). */
+  mz_token t = toks[0];
+  CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode after trimming: %s", mz_last_error());
+  CHECK(mz_context_n_tokens(ctx) == n + 1, "n_tokens %d", (int)mz_context_n_tokens(ctx));
+
+  /* A watcher: refused for a source this machine lacks, bad values refused, started, stopped. */
+  struct mz_pressure_params bad = mz_pressure_default_params();
+  bad.source = "cgroup-v1";
+  bad.cgroup_dir = "/nonexistent-mzcache-cgroup";
+  rc = mz_pressure_watch_start(ctx, &bad);
+  CHECK(rc == MZ_ERR_UNSUPPORTED, "cgroup-v1 on a missing dir = %d (%s)", rc, mz_status_str(rc));
+  CHECK(strstr(mz_last_error(), "nonexistent-mzcache-cgroup") != NULL, "the error does not name the directory");
+  bad = mz_pressure_default_params();
+  bad.step_points = 0.0f;
+  CHECK(mz_pressure_watch_start(ctx, &bad) == MZ_ERR_INVALID_ARG, "step_points 0 accepted");
+  bad = mz_pressure_default_params();
+  bad.source = "bogus";
+  CHECK(mz_pressure_watch_start(ctx, &bad) == MZ_ERR_INVALID_ARG, "unknown source accepted");
+  CHECK(mz_pressure_watch_stop(ctx) == MZ_OK, "stop without a watcher");
+  rc = mz_pressure_watch_start(ctx, NULL);
+  CHECK(rc == MZ_OK, "mz_pressure_watch_start(auto) = %d (%s)", rc, mz_status_str(rc));
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.watching && st.source[0] != '\0', "watcher not reported");
+  printf("pressure watcher: %s\n", st.source);
+  CHECK(mz_pressure_watch_start(ctx, NULL) == MZ_ERR_BUSY, "second watcher accepted");
+  /* Trim events go through the watcher's policy while it runs. */
+  CHECK(mz_on_trim_memory(ctx, MZ_TRIM_MEMORY_BACKGROUND) == MZ_OK, "BACKGROUND with a watcher: %s", mz_last_error());
+  CHECK(mz_pressure_watch_stop(ctx) == MZ_OK, "stop");
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && !st.watching && st.source[0] == '\0', "still watching");
+  CHECK(st.events >= 3 && st.last_level >= 2, "events %u level %d", (unsigned)st.events, (int)st.last_level);
+  /* A watcher left running is stopped by mz_context_free. */
+  CHECK(mz_pressure_watch_start(ctx, NULL) == MZ_OK, "restart: %s", mz_last_error());
+  mz_context_free(ctx);
+  return 0;
+}
+
 static int run_model(const char* path) {
   mz_model* model = NULL;
   int rc = mz_model_load(path, NULL, &model);
@@ -130,6 +203,7 @@ static int run_model(const char* path) {
 
   mz_sampler_free(s);
   mz_context_free(ctx);
+  if (check_pressure(model, toks, n)) return 1;
   mz_model_free(model);
   return 0;
 }

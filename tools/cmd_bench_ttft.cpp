@@ -28,7 +28,7 @@ namespace mz::cli {
 namespace {
 
 struct TtftArgs {
-  std::vector<std::string> models{"qwen3-0.6b"};
+  std::vector<std::string> models{"qwen3-0.6b", "llama3.2-1b"};
   std::string type = "q8_0";
   std::vector<int> ctxs{8192, 16384, 32768};
   std::vector<int> levels{0, 25, 50, 75};
@@ -40,11 +40,13 @@ struct TtftArgs {
   bool quick = false;
   bool no_ablations = false;
   bool no_ospaging = false;
+  bool prepare = false;
 };
 
 struct Run {
   double ttft = 0, alloc = 0, reload = 0, wait = 0, cpu = 0, remaining = 0;
   double mem_busy = 0, sto_busy = 0;
+  double mem_done = 0, sto_done = 0;  // each path's finish time after reload start
   uint64_t bytes_sto = 0, bytes_dec = 0;
 };
 
@@ -88,8 +90,22 @@ Status EnsureContext(Context& ctx, const std::string& model_path, int n, std::ve
   std::system(("mkdir -p '" + CacheDir() + "/contexts'").c_str());
   std::fprintf(stderr, "  context %d: building by prefill of real text (once; saved to %s)\n", n, sess.c_str());
   ctx.Truncate(0);
+  // A shorter context of the same model and text is a prefix of this one: continue from it
+  // (checked token by token; tokenization at the shorter text's cut may differ, then start over).
+  int start = 0;
+  for (int m : {n / 2, n / 4}) {
+    const std::string prev = CacheDir() + "/contexts/" + stem + "-" + std::to_string(m) + ".sess";
+    if (m < 512 || !Env::Default()->StatPath(prev, &fi).ok() || !LoadSession(ctx, prev).ok()) continue;
+    const auto& h = ctx.history();
+    if (h.size() == size_t(m) && std::equal(h.begin(), h.end(), toks.begin())) {
+      start = m;
+      std::fprintf(stderr, "  context %d: continuing from the %d-token context (same text prefix)\n", n, m);
+      break;
+    }
+    ctx.Truncate(0);
+  }
   double t0 = NowSeconds();
-  for (int off = 0; off < n; off += 512) {
+  for (int off = start; off < n; off += 512) {
     const int m = std::min(512, n - off);
     MZ_RETURN_IF_ERROR(ctx.Decode(toks.data() + off, m, false));
     std::fprintf(stderr, "\r  prefill %d/%d tokens (%.0f s)", off + m, n, NowSeconds() - t0);
@@ -125,6 +141,8 @@ Status MeasureOnce(Context& ctx, const std::string& system, double level, const 
   r->bytes_dec = st.pipeline.bytes_decoded;
   r->mem_busy = st.pipeline.mem_path_busy_s;
   r->sto_busy = st.pipeline.sto_path_busy_s;
+  r->mem_done = st.pipeline.mem_path_done_s;
+  r->sto_done = st.pipeline.sto_path_done_s;
   ctx.Truncate(base);
   return Status::Ok();
 }
@@ -192,9 +210,10 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
   c->add_flag("--quick", a->quick, "8k context, one model (CI-sized)");
   c->add_flag("--no-ablations", a->no_ablations, "skip Fig. 10-12 ablations");
   c->add_flag("--no-ospaging", a->no_ospaging, "skip the OS Paging baseline (needs root, cgroup v1, swap/zram)");
+  c->add_flag("--prepare", a->prepare, "only synthesize the models and build the contexts (session files), then exit");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
-    if (a->quick) a->ctxs = {8192};
+    if (a->quick) a->ctxs = {8192}, a->models.resize(1);
     nlohmann::json doc;
     doc["machine"] = MachineDescription();
     doc["threads"] = a->threads;
@@ -208,10 +227,13 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                      " runs (min-max); storage read " + std::to_string(read_Bps / 1e9).substr(0, 4) +
                      " GB/s (direct I/O, measured in this run)\n";
     nlohmann::json rows = nlohmann::json::array();
+    // Fig. 3/4: full reload from storage (Partial Offload at 0% remaining) and OS Paging, normalized
+    // to all-in-memory, with the allocation / storage read / prefill breakdown, across contexts.
+    std::string fig34_md, fig34_dat;
     bool ablations_done = a->no_ablations;
     OsPagingEnv ose;
     std::string os_reason;
-    if (!a->no_ospaging) {
+    if (!a->no_ospaging && !a->prepare) {
       Status ps = OsPagingProbe(&ose);
       if (!ps.ok()) os_reason = ps.ToString();
       std::fprintf(stderr, "OS Paging baseline: %s\n", ps.ok() ? ("memory cgroup v1 + " + ose.swap).c_str() : os_reason.c_str());
@@ -244,6 +266,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
         std::string sess;
         if (st.ok()) st = EnsureContext(ctx, path, n, &query, a->query, &sess);
         if (!st.ok()) return Fail(st);
+        if (a->prepare) continue;
         const double dec_Bps = MeasureDecode(ctx);
         std::map<std::string, std::map<int, std::vector<Run>>> runs;  // system -> level -> runs
         PipelineOptions po;
@@ -333,6 +356,42 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                           {"bytes_from_storage", r0.bytes_sto}, {"bytes_decoded", r0.bytes_dec},
                           {"remaining_actual", r0.remaining}, {"decode_GBps", dec_Bps / 1e9}});
         }
+        if (!runs["partial"][a->levels.front()].empty() && a->levels.front() == 0) {
+          std::vector<double> al, re, pf, tt;
+          for (auto& r : runs["partial"][0]) al.push_back(r.alloc), re.push_back(r.reload), pf.push_back(r.ttft - r.alloc - r.reload), tt.push_back(r.ttft);
+          double os_med = 0, os_rem = 0;
+          if (!osr[0].empty()) {
+            std::vector<double> t, rem;
+            for (auto& x : osr[0]) t.push_back(x.ttft), rem.push_back(x.remaining);
+            os_med = Median(t), os_rem = Median(rem);
+          }
+          const double base = mem.median;
+          std::snprintf(line, sizeof line, "| %s | %d | %.3f | %.3f (%.1fx) | %.3f | %.3f | %.3f | %s |\n", m.c_str(), n, base, Median(tt),
+                        Median(tt) / base, Median(al), Median(re), Median(pf),
+                        os_med > 0 ? (std::to_string(os_med).substr(0, 5) + " (" + std::to_string(os_med / base).substr(0, 4) +
+                                      "x, reached " + std::to_string(int(100 * os_rem)) + "%)").c_str()
+                                   : "not measured");
+          fig34_md += line;
+          char d[256];
+          std::snprintf(d, sizeof d, "\"%s %dk\" %.4f %.4f %.4f %.4f\n", m.c_str(), n / 1024, Median(al) / base, Median(re) / base,
+                        Median(pf) / base, os_med > 0 ? os_med / base : 0.0);
+          fig34_dat += d;
+          doc["fig34"].push_back({{"model", m}, {"ctx", n}, {"all_in_memory", base}, {"full_reload", Median(tt)}, {"alloc", Median(al)},
+                                  {"reload", Median(re)}, {"prefill", Median(pf)}, {"os_paging", os_med}, {"os_paging_remaining", os_rem}});
+        }
+        // Fig. 13 (energy proxy; no power meter here): CPU-seconds and bytes read per restoration.
+        md += "\nFig. 13 proxy (per restoration, medians): CPU-seconds of the process and bytes read from storage\n\n"
+              "| remaining | mzcache CPU s | Partial Offload CPU s | mzcache MiB read | Partial Offload MiB read |\n|---|---|---|---|---|\n";
+        for (int lv : a->levels) {
+          std::vector<double> cm, cp, bm, bp;
+          for (auto& r : runs["mzcache"][lv]) cm.push_back(r.cpu), bm.push_back(double(r.bytes_sto) / 1048576.0);
+          for (auto& r : runs["partial"][lv]) cp.push_back(r.cpu), bp.push_back(double(r.bytes_sto) / 1048576.0);
+          std::snprintf(line, sizeof line, "| %d%% | %.2f | %.2f | %.0f | %.0f |\n", lv, Median(cm), Median(cp), Median(bm), Median(bp));
+          md += line;
+          doc["energy_proxy"].push_back({{"model", m}, {"ctx", n}, {"level", lv}, {"mzcache_cpu_s", Median(cm)},
+                                         {"partial_cpu_s", Median(cp)}, {"mzcache_bytes_read", Median(bm) * 1048576.0},
+                                         {"partial_bytes_read", Median(bp) * 1048576.0}});
+        }
         const std::string tag = m + "-" + std::to_string(n);
         WriteFile(a->out, "ttft-" + tag + ".dat", dat);
         std::string gp = "set terminal pngcairo size 800,500\nset output 'ttft-" + tag + ".png'\nset title 'TTFT, " + m +
@@ -373,7 +432,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
             ab["breakdown"][sys] = {{"alloc", Median(al)}, {"reload", Median(re)}, {"prefill", Median(pf)}, {"ttft", Median(tt)}, {"cpu", Median(cpu)}};
           }
           // Fig. 11a: overlap variants.
-          md += "\nFig. 11a overlap variants (TTFT s, median):\n\n| mz_NO | mz_AR | mz_RP | mzcache (full) |\n|---|---|---|---|\n|";
+          md += "\nFig. 11a overlap variants (TTFT s, median):\n\n| mz_NO | mz_AR | mz_RP | mzcache (full) | full, compute thread does not help restore |\n|---|---|---|---|---|\n|";
           for (Overlap o : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull}) {
             std::vector<double> x;
             for (int rep = 0; rep < a->reps; ++rep) {
@@ -387,6 +446,20 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
             std::snprintf(line, sizeof line, " %.3f |", Median(x));
             md += line;
             ab["overlap"][OverlapName(o)] = Median(x);
+          }
+          {  // full overlap without the waiting compute thread helping to restore
+            std::vector<double> x;
+            for (int rep = 0; rep < a->reps; ++rep) {
+              PipelineOptions p;
+              p.compute_helps = false;
+              Run r;
+              st = MeasureOnce(ctx, "mzcache", 0.5, query, n, p, EvictOrder::kBackwardOut, 1, true, &r);
+              if (!st.ok()) return Fail(st);
+              x.push_back(r.ttft);
+            }
+            std::snprintf(line, sizeof line, " %.3f |", Median(x));
+            md += line;
+            ab["overlap"]["full-no-compute-help"] = Median(x);
           }
           // Fig. 11b: eviction orders (random-out over 3 seeds per rep).
           md += "\n\nFig. 11b eviction orders (TTFT s, median, forward-in restore):\n\n| backward-out | forward-out | random-out |\n|---|---|---|\n|";
@@ -405,7 +478,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
           }
           // Fig. 12: parallel vs sequential hybrid swap restoration (no prefill overlap).
           md += "\n\nFig. 12 hybrid swap restoration time (s, median; sequential = in-memory path then storage path):\n\n"
-                "| remaining | parallel | sequential | in-memory path busy | storage path busy |\n|---|---|---|---|---|\n";
+                "| remaining | parallel | sequential | in-memory path done (parallel) | storage path done (parallel) |\n|---|---|---|---|---|\n";
           for (int lv : {25, 50, 75}) {
             std::vector<double> par, seq, mb, sb;
             for (int rep = 0; rep < a->reps; ++rep) {
@@ -417,17 +490,35 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                 st = MeasureOnce(ctx, "mzcache", lv / 100.0, query, n, p, EvictOrder::kBackwardOut, 1, true, &r);
                 if (!st.ok()) return Fail(st);
                 (parallel ? par : seq).push_back(r.reload);
-                if (!parallel) mb.push_back(r.mem_busy), sb.push_back(r.sto_busy);
+                if (parallel) mb.push_back(r.mem_done), sb.push_back(r.sto_done);
               }
             }
             std::snprintf(line, sizeof line, "| %d%% | %.3f | %.3f | %.3f | %.3f |\n", lv, Median(par), Median(seq), Median(mb), Median(sb));
             md += line;
             ab["hybrid_parallel"][std::to_string(lv)] = {{"parallel", Median(par)}, {"sequential", Median(seq)},
-                                                         {"mem_path_busy", Median(mb)}, {"storage_path_busy", Median(sb)}};
+                                                         {"mem_path_done", Median(mb)}, {"storage_path_done", Median(sb)}};
           }
           doc["ablations"] = ab;
         }
       }
+    }
+    if (a->prepare) {
+      std::fprintf(stderr, "contexts ready in %s/contexts\n", CacheDir().c_str());
+      return 0;
+    }
+    if (!fig34_md.empty()) {
+      md += "\n## Fig. 3/4: full reload from storage and OS Paging vs all-in-memory (0% remaining)\n\n"
+            "Full reload = Partial Offload from 0% remaining: allocate, read everything (direct I/O), then prefill.\n\n"
+            "| model | context | all-in-memory s | full reload s | allocation s | storage read s | prefill s | OS Paging s |\n"
+            "|---|---|---|---|---|---|---|---|\n" + fig34_md;
+      WriteFile(a->out, "fig34.dat", fig34_dat);
+      const std::string gp =
+          "set terminal pngcairo size 900,500\nset output 'fig34.png'\nset title 'TTFT from 0% remaining, normalized to all-in-memory'\n"
+          "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8 border -1\nset boxwidth 0.35\n"
+          "set ylabel 'TTFT / all-in-memory TTFT'\nset key top left\nset xtics rotate by -20\n"
+          "plot 'fig34.dat' u 2:xtic(1) t 'allocation', '' u 3 t 'storage read', '' u 4 t 'prefill', "
+          "'' u 0:($5>0?$5:1/0) w p pt 7 ps 1.5 t 'OS Paging (total)'\n";
+      if (!Gnuplot(a->out, "fig34", gp).empty()) md += "\n![Fig. 3/4](fig34.png)\n";
     }
     md += "\nOS Paging: weights mmap'd from the GGUF, KV anonymous, in a memory cgroup (v1) whose limit is lowered to the "
           "level (the kernel drops weight pages and swaps KV to zram), then lifted before the query: " +

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "model/model.h"
+#include "pressure/monitor.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -126,15 +127,17 @@ Status Open(GenArgs& a, Session* s) {
 
 // Prefills `toks`, then samples up to n tokens, streaming text to stdout. Reports TTFT and speeds.
 Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, int n, bool verbose,
-                std::string* reply) {
+                std::string* reply, bool pressure_watched = false) {
   const int32_t nv = int32_t(s.model->hparams().n_vocab);
   double t0 = Now();
-  if (s.ctx->elastic().AllResident()) {
+  // With a pressure monitor evicting from its own thread, the state may change under an unlocked
+  // AllResident(): always prefill through restore_generate (a no-op restore when all is resident).
+  if (!pressure_watched && s.ctx->elastic().AllResident()) {
     MZ_RETURN_IF_ERROR(s.ctx->Decode(toks.data(), int(toks.size()), false));
   } else {
     RestoreGenerateStats st;
     MZ_RETURN_IF_ERROR(s.ctx->RestoreGenerate(toks.data(), int(toks.size()), PipelineOptions(), &st));
-    if (verbose)
+    if (verbose && (!pressure_watched || st.pipeline.units > 0))
       std::fprintf(stderr, "[restore_generate: %d units restored (%.1f MiB from storage, %.1f MiB decompressed) "
                    "overlapped with prefill; compute waited %.3f s]\n",
                    st.pipeline.units, st.pipeline.bytes_from_storage / 1048576.0,
@@ -161,6 +164,79 @@ Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, 
     std::fprintf(stderr, "[prompt %zu tokens | TTFT %.3f s (%.1f t/s prefill) | %d tokens in %.3f s (%.2f t/s) | context %zu]\n",
                  toks.size(), ttft, double(toks.size()) / ttft, produced, gen_s,
                  produced > 1 ? double(produced - 1) / gen_s : 0.0, s.ctx->history().size());
+  return Status::Ok();
+}
+
+
+// ---- chat --watch-pressure (daemon mode) ----
+struct PressureArgs {
+  std::string kind;          // auto | psi | cgroup-v1 | watermark
+  std::string cgroup;
+  double step = 25;          // points of LLM memory per event
+  double floor = 0;          // points never given back
+  std::string restore_ahead = "request";
+  double calm_s = 10;
+  CLI::Option* watch = nullptr;
+};
+
+void AddPressureOptions(CLI::App* c, PressureArgs& p) {
+  p.watch = c->add_option("--watch-pressure", p.kind,
+                          "react to memory pressure while idle: auto (default), psi, cgroup-v1, watermark")
+                ->expected(0, 1)
+                ->default_str("auto")
+                ->check(CLI::IsMember({"auto", "psi", "cgroup-v1", "watermark"}));
+  c->add_option("--pressure-step", p.step, "points of LLM memory given back per pressure event (paper: 15-25)")
+      ->check(CLI::Range(0.1, 100.0));
+  c->add_option("--pressure-floor", p.floor, "points of LLM memory never given back")->check(CLI::Range(0.0, 99.0));
+  c->add_option("--restore-ahead", p.restore_ahead,
+                "when pressure is gone: request (restore with the next prompt) or background (after --calm)")
+      ->check(CLI::IsMember({"request", "background"}));
+  c->add_option("--calm", p.calm_s, "seconds without pressure before a background restore")->check(CLI::Range(0.0, 3600.0));
+  c->add_option("--cgroup", p.cgroup, "cgroup directory to watch (v1 memory cgroup, or v2) instead of the whole system");
+}
+
+void PrintPressureAction(const PressureAction& a) {
+  const double rem = 100.0 * a.remaining;
+  if (a.restored) {
+    std::fprintf(stderr, "\n[pressure gone: restored ahead in the background%s (remaining %.0f%%)]\n",
+                 a.status.ok() ? "" : (": " + a.status.ToString()).c_str(), rem);
+  } else if (!a.status.ok() && a.freed == 0) {
+    std::fprintf(stderr, "\n[pressure %s from %s: %s]\n", PressureLevelName(a.event.level), a.event.source.c_str(),
+                 a.status.ToString().c_str());
+  } else if (a.requested == 0) {
+    if (a.repeats > 0) return;  // the same as the line printed before
+    std::fprintf(stderr, "\n[pressure %s from %s: nothing given back (%s; remaining %.0f%%; repeats not shown)]\n",
+                 PressureLevelName(a.event.level), a.event.source.c_str(), a.note.c_str(), rem);
+  } else {
+    std::fprintf(stderr, "\n[pressure from %s: gave back %s of %s asked (%s, remaining %.0f%%)%s in %.3f s%s]\n",
+                 a.event.source.c_str(), Mib(a.freed).c_str(), Mib(a.requested).c_str(), PressureLevelName(a.event.level), rem,
+                 a.deferred ? " after the reply" : "", double(a.applied_ns - std::min(a.applied_ns, a.event.time_ns)) * 1e-9,
+                 a.status.ok() ? "" : (": " + a.status.ToString()).c_str());
+  }
+}
+
+// Starts the monitor per the options; prints which source is active and why.
+Status StartPressureWatch(const PressureArgs& p, Context* ctx, std::unique_ptr<PressureMonitor>* out) {
+  PressureSourceOptions so;
+  so.kind = p.kind.empty() ? "auto" : p.kind;
+  so.cgroup_dir = p.cgroup;
+  std::unique_ptr<PressureSource> src;
+  std::string why;
+  MZ_RETURN_IF_ERROR(CreatePressureSource(Env::Default(), so, &src, &why));
+  AmountOptions ao;
+  ao.step_points = p.step / 100.0;
+  ao.floor_points = p.floor / 100.0;
+  ao.restore_ahead = p.restore_ahead == "background" ? AmountOptions::RestoreAhead::kBackground
+                                                     : AmountOptions::RestoreAhead::kOnRequest;
+  ao.calm_ns = uint64_t(p.calm_s * 1e9);
+  auto mon = std::make_unique<PressureMonitor>(ctx, std::move(src), ao);
+  mon->set_on_action(PrintPressureAction);
+  MZ_RETURN_IF_ERROR(mon->Start());
+  std::fprintf(stderr, "[pressure: watching %s\n  (%s)\n  step %.0f points of LLM memory, floor %.0f, restore %s]\n",
+               mon->source().name().c_str(), why.c_str(), p.step, p.floor,
+               p.restore_ahead == "background" ? ("in the background after " + std::to_string(int(p.calm_s)) + " s calm").c_str()
+                                               : "with the next prompt (restore_generate)");
+  *out = std::move(mon);
   return Status::Ok();
 }
 
@@ -205,15 +281,22 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   AddGenOptions(chat, *ca);
   ca->n_predict = 128;
   chat->add_option("-n,--n-predict", ca->n_predict, "maximum tokens per reply");
-  runners.push_back([chat, ca]() -> int {
+  auto pa = std::make_shared<PressureArgs>();
+  AddPressureOptions(chat, *pa);
+  runners.push_back([chat, ca, pa]() -> int {
     if (!chat->parsed()) return -1;
     Session s;
     Status st = Open(*ca, &s);
     if (!st.ok()) return Fail(st);
+    std::unique_ptr<PressureMonitor> mon;  // declared after s: stopped before the context goes
+    if (pa->watch->count() > 0) {
+      st = StartPressureWatch(*pa, s.ctx.get(), &mon);
+      if (!st.ok()) return Fail(st);
+    }
     std::fprintf(stderr,
                  "[model %s loaded in %.2f s; type a message. Commands: /memory, /evict 40%% | 300MiB, "
-                 "/remaining 50%%, /restore, /save FILE, /quit]\n",
-                 ca->model.c_str(), s.load_s);
+                 "/remaining 50%%, /restore, /save FILE, %s/quit]\n",
+                 ca->model.c_str(), s.load_s, mon ? "/pressure low|medium|critical|none, " : "");
     Sampler sampler({ca->temp, ca->top_k, ca->top_p, ca->seed});
     std::vector<std::pair<std::string, std::string>> msgs;
     std::string prev_text;
@@ -248,6 +331,18 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
           Status rst = s.ctx->Restore();
           std::fprintf(stderr, "  restore %s in %.3f s\n", rst.ok() ? "done" : rst.ToString().c_str(), Now() - t0);
           PrintReport(s.ctx->Report());
+        } else if (verb == "/pressure" && mon) {
+          PressureEvent ev;
+          if (arg == "low") ev.level = PressureLevel::kLow;
+          else if (arg == "medium") ev.level = PressureLevel::kMedium;
+          else if (arg == "critical") ev.level = PressureLevel::kCritical;
+          else if (arg != "none") {
+            std::fprintf(stderr, "usage: /pressure low|medium|critical|none\n");
+            continue;
+          }
+          ev.time_ns = Env::Default()->NowNs();
+          ev.source = "/pressure";
+          mon->Submit(ev);  // the action is printed by the monitor's callback
         } else if (verb == "/save") {
           SessionInfo si;
           Status sst = SaveSession(*s.ctx, arg.empty() ? ca->session : arg, ca->session_codec, &si);
@@ -268,7 +363,22 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
       st = s.tok->Tokenize(delta, s.ctx->history().empty(), true, &toks);
       if (!st.ok()) return Fail(st);
       std::string reply;
-      st = Generate(s, sampler, toks, ca->n_predict, true, &reply);
+      // A reply is one generation: non-critical pressure during it is applied when it ends.
+      struct GenerationPhase {
+        PressureMonitor* m;
+        explicit GenerationPhase(PressureMonitor* mm) : m(mm) {
+          if (m) m->BeginGeneration();
+        }
+        ~GenerationPhase() {
+          if (m) m->EndGeneration();
+        }
+      } phase(mon.get());
+      const MemoryReport before = s.ctx->Report();
+      st = Generate(s, sampler, toks, ca->n_predict, true, &reply, mon != nullptr);
+      const uint64_t given_back = before.footprint() - (before.weights_resident + before.kv_resident);
+      if (mon && st.ok() && given_back > 0)
+        std::fprintf(stderr, "[this turn restored the %s given back under pressure (see TTFT above)]\n",
+                     Mib(given_back).c_str());
       if (!st.ok()) {
         std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", st.ToString().c_str());
         msgs.pop_back();

@@ -2,13 +2,17 @@
 #include "mzcache.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 
 #include "model/model.h"
+#include "pressure/manual_source.h"
+#include "pressure/monitor.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -20,6 +24,13 @@ struct mz_model {
 };
 struct mz_context {
   std::unique_ptr<mz::Context> ctx;
+  // Memory pressure (mz_on_trim_memory, mz_pressure_*). The monitor is declared last: destroyed
+  // (thread joined, safe-point hook removed) before everything its callback uses and the context.
+  std::mutex stats_mu;
+  mz_pressure_stats stats{};
+  std::mutex pressure_mu;  // guards pressure and watching
+  bool watching = false;
+  std::unique_ptr<mz::PressureMonitor> pressure;
 };
 struct mz_sampler {
   std::unique_ptr<mz::Sampler> s;
@@ -318,6 +329,168 @@ mz_token mz_sampler_sample(mz_sampler* s, mz_context* ctx, int32_t i) {
   const float* l = ctx->ctx->logits(i);
   if (!l) return MZ_ERR_INVALID_ARG;
   return s->s->Sample(l, int32_t(ctx->ctx->model()->hparams().n_vocab));
+}
+
+}  // extern "C"
+
+// ---- memory pressure ----
+
+namespace {
+
+mz::Status ToOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so, mz::AmountOptions* ao) {
+  if (!(p.step_points > 0 && p.step_points <= 1)) return mz::Status::InvalidArgument("step_points must be in (0, 1]");
+  if (!(p.escalation >= 1 && p.escalation <= 16)) return mz::Status::InvalidArgument("escalation must be in [1, 16]");
+  if (!(p.max_step_points >= p.step_points && p.max_step_points <= 1))
+    return mz::Status::InvalidArgument("max_step_points must be in [step_points, 1]");
+  if (!(p.floor_points >= 0 && p.floor_points < 1)) return mz::Status::InvalidArgument("floor_points must be in [0, 1)");
+  if (p.poll_ms == 0) return mz::Status::InvalidArgument("poll_ms must be positive");
+  so->kind = p.source ? p.source : "auto";
+  so->cgroup_dir = p.cgroup_dir ? p.cgroup_dir : "";
+  so->psi_stall_us = p.psi_stall_us;
+  so->psi_window_us = p.psi_window_us;
+  so->poll_ms = int(p.poll_ms);
+  ao->step_points = p.step_points;
+  ao->escalation = p.escalation;
+  ao->max_step_points = p.max_step_points;
+  ao->floor_points = p.floor_points;
+  ao->escalation_window_ns = uint64_t(p.escalation_window_ms) * 1000000ull;
+  ao->hysteresis_ns = uint64_t(p.hysteresis_ms) * 1000000ull;
+  ao->restore_ahead = p.restore_in_background ? mz::AmountOptions::RestoreAhead::kBackground
+                                              : mz::AmountOptions::RestoreAhead::kOnRequest;
+  ao->calm_ns = uint64_t(p.calm_ms) * 1000000ull;
+  return mz::Status::Ok();
+}
+
+// Makes ctx->pressure a monitor over `src`, counting its actions into ctx->stats. pressure_mu held.
+void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, const mz::AmountOptions& ao) {
+  ctx->pressure.reset();  // first: the old monitor's destructor removes the safe-point hook
+  ctx->pressure = std::make_unique<mz::PressureMonitor>(ctx->ctx.get(), std::move(src), ao);
+  ctx->pressure->set_on_action([ctx](const mz::PressureAction& a) {
+    std::lock_guard<std::mutex> lk(ctx->stats_mu);
+    mz_pressure_stats& s = ctx->stats;
+    if (a.restored) {
+      if (a.status.ok()) s.restores++;
+    } else {
+      s.events++;
+      s.last_level = int32_t(a.event.level);
+      s.last_freed = a.freed;
+      if (a.freed > 0) {
+        s.evictions++;
+        s.deferred += a.deferred ? 1 : 0;
+        s.bytes_freed += a.freed;
+      }
+    }
+    s.last_remaining = a.remaining;
+  });
+}
+
+// Android level -> pressure level; false: no action for this level.
+bool TrimLevel(int32_t level, mz::PressureLevel* out) {
+  if (level >= MZ_TRIM_MEMORY_MODERATE) *out = mz::PressureLevel::kCritical;
+  else if (level >= MZ_TRIM_MEMORY_BACKGROUND) *out = mz::PressureLevel::kMedium;
+  else if (level >= MZ_TRIM_MEMORY_UI_HIDDEN) return false;
+  else if (level >= MZ_TRIM_MEMORY_RUNNING_CRITICAL) *out = mz::PressureLevel::kMedium;
+  else if (level >= MZ_TRIM_MEMORY_RUNNING_MODERATE) *out = mz::PressureLevel::kLow;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+mz_pressure_params mz_pressure_default_params(void) {
+  mz_pressure_params p;
+  p.source = "auto";
+  p.cgroup_dir = nullptr;
+  p.step_points = 0.25f;
+  p.escalation = 1.5f;
+  p.max_step_points = 1.0f;
+  p.floor_points = 0.0f;
+  p.escalation_window_ms = 5000;
+  p.hysteresis_ms = 1000;
+  p.restore_in_background = false;
+  p.calm_ms = 10000;
+  p.psi_stall_us = 150000;
+  p.psi_window_us = 1000000;
+  p.poll_ms = 100;
+  return p;
+}
+
+int mz_on_trim_memory(mz_context* ctx, int32_t level) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    if (level < 0) return mz::Status::InvalidArgument("negative trim level " + std::to_string(level));
+    mz::PressureEvent ev;
+    if (!TrimLevel(level, &ev.level)) return mz::Status::Ok();
+    ev.time_ns = mz::Env::Default()->NowNs();
+    ev.source = "onTrimMemory(" + std::to_string(level) + ")";
+    std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+    if (!ctx->pressure) {
+      mz::PressureSourceOptions so;
+      mz::AmountOptions ao;
+      MZ_RETURN_IF_ERROR(ToOptions(mz_pressure_default_params(), &so, &ao));
+      InstallMonitor(ctx, std::make_unique<mz::ManualSource>(), ao);
+    }
+    return ctx->pressure->Submit(ev).status;
+  });
+}
+
+int mz_pressure_watch_start(mz_context* ctx, const mz_pressure_params* params) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    mz_pressure_params p = params ? *params : mz_pressure_default_params();
+    mz::PressureSourceOptions so;
+    mz::AmountOptions ao;
+    MZ_RETURN_IF_ERROR(ToOptions(p, &so, &ao));
+    std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+    if (ctx->watching) return mz::Status::Busy("a pressure watcher already runs on this context");
+    std::unique_ptr<mz::PressureSource> src;
+    std::string why;
+    MZ_RETURN_IF_ERROR(mz::CreatePressureSource(mz::Env::Default(), so, &src, &why));
+    InstallMonitor(ctx, std::move(src), ao);
+    mz::Status st = ctx->pressure->Start();
+    if (!st.ok()) {
+      ctx->pressure.reset();
+      return st;
+    }
+    ctx->watching = true;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pressure_watch_stop(mz_context* ctx) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+    if (ctx->pressure) ctx->pressure->Stop();  // the monitor stays for mz_on_trim_memory
+    ctx->watching = false;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pressure_get_stats(mz_context* ctx, mz_pressure_stats* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !out) return mz::Status::InvalidArgument("null argument");
+    std::string name;
+    bool pending = false, watching = false;
+    {
+      std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+      watching = ctx->watching;
+      if (ctx->pressure) {
+        pending = ctx->pressure->pending();
+        if (watching) name = ctx->pressure->source().name();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(ctx->stats_mu);
+      *out = ctx->stats;
+    }
+    out->watching = watching;
+    out->pending = pending ? 1 : 0;
+    std::snprintf(out->source, sizeof out->source, "%s", name.c_str());
+    return mz::Status::Ok();
+  });
 }
 
 }  // extern "C"

@@ -28,6 +28,8 @@ const char* StatusCodeName(Status::Code c) {
     case Status::kBusy: return "busy";
     case Status::kContextFull: return "context full";
     case Status::kModelChanged: return "model file changed";
+    case Status::kTimeout: return "timed out";
+    case Status::kCancelled: return "cancelled";
     case Status::kInternal: return "internal error";
   }
   return "unknown";

@@ -20,6 +20,8 @@ class Status {
     kBusy = -7,
     kContextFull = -8,
     kModelChanged = -9,
+    kTimeout = -10,     // a bounded wait ended with nothing to report (not a failure by itself)
+    kCancelled = -11,   // the operation was stopped by its owner (e.g. PressureSource::Stop)
     kInternal = -100,
   };
 
@@ -34,6 +36,8 @@ class Status {
   static Status Busy(std::string m) { return Status(kBusy, std::move(m)); }
   static Status ContextFull(std::string m) { return Status(kContextFull, std::move(m)); }
   static Status ModelChanged(std::string m) { return Status(kModelChanged, std::move(m)); }
+  static Status Timeout(std::string m) { return Status(kTimeout, std::move(m)); }
+  static Status Cancelled(std::string m) { return Status(kCancelled, std::move(m)); }
   static Status Internal(std::string m) { return Status(kInternal, std::move(m)); }
   // errno-derived I/O status: ENOSPC/EDQUOT become kNoSpace, ENOMEM kNoMemory, the rest kIOError.
   static Status FromErrno(int err, const std::string& what);

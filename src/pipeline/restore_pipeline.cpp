@@ -10,6 +10,10 @@ int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
+  for (int64_t prev = a.load(); prev < v && !a.compare_exchange_weak(prev, v);) {
+  }
+}
 }  // namespace
 
 const char* OverlapName(Overlap o) {
@@ -45,7 +49,8 @@ void RestorePipeline::Process(Task& t) {
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
   const int64_t t1 = NowNs();
   (t.mem_path ? mem_busy_ns_ : sto_busy_ns_) += uint64_t(t1 - t0);
-  t_last_done_ns_ = t1;
+  AtomicMax(t_last_done_ns_, t1);
+  AtomicMax(t.mem_path ? mem_last_done_ns_ : sto_last_done_ns_, t1);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!st.ok() && errors_[size_t(t.key)].ok()) errors_[size_t(t.key)] = st;
@@ -158,6 +163,25 @@ Status RestorePipeline::Start() {
 Status RestorePipeline::Wait(int unit) {
   if (unit < 0 || unit > n_layer_) return Status::Ok();
   MZ_SYNC_POINT("pipeline:wait", unit);
+  if (opts_.compute_helps && !opts_.sequential && !workers_.empty()) {
+    auto ready = [&] {
+      std::lock_guard<std::mutex> lk(mu_);
+      return pending_[size_t(unit)] == 0 || !errors_[size_t(unit)].ok();
+    };
+    // Take the next queued unit (forward order; the in-memory path first: it is CPU work that
+    // would otherwise wait for a core) until this layer is ready or both queues are drained.
+    while (!ready()) {
+      size_t i = mem_next_.fetch_add(1);
+      bool mem = true;
+      if (i >= mem_q_.size()) {
+        if (!opts_.parallel_paths) break;  // the ablation's path order must not change
+        i = sto_next_.fetch_add(1), mem = false;
+        if (i >= sto_q_.size()) break;
+      }
+      Process(tasks_[(mem ? mem_q_ : sto_q_)[i]]);
+      ++by_compute_;
+    }
+  }
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return pending_[size_t(unit)] == 0 || !errors_[size_t(unit)].ok(); });
   return errors_[size_t(unit)];
@@ -177,6 +201,11 @@ Status RestorePipeline::Finish() {
   if (t_last_done_ns_.load() > 0 && t_reload0_ > 0)
     stats_.reload_s = std::max(0.0, double(t_last_done_ns_.load()) * 1e-9 - t_reload0_);
   stats_.mem_path_busy_s = double(mem_busy_ns_.load()) * 1e-9;
+  stats_.units_by_compute = by_compute_.load();
+  if (t_reload0_ > 0) {
+    if (mem_last_done_ns_.load() > 0) stats_.mem_path_done_s = std::max(0.0, double(mem_last_done_ns_.load()) * 1e-9 - t_reload0_);
+    if (sto_last_done_ns_.load() > 0) stats_.sto_path_done_s = std::max(0.0, double(sto_last_done_ns_.load()) * 1e-9 - t_reload0_);
+  }
   stats_.sto_path_busy_s = double(sto_busy_ns_.load()) * 1e-9;
   for (const auto& e : errors_)
     if (!e.ok()) return e;

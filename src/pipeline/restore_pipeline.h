@@ -40,6 +40,10 @@ struct PipelineOptions {
   int decode_threads = 1;      // in-memory path workers (CPU bound)
   bool parallel_paths = true;
   bool sequential = false;     // Partial Offload baseline
+  // While compute waits for a layer (kFull, kReloadPrefill), the waiting thread restores pending
+  // units itself (in-memory path first, in forward order) instead of idling: on few cores the
+  // compute thread's core would otherwise sit idle while the workers restore.
+  bool compute_helps = true;
 };
 
 struct PipelineStats {
@@ -47,6 +51,11 @@ struct PipelineStats {
   double reload_s = 0;         // wall time from start of reload to the last unit restored
   double mem_path_busy_s = 0;  // summed worker time on the in-memory path
   double sto_path_busy_s = 0;  // summed worker time on the storage path
+  int units_by_compute = 0;    // units the waiting compute thread restored (compute_helps)
+  // Wall time from the start of reload until each path's last unit was restored: the paths are
+  // balanced when these are close (the policy's goal); 0 for an empty path.
+  double mem_path_done_s = 0;
+  double sto_path_done_s = 0;
   uint64_t bytes_from_storage = 0;
   uint64_t bytes_decoded = 0;  // raw bytes produced by decompression
   int units = 0;
@@ -63,7 +72,8 @@ class RestorePipeline {
   // begin (immediately for kReloadPrefill/kFull, after everything for kNone/kAllocReload/sequential).
   Status Start();
   // Blocks until weight unit `unit` (a layer, or n_layer for the base unit) and that layer's KV
-  // chunks are resident. Returns the restoration error of that layer, if any.
+  // chunks are resident. Returns the restoration error of that layer, if any. With compute_helps
+  // the caller restores queued units itself while it waits.
   Status Wait(int unit);
   // Joins the workers; returns the first error.
   Status Finish();
@@ -97,8 +107,10 @@ class RestorePipeline {
   std::vector<std::thread> workers_;
   PipelineStats stats_;
   std::atomic<uint64_t> mem_busy_ns_{0}, sto_busy_ns_{0};
+  std::atomic<int> by_compute_{0};
   double t_reload0_ = 0;
   std::atomic<int64_t> t_last_done_ns_{0};
+  std::atomic<int64_t> mem_last_done_ns_{0}, sto_last_done_ns_{0};
   bool allocated_ = false;
 };
 

@@ -1,6 +1,7 @@
 #include "runtime/context.h"
 
 #include "policy/partial_offload.h"
+#include "core/sync_point.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -103,7 +104,9 @@ MemoryReport Context::Report() {
 }
 
 Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
+  SafePointOnExit safe_point{this};
   std::lock_guard<std::mutex> lk(mu_);
+  MZ_SYNC_POINT("context:decode_locked", n);
   MZ_RETURN_IF_ERROR(elastic_->RestoreAll());
   MZ_RETURN_IF_ERROR(fwd_->Decode(tokens, n, all_logits, &logits_));
   history_.insert(history_.end(), tokens, tokens + n);
@@ -141,7 +144,9 @@ static double CpuSeconds() {
 }
 
 Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats) {
+  SafePointOnExit safe_point{this};
   std::lock_guard<std::mutex> lk(mu_);
+  MZ_SYNC_POINT("context:decode_locked", n);
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = CpuSeconds();
   const int start = int(history_.size());
@@ -177,6 +182,38 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
     stats->compute_threads_during_restore = during;
   }
   return Status::Ok();
+}
+
+}  // namespace mz
+
+namespace mz {
+
+bool Context::TryReport(MemoryReport* out) {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return false;
+  *out = elastic_->Report();
+  return true;
+}
+
+Status Context::TryRestore() {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
+  return elastic_->RestoreAll();
+}
+
+void Context::SetSafePointHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lk(hook_mu_);
+  safe_point_hook_ = std::move(hook);
+}
+
+void Context::RunSafePoint() {
+  MZ_SYNC_POINT("context:safe_point", 0);
+  std::lock_guard<std::mutex> lk(hook_mu_);
+  if (!safe_point_hook_) return;
+  try {
+    safe_point_hook_();
+  } catch (...) {
+  }
 }
 
 }  // namespace mz

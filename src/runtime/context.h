@@ -4,6 +4,7 @@
 // called from another thread (a memory-pressure handler): while a Decode runs it returns kBusy at
 // once rather than tearing state.
 #pragma once
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,6 +84,19 @@ class Context {
   MemoryReport Report();
   ElasticMemory& elastic() { return *elastic_; }
 
+  // ---- memory pressure (src/pressure) ----
+  // Like Report() / Restore(), but return false / kBusy at once instead of waiting while a
+  // generation (or any other call) holds the context: for a pressure monitor's thread.
+  bool TryReport(MemoryReport* out);
+  Status TryRestore();
+  // Safe-point hook: called on the calling thread after every Decode and RestoreGenerate has
+  // released the context (whether it succeeded or not), i.e. between generation steps, where a
+  // queued eviction can run without tearing state (PressureMonitor::OnSafePoint). One hook per
+  // context; nullptr removes it. Setting waits for a running hook call to finish, so after
+  // SetSafePointHook(nullptr) returns the old hook is never called again. The hook must not throw
+  // (exceptions are swallowed) and must not call SetSafePointHook itself.
+  void SetSafePointHook(std::function<void()> hook);
+
   Model* model() const { return model_; }
   KvCache& kv() { return *kv_; }
   Forward& forward() { return *fwd_; }
@@ -101,6 +115,13 @@ class Context {
   std::mutex mu_;
   std::vector<int32_t> history_;
   std::vector<float> logits_;
+  void RunSafePoint();
+  struct SafePointOnExit {  // declared before the lock guard: runs the hook after the unlock
+    Context* c;
+    ~SafePointOnExit() { c->RunSafePoint(); }
+  };
+  std::mutex hook_mu_;
+  std::function<void()> safe_point_hook_;
 };
 
 }  // namespace mz

@@ -1,0 +1,48 @@
+// CgroupV1Source: cgroup v1 memory.pressure_level notifications (the kernel's vmpressure), the
+// pressure signal of the machines this project runs on and of Android's lmkd before PSI.
+//
+// Start() creates one eventfd per level (low, medium, critical) and registers each by writing
+// "<eventfd> <fd of memory.pressure_level> <level>" to <cgroup>/cgroup.event_control (default
+// hierarchy mode: an event in a child cgroup without listeners is passed to its ancestors). The
+// kernel signals a level's eventfd for that level and every higher one, so on each wake-up Wait()
+// drains all three counters and reports the highest level fired. Levels mean (kernel docs):
+// low = reclaiming to make room for new allocations, medium = swapping / dropping the active page
+// cache, critical = about to OOM or reclaim failing.
+//
+// Failure: Start() fails with kUnsupported if the directory is not a v1 memory cgroup, or with the
+// OS error (EACCES without root, ...). Registrations are removed by the kernel when the eventfds are
+// closed (the destructor) or when the cgroup is removed; Wait() then never fires again.
+// Thread-safety: Stop() from any thread; the rest from the monitor's thread.
+#pragma once
+#include <atomic>
+
+#include "pressure/pressure_source.h"
+
+namespace mz {
+
+class CgroupV1Source : public PressureSource {
+ public:
+  // cgroup_dir: a v1 memory cgroup directory ("" = this process's own v1 memory cgroup).
+  CgroupV1Source(Env* env, std::string cgroup_dir);
+  ~CgroupV1Source() override;
+  std::string name() const override { return "cgroup-v1:" + dir_; }
+  Status Start() override;
+  // timeout_ms < 0 waits without limit.
+  Status Wait(int timeout_ms, PressureEvent* ev) override;
+  void Stop() override;
+  const std::string& dir() const { return dir_; }
+  // Checks that `dir` can be watched (exists, is a v1 memory cgroup, the control file is
+  // writable); *why says why not.
+  static bool Probe(const std::string& dir, std::string* why);
+
+ private:
+  void CloseAll();
+  Env* env_;
+  std::string dir_;
+  int level_fd_ = -1;
+  int efd_[3] = {-1, -1, -1};  // low, medium, critical
+  int stop_fd_ = -1;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace mz
