@@ -123,6 +123,10 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   bench->require_subcommand(1);
   AddTtftBench(bench, runners);
   AddEvictBench(bench, runners);
+  AddPeersBench(bench, runners);
+  AddAccuracyBench(bench, runners);
+  AddFootprintBench(bench, runners);
+  AddPaperBench(bench, runners);
   auto a = std::make_shared<SpeedArgs>();
   auto* speed = bench->add_subcommand("speed", "pp512, tg128, pp8 at depth 8192: mzcache vs llama.cpp llama-bench");
   speed->add_option("-m,--model", a->model, "GGUF (default: the synthesized Qwen3-0.6B q8_0)");

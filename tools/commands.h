@@ -13,5 +13,11 @@ void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench t
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
+void AddPeersBench(CLI::App* bench, Runners& runners);      // bench peers, bench peers-worker (hidden)
+void AddAccuracyBench(CLI::App* bench, Runners& runners);   // bench accuracy
+void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
+void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)
 void AddOsPagingWorker(CLI::App& app, Runners& runners);    // ospaging-worker (hidden)
+// bench multitask (added under `bench`: call after AddBenchCommands) + hidden multitask-worker/-app
+void AddMultitaskCommands(CLI::App& app, Runners& runners);
 }  // namespace mz::cli

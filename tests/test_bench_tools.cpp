@@ -1,0 +1,131 @@
+// Helpers behind `bench footprint` and `bench accuracy`: the footprint computed from a shape's
+// hyper-parameters must equal what the synthesized GGUF and a context actually hold, and the KL /
+// top-1 / histogram helpers must compute what they claim on cases with known answers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+
+#include "model/model.h"
+#include "model/synth.h"
+#include "runtime/context.h"
+#include "test_util.h"
+#include "tools/accuracy_metrics.h"
+#include "tools/footprint_calc.h"
+
+namespace mz {
+namespace {
+
+const std::string kVocabDir = std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+
+class FootprintCalc : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(FootprintCalc, EqualsTheSynthesizedFile) {
+  const auto [shape, type] = GetParam();
+  const ModelSpec* spec = FindModelSpec(shape);
+  ASSERT_NE(spec, nullptr);
+  int64_t nv = 0;
+  Status st = cli::VocabSize(kVocabDir, spec->vocab, &nv);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  cli::WeightBytes wb;
+  st = cli::SynthWeightBytes(*spec, type, nv, &wb);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+
+  ModelOptions mo;
+  mo.load_weights = false;
+  std::unique_ptr<Model> m;
+  st = Model::Load(Env::Default(), test::ModelPath(shape, type), mo, &m);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(int64_t(m->hparams().n_vocab), nv);
+  EXPECT_EQ(wb.bytes, m->tensor_bytes()) << shape << " " << type;
+  EXPECT_EQ(cli::KvBytesFor(*spec, 1), m->hparams().kv_bytes_per_token());
+  EXPECT_GT(wb.embd_bytes, 0u);
+  EXPECT_LT(wb.embd_bytes, wb.bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyShapes, FootprintCalc,
+                         ::testing::Values(std::make_tuple("tiny-qwen3", "q8_0"), std::make_tuple("tiny-llama", "q8_0"),
+                                           std::make_tuple("tiny-qwen2", "q8_0"), std::make_tuple("tiny-qwen3", "f16"),
+                                           std::make_tuple("tiny-llama", "q4_0")));
+
+TEST(FootprintCalc, KvBytesEqualWhatAContextAllocates) {
+  const std::string path = test::ModelPath("tiny-qwen3", "q8_0");
+  std::unique_ptr<Model> model;
+  ASSERT_TRUE(Model::Load(Env::Default(), path, ModelOptions(), &model).ok());
+  ContextOptions co;
+  co.n_ctx = 256;
+  co.kv_chunk_tokens = 32;
+  Context ctx(model.get(), co);
+  ASSERT_TRUE(ctx.Init().ok());
+  std::vector<int32_t> toks(96);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t(100 + i);
+  ASSERT_TRUE(ctx.Decode(toks.data(), int(toks.size()), false).ok());
+  EXPECT_EQ(ctx.Report().kv_total, cli::KvBytesFor(*FindModelSpec("tiny-qwen3"), 96));
+  EXPECT_EQ(ctx.Report().weights_total >= model->tensor_bytes(), true);  // regions add alignment slack only
+}
+
+TEST(FootprintCalc, UnknownTypeIsRefused) {
+  cli::WeightBytes wb;
+  EXPECT_EQ(cli::SynthWeightBytes(*FindModelSpec("tiny-qwen3"), "q3_x", 1000, &wb).code(), Status::kInvalidArgument);
+}
+
+TEST(KlHelpers, ZeroForEqualDistributionsAndShiftInvariant) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0, 4);
+  std::vector<float> a(5000), b(5000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = d(rng), b[i] = a[i] + 3.5f;  // same softmax
+  EXPECT_EQ(cli::KlFromLogits(a.data(), a.data(), int(a.size())), 0.0);
+  EXPECT_LT(cli::KlFromLogits(a.data(), b.data(), int(a.size())), 1e-6);
+}
+
+TEST(KlHelpers, MatchesTheClosedFormOnTwoOutcomes) {
+  const float p[2] = {0.0f, std::log(3.0f)};  // (0.25, 0.75)
+  const float q[2] = {0.0f, 0.0f};            // (0.5, 0.5)
+  const double want_pq = 0.25 * std::log(0.25 / 0.5) + 0.75 * std::log(0.75 / 0.5);
+  const double want_qp = 0.5 * std::log(0.5 / 0.25) + 0.5 * std::log(0.5 / 0.75);
+  EXPECT_NEAR(cli::KlFromLogits(p, q, 2), want_pq, 1e-7);
+  EXPECT_NEAR(cli::KlFromLogits(q, p, 2), want_qp, 1e-7);
+  EXPECT_NE(want_pq, want_qp);  // KL is not symmetric: the argument order matters
+  float lp[2];
+  cli::LogSoftmax(p, 2, lp);
+  EXPECT_NEAR(lp[0], std::log(0.25), 1e-6);
+  EXPECT_NEAR(lp[1], std::log(0.75), 1e-6);
+}
+
+TEST(KlHelpers, NonNegativeAndFiniteWithExtremeLogits) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0, 6);
+  for (int rep = 0; rep < 20; ++rep) {
+    std::vector<float> a(1000), b(1000);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = d(rng), b[i] = a[i] + 0.3f * d(rng);
+    a[3] = -1e4f;  // exp underflows: contributes 0, no NaN
+    b[5] = 60.0f;
+    const double kl = cli::KlFromLogits(a.data(), b.data(), int(a.size()));
+    EXPECT_TRUE(std::isfinite(kl));
+    EXPECT_GT(kl, 0.0);
+  }
+}
+
+TEST(KlHelpers, ArgMaxSummaryAndHistogram) {
+  const float x[5] = {1, 7, 3, 7, -2};
+  EXPECT_EQ(cli::ArgMaxIndex(x, 5), 1);  // first of the tied maxima
+  EXPECT_EQ(cli::ArgMaxIndex(x, 0), -1);
+  cli::KlSummary s = cli::SummarizeKl({4, 1, 3, 2, 0});
+  EXPECT_EQ(s.n, 5);
+  EXPECT_DOUBLE_EQ(s.mean, 2.0);
+  EXPECT_DOUBLE_EQ(s.max, 4.0);
+  EXPECT_DOUBLE_EQ(s.p50, 2.0);
+  // log10 over [-8, 0) in 8 bins: 0 and 1e-9 go to the first bin, 1e-3 to bin 5, 10 to the last.
+  std::vector<int> h = cli::Log10Histogram({0.0, 1e-9, 1e-3, 2e-3, 10.0}, -8, 0, 8);
+  ASSERT_EQ(h.size(), 8u);
+  EXPECT_EQ(h[0], 2);
+  EXPECT_EQ(h[5], 2);
+  EXPECT_EQ(h[7], 1);
+  int total = 0;
+  for (int c : h) total += c;
+  EXPECT_EQ(total, 5);
+}
+
+}  // namespace
+}  // namespace mz
