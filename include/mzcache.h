@@ -237,10 +237,13 @@ struct mz_pressure_params {
   uint32_t escalation_window_ms; /* events this close to the last applied one escalate (5000) */
   uint32_t hysteresis_ms;   /* same-or-lower level events this close merge (default 1000) */
   bool restore_in_background; /* restore once calm (default false: on the next request) */
-  uint32_t calm_ms;         /* calm needed before a background restore (default 10000) */
+  uint32_t calm_ms;         /* calm needed before a background restore (default 10000); it then
+                               restores in slices, front layers first, as far as memory is free */
   uint32_t psi_stall_us;    /* PSI trigger stall (default 150000) ... */
   uint32_t psi_window_us;   /* ... within this window (default 1000000; rounded to 2 s unprivileged) */
   uint32_t poll_ms;         /* watermark poller period (default 100) */
+  float restore_margin;     /* background restore: restore only what fits while this share of the
+                               watched limit (cgroup limit or MemTotal) stays free (default 0.2) */
 };
 struct mz_pressure_params mz_pressure_default_params(void);
 /* Starts a thread that watches the system's memory pressure (source per params; "auto" picks
@@ -260,12 +263,13 @@ struct mz_pressure_stats {
   uint32_t events;          /* events handled (including merged / nothing-to-do ones) */
   uint32_t evictions;       /* events that gave memory back */
   uint32_t deferred;        /* of those, applied at a safe point after a generation */
-  uint32_t restores;        /* background restores */
+  uint32_t restores;        /* background restore slices (restore-ahead) */
   uint64_t bytes_freed;     /* total given back */
   int32_t pending;          /* 1 if a request waits for a safe point */
   int32_t last_level;       /* 0 none, 1 low, 2 medium, 3 critical (of the last event) */
   uint64_t last_freed;      /* bytes given back by the last event */
   double last_remaining;    /* share of LLM memory resident after the last action */
+  uint64_t bytes_restored;  /* total restored ahead in the background */
 };
 /* Statistics of the context's pressure handling (all zero if it never saw an event). */
 int mz_pressure_get_stats(mz_context* ctx, struct mz_pressure_stats* out);

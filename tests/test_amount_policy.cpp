@@ -154,8 +154,15 @@ TEST(AmountPolicy, RestoreAheadInBackgroundAfterCalm) {
   // kNone is not pressure.
   p.OnEvent(Ev(PressureLevel::kNone, 109 * kSec), kLlm, Pts(0.85));
   EXPECT_TRUE(p.Tick(110 * kSec + kSec / 2, kLlm, Pts(0.85)).restore_now);
-  // Once: the next tick has nothing to do.
-  EXPECT_FALSE(p.Tick(111 * kSec, kLlm, Pts(0.85)).restore_now);
+  // The monitor restores in slices that fit the free memory: every tick asks again until all is back.
+  EXPECT_TRUE(p.Tick(111 * kSec, kLlm, Pts(0.9)).restore_now);
+  EXPECT_FALSE(p.Tick(112 * kSec, kLlm, kLlm).restore_now);
+  EXPECT_FALSE(p.Tick(113 * kSec, kLlm, Pts(0.9)).restore_now);  // (nothing evicted since)
+  // A failed restore stops the asking until the next eviction.
+  ASSERT_GT(p.OnEvent(Ev(PressureLevel::kLow, 150 * kSec), kLlm, kLlm).evict_bytes, 0u);
+  EXPECT_TRUE(p.Tick(170 * kSec, kLlm, Pts(0.75)).restore_now);
+  p.RestoreGaveUp();
+  EXPECT_FALSE(p.Tick(171 * kSec, kLlm, Pts(0.75)).restore_now);
   // If a generation restored everything first, no restore is asked for.
   ASSERT_GT(p.OnEvent(Ev(PressureLevel::kLow, 200 * kSec), kLlm, kLlm).evict_bytes, 0u);
   EXPECT_FALSE(p.Tick(300 * kSec, kLlm, kLlm).restore_now);

@@ -776,6 +776,113 @@ TEST(PressureMonitorPhases, BackgroundRestoreAheadAfterCalm) {
   EXPECT_DOUBLE_EQ(Remaining(*r.ctx), 1.0);
 }
 
+// A fake cgroup for restore-ahead's fit check: the limit is set by the test, the usage is what
+// the context holds in RAM now (so every restored slice uses up headroom, as in a real cgroup).
+class FakeCgroupSource : public ManualSource {
+ public:
+  FakeCgroupSource(Env* env, Context* ctx) : ManualSource(env, "fake-cgroup"), ctx_(ctx) {}
+  Status Headroom(uint64_t* avail, uint64_t* limit) override {
+    MemoryReport r;
+    if (!ctx_->TryReport(&r)) return Status::Busy("context busy");
+    *limit = limit_bytes.load();
+    *avail = *limit > r.in_memory() ? *limit - r.in_memory() : 0;
+    return Status::Ok();
+  }
+  std::atomic<uint64_t> limit_bytes{0};
+
+ private:
+  Context* ctx_;
+};
+
+// True if the resident units form a prefix of the restore order (base, layer 0 weights, its KV
+// chunks, layer 1, ...): restore-ahead brings front layers back first.
+bool ResidentIsForwardPrefix(Context& c) {
+  ElasticMemory& e = c.elastic();
+  std::vector<UnitRef> order{UnitRef::Weights(-1)};
+  for (int l = 0; l < int(c.model()->hparams().n_layer); ++l) {
+    order.push_back(UnitRef::Weights(l));
+    for (int ch = 0; e.has_chunk(l, ch); ++ch) order.push_back(UnitRef::Kv(l, ch));
+  }
+  bool gap = false;
+  for (const UnitRef& u : order) {
+    const bool res = e.state(u) == UnitState::kResident;
+    if (res && gap) return false;
+    gap |= !res;
+  }
+  return true;
+}
+
+TEST(PressureMonitorPhases, RestoreAheadRestoresWhatFitsFrontLayersFirst) {
+  Rig r = MakeRig("fit");
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 128, false).ok());
+  const std::vector<float> ref = Logits(*r.ctx);
+  r.ctx->Truncate(0);
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 120, false).ok());
+  FakeClockEnv env;
+  auto owned = std::make_unique<FakeCgroupSource>(&env, r.ctx.get());
+  FakeCgroupSource* src = owned.get();
+  AmountOptions ao;
+  ao.step_points = 1.0;  // everything goes
+  ao.restore_ahead = AmountOptions::RestoreAhead::kBackground;
+  ao.calm_ns = 5 * kSec;
+  ao.restore_margin = 0.0;
+  ao.restore_slice_bytes = 0;  // the fit check alone limits a slice
+  PressureMonitor mon(r.ctx.get(), std::move(owned), ao, &env);
+  mon.set_tick_ms(1);
+  PressureEvent e;
+  e.level = PressureLevel::kLow;
+  e.time_ns = env.now;
+  ASSERT_GT(mon.Submit(e).freed, 0u);
+  const MemoryReport evicted = r.ctx->Report();
+  const uint64_t llm = evicted.footprint() - evicted.base_total;
+  ASSERT_LT(Remaining(*r.ctx), 0.2);
+  // No room at all: restore-ahead waits, the state does not change.
+  src->limit_bytes = evicted.in_memory();
+  ASSERT_TRUE(mon.Start().ok());
+  env.now += 6 * kSec;
+  auto wait_for = [&](auto pred) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    while (!pred() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return pred();
+  };
+  auto has_note = [&](const char* note) {
+    for (const PressureAction& a : mon.actions())
+      if (a.note == note) return true;
+    return false;
+  };
+  ASSERT_TRUE(wait_for([&] { return has_note("restore-ahead waits for headroom"); }));
+  EXPECT_EQ(r.ctx->Report().in_memory(), evicted.in_memory());
+  // Room for 40% of the LLM memory: a forward prefix comes back and stays within the limit.
+  const uint64_t limit = evicted.in_memory() + llm * 2 / 5;
+  src->limit_bytes = limit;
+  ASSERT_TRUE(wait_for([&] {
+    for (const PressureAction& a : mon.actions())
+      if (a.restored) return true;
+    return false;
+  }));
+  // Let it tick a while longer: nothing more fits, so nothing more is restored.
+  const auto settle = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while (std::chrono::steady_clock::now() < settle) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  MemoryReport part;
+  ASSERT_TRUE(wait_for([&] { return r.ctx->TryReport(&part); }));
+  EXPECT_LE(part.in_memory(), limit);
+  EXPECT_GT(part.in_memory(), evicted.in_memory());
+  EXPECT_TRUE(ResidentIsForwardPrefix(*r.ctx));
+  uint64_t restored = 0;
+  for (const PressureAction& a : mon.actions())
+    if (a.restored) {
+      EXPECT_TRUE(a.status.ok()) << a.status.ToString();
+      restored += a.restored_bytes;
+    }
+  EXPECT_EQ(restored, part.in_memory() - evicted.in_memory());
+  // The apps are gone: everything comes back, and the context answers as if never evicted.
+  src->limit_bytes = UINT64_MAX / 2;
+  ASSERT_TRUE(wait_for([&] { return Remaining(*r.ctx) == 1.0; }));
+  mon.Stop();
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data() + 120, 8, false).ok());
+  EXPECT_EQ(Logits(*r.ctx), ref);
+}
+
 class FailingSource : public PressureSource {
  public:
   std::string name() const override { return "failing"; }

@@ -36,6 +36,7 @@
 #include "tools/common.h"
 #include "tools/multitask.h"
 #include "tools/os_memory.h"
+#include "tools/peers_common.h"
 #include "tools/real_text.h"
 
 namespace mz::cli {
@@ -71,14 +72,17 @@ struct MtArgs {
   int sample_ms = 100;
   int ref_reps = 3;
   bool restore_ahead = false;
-  int calm_ms = 10000;  // restore-ahead: pressure calm for this long
+  int calm_ms = 300;  // restore-ahead: pressure calm for this long (below --gap: it may start before the query)
+  double restore_margin = 0.10;  // restore-ahead: keep this fraction of the cgroup limit free
 };
 
 struct ModeSpec {
-  std::string name;         // ospaging | mz15 | mz25 | mz<NN>[@<source>]
+  std::string name;         // ospaging | mz15 | mz25 | mz<NN>[+ahead][+step][@<source>]
   std::string worker_mode;  // ospaging | mzcache
   double step = 0;
   std::string source;       // mzcache's pressure source for this mode
+  bool ahead = false;          // +ahead: background restore-ahead (also --restore-ahead for every mode)
+  bool critical_step = false;  // +step: a critical event escalates the step instead of evicting to the floor
 };
 
 struct AppPlan {
@@ -124,6 +128,7 @@ struct RoundResult {
   int events = 0;  // pressure events the mzcache worker received
   int evictions = 0;
   double freed_mib = 0;
+  double restored_mib = 0;  // restore-ahead: restored in the background before the query
   nlohmann::json actions = nlohmann::json::array();  // the monitor's actions: t (s into the round), level, MiB
   double peak_mib = 0;
   uint64_t oom_kills = 0;
@@ -273,16 +278,6 @@ uint64_t OomKills(const std::string& cg) {
   return 0;
 }
 
-std::string ModelPathFor(const std::string& m, const std::string& type) {
-  if (m.find('/') != std::string::npos || m.find(".gguf") != std::string::npos) return m;
-  std::string p;
-  Status st = EnsureDefaultModel(&p, m, type);
-  if (!st.ok()) {
-    std::fprintf(stderr, "error: %s\n", st.ToString().c_str());
-    return "";
-  }
-  return p;
-}
 
 // The long context (n tokens of real text, the same text and session file as bench ttft) and the
 // reference: next-token logits for the query with all memory resident, plus the all-in-memory TTFT
@@ -303,46 +298,13 @@ Status BuildReference(const std::string& model_path, const MtArgs& a, std::strin
   co.swap_path = a.swap_dir + "/mzcache-multitask-" + std::to_string(getpid()) + "-ref.swap";
   Context ctx(model.get(), co);
   MZ_RETURN_IF_ERROR(ctx.Init());
-  std::unique_ptr<Tokenizer> tok;
-  MZ_RETURN_IF_ERROR(Tokenizer::Load(model_path, &tok));
   const int n = a.ctx, q = a.query;
-  std::string text;
-  MZ_RETURN_IF_ERROR(RealText(size_t(n + q) * 8, &text));
   std::vector<int32_t> toks;
-  MZ_RETURN_IF_ERROR(tok->Tokenize(text.substr(0, size_t(n + q) * 8), true, false, &toks));
-  if (int(toks.size()) < n + q) return Status::Internal("not enough text for the context");
+  MZ_RETURN_IF_ERROR(RealTokens(model_path, n + q, &toks));
   ref->context.assign(toks.begin(), toks.begin() + n);
   ref->query.assign(toks.begin() + n, toks.begin() + n + q);
-  std::string stem = model_path.substr(model_path.find_last_of('/') + 1);
-  stem = stem.substr(0, stem.rfind(".gguf"));
-  *sess = CacheDir() + "/contexts/" + stem + "-" + std::to_string(n) + ".sess";
-  FileInfo fi;
-  bool have = false;
-  if (Env::Default()->StatPath(*sess, &fi).ok()) {
-    const double t0 = NowSeconds();
-    Status st = LoadSession(ctx, *sess);
-    have = st.ok() && ctx.history() == ref->context;
-    if (have)
-      std::fprintf(stderr, "  context %d: loaded %s in %.1f s (built earlier by prefill)\n", n, sess->c_str(),
-                   NowSeconds() - t0);
-    else
-      std::fprintf(stderr, "  context %d: session %s unusable (%s); rebuilding\n", n, sess->c_str(),
-                   st.ok() ? "other tokens" : st.ToString().c_str());
-  }
-  if (!have) {
-    if (std::system(("mkdir -p '" + CacheDir() + "/contexts'").c_str()) != 0)
-      return Status::IOError("cannot create " + CacheDir() + "/contexts");
-    std::fprintf(stderr, "  context %d: building by prefill of real text (once; saved to %s)\n", n, sess->c_str());
-    ctx.Truncate(0);
-    const double t0 = NowSeconds();
-    for (int off = 0; off < n; off += 512) {
-      const int m = std::min(512, n - off);
-      MZ_RETURN_IF_ERROR(ctx.Decode(toks.data() + off, m, false));
-      std::fprintf(stderr, "\r  prefill %d/%d tokens (%.0f s)", off + m, n, NowSeconds() - t0);
-    }
-    std::fprintf(stderr, "\n");
-    MZ_RETURN_IF_ERROR(SaveSession(ctx, *sess, "none"));
-  }
+  // The context comes from its session file (built once by prefill of the same real text).
+  MZ_RETURN_IF_ERROR(EnsureSessionContext(ctx, model_path, toks, n, sess, nullptr));
   *report = ctx.Report();
   *deterministic = true;
   for (int rep = 0; rep <= a.ref_reps; ++rep) {
@@ -517,7 +479,12 @@ class MultitaskBench {
                                "--session", sess_, "--ref", ref_, "--ctx", std::to_string(a_.ctx + a_.query + 64),
                                "--threads", std::to_string(a_.threads), "--cgroup", cg_, "--swap-path", swap_path_,
                                "--source", m.source, "--cold-start", a_.cold, "--step", step, "--tol", tol};
-    if (a_.restore_ahead) v.insert(v.end(), {"--restore-ahead", "--calm-ms", std::to_string(a_.calm_ms)});
+    if (m.ahead) {
+      char margin[32];
+      std::snprintf(margin, sizeof margin, "%.4f", a_.restore_margin);
+      v.insert(v.end(), {"--restore-ahead", "--calm-ms", std::to_string(a_.calm_ms), "--restore-margin", margin});
+    }
+    if (m.critical_step) v.push_back("--critical-step");
     return v;
   }
 
@@ -586,7 +553,13 @@ class MultitaskBench {
       r->actions.push_back({{"t", std::round((act.t - round_t0_) * 1000) / 1000}, {"level", get("level")},
                             {"requested_mib", std::round(std::stod("0" + get("req")) / 1048576.0)},
                             {"freed_mib", std::round(freed)}, {"remaining", get("remaining")},
-                            {"delay_ms", get("delay_ms")}, {"note", get("msg")}});
+                            {"delay_ms", get("delay_ms")}, {"note", get("msg")},
+                            {"restored_mib", std::round(std::stod("0" + get("restored_bytes")) / 1048576.0)}});
+      if (get("restored") == "1") {
+        const double mib = std::stod("0" + get("restored_bytes")) / 1048576.0;
+        r->restored_mib += mib;
+        marks_.push_back({act.t - t0_, "restore", mib});
+      }
       if (freed > 0) {
         ++r->evictions;
         r->freed_mib += freed;
@@ -786,12 +759,27 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
   std::vector<ModeSpec> modes;
   for (const std::string& m : a.modes) {
     const size_t at = m.find('@');
-    const std::string pts = m.substr(2, at == std::string::npos ? std::string::npos : at - 2);
+    std::string body = m.substr(0, at);
+    ModeSpec spec{m, "mzcache", 0, at == std::string::npos ? a.source : m.substr(at + 1)};
+    spec.ahead = a.restore_ahead;
+    bool flags_ok = true;
+    for (size_t plus; (plus = body.rfind('+')) != std::string::npos;) {
+      const std::string f = body.substr(plus + 1);
+      if (f == "ahead") spec.ahead = true;
+      else if (f == "step") spec.critical_step = true;
+      else flags_ok = false;
+      body.resize(plus);
+    }
+    const std::string pts = body.size() > 2 ? body.substr(2) : "";
     if (m == "ospaging") modes.push_back({m, "ospaging", 0, ""});
-    else if (m.rfind("mz", 0) == 0 && !pts.empty() && pts.size() <= 3 && std::all_of(pts.begin(), pts.end(), ::isdigit) &&
-             std::stoi(pts) > 0 && std::stoi(pts) <= 100)
-      modes.push_back({m, "mzcache", std::stoi(pts) / 100.0, at == std::string::npos ? a.source : m.substr(at + 1)});
-    else return Fail(Status::InvalidArgument("unknown mode '" + m + "' (ospaging, mz15, mz25, mz<points>[@<source>])"));
+    else if (flags_ok && body.rfind("mz", 0) == 0 && !pts.empty() && pts.size() <= 3 &&
+             std::all_of(pts.begin(), pts.end(), ::isdigit) && std::stoi(pts) > 0 && std::stoi(pts) <= 100) {
+      spec.step = std::stoi(pts) / 100.0;
+      modes.push_back(spec);
+    } else {
+      return Fail(Status::InvalidArgument("unknown mode '" + m +
+                                          "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][@<source>])"));
+    }
   }
   if (a.rounds < 1 || a.need_lo > a.need_hi || a.hold_lo > a.hold_hi || a.max_apps < 1)
     return Fail(Status::InvalidArgument("bad round parameters"));
@@ -803,8 +791,8 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
       return kExitUnsupported;
     }
   }
-  const std::string path = ModelPathFor(a.model, a.type);
-  if (path.empty()) return 1;
+  std::string path;
+  if (Status st = ResolveModelPath(a.model, a.type, &path); !st.ok()) return Fail(st);
   const double t_all = NowSeconds();
   std::fprintf(stderr, "bench multitask: %s, context %d, %d rounds, seed %llu, modes", path.c_str(), a.ctx, a.rounds,
                (unsigned long long)a.seed);
@@ -949,20 +937,24 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
     nlohmann::json rows = nlohmann::json::array();
     tables += "\n## " + r.spec.name +
               (r.spec.source.empty() ? std::string()
-                                     : " (" + Fmt("%.0f", 100 * r.spec.step) + " points per event, source " + r.spec.source + ")") +
+                                     : " (" + Fmt("%.0f", 100 * r.spec.step) + " points per event, source " + r.spec.source +
+                                           (r.spec.critical_step ? ", critical: escalated step" : ", critical: to the floor") +
+                                           (r.spec.ahead ? ", restore-ahead in the background (calm " + std::to_string(a.calm_ms) +
+                                                               " ms, keeping " + Fmt("%.0f", 100 * a.restore_margin) + "% of the limit free)"
+                                                         : ", restore on request") + ")") +
               "\n\n" + (r.error.empty() ? std::string() : "**stopped early: " + r.error + "**\n\n") + "swap: " + r.swap +
               "\n\nwarm-up query (all resident, in the cgroup): TTFT " + Fmt("%.3f", r.warm_ttft) +
               " s, intact " + (r.warm_intact ? "yes" : "no") + "; LLM usage before pressure " +
               Fmt("%.0f", r.llm_usage0 / 1048576.0) + " MiB\n\n";
     tables += "| round | apps MiB | LLM killed | back by | TTFT on return s | / all-in-memory | paired resident TTFT s (ratio) | "
-              "context intact | max logit diff | LLM resident before query | evictions (MiB freed) | peak usage MiB |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+              "context intact | max logit diff | LLM resident before query | evictions (MiB freed) | restored ahead MiB | peak usage MiB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (const RoundResult& x : r.rounds) {
       survived += !x.killed && x.intact;
       killed += x.killed;
       t.push_back(x.ttft);
       if (std::isfinite(x.ttft_resident) && x.ttft_resident > 0) paired.push_back(x.ttft / x.ttft_resident);
-      std::snprintf(line, sizeof line, "| %d | %d (%d app%s) | %s | %s | %.3f | %.2f | %.3f (%.2f) | %s | %.3g | %s | %d (%.0f) | %.0f |\n",
+      std::snprintf(line, sizeof line, "| %d | %d (%d app%s) | %s | %s | %.3f | %.2f | %.3f (%.2f) | %s | %.3g | %s | %d (%.0f) | %.0f | %.0f |\n",
                     x.round, x.app_mib, x.n_apps, x.n_apps > 1 ? "s" : "", x.killed ? "**yes**" : "no",
                     x.back == "kept" ? "kept in memory" : ("cold start, " + x.back).c_str(), x.ttft, x.ttft / mem_ttft,
                     x.ttft_resident, x.ttft / x.ttft_resident,
@@ -970,7 +962,7 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
                     x.killed           ? "-"
                     : x.remaining >= 0 ? (Fmt("%.0f%%", 100 * x.remaining)).c_str()
                                        : (Fmt("RSS %.0f MiB", x.llm_rss_mib)).c_str(),
-                    x.evictions, x.freed_mib, x.peak_mib);
+                    x.evictions, x.freed_mib, x.restored_mib, x.peak_mib);
       tables += line;
       rows.push_back({{"round", x.round}, {"app_mib", x.app_mib}, {"n_apps", x.n_apps}, {"apps_killed", x.apps_killed},
                       {"killed", x.killed}, {"kill_t", x.kill_t}, {"back", x.back}, {"cold_start_s", x.cold_start_s},
@@ -979,7 +971,7 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
                       {"ttft_over_resident", x.ttft / x.ttft_resident}, {"resident_remaining", x.resident_remaining}, {"intact", x.intact}, {"bit_identical", x.bitident},
                       {"max_logit_diff", x.maxdiff}, {"history_ok", x.history_ok},
                       {"top1", x.top1}, {"ref_top1", x.ref_top1}, {"top1_equal", x.top1_equal}, {"ref_margin", x.ref_margin}, {"remaining_before_query", x.remaining},
-                      {"llm_rss_mib_before_query", x.llm_rss_mib}, {"pressure_events", x.events}, {"evictions", x.evictions}, {"freed_mib", x.freed_mib},
+                      {"llm_rss_mib_before_query", x.llm_rss_mib}, {"pressure_events", x.events}, {"evictions", x.evictions}, {"freed_mib", x.freed_mib}, {"restored_mib", x.restored_mib},
                       {"peak_usage_mib", x.peak_mib}, {"oom_kills", x.oom_kills}, {"msg", x.msg},
                       {"actions", x.actions}});
     }
@@ -1033,7 +1025,9 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
           " : 1/0) w p pt 2 ps 2 lw 2 lc rgb 'red' t 'LLM killed', '' u 1:(strcol(2) eq 'query' ? " +
           Fmt("%.1f", lim * 1.10) + " : 1/0) w p pt 9 ps 1.5 lc rgb 'blue' t 'query', '' u 1:(strcol(2) eq 'cold' ? " +
           Fmt("%.1f", lim * 1.10) + " : 1/0) w p pt 8 ps 1.5 lc rgb 'red' t 'cold start + query', '' u 1:(strcol(2) eq "
-          "'event' ? " + Fmt("%.1f", lim * 0.03) + " : 1/0) w p pt 7 ps 0.5 lc rgb 'purple' t 'pressure event'\n";
+          "'event' ? " + Fmt("%.1f", lim * 0.03) + " : 1/0) w p pt 7 ps 0.5 lc rgb 'purple' t 'pressure event', '' u "
+          "1:(strcol(2) eq 'restore' ? " + Fmt("%.1f", lim * 0.07) + " : 1/0) w p pt 6 ps 0.8 lc rgb 'dark-green' t "
+          "'restore-ahead slice'\n";
   }
   gp += "unset multiplot\n";
   const std::string png = Gnuplot(a.out, "multitask-trace", gp);
@@ -1094,8 +1088,12 @@ void AddMultitaskCommands(CLI::App& app, Runners& runners) {
   c->add_option("--swap-dir", a->swap_dir, "folder for mzcache's swap file and scratch files")->capture_default_str();
   c->add_option("--sample-ms", a->sample_ms, "memory trace period")->capture_default_str();
   c->add_option("--ref-reps", a->ref_reps, "all-in-memory TTFT repetitions")->capture_default_str();
-  c->add_flag("--restore-ahead", a->restore_ahead, "mzcache restores in the background once pressure is calm");
-  c->add_option("--calm-ms", a->calm_ms, "--restore-ahead: after this long without a pressure event")->capture_default_str();
+  c->add_flag("--restore-ahead", a->restore_ahead,
+              "every mzcache mode restores in the background once pressure is calm, as far as the cgroup has room "
+              "(per mode: mz25+ahead)");
+  c->add_option("--calm-ms", a->calm_ms, "restore-ahead: after this long without a pressure event")->capture_default_str();
+  c->add_option("--restore-margin", a->restore_margin, "restore-ahead: keep this fraction of the cgroup limit free")
+      ->capture_default_str();
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
     return RunBench(*a, [c](const char* opt) { return c->count(opt) > 0; });

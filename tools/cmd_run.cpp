@@ -198,8 +198,11 @@ void AddPressureOptions(CLI::App* c, PressureArgs& p) {
 void PrintPressureAction(const PressureAction& a) {
   const double rem = 100.0 * a.remaining;
   if (a.restored) {
-    std::fprintf(stderr, "\n[pressure gone: restored ahead in the background%s (remaining %.0f%%)]\n",
-                 a.status.ok() ? "" : (": " + a.status.ToString()).c_str(), rem);
+    std::fprintf(stderr, "\n[pressure gone: restored %s ahead in the background%s (remaining %.0f%%)]\n",
+                 Mib(a.restored_bytes).c_str(), a.status.ok() ? "" : (": " + a.status.ToString()).c_str(), rem);
+  } else if (a.event.source == "restore-ahead") {
+    if (a.repeats > 0) return;
+    std::fprintf(stderr, "\n[restore-ahead: waiting until memory is free (remaining %.0f%%)]\n", rem);
   } else if (!a.status.ok() && a.freed == 0) {
     std::fprintf(stderr, "\n[pressure %s from %s: %s]\n", PressureLevelName(a.event.level), a.event.source.c_str(),
                  a.status.ToString().c_str());

@@ -79,6 +79,8 @@ struct WorkerArgs {
   double tol = 1.0;
   bool restore_ahead = false;
   int calm_ms = 10000;
+  double restore_margin = 0.20;
+  bool critical_step = false;
 };
 
 int RunWorker(const WorkerArgs& a) {
@@ -138,12 +140,15 @@ int RunWorker(const WorkerArgs& a) {
     if (a.restore_ahead) {
       ao.restore_ahead = AmountOptions::RestoreAhead::kBackground;
       ao.calm_ns = uint64_t(std::max(0, a.calm_ms)) * 1000000ull;
+      ao.restore_margin = a.restore_margin;
     }
+    ao.critical_to_floor = !a.critical_step;
     mon = std::make_unique<PressureMonitor>(&ctx, std::make_unique<ReportingSource>(std::move(src)), ao);
     mon->set_on_action([](const PressureAction& x) {
-      Out("action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d ok=%d step=%.3f "
-          "delay_ms=%.1f msg=%s",
+      Out("action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d restored_bytes=%" PRIu64
+          " ok=%d step=%.3f delay_ms=%.1f msg=%s",
           PressureLevelName(x.event.level), x.requested, x.freed, x.remaining, int(x.deferred), int(x.restored),
+          x.restored_bytes,
           int(x.status.ok()), x.step_points,
           x.applied_ns > x.event.time_ns ? double(x.applied_ns - x.event.time_ns) / 1e6 : 0.0,
           OneLine(x.note.empty() ? x.status.ToString() : x.note).c_str());
@@ -268,6 +273,8 @@ void AddMultitaskChildren(CLI::App& app, Runners& runners) {
   w->add_option("--tol", a->tol);
   w->add_flag("--restore-ahead", a->restore_ahead);
   w->add_option("--calm-ms", a->calm_ms);
+  w->add_option("--restore-margin", a->restore_margin);
+  w->add_flag("--critical-step", a->critical_step);
   runners.push_back([w, a]() -> int { return w->parsed() ? RunWorker(*a) : -1; });
 
   auto b = std::make_shared<AppArgs>();

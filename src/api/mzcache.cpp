@@ -344,6 +344,7 @@ mz::Status ToOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so,
     return mz::Status::InvalidArgument("max_step_points must be in [step_points, 1]");
   if (!(p.floor_points >= 0 && p.floor_points < 1)) return mz::Status::InvalidArgument("floor_points must be in [0, 1)");
   if (p.poll_ms == 0) return mz::Status::InvalidArgument("poll_ms must be positive");
+  if (!(p.restore_margin >= 0 && p.restore_margin < 1)) return mz::Status::InvalidArgument("restore_margin must be in [0, 1)");
   so->kind = p.source ? p.source : "auto";
   so->cgroup_dir = p.cgroup_dir ? p.cgroup_dir : "";
   so->psi_stall_us = p.psi_stall_us;
@@ -358,6 +359,7 @@ mz::Status ToOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so,
   ao->restore_ahead = p.restore_in_background ? mz::AmountOptions::RestoreAhead::kBackground
                                               : mz::AmountOptions::RestoreAhead::kOnRequest;
   ao->calm_ns = uint64_t(p.calm_ms) * 1000000ull;
+  ao->restore_margin = p.restore_margin;
   return mz::Status::Ok();
 }
 
@@ -370,6 +372,9 @@ void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, co
     mz_pressure_stats& s = ctx->stats;
     if (a.restored) {
       if (a.status.ok()) s.restores++;
+      s.bytes_restored += a.restored_bytes;
+    } else if (a.event.source == "restore-ahead") {
+      // waiting for headroom: not a pressure event
     } else {
       s.events++;
       s.last_level = int32_t(a.event.level);
@@ -411,6 +416,7 @@ mz_pressure_params mz_pressure_default_params(void) {
   p.hysteresis_ms = 1000;
   p.restore_in_background = false;
   p.calm_ms = 10000;
+  p.restore_margin = 0.2f;
   p.psi_stall_us = 150000;
   p.psi_window_us = 1000000;
   p.poll_ms = 100;

@@ -242,9 +242,15 @@ Status ElasticMemory::Apply(const Plan& plan, uint64_t bytes, uint64_t* freed) {
 
 Status ElasticMemory::Restore(const UnitRef& u) { return Move(Placement{u, UnitState::kResident}); }
 
+size_t ElasticMemory::RestoreBytes(const UnitRef& u) const {
+  return u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : kv_->geometry().chunk_bytes();
+}
+
+Env* ElasticMemory::env() const { return kv_->env(); }
+
 void* ElasticMemory::AllocateFor(const UnitRef& u, size_t* bytes) {
   if (state(u) == UnitState::kResident) return nullptr;
-  *bytes = u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : kv_->geometry().chunk_bytes();
+  *bytes = RestoreBytes(u);
   void* p = kv_->env()->MapAnon(*bytes);
   if (p) kv_->env()->Prefault(p, *bytes);
   return p;
@@ -264,18 +270,35 @@ bool ElasticMemory::AllResident() const {
   return true;
 }
 
-Status ElasticMemory::RestoreAll() {
+Status ElasticMemory::RestoreAll() { return RestoreUpTo(UINT64_MAX, nullptr); }
+
+Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored) {
+  if (restored) *restored = 0;
   if (AllResident()) return Status::Ok();
   std::vector<UnitRef> todo;
+  uint64_t budget_used = 0;
+  bool full = false;  // the budget is spent: later units wait (forward-order prefix only)
+  auto add = [&](const UnitRef& u, uint64_t bytes) {
+    if (full) return;
+    if (bytes > max_bytes - budget_used) {
+      full = true;
+      return;
+    }
+    budget_used += bytes;
+    todo.push_back(u);
+  };
+  const uint64_t chunk_bytes = kv_->geometry().chunk_bytes();
   auto add_w = [&](int layer) {
-    if (!model_->unit(weight_unit(layer)).resident()) todo.push_back(UnitRef::Weights(layer));
+    const int wu = weight_unit(layer);
+    if (!model_->unit(wu).resident()) add(UnitRef::Weights(layer), model_->unit(wu).region_bytes);
   };
   add_w(-1);
-  for (int l = 0; l < kv_->geometry().n_layer; ++l) {
+  for (int l = 0; l < kv_->geometry().n_layer && !full; ++l) {
     add_w(l);
     for (int c = 0; c < int(slots_[size_t(l)].size()); ++c)
-      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident) todo.push_back(UnitRef::Kv(l, c));
+      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident) add(UnitRef::Kv(l, c), chunk_bytes);
   }
+  if (todo.empty()) return Status::Ok();
   bool any_weights = false;
   for (const auto& u : todo) any_weights |= u.kind == UnitRef::kWeights;
   if (any_weights) MZ_RETURN_IF_ERROR(model_->VerifyIdentity());
@@ -292,6 +315,11 @@ Status ElasticMemory::RestoreAll() {
   for (int t = 1; t < nt; ++t) ts.emplace_back(worker, t);
   worker(0);
   for (auto& t : ts) t.join();
+  if (restored) {
+    for (const UnitRef& u : todo)
+      if (state(u) == UnitState::kResident)
+        *restored += u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : chunk_bytes;
+  }
   for (const auto& e : errs)
     if (!e.ok()) return e;
   return Status::Ok();

@@ -108,6 +108,11 @@ class ElasticMemory {
   // over opts.restore_threads workers. Verifies the model file's identity first if any weight unit
   // is dropped. Returns the first error; other units are still restored.
   Status RestoreAll();
+  // Restores the longest forward-order prefix of the evicted units (same order as RestoreAll)
+  // whose restored RAM fits in max_bytes (at least nothing; a unit larger than the budget stops
+  // the prefix). *restored (optional) receives the RAM the restored units now occupy. Same error
+  // contract as RestoreAll; units before a failed one stay restored.
+  Status RestoreUpTo(uint64_t max_bytes, uint64_t* restored);
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
@@ -115,6 +120,9 @@ class ElasticMemory {
   // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it
   // allocates itself). Distinct units may be restored concurrently.
   void* AllocateFor(const UnitRef& u, size_t* bytes);
+  // RAM unit u occupies when resident (what AllocateFor maps for it).
+  size_t RestoreBytes(const UnitRef& u) const;
+  Env* env() const;
   Status RestoreInto(const UnitRef& u, void* mem);
   // Forget chunks >= first_chunk (context truncation): frees their swap copies.
   void ForgetChunksFrom(int first_chunk);

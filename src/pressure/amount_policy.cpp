@@ -49,8 +49,7 @@ AmountDecision AmountPolicy::Tick(uint64_t now_ns, uint64_t llm_bytes, uint64_t 
   if (resident_bytes >= llm_bytes) evicted_since_restore_ = false;
   if (o_.restore_ahead != AmountOptions::RestoreAhead::kBackground || !evicted_since_restore_) return d;
   if (now_ns < last_event_ns_ || now_ns - last_event_ns_ < o_.calm_ns) return d;
-  d.restore_now = true;
-  evicted_since_restore_ = false;
+  d.restore_now = true;  // again on every tick until resident (the monitor restores in slices)
   cur_step_ = 0;
   return d;
 }

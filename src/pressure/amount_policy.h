@@ -14,8 +14,12 @@
 //   - bytes_hint > 0 (an explicit request): that many bytes, still respecting the floor.
 // Restore-ahead: kOnRequest restores nothing until the next request (restore_generate overlaps it
 // with the prefill); kBackground restores once calm_ns passed since the last pressure event (kNone
-// events do not count as pressure). A context that is fully resident again (a generation restored
-// it) needs no restore.
+// events do not count as pressure), and keeps asking on every tick until everything is back: the
+// monitor restores in slices (restore_slice_bytes, front layers first) only what fits the memory
+// the source reports free while keeping restore_margin of the limit free (so restoring does not
+// itself cause pressure, nor get the process killed while other apps still hold their memory). A
+// context that is fully resident again (a generation restored it) needs no restore; RestoreGaveUp()
+// (a restore failed) stops asking until the next eviction.
 //
 #pragma once
 #include <cstdint>
@@ -34,6 +38,8 @@ struct AmountOptions {
   enum class RestoreAhead { kOnRequest, kBackground } restore_ahead = RestoreAhead::kOnRequest;
   uint64_t calm_ns = 10'000'000'000ull;       // kBackground: restore once no event for this long
   bool critical_to_floor = true;              // kCritical gives back everything down to the floor
+  double restore_margin = 0.20;               // kBackground: keep this fraction of the limit free
+  uint64_t restore_slice_bytes = 256ull << 20;  // kBackground: at most this much per tick (0: no cap)
 };
 
 struct AmountDecision {
@@ -48,6 +54,8 @@ class AmountPolicy {
   // llm_bytes: LLM footprint above the base unit; resident_bytes: how much of it is in RAM now.
   AmountDecision OnEvent(const PressureEvent& ev, uint64_t llm_bytes, uint64_t resident_bytes);
   AmountDecision Tick(uint64_t now_ns, uint64_t llm_bytes, uint64_t resident_bytes);
+  // A background restore failed: stop asking for restores until the next eviction.
+  void RestoreGaveUp() { evicted_since_restore_ = false; }
   const AmountOptions& options() const { return o_; }
 
  private:

@@ -21,6 +21,14 @@ CgroupV1Source::CgroupV1Source(Env* env, std::string cgroup_dir)
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
+Status CgroupV1Source::Headroom(uint64_t* available, uint64_t* limit) {
+  if (!headroom_) {
+    std::string what;
+    headroom_ = WatermarkSource::DefaultSampler(dir_, &what);
+  }
+  return headroom_(available, limit);
+}
+
 CgroupV1Source::~CgroupV1Source() {
   CloseAll();
   if (stop_fd_ >= 0) ::close(stop_fd_);

@@ -17,6 +17,7 @@
 #include <atomic>
 
 #include "pressure/pressure_source.h"
+#include "pressure/watermark_source.h"
 
 namespace mz {
 
@@ -30,6 +31,8 @@ class CgroupV1Source : public PressureSource {
   // timeout_ms < 0 waits without limit.
   Status Wait(int timeout_ms, PressureEvent* ev) override;
   void Stop() override;
+  // Limit minus usage (less inactive file pages) of the watched cgroup (WatermarkSource's sampler).
+  Status Headroom(uint64_t* available, uint64_t* limit) override;
   const std::string& dir() const { return dir_; }
   // Checks that `dir` can be watched (exists, is a v1 memory cgroup, the control file is
   // writable); *why says why not.
@@ -43,6 +46,7 @@ class CgroupV1Source : public PressureSource {
   int efd_[3] = {-1, -1, -1};  // low, medium, critical
   int stop_fd_ = -1;
   std::atomic<bool> stopped_{false};
+  WatermarkSource::Sampler headroom_;  // created lazily by Headroom()
 };
 
 }  // namespace mz

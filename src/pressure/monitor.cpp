@@ -284,13 +284,33 @@ void PressureMonitor::TickLocked(Notes* out) {
   const uint64_t now = env_->NowNs();
   AmountDecision d = policy_.Tick(now, llm, resident);
   if (!d.restore_now) return;
+  const AmountOptions& o = policy_.options();
+  uint64_t budget = o.restore_slice_bytes ? o.restore_slice_bytes : UINT64_MAX;
+  uint64_t avail = 0, limit = 0;
+  const Status hs = src_->Headroom(&avail, &limit);
+  if (hs.ok() && limit > 0) {
+    const uint64_t keep = uint64_t(std::clamp(o.restore_margin, 0.0, 1.0) * double(limit));
+    budget = std::min(budget, avail > keep ? avail - keep : 0);
+  } else if (hs.code() != Status::kUnsupported) {
+    return;  // the source can tell but failed to now: never restore blind; next tick tries again
+  }
   PressureAction a;
   a.event.time_ns = now;
   a.event.source = "restore-ahead";
-  a.restored = true;
   a.llm_bytes = llm;
-  a.status = ctx_->TryRestore();
+  a.remaining = Frac(resident, llm);
+  uint64_t got = 0;
+  a.status = budget > 0 ? ctx_->TryRestoreUpTo(budget, &got) : Status::Ok();
   a.applied_ns = env_->NowNs();
+  if (a.status.code() == Status::kBusy) return;  // a generation holds the context: it restores itself
+  if (a.status.ok() && got == 0) {
+    a.note = "restore-ahead waits for headroom";  // coalesced while it lasts (requested 0, not restored)
+    RecordLocked(a, out);
+    return;
+  }
+  a.restored = true;
+  a.restored_bytes = got;
+  if (!a.status.ok()) policy_.RestoreGaveUp();
   MemoryReport r2;
   if (ctx_->TryReport(&r2)) {
     uint64_t l2, res2;

@@ -15,8 +15,12 @@
 //     reply is not slowed by evicting and restoring between its tokens; events at or above
 //     pause_level (default kCritical: the process is about to be killed) still pause it at the
 //     next step.
-// Restore-ahead (AmountOptions::kBackground) runs on the monitor's thread with TryRestore: never
-// while a generation runs (it restores what it needs itself).
+// Restore-ahead (AmountOptions::kBackground) runs on the monitor's thread with TryRestoreUpTo:
+// never while a generation runs (it restores what it needs itself); each tick restores one slice
+// (front layers first) of at most restore_slice_bytes and at most what the source's Headroom()
+// says is free beyond restore_margin of the limit (no fit check if the source cannot tell,
+// kUnsupported; any other Headroom error skips that tick rather than restore blind). While
+// nothing fits, one coalesced action says so ("restore-ahead waits for headroom").
 //
 // Ownership: borrows the Context (must outlive the monitor) and owns the source. The constructor
 // installs the context's safe-point hook (one monitor per context), the destructor removes it.
@@ -46,6 +50,7 @@ struct PressureAction {
   uint64_t requested = 0, freed = 0;
   bool deferred = false;      // arrived during a generation, applied at a safe point
   bool restored = false;      // background restore-ahead
+  uint64_t restored_bytes = 0;  // restore-ahead: RAM restored by this slice
   double remaining = 0;       // after the action (fraction of LLM memory resident)
   Status status;
   uint64_t applied_ns = 0;    // Env clock when applied (applied_ns - event.time_ns: reaction delay)

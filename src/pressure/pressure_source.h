@@ -52,6 +52,16 @@ class PressureSource {
   // kOk with *ev filled, kTimeout if none arrived, kCancelled after Stop(), or an I/O error.
   virtual Status Wait(int timeout_ms, PressureEvent* ev) = 0;
   virtual void Stop() = 0;
+  // Memory that can still be allocated before the watched limit, for restore-ahead's fit check:
+  // *available bytes (limit minus non-reclaimable usage) and the *limit they are measured against.
+  // Kernel sources read their cgroup (v1 or v2, when it has a limit) or /proc/meminfo; sources that
+  // cannot know (manual, fakes) return kUnsupported and restore-ahead then restores without a fit
+  // check. Called from the monitor's thread only.
+  virtual Status Headroom(uint64_t* available, uint64_t* limit) {
+    (void)available;
+    (void)limit;
+    return Status::Unsupported(name() + " does not report headroom");
+  }
 };
 
 // Which source to use. "auto" tries cgroup-v1 (if `cgroup_dir` is a v1 memory cgroup), then PSI

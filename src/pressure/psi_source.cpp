@@ -89,6 +89,18 @@ PsiSource::PsiSource(Env* env, std::string path, bool full, uint32_t stall_us, u
   stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 }
 
+Status PsiSource::Headroom(uint64_t* available, uint64_t* limit) {
+  if (!headroom_) {
+    const std::string file = "/memory.pressure";
+    std::string dir;
+    if (path_.size() > file.size() && path_.compare(path_.size() - file.size(), file.size(), file) == 0)
+      dir = path_.substr(0, path_.size() - file.size());
+    std::string what;
+    headroom_ = WatermarkSource::DefaultSampler(dir, &what);
+  }
+  return headroom_(available, limit);
+}
+
 PsiSource::~PsiSource() {
   if (fd_ >= 0) ::close(fd_);
   if (stop_fd_ >= 0) ::close(stop_fd_);

@@ -18,6 +18,7 @@
 #include <atomic>
 
 #include "pressure/pressure_source.h"
+#include "pressure/watermark_source.h"
 
 namespace mz {
 
@@ -49,6 +50,8 @@ class PsiSource : public PressureSource {
   Status Start() override;
   Status Wait(int timeout_ms, PressureEvent* ev) override;
   void Stop() override;
+  // The cgroup of a <cgroup>/memory.pressure path (if it has a limit), else /proc/meminfo.
+  Status Headroom(uint64_t* available, uint64_t* limit) override;
   const std::string& path() const { return path_; }
   // Opens `path` and arms the trigger once (then closes it): the real check that this kernel and
   // this process can use PSI triggers. *why says why not.
@@ -62,6 +65,7 @@ class PsiSource : public PressureSource {
   int fd_ = -1;
   int stop_fd_ = -1;
   std::atomic<bool> stopped_{false};
+  WatermarkSource::Sampler headroom_;  // created lazily by Headroom()
 };
 
 }  // namespace mz

@@ -55,6 +55,8 @@ class WatermarkSource : public PressureSource {
   // Polls until an event, timeout_ms (< 0: no limit; 0: one sample, no sleep) or Stop().
   Status Wait(int timeout_ms, PressureEvent* ev) override;
   void Stop() override;
+  // A fresh sample through the sampler.
+  Status Headroom(uint64_t* available, uint64_t* limit) override { return sampler_(available, limit); }
   // Headroom (available / limit) of the last sample.
   double last_headroom() const;
   // The default sampler for a cgroup dir ("" or unlimited: /proc/meminfo); *what describes it.

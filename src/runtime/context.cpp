@@ -159,7 +159,8 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   fwd_->set_n_threads(during);
   fwd_->set_wait([&](int unit) -> Status {
     Status s = pipe.Wait(unit);
-    if (pipe.done() && fwd_->n_threads() != full) fwd_->set_n_threads(full);
+    if ((pipe.done() || (po.full_threads_for_io && pipe.cpu_work_done())) && fwd_->n_threads() != full)
+      fwd_->set_n_threads(full);
     return s;
   });
   if (st.ok()) st = fwd_->Decode(tokens, n, false, &logits_);
@@ -199,6 +200,13 @@ Status Context::TryRestore() {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
   return elastic_->RestoreAll();
+}
+
+Status Context::TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored) {
+  if (restored) *restored = 0;
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
+  return elastic_->RestoreUpTo(max_bytes, restored);
 }
 
 void Context::SetSafePointHook(std::function<void()> hook) {

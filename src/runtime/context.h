@@ -76,7 +76,8 @@ class Context {
   // restore_generate: appends tokens and computes the last token's logits while evicted units are
   // restored in forward order (layer l's compute starts when layer l is resident). Compute uses
   // n_threads - 1 threads while restoration runs (the restore workers take the other core) and all
-  // n_threads once it is done. On failure the context is as before the call (units restored so far
+  // n_threads once it is done (or, with po.full_threads_for_io, once only storage reads remain).
+  // On failure the context is as before the call (units restored so far
   // stay restored).
   Status RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats);
   // Brings every unit back (multi-threaded).
@@ -89,6 +90,10 @@ class Context {
   // generation (or any other call) holds the context: for a pressure monitor's thread.
   bool TryReport(MemoryReport* out);
   Status TryRestore();
+  // TryRestore of at most max_bytes of RAM: the forward-order prefix of the evicted units that
+  // fits (ElasticMemory::RestoreUpTo); *restored (optional) receives what it restored. For
+  // restore-ahead in slices that fit the memory the system has free.
+  Status TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored);
   // Safe-point hook: called on the calling thread after every Decode and RestoreGenerate has
   // released the context (whether it succeeded or not), i.e. between generation steps, where a
   // queued eviction can run without tearing state (PressureMonitor::OnSafePoint). One hook per
