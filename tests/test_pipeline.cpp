@@ -62,6 +62,7 @@ struct Case {
   Overlap overlap;
   double remaining;
   std::string codec;
+  bool alloc_ahead = true;  // false: each unit mapped by its worker (PipelineOptions::alloc_ahead)
 };
 
 class RestoreGenerate : public ::testing::TestWithParam<Case> {};
@@ -91,6 +92,7 @@ TEST_P(RestoreGenerate, MatchesNeverEvicted) {
   PipelineOptions po;
   po.overlap = c.overlap;
   po.sequential = c.policy == "partial";
+  po.alloc_ahead = c.alloc_ahead;
   RestoreGenerateStats st;
   Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
   ASSERT_TRUE(status.ok()) << status.ToString();
@@ -115,6 +117,7 @@ std::vector<Case> Cases() {
         if (pol == "partial" && o != Overlap::kNone) continue;  // its restore has no overlap variants
         v.push_back({pol, o, rem, "none"});
         if (o == Overlap::kFull) v.push_back({pol, o, rem, "q8"});
+        if (pol == "backward" && (rem == 0.0 || rem == 0.5)) v.push_back({pol, o, rem, "none", false});
       }
   return v;
 }
@@ -123,7 +126,8 @@ INSTANTIATE_TEST_SUITE_P(AllPoliciesOverlapsLevels, RestoreGenerate, ::testing::
                          [](const auto& info) {
                            const Case& c = info.param;
                            std::string s = c.policy + "_" + OverlapName(c.overlap) + "_" +
-                                           std::to_string(int(c.remaining * 100)) + "_" + c.codec;
+                                           std::to_string(int(c.remaining * 100)) + "_" + c.codec +
+                                           (c.alloc_ahead ? "" : "_unitmaps");
                            for (auto& ch : s)
                              if (ch == '-') ch = '_';
                            return s;

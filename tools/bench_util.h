@@ -19,8 +19,9 @@ std::string RunCapture(const std::string& cmd, int* rc);
 // best of `reps`. Used to print the memory-bandwidth bound next to measurements.
 double MeasureReadBandwidth(int n_threads, size_t bytes = size_t(512) << 20, int reps = 3);
 // Sequential direct-I/O read bandwidth (bytes/s, best of 2) of the storage holding `dir`: writes a
-// `bytes` test file there, reads it back with `request`-sized O_DIRECT reads, removes it. 0 on error.
-double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request = size_t(4) << 20);
+// `bytes` test file there, reads it back with `request`-sized O_DIRECT reads from `threads` readers
+// taking the requests in turn (that many requests in flight), removes it. 0 on error.
+double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request = size_t(4) << 20, int threads = 1);
 // Writes text to dir/name (creating dir); returns false on failure.
 bool WriteFile(const std::string& dir, const std::string& name, const std::string& text);
 std::string MachineDescription();

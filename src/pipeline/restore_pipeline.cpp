@@ -40,10 +40,35 @@ RestorePipeline::RestorePipeline(ElasticMemory* e, int n_layer, const PipelineOp
 
 RestorePipeline::~RestorePipeline() { Finish(); }
 
-void RestorePipeline::Process(Task& t) {
+bool RestorePipeline::ClaimAndPopulate(size_t i) {
+  uint8_t s = 0;
+  if (!alloc_state_[i].compare_exchange_strong(s, 1, std::memory_order_acq_rel)) return false;
+  e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
+  alloc_state_[i].store(2, std::memory_order_release);
+  return true;
+}
+
+void RestorePipeline::EnsureAllocated(size_t i) {
+  Task& t = tasks_[i];
+  if (!region_) {
+    if (!t.mem) t.mem = e_->AllocateFor(t.u, &t.bytes);
+    return;
+  }
+  if (ClaimAndPopulate(i)) return;
+  while (alloc_state_[i].load(std::memory_order_acquire) != 2) std::this_thread::yield();  // being populated
+}
+
+void RestorePipeline::AllocatorThread() {
+  for (size_t i = 0; i < tasks_.size() && !stop_alloc_.load(std::memory_order_relaxed); ++i)
+    if (ClaimAndPopulate(i)) allocated_ahead_.fetch_add(1, std::memory_order_relaxed);
+  alloc_finished_ = true;
+}
+
+void RestorePipeline::Process(size_t i) {
+  Task& t = tasks_[i];
   const int64_t t0 = NowNs();
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
-  if (!t.mem) t.mem = e_->AllocateFor(t.u, &t.bytes);
+  EnsureAllocated(i);
   Status st = e_->RestoreInto(t.u, t.mem);
   t.mem = nullptr;  // ownership passed
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
@@ -56,12 +81,13 @@ void RestorePipeline::Process(Task& t) {
     if (!st.ok() && errors_[size_t(t.key)].ok()) errors_[size_t(t.key)] = st;
     --pending_[size_t(t.key)];
   }
+  if (t.mem_path) ++mem_done_;
   --remaining_;
   cv_.notify_all();
 }
 
 void RestorePipeline::RunQueue(std::vector<size_t>& q, std::atomic<size_t>& next, bool) {
-  for (size_t i; (i = next.fetch_add(1)) < q.size();) Process(tasks_[q[i]]);
+  for (size_t i; (i = next.fetch_add(1)) < q.size();) Process(q[i]);
 }
 
 void RestorePipeline::Worker(bool mem_path) {
@@ -79,7 +105,7 @@ void RestorePipeline::AllocateAll() {
   const int nt = std::max(1, opts_.io_threads + opts_.decode_threads);
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < tasks_.size();) tasks_[i].mem = e_->AllocateFor(tasks_[i].u, &tasks_[i].bytes);
+    for (size_t i; (i = next.fetch_add(1)) < tasks_.size();) EnsureAllocated(i);
   };
   std::vector<std::thread> ts;
   for (int t = 1; t < nt; ++t) ts.emplace_back(work);
@@ -132,14 +158,36 @@ Status RestorePipeline::Start() {
     allocated_ = true;
     stats_.alloc_s = double(NowNs()) * 1e-9 - a0;
     t_reload0_ = double(NowNs()) * 1e-9;
-    for (auto& t : tasks_) Process(t);
+    for (size_t i = 0; i < tasks_.size(); ++i) Process(i);
     stats_.reload_s = double(t_last_done_ns_.load()) * 1e-9 - t_reload0_;
     return Finish();
+  }
+  if (opts_.alloc_ahead) {
+    // One mapping, carved into page-aligned slices in task order (forward order).
+    constexpr size_t kPage = 4096;
+    std::vector<size_t> off(tasks_.size());
+    size_t total = 0;
+    for (size_t i = 0; i < tasks_.size(); ++i) {
+      tasks_[i].bytes = e_->RestoreBytes(tasks_[i].u);
+      off[i] = total;
+      total += (tasks_[i].bytes + kPage - 1) / kPage * kPage;
+    }
+    region_ = static_cast<char*>(e_->env()->MapAnon(total));
+    if (region_) {
+      alloc_state_ = std::make_unique<std::atomic<uint8_t>[]>(tasks_.size());
+      for (size_t i = 0; i < tasks_.size(); ++i) {
+        alloc_state_[i].store(0, std::memory_order_relaxed);
+        tasks_[i].mem = region_ + off[i];
+      }
+    }
   }
   if (opts_.overlap == Overlap::kNone || opts_.overlap == Overlap::kReloadPrefill) {
     const double a0 = double(NowNs()) * 1e-9;
     AllocateAll();
     stats_.alloc_s = double(NowNs()) * 1e-9 - a0;
+  } else if (region_) {
+    allocator_started_ = true;
+    allocator_ = std::thread(&RestorePipeline::AllocatorThread, this);
   }
   t_reload0_ = double(NowNs()) * 1e-9;
   if (opts_.parallel_paths) {
@@ -178,7 +226,7 @@ Status RestorePipeline::Wait(int unit) {
         i = sto_next_.fetch_add(1), mem = false;
         if (i >= sto_q_.size()) break;
       }
-      Process(tasks_[(mem ? mem_q_ : sto_q_)[i]]);
+      Process((mem ? mem_q_ : sto_q_)[i]);
       ++by_compute_;
     }
   }
@@ -190,6 +238,9 @@ Status RestorePipeline::Wait(int unit) {
 Status RestorePipeline::Finish() {
   for (auto& t : workers_) t.join();
   workers_.clear();
+  stop_alloc_ = true;  // every task ran or never will: nothing left to populate ahead
+  if (allocator_.joinable()) allocator_.join();
+  stats_.units_allocated_ahead = allocated_ahead_.load();
   // Free memory allocated ahead for tasks that never ran (only after an early exit).
   for (auto& t : tasks_)
     if (t.mem) {

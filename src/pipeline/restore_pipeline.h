@@ -21,6 +21,7 @@
 #pragma once
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -44,6 +45,18 @@ struct PipelineOptions {
   // units itself (in-memory path first, in forward order) instead of idling: on few cores the
   // compute thread's core would otherwise sit idle while the workers restore.
   bool compute_helps = true;
+  // Allocation ahead (kFull, kAllocReload): one anonymous mapping for every unit to restore,
+  // carved into page-aligned slices, populated by an allocation thread in forward order ahead of
+  // the workers, so storage workers mostly just read (a worker that reaches a slice not yet
+  // populated populates it itself). One mapping also keeps mmap's write lock out of concurrent
+  // page population. false: each worker maps and populates its unit right before restoring it.
+  // The variants that allocate everything first (kNone, kReloadPrefill) populate the one mapping
+  // on all workers' threads. If the one mapping fails, units are mapped one by one.
+  bool alloc_ahead = true;
+  // restore_generate: compute runs on n_threads - 1 threads while restoration needs CPU (the
+  // workers take the other core) and on all n_threads once it is done; with this set, already
+  // once only storage reads remain (cpu_work_done()), whose workers mostly wait for the disk.
+  bool full_threads_for_io = true;
 };
 
 struct PipelineStats {
@@ -52,6 +65,7 @@ struct PipelineStats {
   double mem_path_busy_s = 0;  // summed worker time on the in-memory path
   double sto_path_busy_s = 0;  // summed worker time on the storage path
   int units_by_compute = 0;    // units the waiting compute thread restored (compute_helps)
+  int units_allocated_ahead = 0;  // slices the allocation thread populated (alloc_ahead)
   // Wall time from the start of reload until each path's last unit was restored: the paths are
   // balanced when these are close (the policy's goal); 0 for an empty path.
   double mem_path_done_s = 0;
@@ -78,6 +92,12 @@ class RestorePipeline {
   // Joins the workers; returns the first error.
   Status Finish();
   bool done() const { return remaining_.load() == 0; }
+  // The CPU-bound part of the restoration is over: every in-memory (decompression) unit is restored
+  // and the allocation thread, if any, has populated everything. What may remain are storage
+  // reads, whose workers mostly wait for the disk: compute can take every core again.
+  bool cpu_work_done() const {
+    return mem_done_.load() == mem_q_.size() && (!allocator_started_ || alloc_finished_.load());
+  }
   const PipelineStats& stats() const { return stats_; }
 
  private:
@@ -90,8 +110,14 @@ class RestorePipeline {
   };
   void RunQueue(std::vector<size_t>& q, std::atomic<size_t>& next, bool mem_path);
   void Worker(bool mem_path);
-  void Process(Task& t);
+  void Process(size_t i);
   void AllocateAll();
+  // alloc_ahead: makes task i's slice populated (claims it, or waits for whoever did); without
+  // the one mapping, maps the unit itself. Returns with tasks_[i].mem ready (nullptr if mapping
+  // failed: RestoreInto then allocates itself and reports the error).
+  void EnsureAllocated(size_t i);
+  bool ClaimAndPopulate(size_t i);  // true if this thread populated slice i
+  void AllocatorThread();
 
   ElasticMemory* e_;
   int n_layer_;
@@ -112,6 +138,16 @@ class RestorePipeline {
   std::atomic<int64_t> t_last_done_ns_{0};
   std::atomic<int64_t> mem_last_done_ns_{0}, sto_last_done_ns_{0};
   bool allocated_ = false;
+  // alloc_ahead: the one mapping (owned piecewise by the units once handed to RestoreInto) and
+  // each slice's state: 0 not populated, 1 being populated, 2 populated.
+  char* region_ = nullptr;
+  std::unique_ptr<std::atomic<uint8_t>[]> alloc_state_;
+  std::thread allocator_;
+  std::atomic<bool> stop_alloc_{false};
+  std::atomic<int> allocated_ahead_{0};
+  bool allocator_started_ = false;
+  std::atomic<bool> alloc_finished_{false};
+  std::atomic<size_t> mem_done_{0};  // in-memory path units restored
 };
 
 }  // namespace mz
