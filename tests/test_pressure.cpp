@@ -836,10 +836,6 @@ TEST(PressureMonitorPhases, RestoreAheadRestoresWhatFitsFrontLayersFirst) {
   const MemoryReport evicted = r.ctx->Report();
   const uint64_t llm = evicted.footprint() - evicted.base_total;
   ASSERT_LT(Remaining(*r.ctx), 0.2);
-  // No room at all: restore-ahead waits, the state does not change.
-  src->limit_bytes = evicted.in_memory();
-  ASSERT_TRUE(mon.Start().ok());
-  env.now += 6 * kSec;
   auto wait_for = [&](auto pred) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
     while (!pred() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -850,19 +846,43 @@ TEST(PressureMonitorPhases, RestoreAheadRestoresWhatFitsFrontLayersFirst) {
       if (a.note == note) return true;
     return false;
   };
-  ASSERT_TRUE(wait_for([&] { return has_note("restore-ahead waits for headroom"); }));
-  EXPECT_EQ(r.ctx->Report().in_memory(), evicted.in_memory());
-  // Room for 40% of the LLM memory: a forward prefix comes back and stays within the limit.
-  const uint64_t limit = evicted.in_memory() + llm * 2 / 5;
-  src->limit_bytes = limit;
-  ASSERT_TRUE(wait_for([&] {
+  auto any_restored = [&] {
     for (const PressureAction& a : mon.actions())
       if (a.restored) return true;
     return false;
-  }));
+  };
+  // Ticks seen so far (the waiting action is coalesced: its repeats count the ticks).
+  auto ticks = [&] {
+    const auto v = mon.actions();
+    return v.empty() ? 0u : v.back().repeats;
+  };
+  auto let_tick = [&] {
+    const uint32_t t0 = ticks();
+    ASSERT_TRUE(wait_for([&] { return ticks() >= t0 + 3; }));
+  };
+  // An app left room for 80% of the LLM memory and is still allocating: restore-ahead first waits
+  // for a stable window; the app then takes half of that room before pressure rises, which
+  // restarts the window, so nothing is restored into the app's way.
+  src->limit_bytes = evicted.in_memory() + llm * 4 / 5;
+  ASSERT_TRUE(mon.Start().ok());
+  env.now += 6 * kSec;  // calm since the eviction event: the window starts now
+  ASSERT_TRUE(wait_for([&] { return has_note("restore-ahead waits until free memory stops shrinking"); }));
+  env.now += 4 * kSec;  // 4 s into the window (calm is 5 s)
+  let_tick();
+  const uint64_t limit = evicted.in_memory() + llm * 2 / 5;
+  src->limit_bytes = limit;  // the app takes memory
+  let_tick();
+  env.now += 2 * kSec;  // 6 s after the window began, 2 s after the shrink
+  let_tick();
+  EXPECT_FALSE(any_restored());
+  EXPECT_EQ(r.ctx->Report().in_memory(), evicted.in_memory());
+  // Stable for longer than calm: a forward prefix that fits comes back and stays within the limit.
+  env.now += 4 * kSec;
+  ASSERT_TRUE(wait_for(any_restored));
   // Let it tick a while longer: nothing more fits, so nothing more is restored.
   const auto settle = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   while (std::chrono::steady_clock::now() < settle) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(wait_for([&] { return has_note("restore-ahead waits for headroom"); }));
   MemoryReport part;
   ASSERT_TRUE(wait_for([&] { return r.ctx->TryReport(&part); }));
   EXPECT_LE(part.in_memory(), limit);

@@ -72,7 +72,7 @@ struct MtArgs {
   int sample_ms = 100;
   int ref_reps = 3;
   bool restore_ahead = false;
-  int calm_ms = 300;  // restore-ahead: pressure calm for this long (below --gap: it may start before the query)
+  int calm_ms = 150;  // restore-ahead: pressure calm (and stable free memory) for this long, well below --gap
   double restore_margin = 0.10;  // restore-ahead: keep this fraction of the cgroup limit free
 };
 

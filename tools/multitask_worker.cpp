@@ -63,6 +63,7 @@ class ReportingSource : public PressureSource {
     return st;
   }
   void Stop() override { inner_->Stop(); }
+  Status Headroom(uint64_t* available, uint64_t* limit) override { return inner_->Headroom(available, limit); }
 
  private:
   std::unique_ptr<PressureSource> inner_;

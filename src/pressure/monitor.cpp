@@ -63,7 +63,8 @@ void PressureMonitor::Loop() {
   while (!stop_.load()) {
     PressureEvent ev;
     MZ_SYNC_POINT("pressure:wait", 0);
-    Status st = src_->Wait(tick_ms_, &ev);
+    // Right after a restore-ahead slice the next one follows at once (no tick's sleep in between).
+    Status st = src_->Wait(restoring_ ? 0 : tick_ms_, &ev);
     Notes notes;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -275,6 +276,7 @@ void PressureMonitor::ApplyPendingLocked(Notes* out) {
 }
 
 void PressureMonitor::TickLocked(Notes* out) {
+  restoring_ = false;
   ApplyPendingLocked(out);
   if (has_pending_) return;
   MemoryReport r;
@@ -283,26 +285,46 @@ void PressureMonitor::TickLocked(Notes* out) {
   LlmBytes(r, &llm, &resident);
   const uint64_t now = env_->NowNs();
   AmountDecision d = policy_.Tick(now, llm, resident);
-  if (!d.restore_now) return;
+  if (!d.restore_now) {
+    watching_headroom_ = false;  // the next restore-ahead starts a new stability window
+    return;
+  }
   const AmountOptions& o = policy_.options();
   uint64_t budget = o.restore_slice_bytes ? o.restore_slice_bytes : UINT64_MAX;
   uint64_t avail = 0, limit = 0;
   const Status hs = src_->Headroom(&avail, &limit);
-  if (hs.ok() && limit > 0) {
-    const uint64_t keep = uint64_t(std::clamp(o.restore_margin, 0.0, 1.0) * double(limit));
-    budget = std::min(budget, avail > keep ? avail - keep : 0);
-  } else if (hs.code() != Status::kUnsupported) {
-    return;  // the source can tell but failed to now: never restore blind; next tick tries again
-  }
   PressureAction a;
   a.event.time_ns = now;
   a.event.source = "restore-ahead";
   a.llm_bytes = llm;
   a.remaining = Frac(resident, llm);
+  const bool fit_check = hs.ok() && limit > 0;
+  if (fit_check) {
+    // Someone (an app starting) may be taking memory without the kernel complaining yet: free
+    // memory must have stopped shrinking for calm_ns before anything is restored into it.
+    const uint64_t tol = std::max<uint64_t>(256ull << 10, limit / 400);  // counter jitter
+    if (!watching_headroom_ || avail + tol < window_max_avail_) {
+      watching_headroom_ = true;
+      stable_since_ns_ = now;
+      window_max_avail_ = avail;
+    }
+    window_max_avail_ = std::max(window_max_avail_, avail);
+    if (now - stable_since_ns_ < o.calm_ns) {
+      a.note = "restore-ahead waits until free memory stops shrinking";  // coalesced while it lasts
+      RecordLocked(a, out);
+      return;
+    }
+    const uint64_t keep = uint64_t(std::clamp(o.restore_margin, 0.0, 1.0) * double(limit));
+    budget = std::min(budget, avail > keep ? avail - keep : 0);
+  } else if (hs.code() != Status::kUnsupported) {
+    return;  // the source can tell but failed to now: never restore blind; next tick tries again
+  }
   uint64_t got = 0;
   a.status = budget > 0 ? ctx_->TryRestoreUpTo(budget, &got) : Status::Ok();
   a.applied_ns = env_->NowNs();
   if (a.status.code() == Status::kBusy) return;  // a generation holds the context: it restores itself
+  // What this slice took is ours, not another app's: the next sample must not count it as shrinking.
+  if (fit_check) window_max_avail_ = window_max_avail_ > got ? window_max_avail_ - got : 0;
   if (a.status.ok() && got == 0) {
     a.note = "restore-ahead waits for headroom";  // coalesced while it lasts (requested 0, not restored)
     RecordLocked(a, out);
@@ -310,6 +332,7 @@ void PressureMonitor::TickLocked(Notes* out) {
   }
   a.restored = true;
   a.restored_bytes = got;
+  restoring_ = a.status.ok();  // more may follow at once (cleared when nothing is left or fits)
   if (!a.status.ok()) policy_.RestoreGaveUp();
   MemoryReport r2;
   if (ctx_->TryReport(&r2)) {

@@ -19,8 +19,11 @@
 // never while a generation runs (it restores what it needs itself); each tick restores one slice
 // (front layers first) of at most restore_slice_bytes and at most what the source's Headroom()
 // says is free beyond restore_margin of the limit (no fit check if the source cannot tell,
-// kUnsupported; any other Headroom error skips that tick rather than restore blind). While
-// nothing fits, one coalesced action says so ("restore-ahead waits for headroom").
+// kUnsupported; any other Headroom error skips that tick rather than restore blind). With a fit
+// check it also waits until the free memory has stopped shrinking for calm_ns (an app that is
+// still allocating has not raised pressure yet; restoring into its way gets the LLM killed, as
+// measured in bench multitask), not counting what its own slices took. While it waits, one
+// coalesced action says why ("... stops shrinking" or "restore-ahead waits for headroom").
 //
 // Ownership: borrows the Context (must outlive the monitor) and owns the source. The constructor
 // installs the context's safe-point hook (one monitor per context), the destructor removes it.
@@ -138,6 +141,10 @@ class PressureMonitor {
   int tick_ms_ = 100;
   PressureLevel pause_level_ = PressureLevel::kCritical;
   uint64_t granule_ = 0;  // largest weight unit or KV chunk
+  // Restore-ahead's stability window over the source's free memory (monitor thread, mu_ held).
+  bool watching_headroom_ = false;
+  bool restoring_ = false;  // the last tick restored a slice: tick again without sleeping
+  uint64_t stable_since_ns_ = 0, window_max_avail_ = 0;
   std::mutex cb_mu_;
   std::function<void(const PressureAction&)> on_action_;
 };
