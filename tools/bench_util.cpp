@@ -75,42 +75,52 @@ double MeasureReadBandwidth(int n_threads, size_t bytes, int reps) {
 }
 
 double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request, int threads) {
-  threads = std::max(1, threads);
+  return MeasureDirectReads(dir, bytes, request, {threads})[0];
+}
+
+std::vector<double> MeasureDirectReads(const std::string& dir, size_t bytes, size_t request,
+                                       const std::vector<int>& threads) {
+  std::vector<double> best(threads.size(), 0.0);
   const std::string path = dir + "/mzcache-read-test.bin";
   std::unique_ptr<File> f;
-  if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return 0;
+  if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return best;
   const size_t blk = size_t(4) << 20;
   const size_t bufsz = std::max(blk, request);
-  void* buf = std::aligned_alloc(4096, bufsz * size_t(threads));
-  std::memset(buf, 0x5a, bufsz * size_t(threads));
+  int max_t = 1;
+  for (int t : threads) max_t = std::max(max_t, t);
+  void* buf = std::aligned_alloc(4096, bufsz * size_t(max_t));
+  std::memset(buf, 0x5a, bufsz * size_t(max_t));
   bool ok = true;
   for (size_t off = 0; off < bytes && ok; off += blk) ok = f->Write(buf, blk, off).ok();
   ok = ok && f->Sync().ok();
   f.reset();
-  double best = 0;
   if (ok && Env::Default()->Open(path, OpenMode::kRead, true, &f).ok()) {
-    for (int rep = 0; rep < 2 && ok; ++rep) {
-      // `threads` readers, each with its own buffer, take the requests in turn (that many in flight).
-      std::atomic<bool> failed{false};
-      auto reader = [&](int t) {
-        char* b = static_cast<char*>(buf) + size_t(t) * bufsz;
-        for (size_t off = size_t(t) * request; off < bytes && !failed; off += request * size_t(threads)) {
-          size_t got = 0;
-          if (!f->Read(b, request, off, &got).ok()) failed = true;
-        }
-      };
-      double t0 = NowSeconds();
-      std::vector<std::thread> ts;
-      for (int t = 1; t < threads; ++t) ts.emplace_back(reader, t);
-      reader(0);
-      for (auto& t : ts) t.join();
-      if (failed) ok = false;
-      else best = std::max(best, double(bytes) / (NowSeconds() - t0));
+    for (size_t k = 0; k < threads.size() && ok; ++k) {
+      const int nt = std::max(1, threads[k]);
+      for (int rep = 0; rep < 2 && ok; ++rep) {
+        // `nt` readers, each with its own buffer, take the requests in turn (that many in flight).
+        std::atomic<bool> failed{false};
+        auto reader = [&](int t) {
+          char* b = static_cast<char*>(buf) + size_t(t) * bufsz;
+          for (size_t off = size_t(t) * request; off < bytes && !failed; off += request * size_t(nt)) {
+            size_t got = 0;
+            if (!f->Read(b, request, off, &got).ok()) failed = true;
+          }
+        };
+        const double t0 = NowSeconds();
+        std::vector<std::thread> ts;
+        for (int t = 1; t < nt; ++t) ts.emplace_back(reader, t);
+        reader(0);
+        for (auto& t : ts) t.join();
+        if (failed) ok = false;
+        else best[k] = std::max(best[k], double(bytes) / (NowSeconds() - t0));
+      }
     }
     f.reset();
   }
   std::free(buf);
   Env::Default()->Remove(path);
+  if (!ok) std::fill(best.begin(), best.end(), 0.0);
   return best;
 }
 

@@ -22,6 +22,9 @@ double MeasureReadBandwidth(int n_threads, size_t bytes = size_t(512) << 20, int
 // `bytes` test file there, reads it back with `request`-sized O_DIRECT reads from `threads` readers
 // taking the requests in turn (that many requests in flight), removes it. 0 on error.
 double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request = size_t(4) << 20, int threads = 1);
+// The same for each reader count in `threads`, from one test file (written once). 0s on error.
+std::vector<double> MeasureDirectReads(const std::string& dir, size_t bytes, size_t request,
+                                       const std::vector<int>& threads);
 // Writes text to dir/name (creating dir); returns false on failure.
 bool WriteFile(const std::string& dir, const std::string& name, const std::string& text);
 std::string MachineDescription();

@@ -60,7 +60,7 @@ void RestorePipeline::EnsureAllocated(size_t i) {
 
 void RestorePipeline::AllocatorThread() {
   for (size_t i = 0; i < tasks_.size() && !stop_alloc_.load(std::memory_order_relaxed); ++i)
-    if (ClaimAndPopulate(i)) allocated_ahead_.fetch_add(1, std::memory_order_relaxed);
+    ClaimAndPopulate(i);
   alloc_finished_ = true;
 }
 
@@ -240,7 +240,6 @@ Status RestorePipeline::Finish() {
   workers_.clear();
   stop_alloc_ = true;  // every task ran or never will: nothing left to populate ahead
   if (allocator_.joinable()) allocator_.join();
-  stats_.units_allocated_ahead = allocated_ahead_.load();
   // Free memory allocated ahead for tasks that never ran (only after an early exit).
   for (auto& t : tasks_)
     if (t.mem) {

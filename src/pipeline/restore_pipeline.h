@@ -67,7 +67,6 @@ struct PipelineStats {
   double mem_path_busy_s = 0;  // summed worker time on the in-memory path
   double sto_path_busy_s = 0;  // summed worker time on the storage path
   int units_by_compute = 0;    // units the waiting compute thread restored (compute_helps)
-  int units_allocated_ahead = 0;  // slices the allocation thread populated (alloc_ahead)
   // Wall time from the start of reload until each path's last unit was restored: the paths are
   // balanced when these are close (the policy's goal); 0 for an empty path.
   double mem_path_done_s = 0;
@@ -146,7 +145,6 @@ class RestorePipeline {
   std::unique_ptr<std::atomic<uint8_t>[]> alloc_state_;
   std::thread allocator_;
   std::atomic<bool> stop_alloc_{false};
-  std::atomic<int> allocated_ahead_{0};
   bool allocator_started_ = false;
   std::atomic<bool> alloc_finished_{false};
   std::atomic<size_t> mem_done_{0};  // in-memory path units restored
