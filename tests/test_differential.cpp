@@ -208,6 +208,96 @@ TEST_P(Differential, LogitsAndGreedyMatchLlamaCpp) {
   llama_batch_free(one);
 }
 
+// Long context: the same comparison after a prompt of up to 8192 real-text tokens (32 KV chunks),
+// on the last kTail positions (all-position logits would not fit: 8k x vocab floats). Catches what
+// only shows at distance: RoPE at large positions, rope scaling (Llama 3), precision of the
+// attention accumulation over thousands of keys. Prefilled in ubatches as a session would be.
+TEST_P(Differential, LongContextLogitsMatchLlamaCpp) {
+  const std::string path = test::ModelPath(GetParam(), "q8_0");
+  const int kTail = 16, kChunk = 256, kUbatch = 512;
+  std::unique_ptr<Tokenizer> tok;
+  ASSERT_TRUE(Tokenizer::Load(path, &tok).ok());
+  std::vector<int32_t> toks;
+  ASSERT_TRUE(tok->Tokenize(test::LongText(), true, false, &toks).ok());
+  const int n = std::min(8192, int(toks.size())) / kChunk * kChunk;
+  ASSERT_GE(n, 4096) << "the long text is too short for a long-context test";
+  toks.resize(size_t(n));
+
+  std::unique_ptr<Model> model;
+  Status st = Model::Load(Env::Default(), path, ModelOptions(), &model);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const int nv = int(model->hparams().n_vocab);
+  ContextOptions co;
+  co.n_ctx = n;
+  co.kv_chunk_tokens = kChunk;
+  co.n_ubatch = kUbatch;
+  Context mz_ctx(model.get(), co);
+  ASSERT_TRUE(mz_ctx.Decode(toks.data(), n - kTail, false).ok());
+  st = mz_ctx.Decode(toks.data() + n - kTail, kTail, true);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::vector<float> mine(size_t(kTail) * nv);
+  for (int i = 0; i < kTail; ++i) {
+    ASSERT_NE(mz_ctx.logits(i), nullptr);
+    std::copy_n(mz_ctx.logits(i), nv, mine.data() + size_t(i) * nv);
+  }
+
+  auto ref_logits = [&](bool fa, bool repack, std::vector<float>* out) {
+    Ref r;
+    llama_model_params mp = llama_model_default_params();
+    mp.use_extra_bufts = repack;
+    r.model = llama_model_load_from_file(path.c_str(), mp);
+    ASSERT_NE(r.model, nullptr);
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(n);
+    cp.n_batch = cp.n_ubatch = kUbatch;
+    cp.n_threads = cp.n_threads_batch = 2;
+    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    r.ctx = llama_init_from_model(r.model, cp);
+    ASSERT_NE(r.ctx, nullptr);
+    llama_batch batch = llama_batch_init(kUbatch, 0, 1);
+    for (int off = 0; off < n;) {
+      // The last kTail tokens go in their own batch so their logits are all requested.
+      const int end = off < n - kTail ? std::min(off + kUbatch, n - kTail) : n;
+      for (int i = off; i < end; ++i) {
+        batch.token[i - off] = toks[size_t(i)];
+        batch.pos[i - off] = i;
+        batch.n_seq_id[i - off] = 1;
+        batch.seq_id[i - off][0] = 0;
+        batch.logits[i - off] = i >= n - kTail;
+      }
+      batch.n_tokens = end - off;
+      ASSERT_EQ(llama_decode(r.ctx, batch), 0);
+      off = end;
+    }
+    out->resize(size_t(kTail) * nv);
+    for (int i = 0; i < kTail; ++i) std::copy_n(llama_get_logits_ith(r.ctx, i), nv, out->data() + size_t(i) * nv);
+    llama_batch_free(batch);
+  };
+  std::vector<float> plain, dflt;
+  ref_logits(false, false, &plain);
+  ref_logits(true, true, &dflt);
+  if (HasFatalFailure()) return;
+  auto max_rel = [&](const float* a_all, const float* b_all) {
+    double worst = 0;
+    for (int i = 0; i < kTail; ++i) {
+      const float* a = a_all + size_t(i) * nv;
+      const float* b = b_all + size_t(i) * nv;
+      double md = 0;
+      for (int v = 0; v < nv; ++v) md = std::max(md, double(std::fabs(a[v] - b[v])));
+      worst = std::max(worst, md / Std(b, nv));
+    }
+    return worst;
+  };
+  const double d_self = max_rel(dflt.data(), plain.data());
+  const double d_mz = max_rel(mine.data(), plain.data());
+  const double d_mzd = max_rel(mine.data(), dflt.data());
+  std::printf("[%s] %d-token context, last %d positions, max|diff|/std: llama.cpp default vs plain %.4f; mzcache vs "
+              "plain %.4f; mzcache vs default %.4f\n",
+              GetParam().c_str(), n, kTail, d_self, d_mz, d_mzd);
+  EXPECT_LT(d_mz, kTolRel) << "logits at long context differ from llama.cpp beyond tolerance";
+  EXPECT_LT(d_mz, 2.0 * d_self + 0.01) << "mzcache is further from llama.cpp than llama.cpp's own configurations are";
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Differential, ::testing::Values("tiny-qwen3", "tiny-llama", "tiny-qwen2"));
 
 }  // namespace

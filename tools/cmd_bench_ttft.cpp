@@ -110,7 +110,7 @@ Status MeasureOnce(Context& ctx, const std::string& system, double level, const 
                    int base, const PipelineOptions& po, EvictOrder order, uint64_t seed, bool hybrid, Run* r) {
   MZ_RETURN_IF_ERROR(ctx.Restore());
   ctx.Truncate(base);
-  ctx.SetEvictionPolicy(system == "partial", order, hybrid);
+  ctx.SetEvictionPolicy(system == "partial", order, hybrid && system != "mzsto");
   if (system != "memory") {
     MemoryReport m = ctx.Report();
     const double in_mem = double(m.in_memory() - m.base_resident), foot = double(m.footprint() - m.base_total);
@@ -269,7 +269,8 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
         const double dec_Bps = MeasureDecode(ctx);
         std::map<std::string, std::map<int, std::vector<Run>>> runs;  // system -> level -> runs
         PipelineOptions po;
-        const std::vector<std::string> systems{"mzcache", "partial", "memory"};
+        std::vector<std::string> systems{"mzcache", "partial", "memory"};
+        if (std::getenv("MZ_EXP")) systems.push_back("mzsto");
         for (int rep = 0; rep < a->reps; ++rep) {
           for (int lv : a->levels) {
             for (const std::string& sys : systems) {
