@@ -12,7 +12,11 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
+#include <atomic>
+#include <cstring>
 
+#include "core/sync_point.h"
 #include "env/fault_env.h"
 #include "memory/elastic.h"
 #include "model/model.h"
@@ -164,6 +168,63 @@ INSTANTIATE_TEST_SUITE_P(
         if (c == '-') c = '_';
       return s;
     });
+
+// Restore-ahead yields to a foreground call: a slice restoring on a background thread (as the
+// pressure monitor's TryRestoreUpTo) sees a query start waiting for the context, starts no further
+// unit, and returns what it restored; the query then runs at once and restores the rest itself.
+// Interleaving forced with a sync point (no sleeps): the 3rd unit of the slice starts only once
+// the foreground call is waiting. Every unit is restored whole or left in its evicted state, and
+// the answer equals the never-evicted context's (KV raw on storage and dropped weights: lossless).
+TEST(Elastic, RestoreAheadYieldsToAForegroundCall) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = PromptTokens(path, kPrompt);
+  Fixture ref = Make(Env::Default(), path, "q8", toks, "yield-ref");
+  Fixture f = Make(Env::Default(), path, "q8", toks, "yield");
+  const int32_t next = toks[5];
+  const auto want = NextLogits(*ref.ctx, next);
+  uint64_t freed = 0;
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 0, false), 0, &freed).ok());
+  const MemoryReport before = f.ctx->Report();
+  const int n_evicted = before.n_kv_chunks[int(UnitState::kKvStorageRaw)] + before.n_weight_units[int(UnitState::kWeightsDropped)];
+  ASSERT_GT(n_evicted, 8);
+
+  std::atomic<int> units{0};
+  std::atomic<bool> fg_waiting{false};
+  SyncPoints::SetCallback("context:foreground_waiting", [&](int) { fg_waiting = true; });
+  SyncPoints::SetCallback("elastic:restore_unit", [&](int i) {
+    units.fetch_add(1);
+    // Units from the 3rd on start only once the foreground call below is waiting for the context.
+    if (i >= 2)
+      while (!fg_waiting.load()) std::this_thread::yield();
+  });
+  uint64_t got_bytes = 0;
+  Status ahead;
+  std::atomic<bool> bg_done{false};
+  std::thread bg([&] {
+    ahead = f.ctx->TryRestoreUpTo(UINT64_MAX, &got_bytes);
+    bg_done = true;
+  });
+  while (units.load() < 3 && !bg_done.load()) std::this_thread::yield();  // the slice is under way
+  if (bg_done.load()) {
+    bg.join();
+    SyncPoints::ClearAll();
+    FAIL() << "the slice ended before its 3rd unit: " << ahead.ToString();
+  }
+  const MemoryReport mid = f.ctx->Report();  // waits for the slice, which must stop early
+  bg.join();
+  SyncPoints::ClearAll();
+  ASSERT_TRUE(ahead.ok()) << ahead.ToString();
+  EXPECT_GT(got_bytes, 0u);
+  const int restored = n_evicted - (mid.n_kv_chunks[int(UnitState::kKvStorageRaw)] + mid.n_weight_units[int(UnitState::kWeightsDropped)]);
+  EXPECT_GE(restored, 3);
+  EXPECT_LT(restored, n_evicted) << "restore-ahead did not yield: it restored every unit";
+  EXPECT_FALSE(f.ctx->elastic().AllResident());
+  // The query restores the rest itself and answers as the never-evicted context does.
+  const auto got = NextLogits(*f.ctx, next);
+  EXPECT_TRUE(f.ctx->elastic().AllResident());
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+}
 
 TEST(Elastic, CompKvMovesCompressedChunksToStorage) {
   const std::string path = test::ModelPath("tiny-qwen3");

@@ -77,12 +77,13 @@ struct MtArgs {
 };
 
 struct ModeSpec {
-  std::string name;         // ospaging | mz15 | mz25 | mz<NN>[+ahead][+step][@<source>]
+  std::string name;         // ospaging | mz15 | mz25 | mz<NN>[+ahead][+step][+noyield][@<source>]
   std::string worker_mode;  // ospaging | mzcache
   double step = 0;
   std::string source;       // mzcache's pressure source for this mode
   bool ahead = false;          // +ahead: background restore-ahead (also --restore-ahead for every mode)
   bool critical_step = false;  // +step: a critical event escalates the step instead of evicting to the floor
+  bool no_yield = false;       // +noyield: a restore-ahead slice runs to its end when the query arrives
 };
 
 struct AppPlan {
@@ -485,6 +486,7 @@ class MultitaskBench {
       v.insert(v.end(), {"--restore-ahead", "--calm-ms", std::to_string(a_.calm_ms), "--restore-margin", margin});
     }
     if (m.critical_step) v.push_back("--critical-step");
+    if (m.no_yield) v.push_back("--no-yield");
     return v;
   }
 
@@ -767,6 +769,7 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
       const std::string f = body.substr(plus + 1);
       if (f == "ahead") spec.ahead = true;
       else if (f == "step") spec.critical_step = true;
+      else if (f == "noyield") spec.no_yield = true;
       else flags_ok = false;
       body.resize(plus);
     }
@@ -778,7 +781,7 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
       modes.push_back(spec);
     } else {
       return Fail(Status::InvalidArgument("unknown mode '" + m +
-                                          "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][@<source>])"));
+                                          "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][@<source>])"));
     }
   }
   if (a.rounds < 1 || a.need_lo > a.need_hi || a.hold_lo > a.hold_hi || a.max_apps < 1)
@@ -1060,7 +1063,9 @@ void AddMultitaskCommands(CLI::App& app, Runners& runners) {
   c->add_option("--type", a->type, "weight type for a synthesized shape")->capture_default_str();
   c->add_option("--limit-mib", a->limit_mib, "cgroup limit (0: LLM usage after warm-up + --free x footprint)")->capture_default_str();
   c->add_option("--free", a->free_frac, "auto limit: free memory for apps, fraction of the LLM footprint")->capture_default_str();
-  c->add_option("--modes", a->modes, "ospaging, mz15, mz25: mz<points>[@<source>] (source: see --source)")
+  c->add_option("--modes", a->modes, "ospaging, mz15, mz25: mz<points>[+ahead][+step][+noyield][@<source>] (+ahead: restore-ahead in the background; "
+                "+step: critical events escalate the step instead of evicting to the floor; +noyield: a restore-ahead slice "
+                "finishes even when the query waits; source: see --source)")
       ->delimiter(',')
       ->capture_default_str();
   c->add_flag("--quick", a->quick,

@@ -374,6 +374,7 @@ std::vector<std::string> WorkerArgv(const WorkerArgs& w) {
   if (!w.cgroup.empty()) v.insert(v.end(), {"--cgroup", w.cgroup});
   if (!w.logits_out.empty()) v.insert(v.end(), {"--logits-out", w.logits_out});
   if (w.kv_bytes_per_token) v.insert(v.end(), {"--kv-bytes-per-token", std::to_string(w.kv_bytes_per_token)});
+  if (w.llama_fa != "auto") v.insert(v.end(), {"--llama-fa", w.llama_fa});
   return v;
 }
 
@@ -456,6 +457,7 @@ struct PeersArgs {
   std::string out = "results/bench-peers";
   std::string swap_dir = "/var/tmp";
   bool quick = false, no_cold = false, no_pressure = false;
+  std::string llama_fa = "auto";
 };
 
 double Med(const std::vector<double>& v) { return Summarize(v).median; }
@@ -547,13 +549,15 @@ int RunPeers(PeersArgs& a) {
     // llama.cpp's own saved context (once; named by the tokens it holds).
     const uint64_t th = XXH64(toks.data(), size_t(n) * 4, 0);
     const std::string state = CacheDir() + "/contexts/" + stem + "-" + std::to_string(n) + "-" +
-                              Sprintf("%016llx", (unsigned long long)th) + ".llama-state";
+                              Sprintf("%016llx", (unsigned long long)th) +
+                              (a.llama_fa == "auto" ? std::string() : "-fa-" + a.llama_fa) + ".llama-state";
     WorkerArgs w;
     w.model = path;
     w.tokens = tok_file;
     w.n = n;
     w.q = a.query;
     w.threads = a.threads;
+    w.llama_fa = a.llama_fa;
     w.n_ctx = n_ctx;
     w.kv_bytes_per_token = hp.kv_bytes_per_token();
     FileInfo fi;
@@ -877,6 +881,9 @@ void AddPeersBench(CLI::App* bench, Runners& runners) {
   c->add_option("--swap-dir", a->swap_dir, "folder for swap and scratch files (storage under test)");
   c->add_flag("--quick", a->quick, "2048-token context, 1 rep (unless --ctx / -r are given)");
   c->add_flag("--no-cold", a->no_cold, "skip the cold re-prefill runs (long at 8k+)");
+  c->add_option("--llama-fa", a->llama_fa, "llama.cpp flash attention: auto (its default), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   c->add_flag("--no-pressure", a->no_pressure, "skip llama.cpp under memory-cgroup pressure (needs root, cgroup v1, swap)");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;

@@ -69,7 +69,7 @@ double MeasurePopulateCost() {
   for (int rep = 0; rep < 3; ++rep) {
     const double t0 = NowSeconds();
     void* p = env->MapAnon(bytes);
-    if (!p) return 0;
+    if (!p) return -1;
     env->Prefault(p, bytes);
     const double dt = NowSeconds() - t0;
     env->Unmap(p, bytes);
@@ -243,6 +243,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
       if (std::none_of(kExtraSystems.begin(), kExtraSystems.end(), [&](auto& e) { return e.first == x; }))
         return Fail(Status::InvalidArgument("--extra-systems: unknown system '" + x + "' (see --help)"));
     const double populate_s_per_byte = MeasurePopulateCost();
+    if (populate_s_per_byte < 0) return Fail(Status::NoMemory("cannot map 256 MiB to measure the cost of populating memory"));
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
     std::fprintf(stderr, "populating fresh memory: %.3f ms/MiB (best of 3, 256 MiB, measured now); %d cores\n",
                  populate_s_per_byte * 1048576e3, cores);

@@ -82,6 +82,7 @@ struct WorkerArgs {
   int calm_ms = 10000;
   double restore_margin = 0.20;
   bool critical_step = false;
+  bool no_yield = false;
 };
 
 int RunWorker(const WorkerArgs& a) {
@@ -144,6 +145,7 @@ int RunWorker(const WorkerArgs& a) {
       ao.restore_margin = a.restore_margin;
     }
     ao.critical_to_floor = !a.critical_step;
+    ao.restore_yields = !a.no_yield;
     mon = std::make_unique<PressureMonitor>(&ctx, std::make_unique<ReportingSource>(std::move(src)), ao);
     mon->set_on_action([](const PressureAction& x) {
       Out("action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d restored_bytes=%" PRIu64
@@ -276,6 +278,7 @@ void AddMultitaskChildren(CLI::App& app, Runners& runners) {
   w->add_option("--calm-ms", a->calm_ms);
   w->add_option("--restore-margin", a->restore_margin);
   w->add_flag("--critical-step", a->critical_step);
+  w->add_flag("--no-yield", a->no_yield);
   runners.push_back([w, a]() -> int { return w->parsed() ? RunWorker(*a) : -1; });
 
   auto b = std::make_shared<AppArgs>();

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include "core/sync_point.h"
+
 namespace mz {
 
 const char* UnitStateName(UnitState s) {
@@ -272,8 +274,10 @@ bool ElasticMemory::AllResident() const {
 
 Status ElasticMemory::RestoreAll() { return RestoreUpTo(UINT64_MAX, nullptr); }
 
-Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored) {
+Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
+                                  bool* stopped) {
   if (restored) *restored = 0;
+  if (stopped) *stopped = false;
   if (AllResident()) return Status::Ok();
   std::vector<UnitRef> todo;
   uint64_t budget_used = 0;
@@ -299,15 +303,50 @@ Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored) {
       if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident) add(UnitRef::Kv(l, c), chunk_bytes);
   }
   if (todo.empty()) return Status::Ok();
+  if (stop && stop()) {  // before any setup cost (identity check, mapping)
+    if (stopped) *stopped = true;
+    return Status::Ok();
+  }
   bool any_weights = false;
   for (const auto& u : todo) any_weights |= u.kind == UnitRef::kWeights;
   if (any_weights) MZ_RETURN_IF_ERROR(model_->VerifyIdentity());
+  // One mapping for every unit of this call, carved into page-aligned slices (as the restore
+  // pipeline's allocation ahead: per-unit mmaps serialize page population on the address-space
+  // lock). Each worker populates the slice of the unit it takes; slices of units not taken (a stop
+  // request: always a tail, as indices are handed out in order) are unmapped again. Weight units
+  // of a model whose weights are file mappings are not populated (the file mapping replaces the
+  // slice). If the one mapping fails, units are mapped one by one.
+  constexpr size_t kPage = 4096;
+  std::vector<size_t> off(todo.size());
+  size_t total = 0;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    off[i] = total;
+    total += (RestoreBytes(todo[i]) + kPage - 1) / kPage * kPage;
+  }
+  Env* env = kv_->env();
+  char* region = static_cast<char*>(env->MapAnon(total));
+  std::atomic<bool> halt{false};
   std::atomic<size_t> next{0};
   const int nt = std::max(1, std::min(opts_.restore_threads, int(todo.size())));
   std::vector<Status> errs(static_cast<size_t>(nt));
   auto worker = [&](int t) {
-    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
-      Status st = Restore(todo[i]);
+    for (;;) {
+      if (halt.load(std::memory_order_relaxed)) return;
+      if (stop && stop()) {
+        halt = true;
+        return;
+      }
+      const size_t i = next.fetch_add(1);
+      if (i >= todo.size()) return;
+      MZ_SYNC_POINT("elastic:restore_unit", int(i));
+      Status st;
+      if (region) {
+        void* mem = region + off[i];
+        if (todo[i].kind != UnitRef::kWeights || !model_->mmap_weights()) env->Prefault(mem, RestoreBytes(todo[i]));
+        st = RestoreInto(todo[i], mem);  // owns the slice from here (unmaps it on failure)
+      } else {
+        st = Restore(todo[i]);
+      }
       if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
     }
   };
@@ -315,6 +354,9 @@ Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored) {
   for (int t = 1; t < nt; ++t) ts.emplace_back(worker, t);
   worker(0);
   for (auto& t : ts) t.join();
+  const size_t n_taken = std::min(next.load(), todo.size());
+  if (region && n_taken < todo.size()) env->Unmap(region + off[n_taken], total - off[n_taken]);
+  if (stopped) *stopped = halt.load();
   if (restored) {
     for (const UnitRef& u : todo)
       if (state(u) == UnitState::kResident)

@@ -22,6 +22,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,7 +113,11 @@ class ElasticMemory {
   // whose restored RAM fits in max_bytes (at least nothing; a unit larger than the budget stops
   // the prefix). *restored (optional) receives the RAM the restored units now occupy. Same error
   // contract as RestoreAll; units before a failed one stay restored.
-  Status RestoreUpTo(uint64_t max_bytes, uint64_t* restored);
+  // stop (optional) is polled before each unit, from the worker threads: once it returns true no
+  // further unit starts, units in flight finish, and *stopped (optional) is set. Every unit is
+  // either fully restored or untouched in its evicted state: stopping never tears one.
+  Status RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop = nullptr,
+                     bool* stopped = nullptr);
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults

@@ -107,6 +107,8 @@ class Model {
   // Parses and validates path (header, metadata, every tensor's name, type, shape and data range),
   // plans the units, and (unless options.load_weights is false) loads every unit. On failure
   // *out is untouched and the Status says exactly what is wrong with the file.
+  // Weight units are file mappings (ModelOptions::mmap_weights), not anonymous memory.
+  bool mmap_weights() const { return opts_.mmap_weights; }
   static Status Load(Env* env, const std::string& path, const ModelOptions& options,
                      std::unique_ptr<Model>* out);
 

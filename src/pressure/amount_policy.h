@@ -40,6 +40,7 @@ struct AmountOptions {
   bool critical_to_floor = true;              // kCritical gives back everything down to the floor
   double restore_margin = 0.20;               // kBackground: keep this fraction of the limit free
   uint64_t restore_slice_bytes = 256ull << 20;  // kBackground: at most this much per tick (0: no cap)
+  bool restore_yields = true;  // kBackground: a slice stops early when a request waits for the context
 };
 
 struct AmountDecision {

@@ -89,6 +89,7 @@ PressureAction PressureMonitor::Submit(const PressureEvent& ev) {
   Notes notes;
   PressureAction a;
   {
+    Context::ForegroundIntent intent(ctx_);  // pressure now: a restore-ahead slice must not go on
     std::lock_guard<std::mutex> g(mu_);
     a = HandleLocked(ev, &notes);
   }
@@ -100,6 +101,7 @@ void PressureMonitor::OnSafePoint() {
   MZ_SYNC_POINT("pressure:safe_point", 0);
   Notes notes;
   {
+    Context::ForegroundIntent intent(ctx_);
     std::lock_guard<std::mutex> g(mu_);
     ApplyPendingLocked(&notes);
   }
@@ -107,12 +109,14 @@ void PressureMonitor::OnSafePoint() {
 }
 
 void PressureMonitor::BeginGeneration() {
+  Context::ForegroundIntent intent(ctx_);  // a restore-ahead slice holding mu_ stops early
   std::lock_guard<std::mutex> g(mu_);
   in_generation_ = true;
 }
 
 void PressureMonitor::EndGeneration() {
   {
+    Context::ForegroundIntent intent(ctx_);
     std::lock_guard<std::mutex> g(mu_);
     in_generation_ = false;
   }
@@ -320,7 +324,7 @@ void PressureMonitor::TickLocked(Notes* out) {
     return;  // the source can tell but failed to now: never restore blind; next tick tries again
   }
   uint64_t got = 0;
-  a.status = budget > 0 ? ctx_->TryRestoreUpTo(budget, &got) : Status::Ok();
+  a.status = budget > 0 ? ctx_->TryRestoreUpTo(budget, &got, o.restore_yields) : Status::Ok();
   a.applied_ns = env_->NowNs();
   if (a.status.code() == Status::kBusy) return;  // a generation holds the context: it restores itself
   // What this slice took is ours, not another app's: the next sample must not count it as shrinking.

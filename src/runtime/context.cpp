@@ -94,18 +94,18 @@ Status Context::Evict(const Plan& plan, uint64_t bytes, uint64_t* freed) {
 }
 
 Status Context::Restore() {
-  std::lock_guard<std::mutex> lk(mu_);
+  ForegroundLock lk(this);
   return elastic_->RestoreAll();
 }
 
 MemoryReport Context::Report() {
-  std::lock_guard<std::mutex> lk(mu_);
+  ForegroundLock lk(this);
   return elastic_->Report();
 }
 
 Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
   SafePointOnExit safe_point{this};
-  std::lock_guard<std::mutex> lk(mu_);
+  ForegroundLock lk(this);
   MZ_SYNC_POINT("context:decode_locked", n);
   MZ_RETURN_IF_ERROR(elastic_->RestoreAll());
   MZ_RETURN_IF_ERROR(fwd_->Decode(tokens, n, all_logits, &logits_));
@@ -124,7 +124,7 @@ const float* Context::logits(int row) const {
 }
 
 void Context::Truncate(int n_keep) {
-  std::lock_guard<std::mutex> lk(mu_);
+  ForegroundLock lk(this);
   if (n_keep < 0) n_keep = 0;
   if (n_keep >= int(history_.size())) return;
   history_.resize(size_t(n_keep));
@@ -145,7 +145,7 @@ static double CpuSeconds() {
 
 Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats) {
   SafePointOnExit safe_point{this};
-  std::lock_guard<std::mutex> lk(mu_);
+  ForegroundLock lk(this);
   MZ_SYNC_POINT("context:decode_locked", n);
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = CpuSeconds();
@@ -202,11 +202,19 @@ Status Context::TryRestore() {
   return elastic_->RestoreAll();
 }
 
-Status Context::TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored) {
+Status Context::TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored, bool yield) {
   if (restored) *restored = 0;
+  if (yield && fg_waiting_.load() > 0) return Status::Busy("restore-ahead yields to a foreground call");
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
-  return elastic_->RestoreUpTo(max_bytes, restored);
+  bool yielded = false;
+  uint64_t got = 0;
+  std::function<bool()> stop;
+  if (yield) stop = [this] { return fg_waiting_.load() > 0; };
+  Status st = elastic_->RestoreUpTo(max_bytes, &got, stop, &yielded);
+  if (restored) *restored = got;
+  if (st.ok() && yielded && got == 0) return Status::Busy("restore-ahead yielded to a foreground call");
+  return st;
 }
 
 void Context::SetSafePointHook(std::function<void()> hook) {

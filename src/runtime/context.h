@@ -4,6 +4,7 @@
 // called from another thread (a memory-pressure handler): while a Decode runs it returns kBusy at
 // once rather than tearing state.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/sync_point.h"
 #include "memory/elastic.h"
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
@@ -92,8 +94,25 @@ class Context {
   Status TryRestore();
   // TryRestore of at most max_bytes of RAM: the forward-order prefix of the evicted units that
   // fits (ElasticMemory::RestoreUpTo); *restored (optional) receives what it restored. For
-  // restore-ahead in slices that fit the memory the system has free.
-  Status TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored);
+  // restore-ahead in slices that fit the memory the system has free. Yields to foreground calls:
+  // if one starts waiting for the context, no further unit is started and the call returns what
+  // it restored so far (kBusy if that is nothing).
+  // yield = false: the slice runs to its end whoever waits (the ablation).
+  Status TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored, bool yield = true);
+  // A foreground caller about to need something a restore-ahead slice holds up (a pressure
+  // monitor's entry points called on the generating thread): while one is alive, slices yield as
+  // they do for a call waiting for the context. Thread-safe.
+  struct ForegroundIntent {
+    explicit ForegroundIntent(Context* c) : c_(c) {
+      if (c_) c_->fg_waiting_.fetch_add(1);
+    }
+    ~ForegroundIntent() {
+      if (c_) c_->fg_waiting_.fetch_sub(1);
+    }
+    ForegroundIntent(const ForegroundIntent&) = delete;
+    ForegroundIntent& operator=(const ForegroundIntent&) = delete;
+    Context* c_;
+  };
   // Safe-point hook: called on the calling thread after every Decode and RestoreGenerate has
   // released the context (whether it succeeded or not), i.e. between generation steps, where a
   // queued eviction can run without tearing state (PressureMonitor::OnSafePoint). One hook per
@@ -118,6 +137,20 @@ class Context {
   std::unique_ptr<ElasticMemory> elastic_;
   DeviceProfile profile_;
   std::mutex mu_;
+  // Foreground calls (Decode, RestoreGenerate, Restore, Report, Truncate) waiting for mu_: while
+  // any waits, a restore-ahead slice holding mu_ stops after its units in flight and lets them in
+  // (a query must not wait for background work; it restores what it needs itself, overlapped).
+  std::atomic<int> fg_waiting_{0};
+  struct ForegroundLock {
+    explicit ForegroundLock(Context* c) : c_(c) {
+      c_->fg_waiting_.fetch_add(1);
+      MZ_SYNC_POINT("context:foreground_waiting", 0);
+      c_->mu_.lock();
+      c_->fg_waiting_.fetch_sub(1);
+    }
+    ~ForegroundLock() { c_->mu_.unlock(); }
+    Context* c_;
+  };
   std::vector<int32_t> history_;
   std::vector<float> logits_;
   void RunSafePoint();

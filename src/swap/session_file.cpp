@@ -45,7 +45,7 @@ struct Aligned {
 }  // namespace
 
 Status SaveSession(Context& ctx, const std::string& path, const std::string& codec_name, SessionInfo* info) {
-  std::lock_guard<std::mutex> lk(ctx.mu_);
+  Context::ForegroundLock lk(&ctx);
   auto codec = MakeKvCodec(codec_name);
   if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
   Env* env = ctx.model_->env();
@@ -133,7 +133,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
 }
 
 Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
-  std::lock_guard<std::mutex> lk(ctx.mu_);
+  Context::ForegroundLock lk(&ctx);
   Env* env = ctx.model_->env();
   KvCache& kv = *ctx.kv_;
   const KvGeometry& g = kv.geometry();
