@@ -171,20 +171,16 @@ int RunWorker(const WorkerArgs& a) {
       continue;
     }
     // TTFT as the user sees it: from the request to the logits, including any wait for an
-    // eviction the monitor is still applying (RestoreGenerate's own ttft_s starts after that; so
-    // does Report, which waits for it too).
+    // eviction the monitor is still applying (RestoreGenerate's own ttft_s starts after that).
+    // "remaining" is what RestoreGenerate found resident when it got the context (a restore-ahead
+    // slice under way at the request stops for it first).
     const double t0 = NowSeconds();
     double remaining = -1;
-    if (mz) {
-      const MemoryReport r = ctx.Report();
-      const uint64_t llm = r.footprint() - r.base_total;
-      const uint64_t in = r.in_memory() > r.base_resident ? r.in_memory() - r.base_resident : 0;
-      remaining = llm ? double(in) / double(llm) : 0;
-    }
     const bool hist_before = ctx.history() == ref.context;
     if (mz) {
       RestoreGenerateStats rs;
       st = ctx.RestoreGenerate(ref.query.data(), int(ref.query.size()), PipelineOptions(), &rs);
+      remaining = rs.remaining_at_start;
     } else {
       st = ctx.Decode(ref.query.data(), int(ref.query.size()), false);
     }

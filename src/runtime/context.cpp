@@ -99,7 +99,7 @@ Status Context::Restore() {
 }
 
 MemoryReport Context::Report() {
-  ForegroundLock lk(this);
+  std::lock_guard<std::mutex> lk(mu_);
   return elastic_->Report();
 }
 
@@ -124,7 +124,7 @@ const float* Context::logits(int row) const {
 }
 
 void Context::Truncate(int n_keep) {
-  ForegroundLock lk(this);
+  std::lock_guard<std::mutex> lk(mu_);
   if (n_keep < 0) n_keep = 0;
   if (n_keep >= int(history_.size())) return;
   history_.resize(size_t(n_keep));
@@ -150,6 +150,7 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   const auto t0 = std::chrono::steady_clock::now();
   const double c0 = CpuSeconds();
   const int start = int(history_.size());
+  if (stats) stats->remaining_at_start = elastic_->Report().remaining(true);
   // Chunks for the new tokens exist before workers run (the chunk table must not grow under them).
   MZ_RETURN_IF_ERROR(kv_->Reserve(start + n));
   RestorePipeline pipe(elastic_.get(), int(model_->hparams().n_layer), po);

@@ -29,6 +29,7 @@ struct RestoreGenerateStats {
   double wait_s = 0;      // compute stalled waiting for units
   double cpu_s = 0;       // process CPU time spent
   int compute_threads_during_restore = 0;
+  double remaining_at_start = 1;  // LLM memory resident (base excluded) when the call got the context
 };
 
 struct ContextOptions {
@@ -137,9 +138,11 @@ class Context {
   std::unique_ptr<ElasticMemory> elastic_;
   DeviceProfile profile_;
   std::mutex mu_;
-  // Foreground calls (Decode, RestoreGenerate, Restore, Report, Truncate) waiting for mu_: while
+  // Foreground calls (Decode, RestoreGenerate, Restore, session save/load) waiting for mu_: while
   // any waits, a restore-ahead slice holding mu_ stops after its units in flight and lets them in
   // (a query must not wait for background work; it restores what it needs itself, overlapped).
+  // Report and Truncate take mu_ plainly: a caller polling the memory report must not starve
+  // restore-ahead (each poll would stop the slice under way).
   std::atomic<int> fg_waiting_{0};
   struct ForegroundLock {
     explicit ForegroundLock(Context* c) : c_(c) {
