@@ -53,6 +53,61 @@ std::pair<int, double> TopMargin(const float* x, int n) {
   return {a, double(x[a]) - second};
 }
 
+// llama.cpp's logits for `toks` (positions 0..n-1) in ubatches of `ubatch`, for the positions
+// >= first_out (all positions when 0), into out[(pos - first_out) * n_vocab]. fa: flash attention;
+// repack: llama.cpp's repacked weight buffers. The positions with logits go in their own batches.
+void LlamaLogits(const std::string& path, const std::vector<int32_t>& toks, int n_ctx, int ubatch, int first_out,
+                 bool fa, bool repack, std::vector<float>* out) {
+  Ref r;
+  llama_model_params mp = llama_model_default_params();
+  mp.use_extra_bufts = repack;
+  r.model = llama_model_load_from_file(path.c_str(), mp);
+  ASSERT_NE(r.model, nullptr);
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = uint32_t(n_ctx);
+  cp.n_batch = uint32_t(std::max(ubatch, int(toks.size()) - first_out));
+  cp.n_ubatch = uint32_t(ubatch);
+  cp.n_threads = cp.n_threads_batch = 2;
+  cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  r.ctx = llama_init_from_model(r.model, cp);
+  ASSERT_NE(r.ctx, nullptr);
+  const int n = int(toks.size()), nv = llama_vocab_n_tokens(llama_model_get_vocab(r.model));
+  llama_batch batch = llama_batch_init(int(cp.n_batch), 0, 1);
+  for (int off = 0; off < n;) {
+    const int end = off < first_out ? std::min(off + ubatch, first_out) : n;
+    for (int i = off; i < end; ++i) {
+      batch.token[i - off] = toks[size_t(i)];
+      batch.pos[i - off] = i;
+      batch.n_seq_id[i - off] = 1;
+      batch.seq_id[i - off][0] = 0;
+      batch.logits[i - off] = i >= first_out;
+    }
+    batch.n_tokens = end - off;
+    ASSERT_EQ(llama_decode(r.ctx, batch), 0);
+    off = end;
+  }
+  out->resize(size_t(n - first_out) * size_t(nv));
+  for (int i = 0; i < n - first_out; ++i) std::copy_n(llama_get_logits_ith(r.ctx, i), nv, out->data() + size_t(i) * nv);
+  llama_batch_free(batch);
+}
+
+// Max over n_pos positions of max|a - b| / std(b); *where (optional) receives the position.
+double MaxRelDiff(const float* a_all, const float* b_all, int n_pos, int nv, int* where = nullptr) {
+  double worst = 0;
+  for (int i = 0; i < n_pos; ++i) {
+    const float* a = a_all + size_t(i) * nv;
+    const float* b = b_all + size_t(i) * nv;
+    double md = 0;
+    for (int v = 0; v < nv; ++v) md = std::max(md, double(std::fabs(a[v] - b[v])));
+    md /= Std(b, nv);
+    if (md > worst) {
+      worst = md;
+      if (where) *where = i;
+    }
+  }
+  return worst;
+}
+
 constexpr double kTolRel = 0.15;
 
 class Differential : public ::testing::TestWithParam<std::string> {};
@@ -84,52 +139,11 @@ TEST_P(Differential, LogitsAndGreedyMatchLlamaCpp) {
   // llama.cpp, twice: its default (flash attention auto, repacked weights) and plain (no flash
   // attention, no repacking: the same weight layout and matmul kernels as mzcache). Their difference
   // is the rounding noise between two valid implementations; mzcache is held to the same scale.
-  auto ref_logits = [&](bool fa, bool repack, std::vector<float>* out) {
-    Ref r;
-    llama_model_params mp = llama_model_default_params();
-    mp.use_extra_bufts = repack;
-    r.model = llama_model_load_from_file(path.c_str(), mp);
-    ASSERT_NE(r.model, nullptr);
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 2048;
-    cp.n_batch = 1024;
-    cp.n_ubatch = 512;
-    cp.n_threads = cp.n_threads_batch = 2;
-    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    r.ctx = llama_init_from_model(r.model, cp);
-    ASSERT_NE(r.ctx, nullptr);
-    llama_batch batch = llama_batch_init(kPrompt, 0, 1);
-    for (int i = 0; i < kPrompt; ++i) {
-      batch.token[i] = toks[i];
-      batch.pos[i] = i;
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
-    }
-    batch.n_tokens = kPrompt;
-    ASSERT_EQ(llama_decode(r.ctx, batch), 0);
-    out->resize(size_t(kPrompt) * nv);
-    for (int i = 0; i < kPrompt; ++i) std::copy_n(llama_get_logits_ith(r.ctx, i), nv, out->data() + size_t(i) * nv);
-    llama_batch_free(batch);
-  };
   std::vector<float> plain, dflt;
-  ref_logits(false, false, &plain);
-  ref_logits(true, true, &dflt);
+  LlamaLogits(path, toks, 2048, 512, 0, false, false, &plain);
+  LlamaLogits(path, toks, 2048, 512, 0, true, true, &dflt);
   if (HasFatalFailure()) return;
-
-  // Max over positions of max|a - b| / std(b).
-  auto max_rel = [&](const float* a_all, const float* b_all, int* where) {
-    double worst = 0;
-    for (int i = 0; i < kPrompt; ++i) {
-      const float* a = a_all + size_t(i) * nv;
-      const float* b = b_all + size_t(i) * nv;
-      double md = 0;
-      for (int v = 0; v < nv; ++v) md = std::max(md, double(std::fabs(a[v] - b[v])));
-      md /= Std(b, nv);
-      if (md > worst) worst = md, *where = i;
-    }
-    return worst;
-  };
+  auto max_rel = [&](const float* a, const float* b, int* where) { return MaxRelDiff(a, b, kPrompt, nv, where); };
   std::vector<float> mine(size_t(kPrompt) * nv);
   for (int i = 0; i < kPrompt; ++i) {
     const float* a = mz_ctx.logits(i);
@@ -241,53 +255,11 @@ TEST_P(Differential, LongContextLogitsMatchLlamaCpp) {
     std::copy_n(mz_ctx.logits(i), nv, mine.data() + size_t(i) * nv);
   }
 
-  auto ref_logits = [&](bool fa, bool repack, std::vector<float>* out) {
-    Ref r;
-    llama_model_params mp = llama_model_default_params();
-    mp.use_extra_bufts = repack;
-    r.model = llama_model_load_from_file(path.c_str(), mp);
-    ASSERT_NE(r.model, nullptr);
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(n);
-    cp.n_batch = cp.n_ubatch = kUbatch;
-    cp.n_threads = cp.n_threads_batch = 2;
-    cp.flash_attn_type = fa ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    r.ctx = llama_init_from_model(r.model, cp);
-    ASSERT_NE(r.ctx, nullptr);
-    llama_batch batch = llama_batch_init(kUbatch, 0, 1);
-    for (int off = 0; off < n;) {
-      // The last kTail tokens go in their own batch so their logits are all requested.
-      const int end = off < n - kTail ? std::min(off + kUbatch, n - kTail) : n;
-      for (int i = off; i < end; ++i) {
-        batch.token[i - off] = toks[size_t(i)];
-        batch.pos[i - off] = i;
-        batch.n_seq_id[i - off] = 1;
-        batch.seq_id[i - off][0] = 0;
-        batch.logits[i - off] = i >= n - kTail;
-      }
-      batch.n_tokens = end - off;
-      ASSERT_EQ(llama_decode(r.ctx, batch), 0);
-      off = end;
-    }
-    out->resize(size_t(kTail) * nv);
-    for (int i = 0; i < kTail; ++i) std::copy_n(llama_get_logits_ith(r.ctx, i), nv, out->data() + size_t(i) * nv);
-    llama_batch_free(batch);
-  };
   std::vector<float> plain, dflt;
-  ref_logits(false, false, &plain);
-  ref_logits(true, true, &dflt);
+  LlamaLogits(path, toks, n, kUbatch, n - kTail, false, false, &plain);
+  LlamaLogits(path, toks, n, kUbatch, n - kTail, true, true, &dflt);
   if (HasFatalFailure()) return;
-  auto max_rel = [&](const float* a_all, const float* b_all) {
-    double worst = 0;
-    for (int i = 0; i < kTail; ++i) {
-      const float* a = a_all + size_t(i) * nv;
-      const float* b = b_all + size_t(i) * nv;
-      double md = 0;
-      for (int v = 0; v < nv; ++v) md = std::max(md, double(std::fabs(a[v] - b[v])));
-      worst = std::max(worst, md / Std(b, nv));
-    }
-    return worst;
-  };
+  auto max_rel = [&](const float* a, const float* b) { return MaxRelDiff(a, b, kTail, nv); };
   const double d_self = max_rel(dflt.data(), plain.data());
   const double d_mz = max_rel(mine.data(), plain.data());
   const double d_mzd = max_rel(mine.data(), dflt.data());

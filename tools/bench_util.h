@@ -25,6 +25,9 @@ double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request = 
 // The same for each reader count in `threads`, from one test file (written once). 0s on error.
 std::vector<double> MeasureDirectReads(const std::string& dir, size_t bytes, size_t request,
                                        const std::vector<int>& threads);
+// Cost of making fresh anonymous memory usable (Env::MapAnon + Prefault, the restore pipeline's
+// way), seconds per byte, best of 3 over 256 MiB. -1 if the mapping fails.
+double MeasurePopulateCost();
 // Writes text to dir/name (creating dir); returns false on failure.
 bool WriteFile(const std::string& dir, const std::string& name, const std::string& text);
 std::string MachineDescription();

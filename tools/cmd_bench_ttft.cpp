@@ -60,23 +60,6 @@ struct Run {
   uint64_t evicted = 0;  // RAM released by the eviction before the query
 };
 
-// Cost of making fresh anonymous memory usable (mmap + populate, the pipeline's way), seconds per
-// byte, best of 3 over 256 MiB: every byte a restoration brings back pays it.
-double MeasurePopulateCost() {
-  Env* env = Env::Default();
-  const size_t bytes = size_t(256) << 20;
-  double best = 1e9;
-  for (int rep = 0; rep < 3; ++rep) {
-    const double t0 = NowSeconds();
-    void* p = env->MapAnon(bytes);
-    if (!p) return -1;
-    env->Prefault(p, bytes);
-    const double dt = NowSeconds() - t0;
-    env->Unmap(p, bytes);
-    best = std::min(best, dt / double(bytes));
-  }
-  return best;
-}
 
 
 // A context of n tokens of real text: loaded from its session file, or built by prefill and saved.
@@ -242,7 +225,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
     for (const std::string& x : a->extra)
       if (std::none_of(kExtraSystems.begin(), kExtraSystems.end(), [&](auto& e) { return e.first == x; }))
         return Fail(Status::InvalidArgument("--extra-systems: unknown system '" + x + "' (see --help)"));
-    const double populate_s_per_byte = MeasurePopulateCost();
+    const double populate_s_per_byte = MeasurePopulateCost();  // (bench_util)
     if (populate_s_per_byte < 0) return Fail(Status::NoMemory("cannot map 256 MiB to measure the cost of populating memory"));
     const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
     std::fprintf(stderr, "populating fresh memory: %.3f ms/MiB (best of 3, 256 MiB, measured now); %d cores\n",

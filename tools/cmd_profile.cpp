@@ -147,16 +147,9 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
 
     // 3. Allocation (map + fault in) per MiB.
     {
-      const size_t n = size_t(256) << 20;
-      double best = 1e9;
-      for (int rep = 0; rep < 3; ++rep) {
-        double t0 = NowSeconds();
-        void* m = Env::Default()->MapAnon(n);
-        Env::Default()->Prefault(m, n);
-        best = std::min(best, NowSeconds() - t0);
-        Env::Default()->Unmap(m, n);
-      }
-      prof.alloc_s_per_MiB = best / 256.0;
+      const double s_per_byte = MeasurePopulateCost();
+      if (s_per_byte < 0) return Fail(Status::NoMemory("cannot map 256 MiB to measure the allocation cost"));
+      prof.alloc_s_per_MiB = s_per_byte * 1048576.0;
       std::printf("\nallocation (mmap + fault in): %.3f ms per MiB (%.1f GB/s)\n", prof.alloc_s_per_MiB * 1e3,
                   1048576.0 / prof.alloc_s_per_MiB / 1e9);
     }
