@@ -102,7 +102,8 @@ int mz_context_truncate(mz_context* ctx, int32_t n_keep);
 enum mz_unit_kind { MZ_UNIT_WEIGHTS = 0, MZ_UNIT_KV = 1 };
 enum mz_unit_state {
   MZ_STATE_RESIDENT = 0,              /* in RAM, usable by compute */
-  MZ_STATE_KV_MEM_COMPRESSED = 1,     /* KV chunk compressed in the in-memory swap stack */
+  MZ_STATE_KV_MEM_COMPRESSED = 1,     /* KV chunk compressed in the in-memory swap stack (q8: compute
+                                         reads it in place, see mz_restore_params.attend_compressed) */
   MZ_STATE_KV_STORAGE_RAW = 2,        /* KV chunk raw in the storage swap file */
   MZ_STATE_KV_STORAGE_COMPRESSED = 3, /* KV chunk compressed in the storage swap file */
   MZ_STATE_WEIGHTS_DROPPED = 4        /* weight unit released; re-read from the model file */
@@ -127,7 +128,8 @@ struct mz_plan {
  * MZ_ERR_BUSY and changes nothing. On an error (e.g. MZ_ERR_NO_SPACE) placements already applied
  * stay applied and the failing unit stays where it was: the context is intact. */
 int mz_evict(mz_context* ctx, uint64_t bytes, const struct mz_plan* plan, uint64_t* freed);
-/* Brings every unit back into RAM (multi-threaded). mz_decode also does this on demand. */
+/* Brings every unit back into RAM (multi-threaded). mz_decode restores on demand what compute
+ * needs (everything but q8 chunks held compressed in memory, which it reads in place). */
 int mz_restore(mz_context* ctx);
 
 enum mz_overlap {
@@ -140,6 +142,11 @@ struct mz_restore_params {
   int32_t overlap;        /* enum mz_overlap (default MZ_OVERLAP_FULL) */
   int32_t io_threads;     /* storage-path workers (default 2) */
   int32_t decode_threads; /* in-memory decompression workers (default 1) */
+  /* 1 (default): KV chunks held compressed in memory by the q8 codec are not restored before the
+   * first token: attention reads them in place, with the same result bit for bit as decoding them
+   * first. They stay compressed (mz_restore or restore-ahead bring them back; mz_decode reads them
+   * in place too). 0: the paper's mzCache, every unit is restored before compute reads it. */
+  int32_t attend_compressed;
 };
 struct mz_restore_params mz_restore_default_params(void);
 struct mz_restore_stats {
@@ -148,6 +155,7 @@ struct mz_restore_stats {
   double wait_s;          /* compute time spent waiting for units */
   double cpu_s;           /* process CPU seconds */
   uint64_t bytes_from_storage, bytes_decoded;
+  uint64_t bytes_read_compressed; /* raw bytes of KV chunks attention read compressed (not restored) */
   int32_t units_restored;
 };
 /* restore_generate: appends tokens and computes logits for the last one while evicted units are

@@ -133,6 +133,67 @@ INSTANTIATE_TEST_SUITE_P(AllPoliciesOverlapsLevels, RestoreGenerate, ::testing::
                            return s;
                          });
 
+// KV chunks held compressed in memory by q8 are read in place by restore_generate (not restored):
+// the logits equal, bit for bit, those of the same call restoring every unit first
+// (attend_compressed off); the chunks are still compressed afterwards, the next decode reads them
+// in place too (same logits again), and mz_restore brings them back (same logits again).
+TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  const int n_layer = 4, n_chunks = kPrompt / 16;
+  // Three placements: rear layers' chunks compressed in memory; plus their weights dropped and
+  // some chunks on storage; and every chunk compressed in memory except the first of each layer.
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    Plan plan;
+    for (int l = n_layer - 1; l >= 0; --l) {
+      if (variant == 1 && l >= 2) plan.push_back({UnitRef::Weights(l), UnitState::kWeightsDropped});
+      for (int c = n_chunks - 1; c >= 0; --c) {
+        UnitState t = UnitState::kResident;
+        if (variant == 0 && l >= 2) t = UnitState::kKvMemCompressed;
+        if (variant == 1 && l >= 1) t = c % 3 == 0 ? UnitState::kKvStorageCompressed : UnitState::kKvMemCompressed;
+        if (variant == 2 && c > 0) t = UnitState::kKvMemCompressed;
+        if (t != UnitState::kResident) plan.push_back({UnitRef::Kv(l, c), t});
+      }
+    }
+    Rig on = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, "cq-on");
+    Rig off = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, "cq-off");
+    int in_mem_compressed = 0;
+    for (Rig* r : {&on, &off}) {
+      ASSERT_EQ(int(r->model->hparams().n_layer), n_layer);
+      ASSERT_TRUE(r->ctx->Decode(toks.data(), kPrompt, false).ok());
+      ASSERT_TRUE(r->ctx->Evict(plan, 0, nullptr).ok());
+      in_mem_compressed = r->ctx->Report().n_kv_chunks[int(UnitState::kKvMemCompressed)];
+    }
+    ASSERT_GT(in_mem_compressed, 0) << "the policy placed no chunk in compressed memory: nothing to test";
+    PipelineOptions po_on, po_off;
+    po_off.attend_compressed = false;
+    RestoreGenerateStats st_on, st_off;
+    ASSERT_TRUE(on.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_on, &st_on).ok());
+    ASSERT_TRUE(off.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_off, &st_off).ok());
+    EXPECT_EQ(0, std::memcmp(Logits(*on.ctx).data(), Logits(*off.ctx).data(), Logits(*off.ctx).size() * 4));
+    EXPECT_TRUE(off.ctx->elastic().AllResident());
+    EXPECT_EQ(st_off.pipeline.bytes_read_compressed, 0u);
+    const MemoryReport r_on = on.ctx->Report();
+    EXPECT_EQ(r_on.n_kv_chunks[int(UnitState::kKvMemCompressed)], in_mem_compressed);
+    EXPECT_EQ(st_on.pipeline.bytes_read_compressed, r_on.kv_mem_compressed_raw);
+    EXPECT_LT(st_on.pipeline.bytes_decoded, st_off.pipeline.bytes_decoded);
+    // The next decode reads them in place as well.
+    ASSERT_TRUE(on.ctx->Decode(toks.data() + kPrompt + 4, 4, false).ok());
+    ASSERT_TRUE(off.ctx->Decode(toks.data() + kPrompt + 4, 4, false).ok());
+    EXPECT_EQ(0, std::memcmp(Logits(*on.ctx).data(), Logits(*off.ctx).data(), Logits(*off.ctx).size() * 4));
+    EXPECT_EQ(on.ctx->Report().n_kv_chunks[int(UnitState::kKvMemCompressed)], in_mem_compressed);
+    // Restored, they give the same logits again (one more token on both).
+    ASSERT_TRUE(on.ctx->Restore().ok());
+    EXPECT_TRUE(on.ctx->elastic().AllResident());
+    on.ctx->Truncate(kPrompt + 4);
+    off.ctx->Truncate(kPrompt + 4);
+    ASSERT_TRUE(on.ctx->Decode(toks.data() + kPrompt + 4, 4, false).ok());
+    ASSERT_TRUE(off.ctx->Decode(toks.data() + kPrompt + 4, 4, false).ok());
+    EXPECT_EQ(0, std::memcmp(Logits(*on.ctx).data(), Logits(*off.ctx).data(), Logits(*off.ctx).size() * 4));
+  }
+}
+
 // Compute must reach layer 2 and wait there before layer 2 starts restoring.
 TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
   const std::string path = test::ModelPath("tiny-qwen3");

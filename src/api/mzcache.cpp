@@ -233,6 +233,7 @@ mz_restore_params mz_restore_default_params(void) {
   p.overlap = MZ_OVERLAP_FULL;
   p.io_threads = 2;
   p.decode_threads = 1;
+  p.attend_compressed = 1;
   return p;
 }
 
@@ -246,6 +247,7 @@ int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, cons
     po.overlap = mz::Overlap(p.overlap);
     po.io_threads = std::max(1, p.io_threads);
     po.decode_threads = std::max(1, p.decode_threads);
+    po.attend_compressed = p.attend_compressed != 0;
     mz::RestoreGenerateStats st;
     MZ_RETURN_IF_ERROR(ctx->ctx->RestoreGenerate(tokens, n, po, &st));
     if (stats) {
@@ -257,6 +259,7 @@ int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, cons
       stats->bytes_from_storage = st.pipeline.bytes_from_storage;
       stats->bytes_decoded = st.pipeline.bytes_decoded;
       stats->units_restored = st.pipeline.units;
+      stats->bytes_read_compressed = st.pipeline.bytes_read_compressed;
     }
     return mz::Status::Ok();
   });

@@ -102,6 +102,7 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
     if (!p) return Status::Internal("swap stack entry missing for " + UnitName(UnitRef::Kv(layer, chunk)));
     SwapExtent e;
     MZ_RETURN_IF_ERROR(swap_->Write(p, n, &e));
+    kv_->SetCompressedView(layer, chunk, nullptr, 0);
     stack_->Free(s.h);
     s.h = -1;
     s.ext = e;
@@ -127,6 +128,12 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
     MZ_RETURN_IF_ERROR(codec_->Encode(sh, data, buf.data(), buf.size(), &n).With(UnitName(UnitRef::Kv(layer, chunk))));
     if (target == UnitState::kKvMemCompressed) {
       MZ_RETURN_IF_ERROR(stack_->Push(buf.data(), n, &s.h));
+      if (codec_->id() == uint8_t(KvCodecId::kQ8)) {
+        // Compute can read a q8 chunk in place (KvLayerView::q8_chunks): no restore needed first.
+        size_t held = 0;
+        const uint8_t* p = stack_->Get(s.h, &held);
+        if (p && held == n) kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, sh.n_tokens);
+      }
     } else {
       MZ_RETURN_IF_ERROR(EnsureSwap());
       SwapExtent e;
@@ -175,13 +182,14 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
     if (st.code() == Status::kCorruption) s.lost = true;
     return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
   }
+  // Install the fp16 chunk (which also clears a compressed view) before freeing the stored copy.
+  kv_->SetChunk(layer, chunk, dst);
   if (s.state == UnitState::kKvMemCompressed) stack_->Free(s.h);
   else swap_->Free(s.ext);
   s.h = -1;
   s.ext = SwapExtent();
   s.enc_bytes = 0;
   s.state = UnitState::kResident;
-  kv_->SetChunk(layer, chunk, dst);
   return Status::Ok();
 }
 
@@ -276,6 +284,15 @@ Status ElasticMemory::RestoreAll() { return RestoreUpTo(UINT64_MAX, nullptr); }
 
 Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
                                   bool* stopped) {
+  return RestoreSelected(max_bytes, restored, stop, stopped, -1);
+}
+
+Status ElasticMemory::RestoreForCompute(int first_write_chunk) {
+  return RestoreSelected(UINT64_MAX, nullptr, nullptr, nullptr, first_write_chunk);
+}
+
+Status ElasticMemory::RestoreSelected(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
+                                      bool* stopped, int keep_compressed_below) {
   if (restored) *restored = 0;
   if (stopped) *stopped = false;
   if (AllResident()) return Status::Ok();
@@ -300,7 +317,8 @@ Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const 
   for (int l = 0; l < kv_->geometry().n_layer && !full; ++l) {
     add_w(l);
     for (int c = 0; c < int(slots_[size_t(l)].size()); ++c)
-      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident) add(UnitRef::Kv(l, c), chunk_bytes);
+      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident && !(c < keep_compressed_below && readable_compressed(l, c)))
+        add(UnitRef::Kv(l, c), chunk_bytes);
   }
   if (todo.empty()) return Status::Ok();
   if (stop && stop()) {  // before any setup cost (identity check, mapping)
@@ -372,8 +390,10 @@ void ElasticMemory::ForgetChunksFrom(int first_chunk) {
     auto& v = slots_[size_t(l)];
     for (int c = int(v.size()) - 1; c >= first_chunk && c >= 0; --c) {
       KvSlot& s = v[size_t(c)];
-      if (s.state == UnitState::kKvMemCompressed) stack_->Free(s.h);
-      else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) swap_->Free(s.ext);
+      if (s.state == UnitState::kKvMemCompressed) {
+        if (c < kv_->n_chunks()) kv_->SetCompressedView(l, c, nullptr, 0);
+        stack_->Free(s.h);
+      } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) swap_->Free(s.ext);
       // An evicted chunk's pointer is null; KvCache::Truncate skips it when unmapping.
     }
     if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));

@@ -118,6 +118,16 @@ class ElasticMemory {
   // either fully restored or untouched in its evicted state: stopping never tears one.
   Status RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop = nullptr,
                      bool* stopped = nullptr);
+  // What compute needs before a forward pass that writes chunks >= first_write_chunk: every
+  // evicted unit is restored (as RestoreAll) except KV chunks below first_write_chunk that compute
+  // can read compressed (readable_compressed). Same error contract as RestoreAll.
+  Status RestoreForCompute(int first_write_chunk);
+  // KV chunk (layer, chunk) is held compressed in memory in a form the attention kernel reads in
+  // place (the q8 codec): compute does not need it restored. Such chunks stay in state
+  // kKvMemCompressed until restored (RestoreAll, RestoreUpTo, Restore).
+  bool readable_compressed(int layer, int chunk) const {
+    return has_chunk(layer, chunk) && !kv_->chunk_resident(layer, chunk) && kv_->chunk_compressed_view(layer, chunk);
+  }
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
@@ -158,6 +168,9 @@ class ElasticMemory {
   KvSlot& slot(int layer, int chunk);
   const KvSlot* find_slot(int layer, int chunk) const;
   Status EnsureSwap();
+  // RestoreUpTo, skipping chunks < keep_compressed_below that are readable_compressed.
+  Status RestoreSelected(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop, bool* stopped,
+                         int keep_compressed_below);
   Status EvictKv(int layer, int chunk, UnitState target);
   Status RestoreKv(int layer, int chunk, void* mem = nullptr);
   int weight_unit(int layer) const { return layer < 0 ? model_->base_unit() : layer; }

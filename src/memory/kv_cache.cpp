@@ -4,7 +4,7 @@ namespace mz {
 
 KvCache::KvCache(Env* env, const KvGeometry& g, int n_ctx_max)
     : env_(env), g_(g), n_ctx_max_(n_ctx_max), chunks_(size_t(g.n_layer)), kptr_(size_t(g.n_layer)),
-      vptr_(size_t(g.n_layer)) {}
+      vptr_(size_t(g.n_layer)), qptr_(size_t(g.n_layer)), qrows_(size_t(g.n_layer)) {}
 
 KvCache::~KvCache() { Truncate(0); }
 
@@ -12,6 +12,16 @@ void KvCache::RefreshView(int layer, int c) {
   uint16_t* p = chunks_[layer][c];
   kptr_[layer][c] = p;
   vptr_[layer][c] = p ? p + g_.block_elems() : nullptr;
+  if (p) {
+    qptr_[layer][c] = nullptr;
+    qrows_[layer][c] = 0;
+  }
+}
+
+bool KvCache::any_compressed(int layer) const {
+  for (const uint8_t* q : qptr_[layer])
+    if (q) return true;
+  return false;
 }
 
 Status KvCache::Reserve(int tokens) {
@@ -26,6 +36,8 @@ Status KvCache::Reserve(int tokens) {
       chunks_[l].push_back(static_cast<uint16_t*>(p));
       kptr_[l].push_back(nullptr);
       vptr_[l].push_back(nullptr);
+      qptr_[l].push_back(nullptr);
+      qrows_[l].push_back(0);
       RefreshView(l, int(chunks_[l].size()) - 1);
     }
   }
@@ -40,6 +52,8 @@ void KvCache::Truncate(int tokens) {
       chunks_[l].pop_back();
       kptr_[l].pop_back();
       vptr_[l].pop_back();
+      qptr_[l].pop_back();
+      qrows_[l].pop_back();
     }
   }
   if (n_tokens_ > tokens) n_tokens_ = tokens;
@@ -61,6 +75,10 @@ KvLayerView KvCache::view(int layer, int n_kv) const {
   v.n_kv_head = g_.n_kv_head;
   v.head_dim = g_.head_dim;
   v.n_kv = n_kv;
+  if (any_compressed(layer)) {
+    v.q8_chunks = qptr_[layer].data();
+    v.q8_rows = qrows_[layer].data();
+  }
   return v;
 }
 

@@ -57,6 +57,17 @@ class KvCache {
   void SetChunk(int layer, int c, uint16_t* p) { chunks_[layer][c] = p; RefreshView(layer, c); }
   uint16_t* ReleaseChunk(int layer, int c);
   bool chunk_resident(int layer, int c) const { return chunks_[layer][c] != nullptr; }
+  // Compressed view of an evicted chunk (ElasticMemory keeps q8 chunks of its in-memory swap here):
+  // the attention kernel then reads the chunk in its compressed form (KvLayerView::q8_chunks).
+  // payload: the q8 codec payload (past the header), owned by the caller and valid until cleared;
+  // rows: encoded token rows. SetCompressedView(l, c, nullptr, 0) clears it; SetChunk clears it too.
+  void SetCompressedView(int layer, int c, const uint8_t* payload, int rows) {
+    qptr_[layer][c] = payload;
+    qrows_[layer][c] = payload ? rows : 0;
+  }
+  bool chunk_compressed_view(int layer, int c) const { return qptr_[layer][c] != nullptr; }
+  // Compute can read chunk c of layer (resident, or a compressed view).
+  bool chunk_readable(int layer, int c) const { return chunk_resident(layer, c) || chunk_compressed_view(layer, c); }
 
   // View for the attention kernel; pointers stay valid until the chunk set changes.
   KvLayerView view(int layer, int n_kv) const;
@@ -71,6 +82,9 @@ class KvCache {
   int n_tokens_ = 0;
   std::vector<std::vector<uint16_t*>> chunks_;        // [layer][chunk] -> K block (V follows)
   std::vector<std::vector<const uint16_t*>> kptr_, vptr_;  // views for the kernel
+  std::vector<std::vector<const uint8_t*>> qptr_;          // compressed views (nullptr: none)
+  std::vector<std::vector<int>> qrows_;
+  bool any_compressed(int layer) const;
 };
 
 }  // namespace mz

@@ -122,6 +122,10 @@ Status RestorePipeline::Start() {
   auto add = [&](const UnitRef& u, int key) {
     UnitState s = e_->state(u);
     if (s == UnitState::kResident) return;
+    if (u.kind == UnitRef::kKv && u.chunk < opts_.attend_compressed_below && e_->readable_compressed(u.layer, u.chunk)) {
+      stats_.bytes_read_compressed += e_->RestoreBytes(u);
+      return;
+    }
     tasks_.push_back(Task{u, key, s == UnitState::kKvMemCompressed});
     ++pending_[size_t(key)];
   };
@@ -135,6 +139,8 @@ Status RestorePipeline::Start() {
     }
   }
   stats_.units = int(tasks_.size());
+  for (const auto& t : tasks_) stats_.bytes_restored += e_->RestoreBytes(t.u);
+  stats_.bytes_decoded -= std::min(stats_.bytes_decoded, stats_.bytes_read_compressed);
   for (const auto& t : tasks_)
     if (t.u.kind == UnitRef::kWeights) {
       // Dropped weights are re-read from the model file: make sure it is the file that was loaded.

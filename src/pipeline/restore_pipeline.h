@@ -59,6 +59,15 @@ struct PipelineOptions {
   // Off by default: measured no better (Qwen3-0.6B 8k, same run: 0.513 vs 0.489 s at 50%, 0.753
   // vs 0.684 s at 0%); bench ttft's Fig. 11a keeps measuring it.
   bool full_threads_for_io = false;
+  // restore_generate: compute reads compressed chunks in place (sets attend_compressed_below to
+  // the first chunk the call writes). false: the paper's mzCache, which restores every unit first.
+  bool attend_compressed = true;
+  // KV chunks below this index that are held compressed in memory in a form the attention kernel
+  // reads in place (ElasticMemory::readable_compressed: the q8 codec) are not restored: compute
+  // reads them compressed, bit-identical to decoding them first. Written chunks must be resident,
+  // so this is at most the first chunk the call writes. 0: restore everything. Such chunks stay
+  // compressed afterwards (restore-ahead or mz_restore bring them back).
+  int attend_compressed_below = 0;
 };
 
 struct PipelineStats {
@@ -73,6 +82,8 @@ struct PipelineStats {
   double sto_path_done_s = 0;
   uint64_t bytes_from_storage = 0;
   uint64_t bytes_decoded = 0;  // raw bytes produced by decompression
+  uint64_t bytes_read_compressed = 0;  // raw bytes of the chunks compute read compressed (not restored)
+  uint64_t bytes_restored = 0;         // RAM the restored units occupy (what was allocated and filled)
   int units = 0;
 };
 

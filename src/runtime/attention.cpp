@@ -143,19 +143,67 @@ void check_args(const AttnArgs& a, const KvLayerView& kv, int ith, int nth) {
   assert(a.q != a.out);
 }
 
-// Keys [k0, k0 + n) of one kv head, all inside one chunk; k / v point at token k0's K / V row.
+// Keys [k0, k0 + n) of one kv head, all inside one chunk; k / v point at token k0's K / V row. For
+// a q8 chunk, k / v are null and kq / vq point at token k0's int8 codes, ka / va at its fp16 row max.
 struct Tile {
   int k0;
   int n;
   const uint16_t* k;
   const uint16_t* v;
+  const int8_t* kq = nullptr;
+  const int8_t* vq = nullptr;
+  const uint8_t* ka = nullptr;
+  const uint8_t* va = nullptr;
+  // Start and size of the K / V bytes this tile reads (for prefetching).
+  const void* k_bytes() const { return kq ? static_cast<const void*>(kq) : static_cast<const void*>(k); }
+  const void* v_bytes() const { return vq ? static_cast<const void*>(vq) : static_cast<const void*>(v); }
+  size_t bytes(int D) const { return static_cast<size_t>(n) * D * (kq ? 1 : sizeof(uint16_t)); }
 };
+
+// One q8 segment (K or V of kv head h) of a chunk with `rows` encoded rows: amax[rows] fp16, then
+// codes[rows][D] int8 (swap/codec_q8.cpp).
+inline const uint8_t* q8_segment(const uint8_t* payload, int rows, int D, int seg) {
+  return payload + static_cast<size_t>(seg) * rows * (2 + D);
+}
 
 // The tile starting at key k0 < kend: at most kTile keys, never past kend or the end of k0's chunk.
 inline Tile tile_at(const KvLayerView& kv, int kvh, int kend, int k0) {
-  const int CT = kv.chunk_tokens, c = k0 / CT, cbeg = c * CT;
-  const size_t off = (static_cast<size_t>(kvh) * CT + (k0 - cbeg)) * kv.head_dim;
-  return Tile{k0, std::min({kTile, cbeg + CT - k0, kend - k0}), kv.k_chunks[c] + off, kv.v_chunks[c] + off};
+  const int CT = kv.chunk_tokens, c = k0 / CT, cbeg = c * CT, D = kv.head_dim;
+  const int n = std::min({kTile, cbeg + CT - k0, kend - k0});
+  const uint8_t* q = kv.q8_chunks ? kv.q8_chunks[c] : nullptr;
+  if (q) {
+    const int rows = kv.q8_rows[c], t = k0 - cbeg;
+    assert(t + n <= rows);
+    const uint8_t* ks = q8_segment(q, rows, D, kvh);
+    const uint8_t* vs = q8_segment(q, rows, D, kv.n_kv_head + kvh);
+    Tile tl{k0, n, nullptr, nullptr};
+    tl.ka = ks + 2 * static_cast<size_t>(t);
+    tl.va = vs + 2 * static_cast<size_t>(t);
+    tl.kq = reinterpret_cast<const int8_t*>(ks + 2 * static_cast<size_t>(rows)) + static_cast<size_t>(t) * D;
+    tl.vq = reinterpret_cast<const int8_t*>(vs + 2 * static_cast<size_t>(rows)) + static_cast<size_t>(t) * D;
+    return tl;
+  }
+  const size_t off = (static_cast<size_t>(kvh) * CT + (k0 - cbeg)) * D;
+  return Tile{k0, n, kv.k_chunks[c] + off, kv.v_chunks[c] + off};
+}
+
+// The q8 codec's step for a row whose max is the fp16 `amax_le` (little-endian bytes): amax / 127
+// computed as amax * fl(1/127), exactly as Q8Step in swap/codecs_internal.h.
+inline float q8_step(const uint8_t* amax_le) {
+  const uint16_t h = static_cast<uint16_t>(amax_le[0] | (amax_le[1] << 8));
+  return fp16_to_fp32(h) * (1.0f / 127.0f);
+}
+
+// q8 rows -> f32 as the codec decodes them (fp16(code * step), code clamped to [-127, 127]), then
+// fp16 -> f32: n rows of D values. Portable; the same IEEE operations as the SIMD twin.
+inline void cvt_tile_q8_portable(const int8_t* codes, const uint8_t* amax, int n, int D, float* dst) {
+  for (int r = 0; r < n; ++r) {
+    const float step = q8_step(amax + 2 * r);
+    for (int d = 0; d < D; ++d) {
+      const int c = std::max<int>(codes[static_cast<size_t>(r) * D + d], -127);
+      dst[static_cast<size_t>(r) * D + d] = fp16_to_fp32(fp32_to_fp16(static_cast<float>(c) * step));
+    }
+  }
 }
 
 // Calls fn(tile, next) for the tiles covering keys [0, kend) of kv head kvh in ascending order;
@@ -221,7 +269,8 @@ void item_scalar(const AttnArgs& a, const KvLayerView& kv, const Item& it, const
   const int kend = a.pos0 + it.t0 + it.tn;  // keys [0, kend) are visible to at least one row
   for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile&) {
     const int k0 = t.k0, n = t.n;
-    cvt_tile_portable(t.k, static_cast<size_t>(n) * D, sc.kv);
+    if (t.kq) cvt_tile_q8_portable(t.kq, t.ka, n, D, sc.kv);
+    else cvt_tile_portable(t.k, static_cast<size_t>(n) * D, sc.kv);
     for (int r = 0; r < R; ++r) {
       float* s = sc.s + r * kTile;
       const int lim = std::max(0, std::min(n, a.pos0 + it.t0 + r / it.gn - k0 + 1));  // causal
@@ -246,7 +295,8 @@ void item_scalar(const AttnArgs& a, const KvLayerView& kv, const Item& it, const
       sc.m[r] = m_new;
       sc.l[r] = sc.l[r] * sc.alpha[r] + sum;
     }
-    cvt_tile_portable(t.v, static_cast<size_t>(n) * D, sc.kv);
+    if (t.vq) cvt_tile_q8_portable(t.vq, t.va, n, D, sc.kv);
+    else cvt_tile_portable(t.v, static_cast<size_t>(n) * D, sc.kv);
     for (int r = 0; r < R; ++r) {
       float* MZ_RESTRICT acc = sc.acc + r * D;
       const float al = sc.alpha[r];
@@ -378,6 +428,22 @@ inline void cvt_tile(const uint16_t* src, size_t count, float* dst) {
   }
 }
 
+// q8 rows -> f32, bit-identical to cvt_tile_q8_portable (and to the codec's decoder followed by
+// cvt_tile): code clamped to -127, one f32 multiply by the row's step, RNE to fp16, back to f32.
+inline void cvt_tile_q8(const int8_t* codes, const uint8_t* amax, int n, int D, float* dst) {
+  const __m128i m127 = _mm_set1_epi8(-127);
+  for (int r = 0; r < n; ++r) {
+    const __m256 vs = _mm256_set1_ps(q8_step(amax + 2 * r));
+    const int8_t* c = codes + static_cast<size_t>(r) * D;
+    float* o = dst + static_cast<size_t>(r) * D;
+    for (int d = 0; d < D; d += 8) {
+      const __m128i q = _mm_max_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d)), m127);
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vs);
+      _mm256_store_ps(o + d, _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    }
+  }
+}
+
 // s[r*kTile + j] = dot(q[r*D..], k[j*D..]) for r < NR, j < NK. 12 accumulators + 3 q + 1 k = 16 ymm.
 template <int NR, int NK>
 void qk_block(const float* q, const float* k, int D, float* s) {
@@ -485,10 +551,11 @@ void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
   for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile& next) {
     const int k0 = t.k0, n = t.n;
     // The next tile's K streams in during this tile's QK, its V during this tile's PV.
-    const size_t next_bytes = static_cast<size_t>(next.n) * D * sizeof(uint16_t);
-    Prefetcher pf_k(next.k, next_bytes, ((R + kQkRows - 1) / kQkRows) * ((n + kQkKeys - 1) / kQkKeys));
-    Prefetcher pf_v(next.v, next_bytes, ((R + kPvRows - 1) / kPvRows) * ((D / 8 + kPvVecs - 1) / kPvVecs));
-    cvt_tile(t.k, static_cast<size_t>(n) * D, sc.kv);
+    const size_t next_bytes = next.bytes(D);
+    Prefetcher pf_k(next.k_bytes(), next_bytes, ((R + kQkRows - 1) / kQkRows) * ((n + kQkKeys - 1) / kQkKeys));
+    Prefetcher pf_v(next.v_bytes(), next_bytes, ((R + kPvRows - 1) / kPvRows) * ((D / 8 + kPvVecs - 1) / kPvVecs));
+    if (t.kq) cvt_tile_q8(t.kq, t.ka, n, D, sc.kv);
+    else cvt_tile(t.k, static_cast<size_t>(n) * D, sc.kv);
     qk_tile(sc.q, R, sc.kv, n, D, sc.s, pf_k);
     const int n8 = (n + 7) & ~7;
     for (int r = 0; r < R; ++r) {
@@ -516,7 +583,8 @@ void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
       sc.m[r] = m_new;
       sc.l[r] = sc.l[r] * al + hsum(vsum);
     }
-    cvt_tile(t.v, static_cast<size_t>(n) * D, sc.kv);
+    if (t.vq) cvt_tile_q8(t.vq, t.va, n, D, sc.kv);
+    else cvt_tile(t.v, static_cast<size_t>(n) * D, sc.kv);
     pv_tile(sc.s, sc.alpha, sc.kv, n, R, D, sc.acc, pf_v);
   });
   for (int r = 0; r < R; ++r) {
@@ -676,12 +744,13 @@ void item_neon(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
   for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile& next) {
     const int k0 = t.k0, n = t.n;
     // The next tile's K streams in during this tile's QK, its V during this tile's PV.
-    const size_t next_bytes = static_cast<size_t>(next.n) * D * sizeof(uint16_t);
-    Prefetcher pf_k(next.k, next_bytes,
+    const size_t next_bytes = next.bytes(D);
+    Prefetcher pf_k(next.k_bytes(), next_bytes,
                     ((R + kQkRowsNeon - 1) / kQkRowsNeon) * ((n + kQkKeysNeon - 1) / kQkKeysNeon));
-    Prefetcher pf_v(next.v, next_bytes,
+    Prefetcher pf_v(next.v_bytes(), next_bytes,
                     ((R + kPvRowsNeon - 1) / kPvRowsNeon) * ((D / 4 + kPvVecsNeon - 1) / kPvVecsNeon));
-    cvt_tile_neon(t.k, static_cast<size_t>(n) * D, sc.kv);
+    if (t.kq) cvt_tile_q8_portable(t.kq, t.ka, n, D, sc.kv);
+    else cvt_tile_neon(t.k, static_cast<size_t>(n) * D, sc.kv);
     qk_tile_neon(sc.q, R, sc.kv, n, D, sc.s, pf_k);
     const int n4 = (n + 3) & ~3;
     for (int r = 0; r < R; ++r) {
@@ -709,7 +778,8 @@ void item_neon(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
       sc.m[r] = m_new;
       sc.l[r] = sc.l[r] * al + vaddvq_f32(vsum);
     }
-    cvt_tile_neon(t.v, static_cast<size_t>(n) * D, sc.kv);
+    if (t.vq) cvt_tile_q8_portable(t.vq, t.va, n, D, sc.kv);
+    else cvt_tile_neon(t.v, static_cast<size_t>(n) * D, sc.kv);
     pv_tile_neon(sc.s, sc.alpha, sc.kv, n, R, D, sc.acc, pf_v);
   });
   for (int r = 0; r < R; ++r) {
@@ -761,6 +831,14 @@ bool attention_chunked_has_simd() {
 #endif
 }
 
+float q8_element(const uint8_t* segment, int rows, int head_dim, int t, int d) {
+  float out;
+  cvt_tile_q8_portable(reinterpret_cast<const int8_t*>(segment + 2 * static_cast<size_t>(rows)) +
+                           static_cast<size_t>(t) * head_dim + d,
+                       segment + 2 * static_cast<size_t>(t), 1, 1, &out);
+  return out;
+}
+
 void attention_reference(const AttnArgs& a, const KvLayerView& kv) {
   const int D = kv.head_dim, group = a.n_head / kv.n_kv_head, CT = kv.chunk_tokens;
   const int n_keys = a.pos0 + a.n_tokens;
@@ -769,9 +847,17 @@ void attention_reference(const AttnArgs& a, const KvLayerView& kv) {
   for (int kvh = 0; kvh < kv.n_kv_head; ++kvh) {
     for (int t = 0; t < n_keys; ++t) {
       const size_t off = (static_cast<size_t>(kvh) * CT + t % CT) * D;
+      const uint8_t* q = kv.q8_chunks ? kv.q8_chunks[t / CT] : nullptr;
       for (int d = 0; d < D; ++d) {
-        kf[static_cast<size_t>(t) * D + d] = fp16_to_fp32(kv.k_chunks[t / CT][off + d]);
-        vf[static_cast<size_t>(t) * D + d] = fp16_to_fp32(kv.v_chunks[t / CT][off + d]);
+        if (q) {
+          const int rows = kv.q8_rows[t / CT];
+          kf[static_cast<size_t>(t) * D + d] = q8_element(q8_segment(q, rows, D, kvh), rows, D, t % CT, d);
+          vf[static_cast<size_t>(t) * D + d] =
+              q8_element(q8_segment(q, rows, D, kv.n_kv_head + kvh), rows, D, t % CT, d);
+        } else {
+          kf[static_cast<size_t>(t) * D + d] = fp16_to_fp32(kv.k_chunks[t / CT][off + d]);
+          vf[static_cast<size_t>(t) * D + d] = fp16_to_fp32(kv.v_chunks[t / CT][off + d]);
+        }
       }
     }
     for (int i = 0; i < a.n_tokens; ++i) {

@@ -22,7 +22,20 @@ struct KvLayerView {
   int n_kv_head;
   int head_dim;
   int n_kv;  // valid tokens in the cache (must cover every key any query may see)
+  // Optional compressed chunks (nullptr: every chunk is fp16). When q8_chunks[c] is non-null, chunk
+  // c is held compressed in memory by the q8 codec and k_chunks[c] / v_chunks[c] are not read:
+  // q8_chunks[c] points at the codec's payload (swap/codec_q8.cpp, past the 16-byte header) with
+  // q8_rows[c] encoded token rows, which must cover every key of chunk c any query may see. The
+  // kernel dequantizes each tile exactly as the codec decodes (fp16(code * amax/127), then f32), so
+  // attending over a q8 chunk gives bit-identical output to decoding it first and attending over
+  // the fp16 copy. The payload is trusted (the process wrote it; no validation here).
+  const uint8_t* const* q8_chunks = nullptr;
+  const int* q8_rows = nullptr;
 };
+
+// The f32 value of element (row t, dim d) of one q8 segment (K or V of one kv head) with `rows`
+// rows: what decoding the chunk and converting fp16 -> f32 gives. For tests and references.
+float q8_element(const uint8_t* segment, int rows, int head_dim, int t, int d);
 
 struct AttnArgs {
   const float* q;  // [n_tokens][n_head][head_dim] f32, contiguous (ggml ne0=head_dim, ne1=n_head, ne2=n_tokens)

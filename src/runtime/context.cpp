@@ -107,7 +107,10 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
   SafePointOnExit safe_point{this};
   ForegroundLock lk(this);
   MZ_SYNC_POINT("context:decode_locked", n);
-  MZ_RETURN_IF_ERROR(elastic_->RestoreAll());
+  // Chunks this call writes must be resident; earlier ones may stay compressed if compute reads
+  // them in place (opts_.attend_compressed).
+  const int first_write = int(history_.size()) / kv_->geometry().chunk_tokens;
+  MZ_RETURN_IF_ERROR(opts_.attend_compressed ? elastic_->RestoreForCompute(first_write) : elastic_->RestoreAll());
   MZ_RETURN_IF_ERROR(fwd_->Decode(tokens, n, all_logits, &logits_));
   history_.insert(history_.end(), tokens, tokens + n);
   return Status::Ok();
@@ -153,7 +156,10 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   if (stats) stats->remaining_at_start = elastic_->Report().remaining(true);
   // Chunks for the new tokens exist before workers run (the chunk table must not grow under them).
   MZ_RETURN_IF_ERROR(kv_->Reserve(start + n));
-  RestorePipeline pipe(elastic_.get(), int(model_->hparams().n_layer), po);
+  PipelineOptions pipe_opts = po;
+  pipe_opts.attend_compressed_below =
+      po.attend_compressed && opts_.attend_compressed ? start / kv_->geometry().chunk_tokens : 0;
+  RestorePipeline pipe(elastic_.get(), int(model_->hparams().n_layer), pipe_opts);
   Status st = pipe.Start();
   const int full = opts_.n_threads;
   const int during = pipe.done() ? full : std::max(1, full - 1);

@@ -46,6 +46,10 @@ struct ContextOptions {
   uint64_t evict_seed = 1;       // random-out
   bool hybrid = true;            // false: a single storage path (ablation)
   bool partial_offload = false;  // the Partial Offload baseline's eviction instead of hybrid swap
+  // Compute reads KV chunks held compressed in memory (q8) in place instead of restoring them
+  // first (Decode; RestoreGenerate when PipelineOptions::attend_compressed too). false: the paper's
+  // behaviour, every unit is restored before compute reads it.
+  bool attend_compressed = true;
 };
 
 class Context {

@@ -177,7 +177,11 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
   const float scale = 1.0f / std::sqrt(float(D));
   for (int il = 0; il < int(hp.n_layer); ++il) {
     MZ_RETURN_IF_ERROR(Wait(il));
-    for (int c = pos0 / kv_->geometry().chunk_tokens; c < kv_->n_chunks_for(pos0 + n); ++c)
+    const int first_write = pos0 / kv_->geometry().chunk_tokens;
+    for (int c = 0; c < first_write; ++c)  // read only: resident, or compressed in a form attention reads
+      if (!kv_->chunk_readable(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
+                                                           std::to_string(il) + " is not in memory");
+    for (int c = first_write; c < kv_->n_chunks_for(pos0 + n); ++c)
       if (!kv_->chunk_resident(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
                                                            std::to_string(il) + " is not resident");
     const LayerTensors& L = model_->layer(il);
