@@ -56,9 +56,11 @@ struct PipelineOptions {
   // restore_generate: compute runs on n_threads - 1 threads while restoration needs CPU (the
   // workers take the other core) and on all n_threads once it is done; with this set, already
   // once only storage reads remain (cpu_work_done()), whose workers mostly wait for the disk.
-  // Off by default: measured no better (Qwen3-0.6B 8k, same run: 0.513 vs 0.489 s at 50%, 0.753
-  // vs 0.684 s at 0%); bench ttft's Fig. 11a keeps measuring it.
-  bool full_threads_for_io = false;
+  // On by default since q8 chunks are read in place (the in-memory path is then mostly empty, so
+  // the CPU work ends early): Qwen3-0.6B 8k, same run, 0.323 vs 0.423 s at 50% remaining, 0.272 vs
+  // 0.303 s at 75%; Llama-3.2-1B 8k 0.327 vs 0.399 s at 75%. Without reading in place it was no
+  // better (0.513 vs 0.489 s at 50%). bench ttft measures it off (mznoft, Fig. 11a).
+  bool full_threads_for_io = true;
   // restore_generate: compute reads compressed chunks in place (sets attend_compressed_below to
   // the first chunk the call writes). false: the paper's mzCache, which restores every unit first.
   bool attend_compressed = true;
