@@ -388,6 +388,48 @@ TEST(ElasticFaults, FlippedBitIsDetectedAndTheChunkIsNeverUsed) {
   EXPECT_TRUE(f.ctx->Decode(toks.data(), 10, false).ok());
 }
 
+// Decode reads q8 chunks compressed on storage into the in-memory swap as they are (no decode) and
+// attends over them in place: the logits equal those after a full restore, bit for bit; a flipped
+// bit in such a read is detected (chunk lost, decode refused), a read error leaves it on storage.
+TEST(ElasticFaults, LoadCompressedIntoMemoryChecksAndFailsCleanly) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = PromptTokens(path, kPrompt);
+  Fixture ref = Make(Env::Default(), path, "q8", toks, "lc-ref");
+  ASSERT_TRUE(ref.ctx->Evict(RearPlan(*ref.ctx, 2, UnitState::kKvStorageCompressed, 99, false), 0, nullptr).ok());
+  ASSERT_TRUE(ref.ctx->Restore().ok());  // decoded: what reading in place must equal
+  const auto want = NextLogits(*ref.ctx, 3);
+
+  FaultEnv env(Env::Default());
+  env.path_filter = ".swap";
+  Fixture f = Make(&env, path, "q8", toks, "lc");
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 2, UnitState::kKvStorageCompressed, 99, false), 0, nullptr).ok());
+  const int on_storage = f.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)];
+  ASSERT_GT(on_storage, 2);
+  const int tail = 2;  // the last chunk of layers 2 and 3 is written by the next token: restored
+  env.fail_reads_after = 0;
+  int32_t t = 3;
+  Status st = f.ctx->Decode(&t, 1, false);
+  EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+  EXPECT_EQ(f.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], on_storage);
+  EXPECT_EQ(f.ctx->history().size(), toks.size());
+  env.fail_reads_after = -1;
+  EXPECT_EQ(NextLogits(*f.ctx, 3), want);
+  const MemoryReport r = f.ctx->Report();
+  EXPECT_EQ(r.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
+  EXPECT_EQ(r.n_kv_chunks[int(UnitState::kKvMemCompressed)], on_storage - tail);
+
+  Fixture g = Make(&env, path, "q8", toks, "lc-flip");
+  ASSERT_TRUE(g.ctx->Evict(RearPlan(*g.ctx, 2, UnitState::kKvStorageCompressed, 99, false), 0, nullptr).ok());
+  env.flip_bit_read_after = 0;
+  st = g.ctx->Decode(&t, 1, false);
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+  EXPECT_EQ(g.ctx->Report().n_kv_lost, 1);
+  env.flip_bit_read_after = -1;
+  st = g.ctx->Decode(&t, 1, false);
+  EXPECT_EQ(st.code(), Status::kCorruption) << "a lost chunk must never be used: " << st.ToString();
+  EXPECT_EQ(g.ctx->history().size(), toks.size());
+}
+
 TEST(ElasticFaults, ChangedModelFileIsRefused) {
   const std::string orig = test::ModelPath("tiny-qwen3");
   const std::string path = test::TempDir() + "/changing.gguf";

@@ -158,13 +158,17 @@ TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem)
     }
     Rig on = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, "cq-on");
     Rig off = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, "cq-off");
-    int in_mem_compressed = 0;
+    int in_mem_compressed = 0, sto_compressed = 0;
     for (Rig* r : {&on, &off}) {
       ASSERT_EQ(int(r->model->hparams().n_layer), n_layer);
       ASSERT_TRUE(r->ctx->Decode(toks.data(), kPrompt, false).ok());
       ASSERT_TRUE(r->ctx->Evict(plan, 0, nullptr).ok());
       in_mem_compressed = r->ctx->Report().n_kv_chunks[int(UnitState::kKvMemCompressed)];
+      sto_compressed = r->ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)];
     }
+    EXPECT_EQ(sto_compressed > 0, variant == 1);
+    // Chunks compressed on storage are loaded into the in-memory swap as they are, then read in place.
+    in_mem_compressed += sto_compressed;
     ASSERT_GT(in_mem_compressed, 0) << "the policy placed no chunk in compressed memory: nothing to test";
     PipelineOptions po_on, po_off;
     po_off.attend_compressed = false;
@@ -176,6 +180,7 @@ TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem)
     EXPECT_EQ(st_off.pipeline.bytes_read_compressed, 0u);
     const MemoryReport r_on = on.ctx->Report();
     EXPECT_EQ(r_on.n_kv_chunks[int(UnitState::kKvMemCompressed)], in_mem_compressed);
+    EXPECT_EQ(r_on.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
     EXPECT_EQ(st_on.pipeline.bytes_read_compressed, r_on.kv_mem_compressed_raw);
     EXPECT_LT(st_on.pipeline.bytes_decoded, st_off.pipeline.bytes_decoded);
     // The next decode reads them in place as well.

@@ -193,6 +193,35 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
   return Status::Ok();
 }
 
+Status ElasticMemory::LoadCompressed(int layer, int chunk) {
+  const UnitRef u = UnitRef::Kv(layer, chunk);
+  if (!codec_readable_in_place()) return Status::InvalidArgument("the codec cannot be read in place");
+  KvSlot& s = slot(layer, chunk);
+  if (s.lost) return Status::Corruption(UnitName(u) + " was lost (its stored copy failed verification)");
+  if (s.state != UnitState::kKvStorageCompressed)
+    return Status::InvalidArgument(UnitName(u) + ": not compressed on storage (" + UnitStateName(s.state) + ")");
+  ChunkShape sh = shape(layer, chunk);
+  sh.n_tokens = s.enc_tokens;
+  if (s.ext.size != codec_->MaxEncodedSize(sh))
+    return Status::Corruption(UnitName(u) + ": stored size " + std::to_string(s.ext.size) + " does not match its shape");
+  CompressedStack::Handle h = -1;
+  uint8_t* p = nullptr;
+  MZ_RETURN_IF_ERROR(stack_->Reserve(s.ext.size, s.ext.len, kDirectIoAlign, &h, &p).With("loading " + UnitName(u)));
+  Status st = swap_->ReadPadded(s.ext, p);
+  if (st.ok() && p[0] != codec_->id()) st = Status::Corruption("stored blob is not of codec " + std::string(codec_->name()));
+  if (!st.ok()) {
+    stack_->Free(h);
+    if (st.code() == Status::kCorruption) s.lost = true;
+    return st.With("loading " + UnitName(u));
+  }
+  swap_->Free(s.ext);
+  s.ext = SwapExtent();
+  s.h = h;
+  s.state = UnitState::kKvMemCompressed;
+  kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, s.enc_tokens);
+  return Status::Ok();
+}
+
 Status ElasticMemory::ReadChunk(int layer, int chunk, uint16_t* dst) const {
   const KvSlot* s = find_slot(layer, chunk);
   const size_t raw = kv_->geometry().chunk_bytes();
@@ -288,6 +317,12 @@ Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const 
 }
 
 Status ElasticMemory::RestoreForCompute(int first_write_chunk) {
+  if (codec_readable_in_place()) {
+    // Compressed chunks on storage come into the in-memory swap as they are (read in place).
+    for (int l = 0; l < int(slots_.size()); ++l)
+      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c)
+        if (slots_[size_t(l)][size_t(c)].state == UnitState::kKvStorageCompressed) MZ_RETURN_IF_ERROR(LoadCompressed(l, c));
+  }
   return RestoreSelected(UINT64_MAX, nullptr, nullptr, nullptr, first_write_chunk);
 }
 

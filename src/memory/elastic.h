@@ -128,6 +128,14 @@ class ElasticMemory {
   bool readable_compressed(int layer, int chunk) const {
     return has_chunk(layer, chunk) && !kv_->chunk_resident(layer, chunk) && kv_->chunk_compressed_view(layer, chunk);
   }
+  // The codec's chunks can be read in place by the attention kernel (q8).
+  bool codec_readable_in_place() const { return codec_ && codec_->id() == uint8_t(KvCodecId::kQ8); }
+  // Brings a KV chunk compressed on storage (kKvStorageCompressed) into the in-memory swap as it is
+  // (kKvMemCompressed, readable in place): direct I/O into the stack, checksum verified, no decode,
+  // half the RAM of restoring it. REQUIRES codec_readable_in_place(). On an I/O error the chunk
+  // stays on storage; on a checksum mismatch (kCorruption) it is marked lost. Distinct chunks may
+  // be loaded concurrently (the pipeline's storage workers).
+  Status LoadCompressed(int layer, int chunk);
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults

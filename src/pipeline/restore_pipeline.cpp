@@ -43,13 +43,14 @@ RestorePipeline::~RestorePipeline() { Finish(); }
 bool RestorePipeline::ClaimAndPopulate(size_t i) {
   uint8_t s = 0;
   if (!alloc_state_[i].compare_exchange_strong(s, 1, std::memory_order_acq_rel)) return false;
-  e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
+  if (tasks_[i].mem && tasks_[i].bytes > 0) e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
   alloc_state_[i].store(2, std::memory_order_release);
   return true;
 }
 
 void RestorePipeline::EnsureAllocated(size_t i) {
   Task& t = tasks_[i];
+  if (t.to_stack) return;  // LoadCompressed reserves its own room in the in-memory swap
   if (!region_) {
     if (!t.mem) t.mem = e_->AllocateFor(t.u, &t.bytes);
     return;
@@ -69,7 +70,7 @@ void RestorePipeline::Process(size_t i) {
   const int64_t t0 = NowNs();
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
   EnsureAllocated(i);
-  Status st = e_->RestoreInto(t.u, t.mem);
+  Status st = t.to_stack ? e_->LoadCompressed(t.u.layer, t.u.chunk) : e_->RestoreInto(t.u, t.mem);
   t.mem = nullptr;  // ownership passed
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
   const int64_t t1 = NowNs();
@@ -122,11 +123,17 @@ Status RestorePipeline::Start() {
   auto add = [&](const UnitRef& u, int key) {
     UnitState s = e_->state(u);
     if (s == UnitState::kResident) return;
-    if (u.kind == UnitRef::kKv && u.chunk < opts_.attend_compressed_below && e_->readable_compressed(u.layer, u.chunk)) {
+    const bool in_place = u.kind == UnitRef::kKv && u.chunk < opts_.attend_compressed_below;
+    if (in_place && e_->readable_compressed(u.layer, u.chunk)) {
       stats_.bytes_read_compressed += e_->RestoreBytes(u);
       return;
     }
-    tasks_.push_back(Task{u, key, s == UnitState::kKvMemCompressed});
+    Task t{u, key, s == UnitState::kKvMemCompressed};
+    if (in_place && s == UnitState::kKvStorageCompressed && e_->codec_readable_in_place() && !opts_.sequential) {
+      t.to_stack = true;
+      stats_.bytes_read_compressed += e_->RestoreBytes(u);
+    }
+    tasks_.push_back(t);
     ++pending_[size_t(key)];
   };
   add(UnitRef::Weights(-1), n_layer_);
@@ -139,7 +146,8 @@ Status RestorePipeline::Start() {
     }
   }
   stats_.units = int(tasks_.size());
-  for (const auto& t : tasks_) stats_.bytes_restored += e_->RestoreBytes(t.u);
+  for (const auto& t : tasks_)
+    if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);
   stats_.bytes_decoded -= std::min(stats_.bytes_decoded, stats_.bytes_read_compressed);
   for (const auto& t : tasks_)
     if (t.u.kind == UnitRef::kWeights) {
@@ -174,16 +182,16 @@ Status RestorePipeline::Start() {
     std::vector<size_t> off(tasks_.size());
     size_t total = 0;
     for (size_t i = 0; i < tasks_.size(); ++i) {
-      tasks_[i].bytes = e_->RestoreBytes(tasks_[i].u);
+      tasks_[i].bytes = tasks_[i].to_stack ? 0 : e_->RestoreBytes(tasks_[i].u);
       off[i] = total;
       total += (tasks_[i].bytes + kPage - 1) / kPage * kPage;
     }
-    region_ = static_cast<char*>(e_->env()->MapAnon(total));
+    region_ = total > 0 ? static_cast<char*>(e_->env()->MapAnon(total)) : nullptr;
     if (region_) {
       alloc_state_ = std::make_unique<std::atomic<uint8_t>[]>(tasks_.size());
       for (size_t i = 0; i < tasks_.size(); ++i) {
         alloc_state_[i].store(0, std::memory_order_relaxed);
-        tasks_[i].mem = region_ + off[i];
+        tasks_[i].mem = tasks_[i].to_stack ? nullptr : region_ + off[i];
       }
     }
   }

@@ -66,7 +66,9 @@ struct PipelineOptions {
   bool attend_compressed = true;
   // KV chunks below this index that are held compressed in memory in a form the attention kernel
   // reads in place (ElasticMemory::readable_compressed: the q8 codec) are not restored: compute
-  // reads them compressed, bit-identical to decoding them first. Written chunks must be resident,
+  // reads them compressed, bit-identical to decoding them first; those compressed on storage are
+  // read into the in-memory swap as they are (ElasticMemory::LoadCompressed: half the RAM, no
+  // decode) and read in place too. Written chunks must be resident,
   // so this is at most the first chunk the call writes. 0: restore everything. Such chunks stay
   // compressed afterwards (restore-ahead or mz_restore bring them back).
   int attend_compressed_below = 0;
@@ -119,6 +121,7 @@ class RestorePipeline {
     UnitRef u;
     int key;            // readiness slot: layer, or n_layer for the base unit
     bool mem_path;      // decompression from the in-memory stack
+    bool to_stack = false;  // compressed on storage: loaded into the in-memory swap as it is (no slice)
     void* mem = nullptr;
     size_t bytes = 0;
   };

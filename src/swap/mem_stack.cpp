@@ -12,23 +12,34 @@ CompressedStack::~CompressedStack() {
 }
 
 Status CompressedStack::Push(const void* data, size_t n, Handle* out) {
+  uint8_t* p = nullptr;
+  MZ_RETURN_IF_ERROR(Reserve(n, n, 64, out, &p));
+  std::memcpy(p, data, n);
+  return Status::Ok();
+}
+
+Status CompressedStack::Reserve(size_t n, size_t cap, size_t align, Handle* out, uint8_t** p) {
   std::lock_guard<std::mutex> lk(mu_);
-  const size_t need = AlignUp(n, 64);
-  if (segs_.empty() || segs_.back().cap - segs_.back().top < need) {
-    const size_t cap = AlignUp(std::max(segment_bytes_, need), kDirectIoAlign);
-    void* p = env_->MapAnon(cap);
-    if (!p) return Status::NoMemory("mapping a " + std::to_string(cap) + "-byte swap stack segment");
-    segs_.push_back(Segment{static_cast<uint8_t*>(p), cap, 0, 0});
+  if (align == 0 || (align & (align - 1)) != 0 || align > kDirectIoAlign || cap < n)
+    return Status::InvalidArgument("swap stack: bad reservation");
+  const size_t need = AlignUp(std::max(cap, size_t(1)), 64);
+  size_t off = segs_.empty() ? 0 : AlignUp(segs_.back().top, align);
+  if (segs_.empty() || !segs_.back().base || off > segs_.back().cap || segs_.back().cap - off < need) {
+    const size_t seg_cap = AlignUp(std::max(segment_bytes_, need), kDirectIoAlign);
+    void* m = env_->MapAnon(seg_cap);
+    if (!m) return Status::NoMemory("mapping a " + std::to_string(seg_cap) + "-byte swap stack segment");
+    segs_.push_back(Segment{static_cast<uint8_t*>(m), seg_cap, 0, 0});
+    off = 0;
   }
   Segment& s = segs_.back();
-  std::memcpy(s.base + s.top, data, n);
   const uint32_t gen = ++gen_;
-  entries_.push_back(Entry{int(segs_.size()) - 1, s.top, n, true, gen});
-  s.top += need;
+  entries_.push_back(Entry{int(segs_.size()) - 1, off, n, true, gen});
+  s.top = off + need;
   s.live++;
   live_bytes_ += n;
   ++n_live_;
   *out = int64_t(entries_.size() - 1) | (int64_t(gen) << 32);
+  *p = s.base + off;
   return Status::Ok();
 }
 

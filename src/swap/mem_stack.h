@@ -29,6 +29,10 @@ class CompressedStack {
   using Handle = int64_t;  // (gen << 32) | index; stable until Free, never reused
   // Copies n bytes onto the top of the stack. kNoMemory if a segment cannot be mapped.
   Status Push(const void* data, size_t n, Handle* out);
+  // Makes an entry of n bytes whose start is aligned to `align` (a power of two <= 4096) with room
+  // for cap >= n bytes, and returns a pointer to fill (*p, valid until Free; its content is
+  // unspecified). The caller fills it before any reader Gets the entry. kNoMemory as Push.
+  Status Reserve(size_t n, size_t cap, size_t align, Handle* out, uint8_t** p);
   // Pointer to an entry's bytes and its size.
   const uint8_t* Get(Handle h, size_t* n) const;
   // Frees an entry; empty top segments are returned to the OS.

@@ -41,6 +41,9 @@ class SwapFile {
   Status Write(const void* data, size_t n, SwapExtent* out);
   // Reads extent e into dst (>= e.size bytes) and verifies its checksum.
   Status Read(const SwapExtent& e, void* dst) const;
+  // As Read, into a buffer of at least e.len bytes aligned to kDirectIoAlign: read in place with
+  // direct I/O (no bounce buffer); bytes past e.size are unspecified.
+  Status ReadPadded(const SwapExtent& e, void* dst) const;
   void Free(const SwapExtent& e);
 
   uint64_t used_bytes() const;   // bytes in live extents
