@@ -96,7 +96,15 @@ TEST_P(RestoreGenerate, MatchesNeverEvicted) {
   RestoreGenerateStats st;
   Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
   ASSERT_TRUE(status.ok()) << status.ToString();
-  EXPECT_TRUE(s.ctx->elastic().AllResident());
+  // Everything is back in memory: resident, or (q8) compressed in the in-memory swap, read in place.
+  const MemoryReport after = s.ctx->Report();
+  EXPECT_EQ(after.weights_dropped, 0u);
+  EXPECT_EQ(after.n_kv_chunks[int(UnitState::kKvStorageRaw)] + after.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
+  if (c.codec != "q8") EXPECT_TRUE(s.ctx->elastic().AllResident());
+  for (int l = 0; l < int(s.model->hparams().n_layer); ++l)
+    for (int ch = 0; s.ctx->elastic().has_chunk(l, ch); ++ch)
+      if (s.ctx->elastic().state(UnitRef::Kv(l, ch)) != UnitState::kResident)
+        EXPECT_TRUE(s.ctx->elastic().readable_compressed(l, ch)) << UnitName(UnitRef::Kv(l, ch));
   const auto got = Logits(*s.ctx);
   const bool lossless = s.ctx->elastic().codec().lossless();
   if (lossless) {
