@@ -49,6 +49,8 @@ struct TtftArgs {
 const std::vector<std::pair<std::string, std::string>> kExtraSystems{
     {"mznoft", "mzcache with compute on n-1 threads until restoration ends (full_threads_for_io off)"},
     {"mzsto", "mzcache with every evicted KV chunk raw on storage (single-path policy, parallel pipeline)"},
+    {"mznoload", "mzcache reading q8 chunks in memory in place but restoring (decoding) those on storage"},
+    {"mzio1", "mzcache with one storage worker instead of two (io_threads 1)"},
     {"mzdecomp", "mzcache restoring every unit before compute reads it, as the paper (q8 chunks in memory decoded, not read in place)"},
     {"mzrestored", "evict as mzcache, restore everything (not timed), then the query: what restored memory costs at query time"},
 };
@@ -145,6 +147,8 @@ Status MeasureOnce(Context& ctx, const std::string& system, double level, const 
   p.sequential = system == "partial";
   if (system == "mznoft") p.full_threads_for_io = false;
   if (system == "mzdecomp") p.attend_compressed = false;
+  if (system == "mznoload") p.load_compressed = false;
+  if (system == "mzio1") p.io_threads = 1;
   RestoreGenerateStats st;
   MZ_RETURN_IF_ERROR(ctx.RestoreGenerate(query.data(), int(query.size()), p, &st));
   r->ttft = st.ttft_s;

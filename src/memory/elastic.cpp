@@ -193,8 +193,30 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
   return Status::Ok();
 }
 
-Status ElasticMemory::LoadCompressed(int layer, int chunk) {
+Status ElasticMemory::ReserveLoad(int layer, int chunk, size_t segment_hint, LoadSlot* out) {
+  *out = LoadSlot();
+  const KvSlot* s = find_slot(layer, chunk);
+  if (!s || s->state != UnitState::kKvStorageCompressed)
+    return Status::InvalidArgument(UnitName(UnitRef::Kv(layer, chunk)) + ": not compressed on storage");
+  MZ_RETURN_IF_ERROR(stack_->Reserve(s->ext.size, s->ext.len, kDirectIoAlign, &out->h, &out->p, segment_hint));
+  out->cap = s->ext.len;
+  return Status::Ok();
+}
+
+void ElasticMemory::CancelLoad(LoadSlot* slot) {
+  if (slot && slot->h >= 0) stack_->Free(slot->h);
+  if (slot) *slot = LoadSlot();
+}
+
+Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
   const UnitRef u = UnitRef::Kv(layer, chunk);
+  LoadSlot mine;
+  if (!reserved) reserved = &mine;
+  struct Cancel {  // frees the reservation on every early return
+    ElasticMemory* e;
+    LoadSlot* r;
+    ~Cancel() { e->CancelLoad(r); }
+  } cancel{this, reserved};
   if (!codec_readable_in_place()) return Status::InvalidArgument("the codec cannot be read in place");
   KvSlot& s = slot(layer, chunk);
   if (s.lost) return Status::Corruption(UnitName(u) + " was lost (its stored copy failed verification)");
@@ -204,16 +226,20 @@ Status ElasticMemory::LoadCompressed(int layer, int chunk) {
   sh.n_tokens = s.enc_tokens;
   if (s.ext.size != codec_->MaxEncodedSize(sh))
     return Status::Corruption(UnitName(u) + ": stored size " + std::to_string(s.ext.size) + " does not match its shape");
-  CompressedStack::Handle h = -1;
-  uint8_t* p = nullptr;
-  MZ_RETURN_IF_ERROR(stack_->Reserve(s.ext.size, s.ext.len, kDirectIoAlign, &h, &p).With("loading " + UnitName(u)));
+  if (reserved->h < 0 || reserved->cap != s.ext.len) {
+    CancelLoad(reserved);
+    MZ_RETURN_IF_ERROR(ReserveLoad(layer, chunk, 0, reserved).With("loading " + UnitName(u)));
+  }
+  kv_->env()->Prefault(reserved->p, reserved->cap);
+  const CompressedStack::Handle h = reserved->h;
+  uint8_t* const p = reserved->p;
   Status st = swap_->ReadPadded(s.ext, p);
   if (st.ok() && p[0] != codec_->id()) st = Status::Corruption("stored blob is not of codec " + std::string(codec_->name()));
   if (!st.ok()) {
-    stack_->Free(h);
     if (st.code() == Status::kCorruption) s.lost = true;
-    return st.With("loading " + UnitName(u));
+    return st.With("loading " + UnitName(u));  // the reservation is freed by `cancel`
   }
+  *reserved = LoadSlot();  // the entry now belongs to the chunk
   swap_->Free(s.ext);
   s.ext = SwapExtent();
   s.h = h;

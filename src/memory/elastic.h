@@ -135,7 +135,20 @@ class ElasticMemory {
   // half the RAM of restoring it. REQUIRES codec_readable_in_place(). On an I/O error the chunk
   // stays on storage; on a checksum mismatch (kCorruption) it is marked lost. Distinct chunks may
   // be loaded concurrently (the pipeline's storage workers).
-  Status LoadCompressed(int layer, int chunk);
+  // Room in the in-memory swap for one LoadCompressed, reserved ahead (the pipeline reserves every
+  // load before its workers start, so no mapping happens while they populate and read).
+  struct LoadSlot {
+    CompressedStack::Handle h = -1;
+    uint8_t* p = nullptr;
+    size_t cap = 0;  // bytes to read (the extent's aligned length)
+  };
+  // Reserves a slot for chunk (layer, chunk) (compressed on storage); segment_hint as
+  // CompressedStack::Reserve. kNoMemory if the stack cannot grow.
+  Status ReserveLoad(int layer, int chunk, size_t segment_hint, LoadSlot* out);
+  // Frees a reserved slot that will not be used.
+  void CancelLoad(LoadSlot* slot);
+  // slot (optional): a reservation from ReserveLoad for this chunk, consumed (freed on failure).
+  Status LoadCompressed(int layer, int chunk, LoadSlot* slot = nullptr);
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
@@ -143,6 +156,11 @@ class ElasticMemory {
   // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it
   // allocates itself). Distinct units may be restored concurrently.
   void* AllocateFor(const UnitRef& u, size_t* bytes);
+  // Bytes unit u's stored copy occupies (KV on storage: the payload; 0 otherwise).
+  size_t StoredBytes(const UnitRef& u) const {
+    const KvSlot* s = u.kind == UnitRef::kKv ? find_slot(u.layer, u.chunk) : nullptr;
+    return s && (s->state == UnitState::kKvStorageRaw || s->state == UnitState::kKvStorageCompressed) ? s->ext.size : 0;
+  }
   // RAM unit u occupies when resident (what AllocateFor maps for it).
   size_t RestoreBytes(const UnitRef& u) const;
   Env* env() const;

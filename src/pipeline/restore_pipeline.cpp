@@ -70,7 +70,7 @@ void RestorePipeline::Process(size_t i) {
   const int64_t t0 = NowNs();
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
   EnsureAllocated(i);
-  Status st = t.to_stack ? e_->LoadCompressed(t.u.layer, t.u.chunk) : e_->RestoreInto(t.u, t.mem);
+  Status st = t.to_stack ? e_->LoadCompressed(t.u.layer, t.u.chunk, &t.slot) : e_->RestoreInto(t.u, t.mem);
   t.mem = nullptr;  // ownership passed
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
   const int64_t t1 = NowNs();
@@ -129,7 +129,8 @@ Status RestorePipeline::Start() {
       return;
     }
     Task t{u, key, s == UnitState::kKvMemCompressed};
-    if (in_place && s == UnitState::kKvStorageCompressed && e_->codec_readable_in_place() && !opts_.sequential) {
+    if (in_place && s == UnitState::kKvStorageCompressed && e_->codec_readable_in_place() && !opts_.sequential &&
+        opts_.load_compressed) {
       t.to_stack = true;
       stats_.bytes_read_compressed += e_->RestoreBytes(u);
     }
@@ -143,6 +144,23 @@ Status RestorePipeline::Start() {
       UnitRef u = UnitRef::Kv(l, c);
       if (!e_->has_chunk(l, c)) break;
       add(u, l);
+    }
+  }
+  // Reserve the in-memory swap room of every load now, in task order, in one mapping: no mmap
+  // (which takes the address-space lock) while the workers and the allocation thread run. A load
+  // that cannot be reserved is restored (decoded) instead.
+  {
+    size_t to_load = 0;
+    for (const auto& t : tasks_)
+      if (t.to_stack) to_load += AlignUp(e_->StoredBytes(t.u), kDirectIoAlign);
+    for (auto& t : tasks_) {
+      if (!t.to_stack) continue;
+      const size_t cap = AlignUp(e_->StoredBytes(t.u), kDirectIoAlign);
+      if (!e_->ReserveLoad(t.u.layer, t.u.chunk, to_load, &t.slot).ok()) {
+        t.to_stack = false;
+        stats_.bytes_read_compressed -= e_->RestoreBytes(t.u);
+      }
+      to_load = to_load > cap ? to_load - cap : 0;
     }
   }
   stats_.units = int(tasks_.size());
@@ -255,13 +273,15 @@ Status RestorePipeline::Finish() {
   stop_alloc_ = true;  // every task ran or never will: nothing left to populate ahead
   if (allocator_.joinable()) allocator_.join();
   // Free memory allocated ahead for tasks that never ran (only after an early exit).
-  for (auto& t : tasks_)
+  for (auto& t : tasks_) {
+    if (t.to_stack) e_->CancelLoad(&t.slot);  // a load that never ran (no-op once consumed)
     if (t.mem) {
       size_t n = t.bytes;
       (void)n;
       e_->RestoreInto(t.u, t.mem);  // takes ownership (restores or frees)
       t.mem = nullptr;
     }
+  }
   if (t_last_done_ns_.load() > 0 && t_reload0_ > 0)
     stats_.reload_s = std::max(0.0, double(t_last_done_ns_.load()) * 1e-9 - t_reload0_);
   stats_.mem_path_busy_s = double(mem_busy_ns_.load()) * 1e-9;

@@ -72,6 +72,9 @@ struct PipelineOptions {
   // so this is at most the first chunk the call writes. 0: restore everything. Such chunks stay
   // compressed afterwards (restore-ahead or mz_restore bring them back).
   int attend_compressed_below = 0;
+  // With attend_compressed_below: chunks compressed on storage are loaded into the in-memory swap
+  // as they are (true) or restored (decoded) like any other unit (false).
+  bool load_compressed = true;
 };
 
 struct PipelineStats {
@@ -122,6 +125,7 @@ class RestorePipeline {
     int key;            // readiness slot: layer, or n_layer for the base unit
     bool mem_path;      // decompression from the in-memory stack
     bool to_stack = false;  // compressed on storage: loaded into the in-memory swap as it is (no slice)
+    ElasticMemory::LoadSlot slot;  // to_stack: its room in the in-memory swap, reserved at Start
     void* mem = nullptr;
     size_t bytes = 0;
   };
