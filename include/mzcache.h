@@ -155,8 +155,8 @@ struct mz_restore_stats {
   double wait_s;          /* compute time spent waiting for units */
   double cpu_s;           /* process CPU seconds */
   uint64_t bytes_from_storage, bytes_decoded;
-  uint64_t bytes_read_compressed; /* raw bytes of KV chunks attention read compressed (not restored) */
   int32_t units_restored;
+  uint64_t bytes_read_compressed; /* raw bytes of KV chunks attention read compressed (not restored) */
 };
 /* restore_generate: appends tokens and computes logits for the last one while evicted units are
  * restored front layers first; layer l computes as soon as it is resident. Then sample with

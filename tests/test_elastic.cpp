@@ -448,6 +448,22 @@ TEST(ElasticFaults, ChangedModelFileIsRefused) {
   Status st = f.ctx->Restore();
   EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
   EXPECT_FALSE(f.ctx->elastic().AllResident());
+  // restore_generate refuses too, with chunks compressed on storage that it would load into the
+  // in-memory swap: nothing is reserved or moved (the in-memory swap holds what it held).
+  Plan to_storage;
+  for (int l = 0; l < int(f.model->hparams().n_layer); ++l)
+    for (int c = 0; c < f.ctx->kv().n_chunks() - 1; ++c)
+      to_storage.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageCompressed});
+  ASSERT_TRUE(f.ctx->Evict(to_storage, 0, nullptr).ok());
+  const MemoryReport before = f.ctx->Report();
+  ASSERT_GT(before.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
+  int32_t t = 3;
+  st = f.ctx->RestoreGenerate(&t, 1, PipelineOptions(), nullptr);
+  EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
+  const MemoryReport after = f.ctx->Report();
+  EXPECT_EQ(after.stack_mapped, before.stack_mapped);
+  EXPECT_EQ(after.n_kv_chunks[int(UnitState::kKvStorageCompressed)], before.n_kv_chunks[int(UnitState::kKvStorageCompressed)]);
+  EXPECT_EQ(f.ctx->history().size(), toks.size());
 }
 
 // ---- RSS agreement ----

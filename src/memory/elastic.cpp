@@ -179,7 +179,10 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
   }
   if (!st.ok()) {
     kv_->env()->Unmap(mem, raw);
-    if (st.code() == Status::kCorruption) s.lost = true;
+    if (st.code() == Status::kCorruption) {
+      s.lost = true;
+      kv_->SetCompressedView(layer, chunk, nullptr, 0);  // never read a copy that failed its checks
+    }
     return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
   }
   // Install the fp16 chunk (which also clears a compressed view) before freeing the stored copy.
@@ -193,12 +196,12 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
   return Status::Ok();
 }
 
-Status ElasticMemory::ReserveLoad(int layer, int chunk, size_t segment_hint, LoadSlot* out) {
+Status ElasticMemory::ReserveLoad(int layer, int chunk, LoadSlot* out) {
   *out = LoadSlot();
   const KvSlot* s = find_slot(layer, chunk);
   if (!s || s->state != UnitState::kKvStorageCompressed)
     return Status::InvalidArgument(UnitName(UnitRef::Kv(layer, chunk)) + ": not compressed on storage");
-  MZ_RETURN_IF_ERROR(stack_->Reserve(s->ext.size, s->ext.len, kDirectIoAlign, &out->h, &out->p, segment_hint));
+  MZ_RETURN_IF_ERROR(stack_->Reserve(s->ext.size, s->ext.len, kDirectIoAlign, &out->h, &out->p));
   out->cap = s->ext.len;
   return Status::Ok();
 }
@@ -228,7 +231,7 @@ Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
     return Status::Corruption(UnitName(u) + ": stored size " + std::to_string(s.ext.size) + " does not match its shape");
   if (reserved->h < 0 || reserved->cap != s.ext.len) {
     CancelLoad(reserved);
-    MZ_RETURN_IF_ERROR(ReserveLoad(layer, chunk, 0, reserved).With("loading " + UnitName(u)));
+    MZ_RETURN_IF_ERROR(ReserveLoad(layer, chunk, reserved).With("loading " + UnitName(u)));
   }
   kv_->env()->Prefault(reserved->p, reserved->cap);
   const CompressedStack::Handle h = reserved->h;

@@ -126,7 +126,8 @@ class ElasticMemory {
   // place (the q8 codec): compute does not need it restored. Such chunks stay in state
   // kKvMemCompressed until restored (RestoreAll, RestoreUpTo, Restore).
   bool readable_compressed(int layer, int chunk) const {
-    return has_chunk(layer, chunk) && !kv_->chunk_resident(layer, chunk) && kv_->chunk_compressed_view(layer, chunk);
+    return has_chunk(layer, chunk) && !kv_->chunk_resident(layer, chunk) && kv_->chunk_compressed_view(layer, chunk) &&
+           !lost(layer, chunk);
   }
   // The codec's chunks can be read in place by the attention kernel (q8).
   bool codec_readable_in_place() const { return codec_ && codec_->id() == uint8_t(KvCodecId::kQ8); }
@@ -142,9 +143,9 @@ class ElasticMemory {
     uint8_t* p = nullptr;
     size_t cap = 0;  // bytes to read (the extent's aligned length)
   };
-  // Reserves a slot for chunk (layer, chunk) (compressed on storage); segment_hint as
-  // CompressedStack::Reserve. kNoMemory if the stack cannot grow.
-  Status ReserveLoad(int layer, int chunk, size_t segment_hint, LoadSlot* out);
+  // Reserves a slot for chunk (layer, chunk) (compressed on storage). kNoMemory if the stack
+  // cannot grow.
+  Status ReserveLoad(int layer, int chunk, LoadSlot* out);
   // Frees a reserved slot that will not be used.
   void CancelLoad(LoadSlot* slot);
   // slot (optional): a reservation from ReserveLoad for this chunk, consumed (freed on failure).
@@ -156,11 +157,6 @@ class ElasticMemory {
   // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it
   // allocates itself). Distinct units may be restored concurrently.
   void* AllocateFor(const UnitRef& u, size_t* bytes);
-  // Bytes unit u's stored copy occupies (KV on storage: the payload; 0 otherwise).
-  size_t StoredBytes(const UnitRef& u) const {
-    const KvSlot* s = u.kind == UnitRef::kKv ? find_slot(u.layer, u.chunk) : nullptr;
-    return s && (s->state == UnitState::kKvStorageRaw || s->state == UnitState::kKvStorageCompressed) ? s->ext.size : 0;
-  }
   // RAM unit u occupies when resident (what AllocateFor maps for it).
   size_t RestoreBytes(const UnitRef& u) const;
   Env* env() const;

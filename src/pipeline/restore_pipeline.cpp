@@ -146,27 +146,6 @@ Status RestorePipeline::Start() {
       add(u, l);
     }
   }
-  // Reserve the in-memory swap room of every load now, in task order, in one mapping: no mmap
-  // (which takes the address-space lock) while the workers and the allocation thread run. A load
-  // that cannot be reserved is restored (decoded) instead.
-  {
-    size_t to_load = 0;
-    for (const auto& t : tasks_)
-      if (t.to_stack) to_load += AlignUp(e_->StoredBytes(t.u), kDirectIoAlign);
-    for (auto& t : tasks_) {
-      if (!t.to_stack) continue;
-      const size_t cap = AlignUp(e_->StoredBytes(t.u), kDirectIoAlign);
-      if (!e_->ReserveLoad(t.u.layer, t.u.chunk, to_load, &t.slot).ok()) {
-        t.to_stack = false;
-        stats_.bytes_read_compressed -= e_->RestoreBytes(t.u);
-      }
-      to_load = to_load > cap ? to_load - cap : 0;
-    }
-  }
-  stats_.units = int(tasks_.size());
-  for (const auto& t : tasks_)
-    if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);
-  stats_.bytes_decoded -= std::min(stats_.bytes_decoded, stats_.bytes_read_compressed);
   for (const auto& t : tasks_)
     if (t.u.kind == UnitRef::kWeights) {
       // Dropped weights are re-read from the model file: make sure it is the file that was loaded.
@@ -179,6 +158,21 @@ Status RestorePipeline::Start() {
       }
       break;
     }
+  // Reserve the in-memory swap room of every load now, in task order, before any worker or the
+  // allocation thread runs: no mmap (which takes the address-space lock) while they populate and
+  // read. Ordinary 8 MiB segments, so they are given back as they empty, as for any eviction. A
+  // load that cannot be reserved is restored (decoded) instead.
+  for (auto& t : tasks_) {
+    if (!t.to_stack) continue;
+    if (!e_->ReserveLoad(t.u.layer, t.u.chunk, &t.slot).ok()) {
+      t.to_stack = false;
+      stats_.bytes_read_compressed -= e_->RestoreBytes(t.u);
+    }
+  }
+  stats_.units = int(tasks_.size());
+  for (const auto& t : tasks_)
+    if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);
+  stats_.bytes_decoded -= std::min(stats_.bytes_decoded, stats_.bytes_read_compressed);
   remaining_ = int(tasks_.size());
   for (size_t i = 0; i < tasks_.size(); ++i) (tasks_[i].mem_path ? mem_q_ : sto_q_).push_back(i);
   if (tasks_.empty()) return Status::Ok();

@@ -19,14 +19,14 @@ Status CompressedStack::Push(const void* data, size_t n, Handle* out) {
   return Status::Ok();
 }
 
-Status CompressedStack::Reserve(size_t n, size_t cap, size_t align, Handle* out, uint8_t** p, size_t segment_hint) {
+Status CompressedStack::Reserve(size_t n, size_t cap, size_t align, Handle* out, uint8_t** p) {
   std::lock_guard<std::mutex> lk(mu_);
   if (align == 0 || (align & (align - 1)) != 0 || align > kDirectIoAlign || cap < n)
     return Status::InvalidArgument("swap stack: bad reservation");
   const size_t need = AlignUp(std::max(cap, size_t(1)), 64);
   size_t off = segs_.empty() ? 0 : AlignUp(segs_.back().top, align);
   if (segs_.empty() || !segs_.back().base || off > segs_.back().cap || segs_.back().cap - off < need) {
-    const size_t seg_cap = AlignUp(std::max({segment_bytes_, need, segment_hint}), kDirectIoAlign);
+    const size_t seg_cap = AlignUp(std::max(segment_bytes_, need), kDirectIoAlign);
     void* m = env_->MapAnon(seg_cap);
     if (!m) return Status::NoMemory("mapping a " + std::to_string(seg_cap) + "-byte swap stack segment");
     segs_.push_back(Segment{static_cast<uint8_t*>(m), seg_cap, 0, 0});

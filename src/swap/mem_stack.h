@@ -32,9 +32,7 @@ class CompressedStack {
   // Makes an entry of n bytes whose start is aligned to `align` (a power of two <= 4096) with room
   // for cap >= n bytes, and returns a pointer to fill (*p, valid until Free; its content is
   // unspecified). The caller fills it before any reader Gets the entry. kNoMemory as Push.
-  // segment_hint: if a new segment is needed, make it at least this large (a caller reserving many
-  // entries in a row maps them all with one mmap).
-  Status Reserve(size_t n, size_t cap, size_t align, Handle* out, uint8_t** p, size_t segment_hint = 0);
+  Status Reserve(size_t n, size_t cap, size_t align, Handle* out, uint8_t** p);
   // Pointer to an entry's bytes and its size.
   const uint8_t* Get(Handle h, size_t* n) const;
   // Frees an entry; empty top segments are returned to the OS.
