@@ -41,9 +41,12 @@ RestorePipeline::RestorePipeline(ElasticMemory* e, int n_layer, const PipelineOp
 RestorePipeline::~RestorePipeline() { Finish(); }
 
 bool RestorePipeline::ClaimAndPopulate(size_t i) {
+  // A load into the in-memory swap has no slice (its worker prefaults its reserved entry); its
+  // task is not touched here at all, so its worker owns it alone.
+  if (tasks_[i].to_stack) return false;  // to_stack is fixed before any thread starts
   uint8_t s = 0;
   if (!alloc_state_[i].compare_exchange_strong(s, 1, std::memory_order_acq_rel)) return false;
-  if (tasks_[i].mem && tasks_[i].bytes > 0) e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
+  e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
   alloc_state_[i].store(2, std::memory_order_release);
   return true;
 }
