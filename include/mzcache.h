@@ -49,7 +49,12 @@ const char* mz_last_error(void);
 struct mz_model_params {
   bool direct_io;   /* read weights with O_DIRECT (default true; falls back where unsupported) */
   int32_t io_threads; /* threads reading weights at load (default 2) */
+  /* How weights are held: MZ_WEIGHTS_PAGE_CACHE (default: mapped from the model file, populated
+   * from the page cache, dropped from it when evicted; no memory to zero on reload) or
+   * MZ_WEIGHTS_ANONYMOUS (own anonymous memory filled by reads, direct_io applies). */
+  int32_t weight_memory;
 };
+enum { MZ_WEIGHTS_PAGE_CACHE = 0, MZ_WEIGHTS_ANONYMOUS = 1 };
 struct mz_model_params mz_model_default_params(void);
 
 /* Loads a GGUF of architecture llama (3.x), qwen2 or qwen3. On failure *out is NULL. */

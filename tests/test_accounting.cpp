@@ -10,7 +10,10 @@
 //      tokens; nothing is allocated before the first token, memory grows with use and shrinks on
 //      truncation.
 //  (c) DropUnit + LoadUnit restores every unit byte for byte (and equal to the file's bytes), and
-//      LoadUnit refuses with kModelChanged once the file's mtime or size changed.
+//      LoadUnit refuses with kModelChanged once the file's mtime or size changed; for each way of
+//      backing weights (page cache, anonymous with direct or buffered reads). Page cache: dropping
+//      every unit leaves none of their pages cached (the memory really goes back), and an I/O error
+//      while reading a unit leaves it dropped and a retry reads it whole.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -26,6 +29,7 @@
 
 #include "ggml.h"
 #include "gguf.h"
+#include "env/fault_env.h"
 #include "memory/kv_cache.h"
 #include "model/model.h"
 #include "runtime/context.h"
@@ -269,10 +273,11 @@ std::vector<uint64_t> UnitHashes(const Model& m, int u) {
   return h;
 }
 
-class DropReload : public ::testing::TestWithParam<bool> {
+// 0: page cache (the default), 1: anonymous + direct I/O, 2: anonymous + buffered reads.
+class DropReload : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    dir_ = test::TempDir() + "/accounting-" + (GetParam() ? "direct" : "buffered");
+    dir_ = test::TempDir() + "/accounting-" + std::to_string(GetParam());
     std::filesystem::create_directories(dir_);
     path_ = dir_ + "/model.gguf";
     // A private copy: this test changes the file's mtime and size.
@@ -289,9 +294,12 @@ class DropReload : public ::testing::TestWithParam<bool> {
 
 TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
   ModelOptions o;
-  o.direct_io = GetParam();
+  o.weights = GetParam() == 0 ? WeightMemory::kPageCache : WeightMemory::kAnonymous;
+  o.direct_io = GetParam() == 1;
+  FaultEnv env(Env::Default());
+  env.path_filter = "model.gguf";
   std::unique_ptr<Model> m;
-  Status st = Model::Load(Env::Default(), path_, o, &m);
+  Status st = Model::Load(&env, path_, o, &m);
   ASSERT_TRUE(st.ok()) << st.ToString();
   const std::string file = ReadAll(path_);
 
@@ -316,6 +324,34 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
       EXPECT_EQ(e.tensor->data, static_cast<char*>(w.region) + e.region_off) << ggml_get_name(e.tensor);
     EXPECT_EQ(UnitHashes(*m, u), before) << "reloaded bytes differ";
     EXPECT_TRUE(m->LoadUnit(u).ok()) << "LoadUnit of a resident unit is a no-op";
+  }
+
+  // An I/O error while reading a unit: refused with the error, the unit stays dropped (no tensor
+  // points at memory), and a retry reads it whole.
+  {
+    const int u = m->n_units() / 2;
+    const std::vector<uint64_t> before = UnitHashes(*m, u);
+    m->DropUnit(u);
+    env.fail_reads_after = 0;
+    st = m->LoadUnit(u);
+    EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+    EXPECT_FALSE(m->unit(u).resident());
+    for (const TensorExtent& e : m->unit(u).tensors) EXPECT_EQ(e.tensor->data, nullptr);
+    env.fail_reads_after = -1;
+    st = m->LoadUnit(u);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(UnitHashes(*m, u), before) << "bytes reloaded after an I/O error differ";
+  }
+
+  if (GetParam() == 0) {
+    // Resident units' bytes are file pages in the page cache; dropping every unit gives them all back.
+    uint64_t cached = 0;
+    const ReadRun& r0 = m->unit(0).runs.front();
+    ASSERT_TRUE(Env::Default()->CachedBytes(path_, r0.file_off, r0.len, &cached).ok());
+    EXPECT_EQ(cached, r0.len) << "a resident unit's pages should be the file's cached pages";
+    for (int u = 0; u < m->n_units(); ++u) m->DropUnit(u);
+    EXPECT_EQ(m->DroppedBytesCached(), 0u) << "dropped weights still held in the page cache";
+    for (int u = 0; u < m->n_units(); ++u) ASSERT_TRUE(m->LoadUnit(u).ok());
   }
 
   // mtime changed (content identical): refused, the unit stays dropped and consistent.
@@ -348,8 +384,9 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
   EXPECT_FALSE(m->unit(m->base_unit()).resident());
 }
 
-INSTANTIATE_TEST_SUITE_P(Io, DropReload, ::testing::Values(true, false),
-                         [](const auto& info) { return std::string(info.param ? "DirectIo" : "Buffered"); });
+INSTANTIATE_TEST_SUITE_P(Io, DropReload, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return std::string(info.param == 0 ? "PageCache" : info.param == 1 ? "AnonDirectIo" : "AnonBuffered");
+});
 
 }  // namespace
 }  // namespace mz

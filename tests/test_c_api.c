@@ -29,6 +29,7 @@ static int check_defaults(void) {
   struct mz_model_params mp = mz_model_default_params();
   CHECK(mp.direct_io && mp.io_threads == 2, "model defaults: direct_io %d io_threads %d", (int)mp.direct_io,
         (int)mp.io_threads);
+  CHECK(mp.weight_memory == MZ_WEIGHTS_PAGE_CACHE, "model defaults: weight_memory %d", (int)mp.weight_memory);
   struct mz_context_params cp = mz_context_default_params();
   CHECK(cp.n_ctx == 8192 && cp.kv_chunk_tokens == 256 && cp.n_threads == 2 && cp.n_ubatch == 512,
         "context defaults: n_ctx %u chunk %u threads %d ubatch %u", (unsigned)cp.n_ctx, (unsigned)cp.kv_chunk_tokens,
@@ -179,6 +180,26 @@ static int run_model(const char* path) {
   CHECK(rc == MZ_OK, "mz_decode(prompt) = %d (%s)", rc, mz_status_str(rc));
   CHECK(mz_context_n_tokens(ctx) == n, "n_tokens %d after the prompt, want %d", (int)mz_context_n_tokens(ctx), (int)n);
   CHECK(mz_get_logits(ctx, 1) == NULL, "logits row 1 exists without all_logits");
+
+  /* The same prompt on the model held in anonymous memory: the same logits, bit for bit; a bad
+   * weight_memory is refused. */
+  {
+    struct mz_model_params mp = mz_model_default_params();
+    mz_model* bad = NULL;
+    mp.weight_memory = 7;
+    CHECK(mz_model_load(path, &mp, &bad) == MZ_ERR_INVALID_ARG && bad == NULL, "weight_memory 7 accepted");
+    mp.weight_memory = MZ_WEIGHTS_ANONYMOUS;
+    mz_model* anon = NULL;
+    rc = mz_model_load(path, &mp, &anon);
+    CHECK(rc == MZ_OK, "mz_model_load(anonymous) = %d (%s)", rc, mz_last_error());
+    mz_context* c2 = NULL;
+    CHECK(mz_context_new(anon, &cp, &c2) == MZ_OK, "mz_context_new(anonymous)");
+    CHECK(mz_decode(c2, toks, n, false) == MZ_OK, "mz_decode(anonymous): %s", mz_last_error());
+    CHECK(memcmp(mz_get_logits(c2, 0), mz_get_logits(ctx, 0), sizeof(float) * (size_t)info.n_vocab) == 0,
+          "logits differ between page-cache and anonymous weights");
+    mz_context_free(c2);
+    mz_model_free(anon);
+  }
 
   struct mz_sampler_params sp = mz_sampler_default_params(); /* greedy by default */
   mz_sampler* s = mz_sampler_new(&sp);

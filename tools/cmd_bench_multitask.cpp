@@ -378,12 +378,14 @@ class MultitaskBench {
   uint64_t usage0() const { return usage0_; }
   std::vector<RoundPlan>& plan() { return plan_; }
 
-  // Measures what the LLM uses in the cgroup (an mzcache worker after its warm-up query: anonymous
-  // memory, charged to the cgroup whatever else runs on the machine), then fixes the limit (unless
-  // given) and the apps' sizes, the same for every mode.
+  // Measures what the LLM uses in the cgroup (an mzcache worker after its warm-up query: its KV
+  // and its weights, which are page-cache pages charged to the cgroup that first reads them, so the
+  // page cache is dropped first, as before every mode), then fixes the limit (unless given) and the
+  // apps' sizes, the same for every mode.
   Status Calibrate() {
     MemCgroup cg;
     MZ_RETURN_IF_ERROR(SetUpCgroup(&cg));
+    MZ_RETURN_IF_ERROR(DropPageCache());
     MZ_RETURN_IF_ERROR(cg.SetLimit(Provisional()));
     std::map<std::string, std::string> f, res;
     Status st = StartWorker({"calibration", "mzcache", 0.25, "manual"}, &f);

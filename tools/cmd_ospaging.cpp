@@ -49,7 +49,7 @@ void AddOsPagingWorker(CLI::App& app, Runners& runners) {
       std::fclose(f);
     }
     ModelOptions mo;
-    mo.mmap_weights = true;
+    mo.weights = WeightMemory::kOsPaging;
     mo.direct_io = false;
     std::unique_ptr<Model> model;
     Status st = Model::Load(Env::Default(), a->model, mo, &model);

@@ -143,6 +143,10 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
       prof.read_Bps.push_back({req, best});
       std::printf("| %llu KiB | %.0f |\n", (unsigned long long)(req >> 10), best / 1e6);
     }
+    // How file-backed weights are re-read: page-cache readahead into file mappings.
+    prof.mapped_read_Bps = MeasureMappedRead(path, std::min(file_bytes, size_t(256) << 20));
+    std::printf("\npage-cache readahead into file mappings (64 MiB pieces, 2 threads): %.0f MB/s\n",
+                prof.mapped_read_Bps / 1e6);
     Env::Default()->Remove(path);
 
     // 3. Allocation (map + fault in) per MiB.

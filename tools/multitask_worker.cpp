@@ -95,7 +95,7 @@ int RunWorker(const WorkerArgs& a) {
   if (!mz && a.mode != "ospaging") return Fail(Status::InvalidArgument("--mode must be mzcache or ospaging"));
   ModelOptions mo;
   if (!mz) {
-    mo.mmap_weights = true;  // OS Paging: file-backed weights the kernel may drop and fault back
+    mo.weights = WeightMemory::kOsPaging;  // OS Paging: file-backed weights the kernel may drop and fault back
     mo.direct_io = false;
   }
   std::unique_ptr<Model> model;

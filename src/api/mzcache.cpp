@@ -70,6 +70,7 @@ mz_model_params mz_model_default_params(void) {
   mz_model_params p;
   p.direct_io = true;
   p.io_threads = 2;
+  p.weight_memory = MZ_WEIGHTS_PAGE_CACHE;
   return p;
 }
 
@@ -81,6 +82,9 @@ int mz_model_load(const char* path, const mz_model_params* params, mz_model** ou
     mz::ModelOptions o;
     o.direct_io = p.direct_io;
     o.io_threads = p.io_threads > 0 ? p.io_threads : 1;
+    if (p.weight_memory != MZ_WEIGHTS_PAGE_CACHE && p.weight_memory != MZ_WEIGHTS_ANONYMOUS)
+      return mz::Status::InvalidArgument("weight_memory must be MZ_WEIGHTS_PAGE_CACHE or MZ_WEIGHTS_ANONYMOUS");
+    o.weights = p.weight_memory == MZ_WEIGHTS_ANONYMOUS ? mz::WeightMemory::kAnonymous : mz::WeightMemory::kPageCache;
     auto m = std::make_unique<mz_model>();
     MZ_RETURN_IF_ERROR(mz::Model::Load(mz::Env::Default(), path, o, &m->model));
     MZ_RETURN_IF_ERROR(mz::Tokenizer::Load(path, &m->tok));

@@ -67,6 +67,21 @@ class Env {
   // pressure and fault them back (the OS Paging baseline). off and at must be page aligned.
   virtual Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at) = 0;
   virtual void Unmap(void* p, size_t bytes) = 0;
+  // Brings the pages of a read-only file mapping made by MapFileAt at [p, p+bytes) into memory and
+  // maps them, so that later reads take no fault: readahead of the whole range is queued first (the
+  // disk sees large requests, several in flight), then the call waits for every page. The pages
+  // come from the page cache: no anonymous memory is allocated or zeroed. `path` names the file in
+  // messages and fault filters. Failure (an I/O error: kIOError): pages already read stay cached and
+  // mapped; the caller unmaps them (and may DropCached them).
+  virtual Status PopulateMapped(const std::string& path, void* p, size_t bytes) = 0;
+  // Asks the kernel to drop [off, off+len) of path from the page cache (POSIX_FADV_DONTNEED), so the
+  // memory of file-backed pages nobody maps any more goes back to the OS now. Pages some mapping
+  // still holds (another unit's boundary page, another process) stay. Errors only if the file
+  // cannot be opened.
+  virtual Status DropCached(const std::string& path, uint64_t off, uint64_t len) = 0;
+  // Bytes of [off, off+len) of path now in the page cache (whole pages; mincore), for checks that
+  // the page cache is not what a measurement or a test sees.
+  virtual Status CachedBytes(const std::string& path, uint64_t off, uint64_t len, uint64_t* out) = 0;
   // Faults in every page of [p, p+bytes) for writing (allocation + zeroing done now, not on first
   // touch). Best effort.
   virtual void Prefault(void* p, size_t bytes) = 0;
@@ -93,6 +108,15 @@ class EnvWrapper : public Env {
     return target_->MapFileAt(p, off, len, at);
   }
   void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
+  Status PopulateMapped(const std::string& path, void* p, size_t n) override {
+    return target_->PopulateMapped(path, p, n);
+  }
+  Status DropCached(const std::string& path, uint64_t off, uint64_t len) override {
+    return target_->DropCached(path, off, len);
+  }
+  Status CachedBytes(const std::string& path, uint64_t off, uint64_t len, uint64_t* out) override {
+    return target_->CachedBytes(path, off, len, out);
+  }
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   uint64_t NowNs() override { return target_->NowNs(); }
   Env* target() const { return target_; }

@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <vector>
 
 #include "env/env.h"
 
@@ -144,6 +146,61 @@ class PosixEnv final : public Env {
     int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
+    return Status::Ok();
+  }
+  Status PopulateMapped(const std::string& path, void* p, size_t bytes) override {
+    // Readahead is queued one 4 MiB window ahead of the window being waited for, not for the whole
+    // range at once: a deep queue of readahead delays every other read behind it (the pipeline's
+    // KV chunk reads for the layer compute waits on), while two windows in flight keep the disk busy.
+    constexpr size_t kWindow = size_t(4) << 20;
+    char* c = static_cast<char*>(p);
+    (void)::madvise(c, std::min(bytes, kWindow), MADV_WILLNEED);
+    for (size_t off = 0; off < bytes; off += kWindow) {
+      const size_t n = std::min(kWindow, bytes - off);
+      if (off + n < bytes) (void)::madvise(c + off + n, std::min(kWindow, bytes - off - n), MADV_WILLNEED);
+      MZ_RETURN_IF_ERROR(PopulateRead(path, c + off, n));
+    }
+    return Status::Ok();
+  }
+  // Waits for and maps every page of [p, p+bytes) of a file mapping.
+  static Status PopulateRead(const std::string& path, char* p, size_t bytes) {
+#ifdef MADV_POPULATE_READ
+    if (::madvise(p, bytes, MADV_POPULATE_READ) == 0) return Status::Ok();
+    const int err = errno;
+    if (err != EINVAL)
+      return Status::FromErrno(err == EFAULT ? EIO : err, "reading " + std::to_string(bytes) + " mapped bytes of " + path);
+#endif
+    // Kernels before 5.14: touch every page. An I/O error then raises SIGBUS instead of a status.
+    volatile const char* c = p;
+    unsigned sum = 0;
+    for (size_t i = 0; i < bytes; i += 4096) sum += unsigned(c[i]);
+    (void)sum;
+    return Status::Ok();
+  }
+  Status DropCached(const std::string& path, uint64_t off, uint64_t len) override {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    const int rc = ::posix_fadvise(fd, off_t(off), off_t(len), POSIX_FADV_DONTNEED);
+    ::close(fd);
+    if (rc != 0) return Status::FromErrno(rc, "dropping cached pages of " + path);
+    return Status::Ok();
+  }
+  Status CachedBytes(const std::string& path, uint64_t off, uint64_t len, uint64_t* out) override {
+    *out = 0;
+    if (len == 0) return Status::Ok();
+    const uint64_t page = 4096, a = AlignDown(off, page), n = AlignUp(off + len, page) - a;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    void* m = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, off_t(a));
+    const int err = errno;
+    ::close(fd);
+    if (m == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
+    std::vector<unsigned char> v(n / page);
+    const int rc = ::mincore(m, n, v.data());
+    const int err2 = errno;
+    ::munmap(m, n);
+    if (rc != 0) return Status::FromErrno(err2, "mincore " + path);
+    for (unsigned char c : v) *out += (c & 1) ? page : 0;
     return Status::Ok();
   }
   void Prefault(void* p, size_t bytes) override {

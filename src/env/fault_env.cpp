@@ -69,4 +69,13 @@ void* FaultEnv::MapAnon(size_t bytes) {
   return target()->MapAnon(bytes);
 }
 
+Status FaultEnv::PopulateMapped(const std::string& path, void* p, size_t bytes) {
+  if (path_filter.empty() || path.find(path_filter) != std::string::npos) {
+    n_reads++;
+    if (Fire(fail_reads_after)) return Status::FromErrno(EIO, "reading mapped " + path + " (injected)");
+    bytes_read += int64_t(bytes);
+  }
+  return target()->PopulateMapped(path, p, bytes);
+}
+
 }  // namespace mz

@@ -25,6 +25,8 @@ class FaultEnv : public EnvWrapper {
 
   Status Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) override;
   void* MapAnon(size_t bytes) override;
+  // Counts as one read of path (fail_reads_after applies; the pages stay as they were).
+  Status PopulateMapped(const std::string& path, void* p, size_t bytes) override;
 
   // True (and disarms) when a countdown reaches zero.
   static bool Fire(std::atomic<int64_t>& countdown);

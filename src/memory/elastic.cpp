@@ -317,7 +317,9 @@ size_t ElasticMemory::RestoreBytes(const UnitRef& u) const {
 Env* ElasticMemory::env() const { return kv_->env(); }
 
 void* ElasticMemory::AllocateFor(const UnitRef& u, size_t* bytes) {
+  *bytes = 0;
   if (state(u) == UnitState::kResident) return nullptr;
+  if (u.kind == UnitRef::kWeights && model_->file_backed()) return nullptr;  // mapped from the file on restore
   *bytes = RestoreBytes(u);
   void* p = kv_->env()->MapAnon(*bytes);
   if (p) kv_->env()->Prefault(p, *bytes);
@@ -424,7 +426,7 @@ Status ElasticMemory::RestoreSelected(uint64_t max_bytes, uint64_t* restored, co
       Status st;
       if (region) {
         void* mem = region + off[i];
-        if (todo[i].kind != UnitRef::kWeights || !model_->mmap_weights()) env->Prefault(mem, RestoreBytes(todo[i]));
+        if (todo[i].kind != UnitRef::kWeights || !model_->file_backed()) env->Prefault(mem, RestoreBytes(todo[i]));
         st = RestoreInto(todo[i], mem);  // owns the slice from here (unmaps it on failure)
       } else {
         st = Restore(todo[i]);

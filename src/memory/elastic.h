@@ -129,6 +129,9 @@ class ElasticMemory {
     return has_chunk(layer, chunk) && !kv_->chunk_resident(layer, chunk) && kv_->chunk_compressed_view(layer, chunk) &&
            !lost(layer, chunk);
   }
+  // Dropped weights come back as mappings of the model file (Model::file_backed): restoring them
+  // needs no anonymous memory allocated ahead (AllocateFor returns nullptr for them).
+  bool weights_file_backed() const { return model_->file_backed(); }
   // The codec's chunks can be read in place by the attention kernel (q8).
   bool codec_readable_in_place() const { return codec_ && codec_->id() == uint8_t(KvCodecId::kQ8); }
   // Brings a KV chunk compressed on storage (kKvStorageCompressed) into the in-memory swap as it is
@@ -153,7 +156,8 @@ class ElasticMemory {
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
-  // memory for u (nullptr if u is resident or the mapping fails; *bytes receives the size);
+  // memory for u (nullptr if u is resident, is file-backed weights, or the mapping fails; *bytes
+  // receives the size mapped, 0 for nullptr);
   // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it
   // allocates itself). Distinct units may be restored concurrently.
   void* AllocateFor(const UnitRef& u, size_t* bytes);

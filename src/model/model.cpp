@@ -267,12 +267,15 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
   if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
                                        std::to_string(u.index));
   for (const ReadRun& r : u.runs) {
-    if (opts_.mmap_weights) {
+    if (file_backed()) {
       // The run's last page may lie past end of file: map only what the file has.
       const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
-      Status st = env_->MapFileAt(path_, r.file_off, len, static_cast<char*>(region) + r.region_off);
+      char* at = static_cast<char*>(region) + r.region_off;
+      Status st = env_->MapFileAt(path_, r.file_off, len, at);
+      if (st.ok() && opts_.weights == WeightMemory::kPageCache) st = env_->PopulateMapped(path_, at, len);
       if (!st.ok()) {
         env_->Unmap(region, u.region_bytes);
+        if (opts_.weights == WeightMemory::kPageCache) DropRuns(u);
         return st.With("mapping weight unit " + std::to_string(u.index));
       }
       continue;
@@ -303,6 +306,7 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
   }
   u.buffer = buf;
   u.region = region;
+  u.backing = opts_.weights;
   return Status::Ok();
 }
 
@@ -321,9 +325,11 @@ Status Model::LoadUnit(int u, void* region) {
   if (!st.ok()) return fail(Status::ModelChanged(path_ + " is gone: " + st.message()));
   if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
     return fail(Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)"));
-  std::unique_ptr<File> f;
-  st = env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f);
-  if (!st.ok()) return fail(st);
+  std::unique_ptr<File> f;  // file-backed units map the path instead
+  if (!file_backed()) {
+    st = env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f);
+    if (!st.ok()) return fail(st);
+  }
   return LoadUnitFrom(f.get(), units_[u], region);
 }
 
@@ -338,6 +344,42 @@ void Model::DropUnit(int u) {
   env_->Unmap(w.region, w.region_bytes);
   w.buffer = nullptr;
   w.region = nullptr;
+  if (w.backing == WeightMemory::kPageCache) DropRuns(w);
+}
+
+void Model::DropRuns(const WeightUnit& w) const {
+  // Best effort (the file may be gone; its pages then go with the last mapping). The page cache
+  // holds a file in folios of up to 2 MiB, and the kernel only drops folios wholly inside the range:
+  // widen it to 2 MiB boundaries so the folios straddling the run's ends go too. A neighbour's
+  // pages in that margin are dropped only if nothing maps them (the neighbour is dropped as well).
+  constexpr uint64_t kFolio = uint64_t(2) << 20;
+  for (const ReadRun& r : w.runs) {
+    const uint64_t a = AlignDown(r.file_off, kFolio);
+    (void)env_->DropCached(path_, a, AlignUp(r.file_off + r.len, kFolio) - a);
+  }
+}
+
+uint64_t Model::DroppedBytesCached(std::vector<int>* which) const {
+  if (opts_.weights != WeightMemory::kPageCache) return 0;
+  uint64_t total = 0;
+  for (const WeightUnit& w : units_) {
+    if (w.resident()) continue;
+    for (const ReadRun& r : w.runs) {
+      uint64_t n = 0;
+      if (env_->CachedBytes(path_, r.file_off, r.len, &n).ok()) total += n;
+      if (n && which && (which->empty() || which->back() != w.index)) which->push_back(w.index);
+    }
+  }
+  return total;
+}
+
+const char* WeightMemoryName(WeightMemory w) {
+  switch (w) {
+    case WeightMemory::kPageCache: return "page-cache";
+    case WeightMemory::kAnonymous: return "anonymous";
+    case WeightMemory::kOsPaging: return "os-paging";
+  }
+  return "?";
 }
 
 Status Model::VerifyIdentity() const {

@@ -1,10 +1,23 @@
 // Model: a GGUF file's weights held as independently resident units.
 //
 // Unit u in [0, n_layer) holds transformer layer u's tensors; unit n_layer is the base unit (token
-// embedding, output norm, output head, rope frequency factors). Each unit owns one anonymous mmap
-// region laid out as an image of the file ranges it came from ("read runs"), so a unit is (re)loaded
-// with a few large, page-aligned direct-I/O reads straight into place and tensors keep the file's
-// own layout (no repacking). The region is handed to ggml with ggml_backend_cpu_buffer_from_ptr.
+// embedding, output norm, output head, rope frequency factors). Each unit owns one region laid out
+// as an image of the file ranges it came from ("read runs", page aligned), so tensors keep the
+// file's own layout (no repacking). The region is handed to ggml with
+// ggml_backend_cpu_buffer_from_ptr. What backs the region (WeightMemory):
+//   kPageCache (default)  the runs are mapped read-only from the model file and populated from the
+//                         page cache when the unit is loaded (readahead of the whole unit, then
+//                         every page mapped: compute takes no fault); dropping the unit unmaps it
+//                         and drops its file range from the page cache, so the memory goes back to
+//                         the OS. No anonymous memory is zeroed on reload (measured: 0.03 vs 0.24
+//                         CPU-seconds per 544 MiB reloaded, docs/design.md "Weights in the page
+//                         cache"). The kernel may also reclaim these clean pages under pressure
+//                         before mzcache evicts (compute then faults them back, as OS paging).
+//   kAnonymous            anonymous memory filled by a few large direct-I/O reads (buffered where
+//                         the file system refuses O_DIRECT); the kernel cannot reclaim it without
+//                         swap.
+//   kOsPaging             the OS Paging baseline: file mappings the kernel faults in lazily and
+//                         reclaims on its own, as llama.cpp's mmap.
 //
 // Thread-safety: LoadUnit/DropUnit on distinct units may run concurrently; on the same unit they
 // need external synchronization. Compute must not touch a unit that is not resident.
@@ -67,6 +80,9 @@ struct ReadRun {
   uint64_t region_off = 0;
 };
 
+enum class WeightMemory : uint8_t { kPageCache = 0, kAnonymous = 1, kOsPaging = 2 };
+const char* WeightMemoryName(WeightMemory w);
+
 struct WeightUnit {
   int index = 0;
   int layer = -1;                 // -1 for the base unit
@@ -75,6 +91,7 @@ struct WeightUnit {
   uint64_t tensor_bytes = 0;      // sum of tensor sizes (what the model "is")
   uint64_t region_bytes = 0;      // mapped bytes when resident (tensor bytes + alignment slack)
   void* region = nullptr;         // non-null iff resident
+  WeightMemory backing = WeightMemory::kAnonymous;  // how the resident region was made
   ggml_backend_buffer* buffer = nullptr;
   bool resident() const { return region != nullptr; }
 };
@@ -90,12 +107,10 @@ struct FileIdentity {
 };
 
 struct ModelOptions {
-  bool direct_io = true;   // read weights with O_DIRECT (falls back to buffered where unsupported)
+  WeightMemory weights = WeightMemory::kPageCache;
+  bool direct_io = true;   // kAnonymous: read with O_DIRECT (falls back to buffered where unsupported)
   bool load_weights = true;  // false: parse and plan only (info, tests)
   int io_threads = 2;        // threads reading units at load
-  // OS Paging baseline: weights are file-backed mappings of the GGUF (as llama.cpp's mmap) that the
-  // kernel may drop and fault back, instead of mzcache's own anonymous units.
-  bool mmap_weights = false;
 };
 
 class Model {
@@ -107,8 +122,14 @@ class Model {
   // Parses and validates path (header, metadata, every tensor's name, type, shape and data range),
   // plans the units, and (unless options.load_weights is false) loads every unit. On failure
   // *out is untouched and the Status says exactly what is wrong with the file.
-  // Weight units are file mappings (ModelOptions::mmap_weights), not anonymous memory.
-  bool mmap_weights() const { return opts_.mmap_weights; }
+  // Weight units are file mappings (kPageCache, kOsPaging), not anonymous memory: restoring one
+  // needs no anonymous memory allocated ahead.
+  bool file_backed() const { return opts_.weights != WeightMemory::kAnonymous; }
+  WeightMemory weight_memory() const { return opts_.weights; }
+  // Changes how units loaded from now on are backed (kPageCache <-> kAnonymous; benchmarks compare
+  // the two on one model). Units keep the backing they were loaded with until dropped. Not
+  // thread-safe: call while no unit is being loaded or dropped.
+  void set_weight_memory(WeightMemory w) { opts_.weights = w; }
   static Status Load(Env* env, const std::string& path, const ModelOptions& options,
                      std::unique_ptr<Model>* out);
 
@@ -123,14 +144,23 @@ class Model {
   const FileIdentity& identity() const { return identity_; }
   Env* env() const { return env_; }
 
-  // Allocates unit u's region and reads it from the model file (direct I/O). Before reading, the file
-  // is checked against the identity recorded at load (kModelChanged if it differs). On failure the
-  // unit stays dropped and nothing leaks. No-op if resident.
-  // region: optional pre-allocated mapping of unit(u).region_bytes (from Env::MapAnon) that the
-  // call takes ownership of (the restoration pipeline allocates ahead of reading).
+  // Makes unit u resident: reads it from the model file (kAnonymous: into a fresh anonymous region
+  // with direct I/O; kPageCache: maps its runs and populates them from the page cache; kOsPaging:
+  // maps them only). Before reading, the file is checked against the identity recorded at load
+  // (kModelChanged if it differs). On failure (kIOError, kCorruption for a truncated file,
+  // kNoMemory) the unit stays dropped and nothing leaks. No-op if resident.
+  // region: optional mapping of unit(u).region_bytes (from Env::MapAnon) that the call takes
+  // ownership of (the restoration pipeline allocates ahead of reading; file-backed units only use
+  // it as the address range to map over, so they need none).
   Status LoadUnit(int u, void* region = nullptr);
-  // Releases unit u's memory to the OS. No-op if not resident.
+  // Releases unit u's memory to the OS (kPageCache: unmaps it and drops its file range from the
+  // page cache). No-op if not resident.
   void DropUnit(int u);
+  // kPageCache: bytes of dropped units' runs still in the page cache: a reload reads the rest from
+  // the disk. A folio (up to 2 MiB) shared with a resident neighbour stays cached, so this is at
+  // most about 2 MiB per boundary between a resident and a dropped unit; 0 for the other modes.
+  // which (optional) receives the units concerned.
+  uint64_t DroppedBytesCached(std::vector<int>* which = nullptr) const;
   // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
   // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
   Status VerifyIdentity() const;
@@ -141,6 +171,7 @@ class Model {
   Model() = default;
   Status Parse(gguf_context* g, uint64_t file_size);
   Status LoadUnitFrom(File* f, WeightUnit& unit, void* region);
+  void DropRuns(const WeightUnit& w) const;  // kPageCache: drops w's file ranges from the page cache
 
   Env* env_ = nullptr;
   std::string path_;

@@ -43,7 +43,7 @@ RestorePipeline::~RestorePipeline() { Finish(); }
 bool RestorePipeline::ClaimAndPopulate(size_t i) {
   // A load into the in-memory swap has no slice (its worker prefaults its reserved entry); its
   // task is not touched here at all, so its worker owns it alone.
-  if (tasks_[i].to_stack) return false;  // to_stack is fixed before any thread starts
+  if (tasks_[i].no_slice) return false;  // fixed before any thread starts
   uint8_t s = 0;
   if (!alloc_state_[i].compare_exchange_strong(s, 1, std::memory_order_acq_rel)) return false;
   e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
@@ -53,7 +53,7 @@ bool RestorePipeline::ClaimAndPopulate(size_t i) {
 
 void RestorePipeline::EnsureAllocated(size_t i) {
   Task& t = tasks_[i];
-  if (t.to_stack) return;  // LoadCompressed reserves its own room in the in-memory swap
+  if (t.no_slice) return;  // LoadCompressed reserves its own room; file-backed weights map the file
   if (!region_) {
     if (!t.mem) t.mem = e_->AllocateFor(t.u, &t.bytes);
     return;
@@ -172,6 +172,8 @@ Status RestorePipeline::Start() {
       stats_.bytes_read_compressed -= e_->RestoreBytes(t.u);
     }
   }
+  for (auto& t : tasks_)
+    t.no_slice = t.to_stack || (t.u.kind == UnitRef::kWeights && e_->weights_file_backed());
   stats_.units = int(tasks_.size());
   for (const auto& t : tasks_)
     if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);
@@ -197,7 +199,7 @@ Status RestorePipeline::Start() {
     std::vector<size_t> off(tasks_.size());
     size_t total = 0;
     for (size_t i = 0; i < tasks_.size(); ++i) {
-      tasks_[i].bytes = tasks_[i].to_stack ? 0 : e_->RestoreBytes(tasks_[i].u);
+      tasks_[i].bytes = tasks_[i].no_slice ? 0 : e_->RestoreBytes(tasks_[i].u);
       off[i] = total;
       total += (tasks_[i].bytes + kPage - 1) / kPage * kPage;
     }
@@ -206,7 +208,7 @@ Status RestorePipeline::Start() {
       alloc_state_ = std::make_unique<std::atomic<uint8_t>[]>(tasks_.size());
       for (size_t i = 0; i < tasks_.size(); ++i) {
         alloc_state_[i].store(0, std::memory_order_relaxed);
-        tasks_[i].mem = tasks_[i].to_stack ? nullptr : region_ + off[i];
+        tasks_[i].mem = tasks_[i].no_slice ? nullptr : region_ + off[i];
       }
     }
   }

@@ -52,6 +52,7 @@ Status DeviceProfile::Save(const std::string& path) const {
   for (auto& [n, b] : read_Bps) r.push_back({{"request_bytes", n}, {"Bps", b}});
   j["read_Bps"] = r;
   j["alloc_s_per_MiB"] = alloc_s_per_MiB;
+  j["mapped_read_Bps"] = mapped_read_Bps;
   j["threads"] = threads;
   std::ofstream f(path);
   f << j.dump(2) << "\n";
@@ -71,6 +72,8 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out) {
     p.ratio = j.value("ratio", std::map<std::string, double>{});
     for (auto& r : j.at("read_Bps")) p.read_Bps.push_back({r.at("request_bytes").get<uint64_t>(), r.at("Bps").get<double>()});
     p.alloc_s_per_MiB = j.value("alloc_s_per_MiB", 0.0);
+    p.mapped_read_Bps = j.value("mapped_read_Bps", 0.0);
+    if (p.mapped_read_Bps < 0) return Status::Corruption("profile " + path + ": mapped_read_Bps must not be negative");
     p.threads = j.value("threads", 1);
     for (auto& [k, v] : p.decode_Bps)
       if (!(v > 0)) return Status::Corruption("profile " + path + ": decode throughput of " + k + " must be positive");
@@ -94,14 +97,17 @@ DeviceProfile DeviceProfile::Default() {
 }
 
 UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint64_t chunk_bytes,
-                          uint64_t layer_bytes) {
+                          uint64_t layer_bytes, bool weights_file_backed) {
   UnitTimes t;
   const double alloc_chunk = p.alloc_s_per_MiB * double(chunk_bytes) / 1048576.0;
   t.t_d_kv = double(chunk_bytes) / p.DecodeBps(codec) + alloc_chunk;
   t.t_r_kv = double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
   const uint64_t enc = uint64_t(double(chunk_bytes) * p.Ratio(codec));
   t.t_r_kvc = double(enc) / p.ReadBps(enc) + t.t_d_kv;
-  t.t_r_w = double(layer_bytes) / p.ReadBps(4 << 20) + p.alloc_s_per_MiB * double(layer_bytes) / 1048576.0;
+  if (weights_file_backed)
+    t.t_r_w = double(layer_bytes) / (p.mapped_read_Bps > 0 ? p.mapped_read_Bps : p.ReadBps(4 << 20));
+  else
+    t.t_r_w = double(layer_bytes) / p.ReadBps(4 << 20) + p.alloc_s_per_MiB * double(layer_bytes) / 1048576.0;
   return t;
 }
 

@@ -18,6 +18,9 @@ struct DeviceProfile {
   std::map<std::string, double> encode_Bps;    // codec -> raw bytes/s encoded, one thread
   std::map<std::string, double> ratio;         // codec -> encoded / raw bytes on real KV
   std::vector<std::pair<uint64_t, double>> read_Bps;  // request bytes -> bytes/s (direct I/O, sequential)
+  // Page-cache readahead into file mappings (how file-backed weights are re-read), bytes/s; 0 = not
+  // measured (ReadBps(4 MiB) stands in).
+  double mapped_read_Bps = 0.0;
   double alloc_s_per_MiB = 0.0;                // mmap + first touch
   int threads = 1;                             // threads the decode path uses in restoration
 
@@ -41,7 +44,9 @@ struct UnitTimes {
   double t_r_kvc = 0;  // read one compressed KV chunk from storage (and decode it)
   double t_r_w = 0;    // read one weight layer from storage
 };
+// weights_file_backed: weights come back through the page cache (Model::file_backed): read at
+// mapped_read_Bps, no anonymous memory to allocate; otherwise direct reads of 4 MiB + allocation.
 UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint64_t chunk_bytes,
-                          uint64_t layer_bytes);
+                          uint64_t layer_bytes, bool weights_file_backed = false);
 
 }  // namespace mz

@@ -54,7 +54,7 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   in.chunk_bytes = kv_->geometry().chunk_bytes();
   in.ratio = profile_.Ratio(opts_.kv_codec);
   const uint64_t mean_layer = in.layer_bytes.empty() ? 0 : in.layer_bytes[0];
-  in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer);
+  in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer, model_->file_backed());
   ElasticMemory* e = elastic_.get();
   in.state = [e](const UnitRef& u) { return e->state(u); };
   in.bytes = bytes;
