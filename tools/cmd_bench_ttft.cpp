@@ -381,6 +381,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                            r.swapped / 1048576.0, r.zram_compressed / 1048576.0);
             }
         }
+        model->set_weight_memory(WeightMemory::kPageCache);
         if (Status rs = ctx.Restore(); !rs.ok()) return Fail(rs);
         auto ttfts = [&](const std::vector<Run>& v) {
           std::vector<double> x;

@@ -68,8 +68,8 @@ class Env {
   virtual Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at) = 0;
   virtual void Unmap(void* p, size_t bytes) = 0;
   // Brings the pages of a read-only file mapping made by MapFileAt at [p, p+bytes) into memory and
-  // maps them, so that later reads take no fault: readahead of the whole range is queued first (the
-  // disk sees large requests, several in flight), then the call waits for every page. The pages
+  // maps them, so that later reads take no fault: readahead is queued one 4 MiB window ahead of the
+  // window being waited for (large requests, a bounded queue), and the call waits for every page. The pages
   // come from the page cache: no anonymous memory is allocated or zeroed. `path` names the file in
   // messages and fault filters. Failure (an I/O error: kIOError): pages already read stay cached and
   // mapped; the caller unmaps them (and may DropCached them).

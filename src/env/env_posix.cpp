@@ -1,18 +1,28 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <fstream>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "env/env.h"
 
 namespace mz {
 namespace {
+
+#ifdef MADV_POPULATE_READ
+constexpr int kMadvPopulateRead = MADV_POPULATE_READ;
+#else
+constexpr int kMadvPopulateRead = 22;
+#endif
 
 class PosixFile final : public File {
  public:
@@ -152,24 +162,51 @@ class PosixEnv final : public Env {
     // Readahead is queued one 4 MiB window ahead of the window being waited for, not for the whole
     // range at once: a deep queue of readahead delays every other read behind it (the pipeline's
     // KV chunk reads for the layer compute waits on), while two windows in flight keep the disk busy.
+    // The kernel queues at most max(read_ahead_kb, max_sectors_kb) per MADV_WILLNEED, so a window
+    // is advised in pieces of that size.
     constexpr size_t kWindow = size_t(4) << 20;
+    const size_t piece = std::min(kWindow, ReadaheadLimit(path));
     char* c = static_cast<char*>(p);
-    (void)::madvise(c, std::min(bytes, kWindow), MADV_WILLNEED);
+    auto advise = [&](size_t off, size_t n) {
+      for (size_t o = 0; o < n; o += piece) (void)::madvise(c + off + o, std::min(piece, n - o), MADV_WILLNEED);
+    };
+    advise(0, std::min(bytes, kWindow));
     for (size_t off = 0; off < bytes; off += kWindow) {
       const size_t n = std::min(kWindow, bytes - off);
-      if (off + n < bytes) (void)::madvise(c + off + n, std::min(kWindow, bytes - off - n), MADV_WILLNEED);
+      if (off + n < bytes) advise(off + n, std::min(kWindow, bytes - off - n));
       MZ_RETURN_IF_ERROR(PopulateRead(path, c + off, n));
     }
     return Status::Ok();
   }
+  // Bytes one MADV_WILLNEED queues on the device holding path: max(read_ahead_kb, max_sectors_kb)
+  // from sysfs, remembered per device; 128 KiB where sysfs does not tell.
+  static size_t ReadaheadLimit(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return size_t(128) << 10;
+    static std::mutex mu;
+    static std::map<dev_t, size_t> known;
+    std::lock_guard<std::mutex> lk(mu);
+    auto it = known.find(st.st_dev);
+    if (it != known.end()) return it->second;
+    auto read_kb = [&](const std::string& name) -> size_t {
+      const std::string base = "/sys/dev/block/" + std::to_string(major(st.st_dev)) + ":" + std::to_string(minor(st.st_dev));
+      for (const std::string& dir : {base + "/queue/", base + "/../queue/"}) {
+        std::ifstream f(dir + name);
+        size_t kb = 0;
+        if (f >> kb) return kb;
+      }
+      return 0;
+    };
+    const size_t kb = std::max({read_kb("read_ahead_kb"), read_kb("max_sectors_kb"), size_t(128)});
+    return known[st.st_dev] = kb << 10;
+  }
   // Waits for and maps every page of [p, p+bytes) of a file mapping.
   static Status PopulateRead(const std::string& path, char* p, size_t bytes) {
-#ifdef MADV_POPULATE_READ
-    if (::madvise(p, bytes, MADV_POPULATE_READ) == 0) return Status::Ok();
+    // Linux 5.14+; EINVAL from older kernels (headers may lack the constant: its value is ABI).
+    if (::madvise(p, bytes, kMadvPopulateRead) == 0) return Status::Ok();
     const int err = errno;
     if (err != EINVAL)
       return Status::FromErrno(err == EFAULT ? EIO : err, "reading " + std::to_string(bytes) + " mapped bytes of " + path);
-#endif
     // Kernels before 5.14: touch every page. An I/O error then raises SIGBUS instead of a status.
     volatile const char* c = p;
     unsigned sum = 0;

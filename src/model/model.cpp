@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <unistd.h>
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -93,7 +95,9 @@ void PlanRuns(WeightUnit& u) {
 }  // namespace
 
 Model::~Model() {
-  for (int u = 0; u < n_units(); ++u) DropUnit(u);
+  // Unmap only: freeing the model does not push the file out of the page cache for other users
+  // (the pages are clean and reclaimable once unmapped).
+  for (int u = 0; u < n_units(); ++u) DropUnit(u, /*drop_cached=*/false);
   if (meta_) ggml_free(meta_);
 }
 
@@ -145,6 +149,7 @@ Status Model::Load(Env* env, const std::string& path, const ModelOptions& option
   }
   gguf_free(g);
   if (!st.ok()) return st.With(path);
+  if (m->opts_.weights == WeightMemory::kPageCache && !m->CanMapRuns()) m->opts_.weights = WeightMemory::kAnonymous;
   if (options.load_weights) MZ_RETURN_IF_ERROR(m->LoadAll());
   *out = std::move(m);
   return Status::Ok();
@@ -258,7 +263,17 @@ Status Model::Parse(gguf_context* g, uint64_t file_size) {
   return Status::Ok();
 }
 
-Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
+bool Model::CanMapRuns() const {
+  // Runs are 4096-aligned: mapping them needs 4 KiB pages, and a file system that can mmap.
+  if (::sysconf(_SC_PAGESIZE) != long(kDirectIoAlign)) return false;
+  void* at = env_->MapAnon(kDirectIoAlign);
+  if (!at) return false;
+  const bool ok = env_->MapFileAt(path_, 0, kDirectIoAlign, at).ok();
+  env_->Unmap(at, kDirectIoAlign);
+  return ok;
+}
+
+Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mode) {
   if (u.resident()) {
     if (region) env_->Unmap(region, u.region_bytes);
     return Status::Ok();
@@ -267,15 +282,20 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
   if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
                                        std::to_string(u.index));
   for (const ReadRun& r : u.runs) {
-    if (file_backed()) {
+    if (mode != WeightMemory::kAnonymous) {
       // The run's last page may lie past end of file: map only what the file has.
       const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
       char* at = static_cast<char*>(region) + r.region_off;
       Status st = env_->MapFileAt(path_, r.file_off, len, at);
-      if (st.ok() && opts_.weights == WeightMemory::kPageCache) st = env_->PopulateMapped(path_, at, len);
+      if (st.ok() && mode == WeightMemory::kPageCache) st = env_->PopulateMapped(path_, at, len);
       if (!st.ok()) {
         env_->Unmap(region, u.region_bytes);
-        if (opts_.weights == WeightMemory::kPageCache) DropRuns(u);
+        if (mode == WeightMemory::kPageCache) DropRuns(u);
+        // A file cut short after the identity check faults like an I/O error: say which it was.
+        FileInfo info;
+        if (env_->StatPath(path_, &info).ok() && (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns))
+          return Status::ModelChanged(path_ + " changed while weight unit " + std::to_string(u.index) +
+                                      " was being read (" + st.message() + ")");
         return st.With("mapping weight unit " + std::to_string(u.index));
       }
       continue;
@@ -306,7 +326,7 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region) {
   }
   u.buffer = buf;
   u.region = region;
-  u.backing = opts_.weights;
+  u.backing = mode;
   return Status::Ok();
 }
 
@@ -325,15 +345,16 @@ Status Model::LoadUnit(int u, void* region) {
   if (!st.ok()) return fail(Status::ModelChanged(path_ + " is gone: " + st.message()));
   if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
     return fail(Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)"));
-  std::unique_ptr<File> f;  // file-backed units map the path instead
-  if (!file_backed()) {
+  const WeightMemory mode = opts_.weights;  // read once: set_weight_memory may not change it mid-load
+  std::unique_ptr<File> f;                  // file-backed units map the path instead
+  if (mode == WeightMemory::kAnonymous) {
     st = env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f);
     if (!st.ok()) return fail(st);
   }
-  return LoadUnitFrom(f.get(), units_[u], region);
+  return LoadUnitFrom(f.get(), units_[u], region, mode);
 }
 
-void Model::DropUnit(int u) {
+void Model::DropUnit(int u, bool drop_cached) {
   WeightUnit& w = units_[u];
   if (!w.resident()) return;
   for (const TensorExtent& e : w.tensors) {
@@ -344,7 +365,9 @@ void Model::DropUnit(int u) {
   env_->Unmap(w.region, w.region_bytes);
   w.buffer = nullptr;
   w.region = nullptr;
-  if (w.backing == WeightMemory::kPageCache) DropRuns(w);
+  // Also for an anonymous unit when units now load through the page cache: pages of its range that
+  // something else cached (another process reading the file) would otherwise serve its reload.
+  if (drop_cached && (w.backing == WeightMemory::kPageCache || opts_.weights == WeightMemory::kPageCache)) DropRuns(w);
 }
 
 void Model::DropRuns(const WeightUnit& w) const {
@@ -360,13 +383,13 @@ void Model::DropRuns(const WeightUnit& w) const {
 }
 
 uint64_t Model::DroppedBytesCached(std::vector<int>* which) const {
-  if (opts_.weights != WeightMemory::kPageCache) return 0;
   uint64_t total = 0;
   for (const WeightUnit& w : units_) {
     if (w.resident()) continue;
     for (const ReadRun& r : w.runs) {
       uint64_t n = 0;
-      if (env_->CachedBytes(path_, r.file_off, r.len, &n).ok()) total += n;
+      if (!env_->CachedBytes(path_, r.file_off, r.len, &n).ok()) n = r.len;  // unknown counts as cached
+      total += n;
       if (n && which && (which->empty() || which->back() != w.index)) which->push_back(w.index);
     }
   }
@@ -398,13 +421,14 @@ Status Model::VerifyIdentity() const {
 }
 
 Status Model::LoadAll() {
+  const WeightMemory mode = opts_.weights;
   std::unique_ptr<File> f;
-  MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f));
+  if (mode == WeightMemory::kAnonymous) MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f));
   std::atomic<int> next{0};
   std::vector<Status> errs(size_t(std::max(1, opts_.io_threads)));
   auto worker = [&](int t) {
     for (int u; (u = next.fetch_add(1)) < n_units();) {
-      Status st = LoadUnitFrom(f.get(), units_[u], nullptr);
+      Status st = LoadUnitFrom(f.get(), units_[u], nullptr, mode);
       if (!st.ok()) {
         errs[t] = st;
         return;

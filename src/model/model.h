@@ -6,8 +6,8 @@
 // file's own layout (no repacking). The region is handed to ggml with
 // ggml_backend_cpu_buffer_from_ptr. What backs the region (WeightMemory):
 //   kPageCache (default)  the runs are mapped read-only from the model file and populated from the
-//                         page cache when the unit is loaded (readahead of the whole unit, then
-//                         every page mapped: compute takes no fault); dropping the unit unmaps it
+//                         page cache when the unit is loaded (windowed readahead, every page
+//                         mapped: compute takes no fault); dropping the unit unmaps it
 //                         and drops its file range from the page cache, so the memory goes back to
 //                         the OS. No anonymous memory is zeroed on reload (measured: 0.03 vs 0.24
 //                         CPU-seconds per 544 MiB reloaded, docs/design.md "Weights in the page
@@ -107,6 +107,8 @@ struct FileIdentity {
 };
 
 struct ModelOptions {
+  // kPageCache falls back to kAnonymous where runs cannot be mapped (pages other than 4 KiB, a file
+  // system without mmap): check Model::weight_memory().
   WeightMemory weights = WeightMemory::kPageCache;
   bool direct_io = true;   // kAnonymous: read with O_DIRECT (falls back to buffered where unsupported)
   bool load_weights = true;  // false: parse and plan only (info, tests)
@@ -153,13 +155,14 @@ class Model {
   // ownership of (the restoration pipeline allocates ahead of reading; file-backed units only use
   // it as the address range to map over, so they need none).
   Status LoadUnit(int u, void* region = nullptr);
-  // Releases unit u's memory to the OS (kPageCache: unmaps it and drops its file range from the
-  // page cache). No-op if not resident.
-  void DropUnit(int u);
-  // kPageCache: bytes of dropped units' runs still in the page cache: a reload reads the rest from
-  // the disk. A folio (up to 2 MiB) shared with a resident neighbour stays cached, so this is at
-  // most about 2 MiB per boundary between a resident and a dropped unit; 0 for the other modes.
-  // which (optional) receives the units concerned.
+  // Releases unit u's memory to the OS (kPageCache: unmaps it and, with drop_cached, drops its file
+  // range from the page cache). No-op if not resident.
+  void DropUnit(int u, bool drop_cached = true);
+  // Bytes of dropped units' runs still in the page cache (whatever backing they had): a page-cache
+  // reload reads the rest from the disk. A folio (up to 2 MiB) shared with a resident neighbour
+  // stays cached, so after DropUnit this is at most about 2 MiB per boundary between a resident and
+  // a dropped unit. A range that cannot be checked counts as cached. which (optional) receives the
+  // units concerned. Not thread-safe against concurrent LoadUnit/DropUnit.
   uint64_t DroppedBytesCached(std::vector<int>* which = nullptr) const;
   // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
   // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
@@ -170,7 +173,9 @@ class Model {
  private:
   Model() = default;
   Status Parse(gguf_context* g, uint64_t file_size);
-  Status LoadUnitFrom(File* f, WeightUnit& unit, void* region);
+  // f: the open model file (kAnonymous only; nullptr otherwise).
+  Status LoadUnitFrom(File* f, WeightUnit& unit, void* region, WeightMemory mode);
+  bool CanMapRuns() const;  // this kernel and file system can map the runs (else kAnonymous)
   void DropRuns(const WeightUnit& w) const;  // kPageCache: drops w's file ranges from the page cache
 
   Env* env_ = nullptr;
