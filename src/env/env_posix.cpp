@@ -167,6 +167,10 @@ class PosixEnv final : public Env {
     constexpr size_t kWindow = size_t(4) << 20;
     const size_t piece = std::min(kWindow, ReadaheadLimit(path));
     char* c = static_cast<char*>(p);
+    // No readahead from page faults on this mapping: only the windows advised below are read, so
+    // nothing beyond the range is still being read into the page cache after the call returns
+    // (such pages would escape a DropCached of a neighbouring range that is dropped meanwhile).
+    (void)::madvise(c, bytes, MADV_RANDOM);
     auto advise = [&](size_t off, size_t n) {
       for (size_t o = 0; o < n; o += piece) (void)::madvise(c + off + o, std::min(piece, n - o), MADV_WILLNEED);
     };
