@@ -316,10 +316,94 @@ TEST(Elastic, RandomSequencesKeepInvariants) {
   ASSERT_TRUE(f.ctx->Restore().ok());
   MemoryReport r = f.ctx->Report();
   EXPECT_EQ(r.stack_mapped, 0u);
-  EXPECT_EQ(r.swap_file_used, 0u) << "swap space must be reused/released after restore";
+  // Restored chunks mapped from the swap keep their extents (they are their backing); nothing else.
+  EXPECT_EQ(r.swap_file_used, r.kv_resident_mapped) << "swap space must be reused/released after restore";
   const auto got = NextLogits(*f.ctx, 11);
   // q8 is idempotent: 300 cycles of re-encoding must not drift beyond one encode's error.
   EXPECT_LT(KL(want, got), 5e-3);
+}
+
+// Full KV chunks restored from the storage swap are mappings of their extents: bit-identical,
+// evicting them again writes nothing and leaves none of their pages cached, a truncation inside one
+// makes its next eviction write it anew, and a flipped bit or a read error is caught as for a read.
+TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = PromptTokens(path, kPrompt);
+  Fixture ref = Make(Env::Default(), path, "q8", toks, "map-ref");
+  FaultEnv env(Env::Default());
+  env.path_filter = ".swap";
+  Fixture f = Make(&env, path, "q8", toks, "map");
+  const uint64_t cb = f.ctx->kv().geometry().chunk_bytes();
+  const int full = kPrompt / kChunk;  // chunks 0..full-1 are full, chunk `full` is partial
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 2, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  ASSERT_TRUE(f.ctx->Restore().ok());
+  MemoryReport r = f.ctx->Report();
+  ASSERT_EQ(r.kv_resident_mapped, uint64_t(2 * full) * cb) << "every full chunk of layers 2-3 maps its extent";
+  EXPECT_EQ(r.swap_file_used, r.kv_resident_mapped) << "a mapped chunk keeps its extent, the partial one does not";
+  uint64_t cached = 1;
+  ASSERT_TRUE(f.ctx->elastic().SwapBytesCached(&cached).ok());
+  EXPECT_EQ(cached, 0u);
+
+  // Clean: evicting to storage again writes nothing, frees the RAM and drops the pages.
+  const int64_t writes = env.n_writes.load();
+  uint64_t freed = 0;
+  Plan rear_full;
+  for (int l = 3; l >= 2; --l)
+    for (int c = full - 1; c >= 0; --c) rear_full.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageRaw});
+  ASSERT_TRUE(f.ctx->Evict(rear_full, 0, &freed).ok());
+  EXPECT_EQ(env.n_writes.load(), writes) << "a clean mapped chunk must not be written again";
+  EXPECT_EQ(freed, uint64_t(2 * full) * cb);
+  r = f.ctx->Report();
+  EXPECT_EQ(r.kv_resident_mapped, 0u);
+  EXPECT_EQ(r.n_kv_chunks[int(UnitState::kKvStorageRaw)], 2 * full);
+  ASSERT_TRUE(f.ctx->elastic().SwapBytesCached(&cached).ok());
+  EXPECT_EQ(cached, 0u) << "evicted chunks' pages must leave the page cache";
+  EXPECT_EQ(NextLogits(*f.ctx, 3), NextLogits(*ref.ctx, 3)) << "restored by mapping, bit for bit";
+
+  // Truncate inside chunk 2 (mapped), write new rows into it, evict: it must be written anew.
+  ASSERT_TRUE(f.ctx->Evict(rear_full, 0, nullptr).ok());
+  ASSERT_TRUE(f.ctx->Restore().ok());
+  const int keep = 2 * kChunk + 5;
+  f.ctx->Truncate(keep);
+  ref.ctx->Truncate(keep);
+  const std::vector<int32_t> more(toks.rbegin(), toks.rbegin() + 40);  // different rows than before
+  ASSERT_TRUE(f.ctx->Decode(more.data(), int(more.size()), false).ok());
+  ASSERT_TRUE(ref.ctx->Decode(more.data(), int(more.size()), false).ok());
+  const int64_t w0 = env.n_writes.load();
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 2, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  EXPECT_GT(env.n_writes.load(), w0) << "rewritten chunks (2 of each layer, and the new ones) are written";
+  ASSERT_TRUE(f.ctx->Restore().ok());
+  EXPECT_EQ(NextLogits(*f.ctx, 7), NextLogits(*ref.ctx, 7)) << "a rewritten mapped chunk came back stale";
+
+  // Faults on the mapped read: EIO leaves the chunk on storage; a flipped bit loses it.
+  Plan layer3 = {{UnitRef::Kv(3, 2), UnitState::kKvStorageRaw}, {UnitRef::Kv(3, 1), UnitState::kKvStorageRaw}};
+  ASSERT_TRUE(f.ctx->Evict(layer3, 0, nullptr).ok());
+  ASSERT_TRUE(f.ctx->elastic().RestoresByMapping(UnitRef::Kv(3, 1)));
+  ASSERT_TRUE(f.ctx->elastic().RestoresByMapping(UnitRef::Kv(3, 2)));
+  env.fail_reads_after = 0;
+  Status st = f.ctx->Restore();
+  EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+  EXPECT_FALSE(f.ctx->elastic().AllResident());
+  env.flip_bit_read_after = 0;
+  st = f.ctx->Restore();
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+  EXPECT_EQ(f.ctx->Report().n_kv_lost, 1);
+  int32_t t = 5;
+  EXPECT_EQ(f.ctx->Decode(&t, 1, false).code(), Status::kCorruption) << "a lost chunk must never be read";
+}
+
+TEST(ElasticMappedSwap, OffReadsIntoAnonymousMemory) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = PromptTokens(path, kPrompt);
+  Fixture ref = Make(Env::Default(), path, "q8", toks, "nomap-ref");
+  Fixture f = Make(Env::Default(), path, "q8", toks, "nomap");
+  f.ctx->elastic().set_map_swap(false);
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  ASSERT_TRUE(f.ctx->Restore().ok());
+  const MemoryReport r = f.ctx->Report();
+  EXPECT_EQ(r.kv_resident_mapped, 0u);
+  EXPECT_EQ(r.swap_file_used, 0u);
+  EXPECT_EQ(NextLogits(*f.ctx, 3), NextLogits(*ref.ctx, 3));
 }
 
 // ---- fault injection ----

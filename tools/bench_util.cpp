@@ -110,7 +110,7 @@ double MeasureMappedRead(const std::string& path, size_t bytes) {
     auto reader = [&] {
       for (size_t off; (off = next.fetch_add(piece)) < bytes && !failed;) {
         const size_t n = std::min(piece, bytes - off);
-        if (!env->MapFileAt(path, off, n, region + off).ok() || !env->PopulateMapped(path, region + off, n).ok())
+        if (!env->MapFileAt(path, off, n, region + off, false).ok() || !env->PopulateMapped(path, region + off, n).ok())
           failed = true;
       }
     };

@@ -62,10 +62,11 @@ class Env {
   // Anonymous private memory, page aligned, zero-filled, returned to the OS by Unmap (not kept in a
   // malloc arena, so freeing a unit really shrinks RSS). On failure returns nullptr.
   virtual void* MapAnon(size_t bytes) = 0;
-  // Maps [off, off+len) of the file at path read-only (MAP_PRIVATE, MAP_FIXED) at address `at`,
-  // which must lie inside a mapping this Env made. File-backed pages: the kernel may drop them under
-  // pressure and fault them back (the OS Paging baseline). off and at must be page aligned.
-  virtual Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at) = 0;
+  // Maps [off, off+len) of the file at path (MAP_PRIVATE, MAP_FIXED) at address `at`, which must lie
+  // inside a mapping this Env made. File-backed pages: the kernel may drop them under pressure and
+  // fault them back (the OS Paging baseline). off and at must be PageSize() aligned. writable:
+  // PROT_WRITE too; a write copies the page into anonymous memory (the file never changes).
+  virtual Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) = 0;
   virtual void Unmap(void* p, size_t bytes) = 0;
   // Brings the pages of a read-only file mapping made by MapFileAt at [p, p+bytes) into memory and
   // maps them, so that later reads take no fault: readahead is queued one 4 MiB window ahead of the
@@ -87,6 +88,8 @@ class Env {
   virtual void Prefault(void* p, size_t bytes) = 0;
 
   virtual uint64_t NowNs() = 0;
+  // The size of a memory page (what MapFileAt offsets and addresses must be aligned to).
+  virtual size_t PageSize() = 0;
 
   // The process-wide POSIX Env. Never freed.
   static Env* Default();
@@ -104,8 +107,8 @@ class EnvWrapper : public Env {
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
   void* MapAnon(size_t n) override { return target_->MapAnon(n); }
-  Status MapFileAt(const std::string& p, uint64_t off, size_t len, void* at) override {
-    return target_->MapFileAt(p, off, len, at);
+  Status MapFileAt(const std::string& p, uint64_t off, size_t len, void* at, bool writable) override {
+    return target_->MapFileAt(p, off, len, at, writable);
   }
   void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
   Status PopulateMapped(const std::string& path, void* p, size_t n) override {
@@ -119,6 +122,7 @@ class EnvWrapper : public Env {
   }
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   uint64_t NowNs() override { return target_->NowNs(); }
+  size_t PageSize() override { return target_->PageSize(); }
   Env* target() const { return target_; }
 
  private:

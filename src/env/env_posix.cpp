@@ -149,10 +149,10 @@ class PosixEnv final : public Env {
   void Unmap(void* p, size_t bytes) override {
     if (p) ::munmap(p, bytes);
   }
-  Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at) override {
+  Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, "open " + path);
-    void* p = ::mmap(at, len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, off_t(off));
+    void* p = ::mmap(at, len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE | MAP_FIXED, fd, off_t(off));
     int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
@@ -255,6 +255,10 @@ class PosixEnv final : public Env {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now().time_since_epoch())
                         .count());
+  }
+  size_t PageSize() override {
+    const long n = ::sysconf(_SC_PAGESIZE);
+    return n > 0 ? size_t(n) : kDirectIoAlign;
   }
 };
 

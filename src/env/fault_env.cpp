@@ -1,6 +1,7 @@
 #include "env/fault_env.h"
 
 #include <cerrno>
+#include <iterator>
 
 namespace mz {
 namespace {
@@ -69,13 +70,42 @@ void* FaultEnv::MapAnon(size_t bytes) {
   return target()->MapAnon(bytes);
 }
 
+Status FaultEnv::MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) {
+  Status st = target()->MapFileAt(path, off, len, at, writable);
+  if (st.ok() && writable) {
+    std::lock_guard<std::mutex> lk(mu_);
+    writable_[reinterpret_cast<uintptr_t>(at)] = len;
+  }
+  return st;
+}
+
+void FaultEnv::Unmap(void* p, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    writable_.erase(writable_.lower_bound(a), writable_.lower_bound(a + bytes));
+  }
+  target()->Unmap(p, bytes);
+}
+
 Status FaultEnv::PopulateMapped(const std::string& path, void* p, size_t bytes) {
+  bool flip = false;
   if (path_filter.empty() || path.find(path_filter) != std::string::npos) {
     n_reads++;
     if (Fire(fail_reads_after)) return Status::FromErrno(EIO, "reading mapped " + path + " (injected)");
+    // A mapping past the end of a file cut short fails to populate (EFAULT, reported as EIO).
+    if (Fire(short_reads_after)) return Status::FromErrno(EIO, "reading mapped " + path + " (injected: file cut short)");
     bytes_read += int64_t(bytes);
+    if (bytes > 0) {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = writable_.upper_bound(reinterpret_cast<uintptr_t>(p));
+      flip = it != writable_.begin() && std::prev(it)->first + std::prev(it)->second > reinterpret_cast<uintptr_t>(p) &&
+             Fire(flip_bit_read_after);
+    }
   }
-  return target()->PopulateMapped(path, p, bytes);
+  Status st = target()->PopulateMapped(path, p, bytes);
+  if (st.ok() && flip) static_cast<unsigned char*>(p)[0] ^= 0x10;
+  return st;
 }
 
 }  // namespace mz

@@ -114,8 +114,17 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
                                    UnitStateName(s.state) + " to " + UnitStateName(target));
   uint16_t* data = kv_->chunk(layer, chunk);
   if (!data) return Status::Internal("resident chunk without memory");
+  if (s.mapped && s.clean && target == UnitState::kKvStorageRaw) {
+    // The stored copy still equals the chunk: give the memory back, write nothing.
+    kv_->ReleaseChunk(layer, chunk);
+    UnmapFromSwap(layer, chunk, s, /*free_extent=*/false, data);
+    s.state = target;
+    return Status::Ok();
+  }
+  // A mapped chunk going elsewhere: its old extent is released once the new copy exists.
+  const bool was_mapped = s.mapped;
+  const SwapExtent old_ext = s.ext;  // the branches below replace s.ext only once they succeed
   const ChunkShape sh = shape(layer, chunk);
-  s.enc_tokens = sh.n_tokens;
   if (target == UnitState::kKvStorageRaw) {
     MZ_RETURN_IF_ERROR(EnsureSwap());
     SwapExtent e;
@@ -144,8 +153,16 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
   } else {
     return Status::InvalidArgument("KV chunks cannot be placed in state " + std::string(UnitStateName(target)));
   }
+  s.enc_tokens = sh.n_tokens;
   kv_->ReleaseChunk(layer, chunk);
-  kv_->env()->Unmap(data, raw);
+  if (was_mapped) {
+    const SwapExtent new_ext = target == UnitState::kKvMemCompressed ? SwapExtent() : s.ext;
+    s.ext = old_ext;
+    UnmapFromSwap(layer, chunk, s, /*free_extent=*/true, data);
+    s.ext = new_ext;
+  } else {
+    kv_->env()->Unmap(data, raw);
+  }
   s.state = target;
   return Status::Ok();
 }
@@ -158,6 +175,28 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
     if (mem) kv_->env()->Unmap(mem, raw);
     if (s.lost)
       return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost (its stored copy failed verification)");
+    return Status::Ok();
+  }
+  if (s.state == UnitState::kKvStorageRaw && RestoresByMapping(UnitRef::Kv(layer, chunk))) {
+    // Map the extent over `mem` (address space only: never populated as anonymous memory) and
+    // read it through the page cache; verify before compute may see it.
+    Env* env = kv_->env();
+    if (!mem) mem = env->MapAnon(raw);
+    if (!mem) return Status::NoMemory("mapping a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
+    const std::string& path = swap_->path();
+    Status st = env->MapFileAt(path, s.ext.off, raw, mem, true);
+    if (st.ok()) st = env->PopulateMapped(path, mem, raw);
+    if (st.ok()) st = swap_->Verify(s.ext, mem);
+    if (!st.ok()) {
+      env->Unmap(mem, raw);
+      (void)env->DropCached(path, s.ext.off, s.ext.len);
+      if (st.code() == Status::kCorruption) s.lost = true;
+      return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
+    }
+    kv_->SetChunk(layer, chunk, static_cast<uint16_t*>(mem));
+    s.state = UnitState::kResident;
+    s.mapped = true;
+    s.clean = true;  // the extent stays allocated while mapped
     return Status::Ok();
   }
   if (!mem) mem = kv_->env()->MapAnon(raw);
@@ -320,6 +359,7 @@ void* ElasticMemory::AllocateFor(const UnitRef& u, size_t* bytes) {
   *bytes = 0;
   if (state(u) == UnitState::kResident) return nullptr;
   if (u.kind == UnitRef::kWeights && model_->file_backed()) return nullptr;  // mapped from the file on restore
+  if (RestoresByMapping(u)) return nullptr;  // mapped from the swap file on restore
   *bytes = RestoreBytes(u);
   void* p = kv_->env()->MapAnon(*bytes);
   if (p) kv_->env()->Prefault(p, *bytes);
@@ -426,7 +466,8 @@ Status ElasticMemory::RestoreSelected(uint64_t max_bytes, uint64_t* restored, co
       Status st;
       if (region) {
         void* mem = region + off[i];
-        if (todo[i].kind != UnitRef::kWeights || !model_->file_backed()) env->Prefault(mem, RestoreBytes(todo[i]));
+        if ((todo[i].kind != UnitRef::kWeights || !model_->file_backed()) && !RestoresByMapping(todo[i]))
+          env->Prefault(mem, RestoreBytes(todo[i]));
         st = RestoreInto(todo[i], mem);  // owns the slice from here (unmaps it on failure)
       } else {
         st = Restore(todo[i]);
@@ -451,6 +492,57 @@ Status ElasticMemory::RestoreSelected(uint64_t max_bytes, uint64_t* restored, co
   return Status::Ok();
 }
 
+bool ElasticMemory::CanMapSwap() const {
+  // Extents are 4096-aligned; mapping them needs 4 KiB pages. On tmpfs (no direct I/O) the page
+  // cache is the file: mapping would not free anything on eviction, so chunks are read as before.
+  return opts_.map_swap && swap_ && swap_->direct() && kv_->env()->PageSize() == kDirectIoAlign &&
+         kv_->geometry().chunk_bytes() % kDirectIoAlign == 0;
+}
+
+bool ElasticMemory::RestoresByMapping(const UnitRef& u) const {
+  if (u.kind != UnitRef::kKv || !CanMapSwap()) return false;
+  const KvSlot* s = find_slot(u.layer, u.chunk);
+  // Only full chunks: their rows are never written again unless the context is truncated inside
+  // them (WillRewriteChunk), so the extent stays a valid copy while mapped.
+  return s && s->state == UnitState::kKvStorageRaw && !s->lost && s->enc_tokens == kv_->geometry().chunk_tokens &&
+         s->ext.size == kv_->geometry().chunk_bytes();
+}
+
+void ElasticMemory::UnmapFromSwap(int layer, int chunk, KvSlot& s, bool free_extent, void* data) {
+  (void)layer, (void)chunk;
+  Env* env = kv_->env();
+  env->Unmap(data, kv_->geometry().chunk_bytes());
+  // Pages written since the mapping were private copies, gone with the mapping; the file's pages
+  // leave the page cache now (no other mapping holds them), so the RAM really goes back.
+  (void)env->DropCached(swap_->path(), s.ext.off, s.ext.len);
+  if (free_extent) {
+    swap_->Free(s.ext);
+    s.ext = SwapExtent();
+  }
+  s.mapped = false;
+  s.clean = false;
+}
+
+Status ElasticMemory::SwapBytesCached(uint64_t* out) const {
+  *out = 0;
+  if (!swap_) return Status::Ok();
+  for (const auto& l : slots_)
+    for (const KvSlot& s : l) {
+      if (s.state != UnitState::kKvStorageRaw && s.state != UnitState::kKvStorageCompressed) continue;
+      uint64_t n = 0;
+      MZ_RETURN_IF_ERROR(kv_->env()->CachedBytes(swap_->path(), s.ext.off, s.ext.len, &n));
+      *out += n;
+    }
+  return Status::Ok();
+}
+
+void ElasticMemory::WillRewriteChunk(int chunk) {
+  for (int l = 0; l < int(slots_.size()); ++l) {
+    KvSlot* s = chunk >= 0 && chunk < int(slots_[size_t(l)].size()) ? &slots_[size_t(l)][size_t(chunk)] : nullptr;
+    if (s && s->mapped) s->clean = false;
+  }
+}
+
 void ElasticMemory::ForgetChunksFrom(int first_chunk) {
   for (int l = 0; l < int(slots_.size()); ++l) {
     auto& v = slots_[size_t(l)];
@@ -459,7 +551,11 @@ void ElasticMemory::ForgetChunksFrom(int first_chunk) {
       if (s.state == UnitState::kKvMemCompressed) {
         if (c < kv_->n_chunks()) kv_->SetCompressedView(l, c, nullptr, 0);
         stack_->Free(s.h);
-      } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) swap_->Free(s.ext);
+      } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) {
+        swap_->Free(s.ext);
+      } else if (s.mapped && c < kv_->n_chunks()) {
+        UnmapFromSwap(l, c, s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
+      }
       // An evicted chunk's pointer is null; KvCache::Truncate skips it when unmapping.
     }
     if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));
@@ -488,7 +584,10 @@ MemoryReport ElasticMemory::Report() const {
       r.n_kv_chunks[int(st)]++;
       if (s && s->lost) r.n_kv_lost++;
       switch (st) {
-        case UnitState::kResident: r.kv_resident += cb; break;
+        case UnitState::kResident:
+          r.kv_resident += cb;
+          if (s && s->mapped) r.kv_resident_mapped += cb;
+          break;
         case UnitState::kKvMemCompressed: r.kv_mem_compressed_raw += cb, r.kv_mem_compressed += s->enc_bytes; break;
         case UnitState::kKvStorageRaw: r.kv_storage_raw += cb; break;
         case UnitState::kKvStorageCompressed:

@@ -4,7 +4,11 @@
 //
 // Units: weight unit u (layer u, or the base unit: embeddings + output head), and KV chunk (l, c).
 // States:
-//   kResident            bytes in RAM where compute uses them
+//   kResident            bytes in RAM where compute uses them. A full KV chunk restored from
+//                        kKvStorageRaw may be a private mapping of its swap extent (map_swap): the
+//                        pages come from the page cache (no anonymous memory zeroed), the extent
+//                        stays allocated while the chunk is mapped, and evicting it to storage again
+//                        writes nothing while the stored copy still equals it ("clean").
 //   kKvMemCompressed     KV chunk encoded by the codec, held in the in-memory CompressedStack
 //   kKvStorageRaw        KV chunk raw in the storage SwapFile
 //   kKvStorageCompressed KV chunk encoded, in the SwapFile
@@ -68,6 +72,7 @@ struct MemoryReport {
   uint64_t base_total = 0, base_resident = 0;                             // base unit (part of weights_*)
   uint64_t kv_total = 0;            // raw bytes of every allocated chunk
   uint64_t kv_resident = 0;
+  uint64_t kv_resident_mapped = 0;  // part of kv_resident that maps its swap extent (page cache)
   uint64_t kv_mem_compressed_raw = 0, kv_mem_compressed = 0;  // raw bytes represented / encoded bytes
   uint64_t kv_storage_raw = 0;
   uint64_t kv_storage_compressed_raw = 0, kv_storage_compressed = 0;
@@ -89,6 +94,11 @@ struct ElasticOptions {
   std::string swap_path;      // file for the storage swap (created on first use)
   bool direct_io = true;
   int restore_threads = 2;
+  // Full KV chunks come back from the storage swap (kKvStorageRaw) as private mappings of their
+  // extent, populated through the page cache, instead of direct reads into fresh anonymous memory
+  // (which the kernel zeroes first: CPU that competes with prefill). Only when the swap file is on
+  // a file system with direct I/O (not tmpfs, where the page cache is the file) and pages are 4 KiB.
+  bool map_swap = true;
 };
 
 class ElasticMemory {
@@ -132,6 +142,17 @@ class ElasticMemory {
   // Dropped weights come back as mappings of the model file (Model::file_backed): restoring them
   // needs no anonymous memory allocated ahead (AllocateFor returns nullptr for them).
   bool weights_file_backed() const { return model_->file_backed(); }
+  // Restoring u maps its swap extent (map_swap) instead of filling anonymous memory: no memory
+  // needs to be allocated ahead for it (AllocateFor returns nullptr).
+  bool RestoresByMapping(const UnitRef& u) const;
+  void set_map_swap(bool on) { opts_.map_swap = on; }
+  // Bytes of the extents of KV chunks now on storage that the page cache holds (mincore), for
+  // checks that a measured restore reads the disk. Errors if the swap file cannot be inspected.
+  Status SwapBytesCached(uint64_t* out) const;
+  // The rows of chunk `chunk` (every layer) from the current token count on will be written again
+  // (the context was truncated inside it): a chunk mapped from its swap extent is no longer clean
+  // (its next eviction writes it anew; writes go to private copies of the pages, never the file).
+  void WillRewriteChunk(int chunk);
   // The codec's chunks can be read in place by the attention kernel (q8).
   bool codec_readable_in_place() const { return codec_ && codec_->id() == uint8_t(KvCodecId::kQ8); }
   // Brings a KV chunk compressed on storage (kKvStorageCompressed) into the in-memory swap as it is
@@ -190,7 +211,15 @@ class ElasticMemory {
     uint64_t enc_bytes = 0;
     int enc_tokens = 0;   // valid rows when encoded (the decode shape must match the encode shape)
     bool lost = false;
+    // kResident only: the chunk is a private mapping of `ext` (which stays allocated until the
+    // chunk is unmapped); clean: the stored copy still equals the chunk.
+    bool mapped = false;
+    bool clean = false;
   };
+  // Unmaps a chunk mapped from its extent (data: its memory, already released from the KvCache), drops the extent's pages from the page cache and,
+  // free_extent, frees the extent. The slot's state is left to the caller.
+  void UnmapFromSwap(int layer, int chunk, KvSlot& s, bool free_extent, void* data);
+  bool CanMapSwap() const;
   KvSlot& slot(int layer, int chunk);
   const KvSlot* find_slot(int layer, int chunk) const;
   Status EnsureSwap();

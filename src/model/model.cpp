@@ -265,10 +265,10 @@ Status Model::Parse(gguf_context* g, uint64_t file_size) {
 
 bool Model::CanMapRuns() const {
   // Runs are 4096-aligned: mapping them needs 4 KiB pages, and a file system that can mmap.
-  if (::sysconf(_SC_PAGESIZE) != long(kDirectIoAlign)) return false;
+  if (env_->PageSize() != kDirectIoAlign) return false;
   void* at = env_->MapAnon(kDirectIoAlign);
   if (!at) return false;
-  const bool ok = env_->MapFileAt(path_, 0, kDirectIoAlign, at).ok();
+  const bool ok = env_->MapFileAt(path_, 0, kDirectIoAlign, at, false).ok();
   env_->Unmap(at, kDirectIoAlign);
   return ok;
 }
@@ -286,7 +286,7 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mo
       // The run's last page may lie past end of file: map only what the file has.
       const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
       char* at = static_cast<char*>(region) + r.region_off;
-      Status st = env_->MapFileAt(path_, r.file_off, len, at);
+      Status st = env_->MapFileAt(path_, r.file_off, len, at, false);
       if (st.ok() && mode == WeightMemory::kPageCache) st = env_->PopulateMapped(path_, at, len);
       if (!st.ok()) {
         env_->Unmap(region, u.region_bytes);

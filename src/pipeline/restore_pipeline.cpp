@@ -173,7 +173,7 @@ Status RestorePipeline::Start() {
     }
   }
   for (auto& t : tasks_)
-    t.no_slice = t.to_stack || (t.u.kind == UnitRef::kWeights && e_->weights_file_backed());
+    t.no_slice = t.to_stack || (t.u.kind == UnitRef::kWeights && e_->weights_file_backed()) || e_->RestoresByMapping(t.u);
   stats_.units = int(tasks_.size());
   for (const auto& t : tasks_)
     if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);

@@ -125,8 +125,9 @@ class RestorePipeline {
     int key;            // readiness slot: layer, or n_layer for the base unit
     bool mem_path;      // decompression from the in-memory stack
     bool to_stack = false;  // compressed on storage: loaded into the in-memory swap as it is (no slice)
-    // No slice of the one mapping: loads into the in-memory swap (to_stack) and weights mapped
-    // from the model file (Model::file_backed) need no anonymous memory populated ahead.
+    // No slice of the one mapping: loads into the in-memory swap (to_stack), weights mapped from
+    // the model file (Model::file_backed) and KV chunks mapped from the swap file
+    // (ElasticMemory::RestoresByMapping) need no anonymous memory populated ahead.
     bool no_slice = false;
     ElasticMemory::LoadSlot slot;  // to_stack: its room in the in-memory swap, reserved at Start
     void* mem = nullptr;

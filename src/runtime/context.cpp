@@ -25,6 +25,7 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   eo.codec = opts.kv_codec;
   eo.swap_path = opts.swap_path;
   eo.direct_io = opts.direct_io;
+  eo.map_swap = opts.map_swap;
   eo.restore_threads = opts.restore_threads;
   elastic_ = std::make_unique<ElasticMemory>(model, kv_.get(), eo);
 }
@@ -132,6 +133,9 @@ void Context::Truncate(int n_keep) {
   if (n_keep >= int(history_.size())) return;
   history_.resize(size_t(n_keep));
   elastic_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
+  // Rows from n_keep on will be written again: a chunk mapped from the swap that holds them is no
+  // longer a copy of its extent once they are.
+  if (n_keep % kv_->geometry().chunk_tokens != 0) elastic_->WillRewriteChunk(n_keep / kv_->geometry().chunk_tokens);
   kv_->Truncate(n_keep);
   logits_.clear();
 }

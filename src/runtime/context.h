@@ -40,6 +40,8 @@ struct ContextOptions {
   std::string kv_codec = "q8";   // codec for compressed KV placements
   std::string swap_path;         // storage swap file (default: $TMPDIR or /var/tmp)
   bool direct_io = true;
+  // KV chunks come back from the storage swap as mappings of it (ElasticOptions::map_swap).
+  bool map_swap = true;
   int restore_threads = 2;
   std::string profile_path;      // device profile (default: <cache>/profile.json if present)
   EvictOrder evict_order = EvictOrder::kBackwardOut;

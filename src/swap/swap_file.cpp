@@ -149,6 +149,13 @@ Status SwapFile::ReadPadded(const SwapExtent& e, void* dst) const {
   return Status::Ok();
 }
 
+Status SwapFile::Verify(const SwapExtent& e, const void* data) const {
+  if (XXH64(data, e.size, 0) != e.hash)
+    return Status::Corruption("swap checksum mismatch for " + std::to_string(e.size) + " bytes at offset " +
+                              std::to_string(e.off) + " of " + path_);
+  return Status::Ok();
+}
+
 void SwapFile::Free(const SwapExtent& e) {
   if (e.valid()) Release(e.off, e.len);
 }

@@ -44,6 +44,9 @@ class SwapFile {
   // As Read, into a buffer of at least e.len bytes aligned to kDirectIoAlign: read in place with
   // direct I/O (no bounce buffer); bytes past e.size are unspecified.
   Status ReadPadded(const SwapExtent& e, void* dst) const;
+  // Checks that data (e.size bytes, e.g. a mapping of the extent) matches e's checksum:
+  // kCorruption if not.
+  Status Verify(const SwapExtent& e, const void* data) const;
   void Free(const SwapExtent& e);
 
   uint64_t used_bytes() const;   // bytes in live extents
