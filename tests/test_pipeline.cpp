@@ -10,8 +10,10 @@
 #include <cstring>
 #include <mutex>
 #include <sys/stat.h>
+#include <thread>
 
 #include "core/sync_point.h"
+#include "pipeline/restore_pipeline.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -256,6 +258,53 @@ TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
   EXPECT_EQ(restored_before_wait.load(), 0);
   EXPECT_GT(st.wait_s, 0.0);
   EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4));
+}
+
+// Reads through the page cache (KV chunks mapped from the swap) are CPU work: while one is pending
+// compute must not take every core (cpu_work_done stays false); direct-I/O reads are not (once
+// allocation ahead is over, cpu_work_done turns true while the read is still held).
+TEST(RestoreGenerateSync, PageCacheReadsCountAsCpuWork) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  for (bool mapped : {true, false}) {
+    SCOPED_TRACE(mapped ? "mapped" : "direct I/O");
+    Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, mapped ? "cpuw-map" : "cpuw-dio");
+    ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+    s.ctx->elastic().set_map_swap(mapped);
+    Plan p;
+    for (int c = kPrompt / 16 - 1; c >= 0; --c) p.push_back({UnitRef::Kv(3, c), UnitState::kKvStorageRaw});
+    ASSERT_TRUE(s.ctx->Evict(p, 0, nullptr).ok());
+    ASSERT_EQ(s.ctx->elastic().RestoresByMapping(UnitRef::Kv(3, 0)), mapped);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool release = false;
+    SyncPoints::SetCallback("pipeline:before_unit", [&](int key) {
+      std::unique_lock<std::mutex> lk(mu);
+      if (key == 3) cv.wait(lk, [&] { return release; });
+    });
+    PipelineOptions po;
+    po.compute_helps = false;
+    RestorePipeline pipe(&s.ctx->elastic(), int(s.model->hparams().n_layer), po);
+    ASSERT_TRUE(pipe.Start().ok());
+    bool cpu_done = false;
+    if (mapped) {
+      cpu_done = pipe.cpu_work_done();  // every task is held before it starts
+    } else {
+      for (int i = 0; i < 200000 && !(cpu_done = pipe.cpu_work_done()); ++i) std::this_thread::yield();
+    }
+    EXPECT_EQ(cpu_done, !mapped);
+    EXPECT_FALSE(pipe.done());
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      release = true;
+    }
+    cv.notify_all();
+    ASSERT_TRUE(pipe.Finish().ok());
+    SyncPoints::ClearAll();
+    EXPECT_TRUE(pipe.cpu_work_done());
+    EXPECT_TRUE(s.ctx->elastic().AllResident());
+    EXPECT_EQ(s.ctx->Report().kv_resident_mapped > 0, mapped);
+  }
 }
 
 // A pressure handler calling evict while restore_generate runs is refused (kBusy), never tears state.

@@ -85,7 +85,7 @@ void RestorePipeline::Process(size_t i) {
     if (!st.ok() && errors_[size_t(t.key)].ok()) errors_[size_t(t.key)] = st;
     --pending_[size_t(t.key)];
   }
-  if (t.mem_path) ++mem_done_;
+  if (t.cpu) ++cpu_done_;
   --remaining_;
   cv_.notify_all();
 }
@@ -172,8 +172,12 @@ Status RestorePipeline::Start() {
       stats_.bytes_read_compressed -= e_->RestoreBytes(t.u);
     }
   }
-  for (auto& t : tasks_)
-    t.no_slice = t.to_stack || (t.u.kind == UnitRef::kWeights && e_->weights_file_backed()) || e_->RestoresByMapping(t.u);
+  for (auto& t : tasks_) {
+    const bool page_cache = (t.u.kind == UnitRef::kWeights && e_->weights_file_backed()) || e_->RestoresByMapping(t.u);
+    t.no_slice = t.to_stack || page_cache;
+    t.cpu = t.mem_path || page_cache;
+    n_cpu_tasks_ += t.cpu ? 1 : 0;
+  }
   stats_.units = int(tasks_.size());
   for (const auto& t : tasks_)
     if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);
