@@ -79,8 +79,12 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
     struct Case {
       UnitState state;
       std::string codec;
+      bool mapped = false;  // storage raw: restored chunks map their extents (ElasticOptions::map_swap)
     };
-    std::vector<Case> cases{{UnitState::kKvStorageRaw, "none"}};
+    // Storage raw twice: read into anonymous memory, and mapped from the swap (the default), where a
+    // restored chunk keeps its extent: evicting it again writes nothing. Its "evict s" is then the
+    // median of the evictions after the first (clean re-evictions); the first is reported apart.
+    std::vector<Case> cases{{UnitState::kKvStorageRaw, "none", false}, {UnitState::kKvStorageRaw, "none", true}};
     for (auto& cd : codecs) {
       cases.push_back({UnitState::kKvMemCompressed, cd});
       cases.push_back({UnitState::kKvStorageCompressed, cd});
@@ -91,6 +95,7 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
       co.kv_codec = cs.codec;
       co.restore_threads = a->threads;
       co.swap_path = a->swap_dir + "/mzcache-bench-evict.swap";
+      co.map_swap = cs.mapped;
       Context ctx(model.get(), co);
       st = ctx.Init();
       if (st.ok()) st = ctx.kv().Reserve(tokens);
@@ -118,15 +123,23 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
         if (!st.ok()) return Fail(st);
         re.push_back(NowSeconds() - t0);
       }
+      const double first_evict = ev.front();
+      if (cs.mapped && ev.size() > 1) ev.erase(ev.begin());
       const Stats e = Summarize(ev), r = Summarize(re);
+      const std::string state = std::string(UnitStateName(cs.state)) +
+                                (cs.state != UnitState::kKvStorageRaw ? ""
+                                 : cs.mapped ? " (mapped; evict = again, clean; first " +
+                                                   std::to_string(first_evict).substr(0, 5) + " s)"
+                                             : " (anonymous)");
       char line[512];
-      std::snprintf(line, sizeof line, "| KV | %s | %s | %.2f | %.3f | %.3f | %.2f | %.0f |\n", UnitStateName(cs.state),
+      std::snprintf(line, sizeof line, "| KV | %s | %s | %.2f | %.3f | %.3f | %.2f | %.0f |\n", state.c_str(),
                     cs.codec.c_str(), moved / 1073741824.0, e.median, r.median, moved / r.median / 1e9,
                     stored / 1048576.0);
       md += line;
       std::fputs(line, stdout);
       rows.push_back({{"units", "kv"}, {"state", UnitStateName(cs.state)}, {"codec", cs.codec}, {"bytes", moved},
-                      {"evict_s", e.median}, {"restore_s", r.median}, {"stored_bytes", stored}});
+                      {"mapped", cs.mapped}, {"first_evict_s", first_evict}, {"evict_s", e.median},
+                      {"restore_s", r.median}, {"stored_bytes", stored}});
     }
     // Weights: drop every layer unit, restore (direct I/O, parallel).
     {

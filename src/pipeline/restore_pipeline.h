@@ -1,7 +1,8 @@
 // RestorePipeline: restores evicted units in forward order (base unit, then layer 0, 1, ...) on
 // worker threads while prefill consumes them: each layer has a readiness signal, and compute of
 // layer l starts as soon as weight unit l and every KV chunk of layer l are resident (paper §4.4,
-// Fig. 8b). Two paths run in parallel: storage reads (weights, KV on storage; direct I/O) and
+// Fig. 8b). Two paths run in parallel: storage reads (weights, KV on storage; through the page
+// cache where the unit is a file mapping, else direct I/O) and
 // in-memory decompression (compressed KV from the stack); a worker whose path is empty helps the
 // other, so the paths finish together.
 //
