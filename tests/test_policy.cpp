@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <map>
 
 #include "policy/hybrid_swap.h"
+#include "test_util.h"
 
 namespace mz {
 namespace {
@@ -163,6 +166,81 @@ TEST(Policy, NothingLeftGivesAnEmptyPlan) {
   World w{4, 2};
   w.apply(PlanHybridSwap(Input(w, UINT64_MAX, Times())).plan);
   EXPECT_TRUE(PlanHybridSwap(Input(w, 1, Times())).plan.empty());
+}
+
+// Unit times follow the restore paths the engine will take: mapped KV reads have no allocation
+// term and use the page cache's rate, q8 chunks read in place cost only the extra attention time.
+TEST(DeviceProfile, UnitTimesFollowRestorePaths) {
+  DeviceProfile p;
+  p.decode_Bps = {{"q8", 10e9}, {"zstd", 1e9}};
+  p.ratio = {{"q8", 0.5}, {"zstd", 0.9}};
+  p.read_Bps = {{1 << 20, 1e9}, {4 << 20, 1e9}};
+  p.mapped_read_Bps = 2e9;
+  p.alloc_s_per_MiB = 5e-4;
+  p.attend_in_place_s_per_MiB = {{"q8", 2e-5}};
+  const uint64_t chunk = 1 << 20, layer = 16 << 20;
+  const UnitTimes paper = DeriveUnitTimes(p, "q8", chunk, layer);
+  EXPECT_NEAR(paper.t_d_kv, 1048576.0 / 10e9 + 5e-4, 1e-12);
+  EXPECT_NEAR(paper.t_r_kv, 1048576.0 / 1e9 + 5e-4, 1e-12);
+  EXPECT_NEAR(paper.t_r_w, 16 * 1048576.0 / 1e9 + 16 * 5e-4, 1e-12);
+  RestorePaths all;
+  all.weights_file_backed = all.kv_mapped = all.kv_in_place = true;
+  const UnitTimes ours = DeriveUnitTimes(p, "q8", chunk, layer, all);
+  EXPECT_NEAR(ours.t_d_kv, 2e-5, 1e-12);
+  EXPECT_NEAR(ours.t_r_kv, 1048576.0 / 2e9, 1e-12);
+  EXPECT_NEAR(ours.t_r_w, 16 * 1048576.0 / 2e9, 1e-12);
+  EXPECT_NEAR(ours.t_r_kvc, 524288.0 / 0.5e9 + 2e-5, 1e-9);  // half a chunk at the extrapolated rate, attended in place
+  // A codec the kernel does not read in place is decoded whatever the paths say.
+  const UnitTimes z = DeriveUnitTimes(p, "zstd", chunk, layer, all);
+  EXPECT_NEAR(z.t_d_kv, 1048576.0 / 1e9 + 5e-4, 1e-12);
+  // A measured speed-up (reading half the bytes) is clamped above zero: k stays finite.
+  p.attend_in_place_s_per_MiB["q8"] = -1e-5;
+  const UnitTimes neg = DeriveUnitTimes(p, "q8", chunk, layer, all);
+  EXPECT_GT(neg.t_d_kv, 0.0);
+  EXPECT_LT(neg.t_d_kv, 1e-5);
+  // A profile written before the figure existed: q8 chunks are costed as decoded.
+  p.attend_in_place_s_per_MiB.clear();
+  EXPECT_NEAR(DeriveUnitTimes(p, "q8", chunk, layer, all).t_d_kv, paper.t_d_kv, 1e-12);
+}
+
+// With q8 chunks read in place the in-memory path is nearly free: k = floor(t_r^W / t_d^KV) = 210
+// makes T = 28 * 210 larger than the 896 chunks, so the plan starts at KVandW (case 2 of §4.3):
+// one weight layer dropped per k chunks compressed in memory, no KV raw on storage.
+TEST(Policy, InPlaceChunksStartAtKvAndW) {
+  World w{28, 32};
+  UnitTimes t = Times();
+  t.t_d_kv = 0.00005;
+  const int k = int(std::floor(t.t_r_w / t.t_d_kv));
+  ASSERT_GT(28 * k, 28 * 32);
+  PolicyOutput o = PlanHybridSwap(Input(w, 300 << 20, t));
+  int mem = 0, sto = 0, weights = 0;
+  for (auto& x : o.plan) {
+    if (x.target == UnitState::kKvMemCompressed) ++mem;
+    if (x.target == UnitState::kKvStorageRaw) ++sto;
+    if (x.unit.kind == UnitRef::kWeights) ++weights;
+  }
+  EXPECT_EQ(StagesOf(o), std::vector<Stage>{Stage::kKvAndW});
+  EXPECT_EQ(sto, 0);
+  EXPECT_GT(mem, 0);
+  EXPECT_EQ(weights, (mem + k - 1) / k) << "mem " << mem << " k " << k;  // k chunks per dropped layer
+}
+
+TEST(DeviceProfile, SavesAndLoadsTheInPlaceFigureAndRejectsBadOnes) {
+  const std::string path = test::TempDir() + "/profile-inplace.json";
+  DeviceProfile p = DeviceProfile::Default();
+  p.attend_in_place_s_per_MiB = {{"q8", 6e-5}};
+  ASSERT_TRUE(p.Save(path).ok());
+  DeviceProfile q;
+  ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
+  EXPECT_EQ(q.attend_in_place_s_per_MiB, p.attend_in_place_s_per_MiB);
+  {
+    std::ofstream f(path);
+    f << R"({"decode_Bps": {"q8": 1e9}, "read_Bps": [{"request_bytes": 4096, "Bps": 1e9}],
+             "attend_in_place_s_per_MiB": {"q8": "fast"}})";
+  }
+  Status st = DeviceProfile::Load(path, &q);
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -42,20 +42,59 @@ struct TtftArgs {
   bool no_ablations = false;
   bool no_ospaging = false;
   bool prepare = false;
-  std::vector<std::string> extra;  // extra systems (kExtraSystems), alternating with the others
+  std::vector<std::string> extra;  // extra systems (Systems() with extra set), alternating with the others
 };
 
-// Extra systems for one-off questions, measured alternately with the main ones (--extra-systems).
-const std::vector<std::pair<std::string, std::string>> kExtraSystems{
-    {"mznoft", "mzcache with compute on n-1 threads until restoration ends (full_threads_for_io off)"},
-    {"mzsto", "mzcache with every evicted KV chunk raw on storage (single-path policy, parallel pipeline)"},
-    {"mznoload", "mzcache reading q8 chunks in memory in place but restoring (decoding) those on storage"},
-    {"mzio1", "mzcache with one storage worker instead of two (io_threads 1)"},
-    {"mzdecomp", "mzcache restoring every unit before compute reads it, as the paper (q8 chunks in memory decoded, not read in place)"},
-    {"mzrestored", "evict as mzcache, restore everything (not timed), then the query: what restored memory costs at query time"},
-    {"mzanon", "mzcache with dropped weights and KV chunks on storage re-read into anonymous memory by direct I/O (the previous default) instead of mapped through the page cache"},
-    {"partialanon", "Partial Offload with weights and KV re-read into anonymous memory by direct I/O"},
+// A system under test: how it evicts and how it restores. The main ones ("mzcache", "partial",
+// "memory") are always measured; the extra ones answer one-off questions (--extra-systems), measured
+// alternately with the main ones. Every field's default is mzcache's.
+struct System {
+  std::string name, what;
+  bool extra = true;              // offered by --extra-systems
+  bool evict = true;              // false: all in memory, nothing evicted
+  bool partial = false;           // Partial Offload: its eviction, sequential reload then prefill
+  bool anon = false;              // weights and KV on storage re-read into anonymous memory (direct I/O)
+  bool single_path = false;       // every evicted KV chunk raw on storage
+  bool restore_first = false;     // restore everything (not timed) before the query
+  bool paper_costs = false;       // the policy plans with the paper's unit times (ContextOptions::cost_restore_paths off)
+  void (*pipeline)(PipelineOptions&) = nullptr;  // restore_generate options the system changes
 };
+
+const std::vector<System>& Systems() {
+  static const std::vector<System> v = [] {
+    std::vector<System> s;
+    auto add = [&](System x) { s.push_back(std::move(x)); return &s.back(); };
+    add({"mzcache", "mzcache (the default)", false});
+    add({"partial", "Partial Offload", false})->partial = true;
+    add({"memory", "all in memory", false})->evict = false;
+    add({"mznoft", "mzcache with compute on n-1 threads until restoration ends (full_threads_for_io off)"})->pipeline =
+        [](PipelineOptions& p) { p.full_threads_for_io = false; };
+    add({"mzsto", "mzcache with every evicted KV chunk raw on storage (single-path policy, parallel pipeline)"})->single_path = true;
+    add({"mznoload", "mzcache reading q8 chunks in memory in place but restoring (decoding) those on storage"})->pipeline =
+        [](PipelineOptions& p) { p.load_compressed = false; };
+    add({"mzio1", "mzcache with one storage worker instead of two (io_threads 1)"})->pipeline =
+        [](PipelineOptions& p) { p.io_threads = 1; };
+    add({"mzdecomp", "mzcache restoring every unit before compute reads it, as the paper (q8 chunks in memory decoded, not read in place; the policy costs them as decoded)"})
+        ->pipeline = [](PipelineOptions& p) { p.attend_compressed = false; };
+    add({"mzrestored", "evict as mzcache, restore everything (not timed), then the query: what restored memory costs at query time"})
+        ->restore_first = true;
+    add({"mzanon", "mzcache with dropped weights and KV chunks on storage re-read into anonymous memory by direct I/O (the previous default) instead of mapped through the page cache"})
+        ->anon = true;
+    add({"partialanon", "Partial Offload with weights and KV re-read into anonymous memory by direct I/O"})->partial = true;
+    s.back().anon = true;
+    add({"mzpapercost", "mzcache planning with the paper's unit times (direct reads into fresh memory, compressed chunks decoded) instead of its own restore paths' (KV mapped, q8 read in place)"})
+        ->paper_costs = true;
+    return s;
+  }();
+  return v;
+}
+
+// The system named `name`, or nullptr.
+const System* FindSystem(const std::string& name) {
+  for (const System& s : Systems())
+    if (s.name == name) return &s;
+  return nullptr;
+}
 
 struct Run {
   double ttft = 0, alloc = 0, reload = 0, wait = 0, cpu = 0, remaining = 0;
@@ -134,15 +173,21 @@ PipelineOptions PaperPipeline() {
 // One measurement: evict (system's policy) to `level` remaining, then restore_generate the query.
 Status MeasureOnce(Context& ctx, const std::string& system, double level, const std::vector<int32_t>& query,
                    int base, const PipelineOptions& po, EvictOrder order, uint64_t seed, bool hybrid, Run* r) {
-  const bool partial = system == "partial" || system == "partialanon";
+  const System* sys = FindSystem(system);
+  if (!sys) return Status::InvalidArgument("bench ttft: unknown system " + system);
+  PipelineOptions p = po;
+  p.sequential = sys->partial;
+  if (sys->pipeline) sys->pipeline(p);
   MZ_RETURN_IF_ERROR(ctx.Restore());
   ctx.Truncate(base);
   // How dropped weights come back: the model's default (page cache) unless the system says otherwise.
-  const bool anon = system == "mzanon" || system == "partialanon";
-  ctx.model()->set_weight_memory(anon ? WeightMemory::kAnonymous : WeightMemory::kPageCache);
-  ctx.elastic().set_map_swap(!anon);
-  ctx.SetEvictionPolicy(partial, order, hybrid && system != "mzsto");
-  if (system != "memory") {
+  ctx.model()->set_weight_memory(sys->anon ? WeightMemory::kAnonymous : WeightMemory::kPageCache);
+  ctx.elastic().set_map_swap(!sys->anon);
+  ctx.SetEvictionPolicy(sys->partial, order, hybrid && !sys->single_path);
+  // The policy plans for how this run restores: compressed chunks read in place only if it does.
+  ctx.set_attend_compressed(p.attend_compressed);
+  ctx.set_cost_restore_paths(!sys->paper_costs);
+  if (sys->evict) {
     MemoryReport m = ctx.Report();
     const double in_mem = double(m.in_memory() - m.base_resident), foot = double(m.footprint() - m.base_total);
     const double target = level * foot;
@@ -169,14 +214,8 @@ Status MeasureOnce(Context& ctx, const std::string& system, double level, const 
   if (kv_cached > (uint64_t(4) << 20))
     return Status::Internal(std::to_string(kv_cached >> 10) +
                             " KiB of KV chunks on storage are in the page cache: the measurement would not read the disk");
-  if (system == "mzrestored") MZ_RETURN_IF_ERROR(ctx.Restore());
+  if (sys->restore_first) MZ_RETURN_IF_ERROR(ctx.Restore());
   (void)seed;
-  PipelineOptions p = po;
-  p.sequential = partial;
-  if (system == "mznoft") p.full_threads_for_io = false;
-  if (system == "mzdecomp") p.attend_compressed = false;
-  if (system == "mznoload") p.load_compressed = false;
-  if (system == "mzio1") p.io_threads = 1;
   RestoreGenerateStats st;
   MZ_RETURN_IF_ERROR(ctx.RestoreGenerate(query.data(), int(query.size()), p, &st));
   r->ttft = st.ttft_s;
@@ -263,13 +302,14 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
   c->add_flag("--no-ospaging", a->no_ospaging, "skip the OS Paging baseline (needs root, cgroup v1, swap/zram)");
   c->add_flag("--prepare", a->prepare, "only synthesize the models and build the contexts (session files), then exit");
   std::string extra_help = "extra systems, measured alternately with the others:";
-  for (auto& [name, what] : kExtraSystems) extra_help += " " + name + " (" + what + ");";
+  for (const System& x : Systems())
+    if (x.extra) extra_help += " " + x.name + " (" + x.what + ");";
   c->add_option("--extra-systems", a->extra, extra_help);
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
     if (a->quick) a->ctxs = {8192}, a->models.resize(1);
     for (const std::string& x : a->extra)
-      if (std::none_of(kExtraSystems.begin(), kExtraSystems.end(), [&](auto& e) { return e.first == x; }))
+      if (!FindSystem(x) || !FindSystem(x)->extra)
         return Fail(Status::InvalidArgument("--extra-systems: unknown system '" + x + "' (see --help)"));
     const double populate_s_per_byte = MeasurePopulateCost();  // (bench_util)
     if (populate_s_per_byte < 0) return Fail(Status::NoMemory("cannot map 256 MiB to measure the cost of populating memory"));

@@ -2,6 +2,8 @@
 // the profile the eviction policy balances with.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -9,6 +11,7 @@
 #include <thread>
 
 #include "model/model.h"
+#include "runtime/attention.h"
 #include "runtime/context.h"
 #include "runtime/tokenizer.h"
 #include "swap/kv_codec.h"
@@ -19,6 +22,57 @@
 
 namespace mz::cli {
 namespace {
+
+// Extra attention time per MiB of raw KV when a query of DeviceProfile::kInPlaceQueryTokens tokens
+// reads chunks compressed by `codec` in place instead of fp16 chunks (one thread, one layer of
+// kChunks chunks built from the real ones, the two layouts alternating, median of kReps).
+// kInvalidArgument: the attention kernel does not read this codec in place.
+Status MeasureInPlaceAttention(const std::string& codec_name, const std::vector<std::vector<uint16_t>>& chunks,
+                               const ChunkShape& shape, int n_head, double* extra_s_per_MiB) {
+  if (codec_name != "q8") return Status::InvalidArgument(codec_name + " is not read in place");
+  constexpr int kChunks = 32, kReps = 9;
+  auto codec = MakeKvCodec(codec_name);
+  std::vector<std::vector<uint8_t>> enc(kChunks);
+  std::vector<const uint16_t*> kp(kChunks), vp(kChunks);
+  std::vector<const uint8_t*> qp(kChunks);
+  std::vector<int> rows(kChunks, shape.chunk_tokens);
+  for (int c = 0; c < kChunks; ++c) {
+    const std::vector<uint16_t>& raw = chunks[size_t(c) % chunks.size()];
+    ChunkShape s = shape;
+    s.layer = int(size_t(c) % chunks.size() / 2);
+    enc[c].resize(codec->MaxEncodedSize(s));
+    size_t n = 0;
+    MZ_RETURN_IF_ERROR(codec->Encode(s, raw.data(), enc[c].data(), enc[c].size(), &n));
+    kp[c] = raw.data();
+    vp[c] = raw.data() + shape.block_elems();
+    qp[c] = enc[c].data() + kKvCodecHeaderBytes;
+  }
+  KvLayerView fp16{kp.data(), vp.data(), kChunks, shape.chunk_tokens, shape.n_kv_head, shape.head_dim,
+                   kChunks * shape.chunk_tokens};
+  KvLayerView q8 = fp16;
+  q8.q8_chunks = qp.data();
+  q8.q8_rows = rows.data();
+  const int nq = DeviceProfile::kInPlaceQueryTokens;
+  std::vector<float> q(size_t(nq) * size_t(n_head) * size_t(shape.head_dim)), out(q.size());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& x : q) x = nd(rng);
+  AttnArgs args{q.data(), out.data(), nq, n_head, fp16.n_kv - nq, 1.0f / std::sqrt(float(shape.head_dim))};
+  auto time = [&](const KvLayerView& v) {
+    const double t0 = NowSeconds();
+    for (int i = 0; i < 4; ++i) attention_chunked(args, v, 0, 1);
+    return (NowSeconds() - t0) / 4;
+  };
+  (void)time(fp16), (void)time(q8);  // warm caches and scratch
+  std::vector<double> diff;
+  for (int r = 0; r < kReps; ++r) {
+    const double a = time(fp16), b = time(q8);
+    diff.push_back(b - a);
+  }
+  std::sort(diff.begin(), diff.end());
+  *extra_s_per_MiB = diff[diff.size() / 2] / (double(kChunks) * double(shape.raw_bytes()) / 1048576.0);
+  return Status::Ok();
+}
 
 struct ProfileArgs {
   std::string model;
@@ -52,7 +106,8 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
     // 1. Codecs on real KV.
     std::vector<std::vector<uint16_t>> chunks;
     ChunkShape shape;
-    Status st = RealKvChunks(a->model, &chunks, &shape);
+    int n_head = 0;
+    Status st = RealKvChunks(a->model, &chunks, &shape, &n_head);
     if (!st.ok()) return Fail(st);
     std::printf("| codec | ratio | encode GB/s (1 thr) | decode GB/s (1 thr) | decode GB/s (%d thr) |\n|---|---|---|---|---|\n",
                 a->threads);
@@ -101,7 +156,20 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
                   100.0 * (1 - encoded / raw), enc_Bps / 1e9, d1 / 1e9, dn / 1e9);
     }
 
-    // 2. Sequential direct-I/O reads by request size.
+    // 2. What reading compressed chunks in place costs attention (the in-memory path's time when
+    // compute does not wait for a decode).
+    for (const std::string& name : KvCodecNames()) {
+      double extra = 0;
+      st = MeasureInPlaceAttention(name, chunks, shape, n_head, &extra);
+      if (st.code() == Status::kInvalidArgument) continue;  // not read in place
+      if (!st.ok()) return Fail(st);
+      prof.attend_in_place_s_per_MiB[name] = extra;
+      std::printf("\nattention over %s chunks read in place, %d-token query, 1 thread: %+.4f ms per MiB of KV vs fp16 "
+                  "(decoding instead: %.3f ms per MiB + allocation)\n",
+                  name.c_str(), DeviceProfile::kInPlaceQueryTokens, extra * 1e3, 1048576.0 / prof.DecodeBps(name) * 1e3);
+    }
+
+    // 3. Sequential direct-I/O reads by request size.
     const std::string path = a->dir + "/mzcache-profile.bin";
     const size_t file_bytes = size_t(a->file_mib) << 20;
     {
@@ -149,7 +217,7 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
                 prof.mapped_read_Bps / 1e6);
     Env::Default()->Remove(path);
 
-    // 3. Allocation (map + fault in) per MiB.
+    // 4. Allocation (map + fault in) per MiB.
     {
       const double s_per_byte = MeasurePopulateCost();
       if (s_per_byte < 0) return Fail(Status::NoMemory("cannot map 256 MiB to measure the allocation cost"));

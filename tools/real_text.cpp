@@ -46,7 +46,8 @@ Status RealText(size_t min_bytes, std::string* out) {
 }
 
 // Real KV: chunks of a context built by prefill of real text.
-Status RealKvChunks(const std::string& model_path, std::vector<std::vector<uint16_t>>* chunks, ChunkShape* shape) {
+Status RealKvChunks(const std::string& model_path, std::vector<std::vector<uint16_t>>* chunks, ChunkShape* shape,
+                    int* n_head) {
   std::unique_ptr<Model> model;
   MZ_RETURN_IF_ERROR(Model::Load(Env::Default(), model_path, ModelOptions(), &model));
   std::unique_ptr<Tokenizer> tok;
@@ -64,6 +65,7 @@ Status RealKvChunks(const std::string& model_path, std::vector<std::vector<uint1
   MZ_RETURN_IF_ERROR(ctx.Decode(toks.data(), 512, false));
   const KvGeometry& g = ctx.kv().geometry();
   *shape = ChunkShape{g.n_kv_head, g.chunk_tokens, g.head_dim, g.chunk_tokens, 0, g.n_layer};
+  if (n_head) *n_head = int(model->hparams().n_head);
   for (int l = 0; l < g.n_layer; ++l)
     for (int c = 0; c < 2; ++c) {
       const uint16_t* p = ctx.kv().chunk(l, c);

@@ -117,7 +117,7 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
   if (s.mapped && s.clean && target == UnitState::kKvStorageRaw) {
     // The stored copy still equals the chunk: give the memory back, write nothing.
     kv_->ReleaseChunk(layer, chunk);
-    UnmapFromSwap(layer, chunk, s, /*free_extent=*/false, data);
+    UnmapFromSwap(s, /*free_extent=*/false, data);
     s.state = target;
     return Status::Ok();
   }
@@ -158,7 +158,7 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
   if (was_mapped) {
     const SwapExtent new_ext = target == UnitState::kKvMemCompressed ? SwapExtent() : s.ext;
     s.ext = old_ext;
-    UnmapFromSwap(layer, chunk, s, /*free_extent=*/true, data);
+    UnmapFromSwap(s, /*free_extent=*/true, data);
     s.ext = new_ext;
   } else {
     kv_->env()->Unmap(data, raw);
@@ -499,6 +499,12 @@ bool ElasticMemory::CanMapSwap() const {
          kv_->geometry().chunk_bytes() % kDirectIoAlign == 0;
 }
 
+bool ElasticMemory::KvStorageMapped() const {
+  if (swap_) return CanMapSwap();
+  return opts_.map_swap && opts_.direct_io && kv_->env()->PageSize() == kDirectIoAlign &&
+         kv_->geometry().chunk_bytes() % kDirectIoAlign == 0;
+}
+
 bool ElasticMemory::RestoresByMapping(const UnitRef& u) const {
   if (u.kind != UnitRef::kKv || !CanMapSwap()) return false;
   const KvSlot* s = find_slot(u.layer, u.chunk);
@@ -508,8 +514,7 @@ bool ElasticMemory::RestoresByMapping(const UnitRef& u) const {
          s->ext.size == kv_->geometry().chunk_bytes();
 }
 
-void ElasticMemory::UnmapFromSwap(int layer, int chunk, KvSlot& s, bool free_extent, void* data) {
-  (void)layer, (void)chunk;
+void ElasticMemory::UnmapFromSwap(KvSlot& s, bool free_extent, void* data) {
   Env* env = kv_->env();
   env->Unmap(data, kv_->geometry().chunk_bytes());
   // Pages written since the mapping were private copies, gone with the mapping; the file's pages
@@ -554,7 +559,7 @@ void ElasticMemory::ForgetChunksFrom(int first_chunk) {
       } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) {
         swap_->Free(s.ext);
       } else if (s.mapped && c < kv_->n_chunks()) {
-        UnmapFromSwap(l, c, s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
+        UnmapFromSwap(s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
       }
       // An evicted chunk's pointer is null; KvCache::Truncate skips it when unmapping.
     }

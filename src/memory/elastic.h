@@ -145,6 +145,10 @@ class ElasticMemory {
   // Restoring u maps its swap extent (map_swap) instead of filling anonymous memory: no memory
   // needs to be allocated ahead for it (AllocateFor returns nullptr).
   bool RestoresByMapping(const UnitRef& u) const;
+  // Full KV chunks evicted to storage raw will come back as mappings of the swap file (for the
+  // policy's costs): CanMapSwap() once the swap file exists; before, from the options (a file
+  // system that refuses direct I/O is only found when the file is created).
+  bool KvStorageMapped() const;
   void set_map_swap(bool on) { opts_.map_swap = on; }
   // Bytes of the extents of KV chunks now on storage that the page cache holds (mincore), for
   // checks that a measured restore reads the disk. Errors if the swap file cannot be inspected.
@@ -218,7 +222,8 @@ class ElasticMemory {
   };
   // Unmaps a chunk mapped from its extent (data: its memory, already released from the KvCache), drops the extent's pages from the page cache and,
   // free_extent, frees the extent. The slot's state is left to the caller.
-  void UnmapFromSwap(int layer, int chunk, KvSlot& s, bool free_extent, void* data);
+  void UnmapFromSwap(KvSlot& s, bool free_extent, void* data);
+  // map_swap on, a swap file with direct I/O, 4 KiB pages, chunks a multiple of 4 KiB.
   bool CanMapSwap() const;
   KvSlot& slot(int layer, int chunk);
   const KvSlot* find_slot(int layer, int chunk) const;

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 namespace mz {
@@ -53,6 +54,7 @@ Status DeviceProfile::Save(const std::string& path) const {
   j["read_Bps"] = r;
   j["alloc_s_per_MiB"] = alloc_s_per_MiB;
   j["mapped_read_Bps"] = mapped_read_Bps;
+  j["attend_in_place_s_per_MiB"] = attend_in_place_s_per_MiB;
   j["threads"] = threads;
   std::ofstream f(path);
   f << j.dump(2) << "\n";
@@ -74,6 +76,10 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out) {
     p.alloc_s_per_MiB = j.value("alloc_s_per_MiB", 0.0);
     p.mapped_read_Bps = j.value("mapped_read_Bps", 0.0);
     if (p.mapped_read_Bps < 0) return Status::Corruption("profile " + path + ": mapped_read_Bps must not be negative");
+    // Absent from profiles written before it was measured: compressed chunks are then costed as decoded.
+    p.attend_in_place_s_per_MiB = j.value("attend_in_place_s_per_MiB", std::map<std::string, double>{});
+    for (auto& [k, v] : p.attend_in_place_s_per_MiB)
+      if (!std::isfinite(v)) return Status::Corruption("profile " + path + ": attend_in_place_s_per_MiB of " + k + " is not finite");
     p.threads = j.value("threads", 1);
     for (auto& [k, v] : p.decode_Bps)
       if (!(v > 0)) return Status::Corruption("profile " + path + ": decode throughput of " + k + " must be positive");
@@ -92,20 +98,33 @@ DeviceProfile DeviceProfile::Default() {
   p.decode_Bps = {{"none", 8e9}, {"q8", 3e9}, {"q4", 2e9}, {"cachegen", 0.5e9}, {"lz4", 2e9}, {"zstd", 0.8e9}};
   p.read_Bps = {{128 << 10, 0.8e9}, {512 << 10, 1.5e9}, {4 << 20, 1.6e9}};
   p.alloc_s_per_MiB = 1e-4;
+  // Measured 0.06 ms/MiB for an 8-token query on a 2-core AMD EPYC VM (docs/results.md); doubled
+  // here, as the other defaults lean slow.
+  p.attend_in_place_s_per_MiB = {{"q8", 1.2e-4}};
   p.threads = 1;
   return p;
 }
 
 UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint64_t chunk_bytes,
-                          uint64_t layer_bytes, bool weights_file_backed) {
+                          uint64_t layer_bytes, const RestorePaths& paths) {
   UnitTimes t;
-  const double alloc_chunk = p.alloc_s_per_MiB * double(chunk_bytes) / 1048576.0;
-  t.t_d_kv = double(chunk_bytes) / p.DecodeBps(codec) + alloc_chunk;
-  t.t_r_kv = double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
+  const double chunk_mib = double(chunk_bytes) / 1048576.0;
+  const double alloc_chunk = p.alloc_s_per_MiB * chunk_mib;
+  const double mapped_Bps = p.mapped_read_Bps > 0 ? p.mapped_read_Bps : p.ReadBps(4 << 20);
+  const auto in_place = p.attend_in_place_s_per_MiB.find(codec);
+  if (paths.kv_in_place && in_place != p.attend_in_place_s_per_MiB.end()) {
+    // Never zero: k = floor(t_r^W / t_d^KV) must stay finite, and a compressed chunk is never
+    // free (kMinInPlaceS: about one tile's dequantization).
+    constexpr double kMinInPlaceS = 1e-6;
+    t.t_d_kv = std::max(kMinInPlaceS, in_place->second * chunk_mib);
+  } else {
+    t.t_d_kv = double(chunk_bytes) / p.DecodeBps(codec) + alloc_chunk;
+  }
+  t.t_r_kv = paths.kv_mapped ? double(chunk_bytes) / mapped_Bps : double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
   const uint64_t enc = uint64_t(double(chunk_bytes) * p.Ratio(codec));
   t.t_r_kvc = double(enc) / p.ReadBps(enc) + t.t_d_kv;
-  if (weights_file_backed)
-    t.t_r_w = double(layer_bytes) / (p.mapped_read_Bps > 0 ? p.mapped_read_Bps : p.ReadBps(4 << 20));
+  if (paths.weights_file_backed)
+    t.t_r_w = double(layer_bytes) / mapped_Bps;
   else
     t.t_r_w = double(layer_bytes) / p.ReadBps(4 << 20) + p.alloc_s_per_MiB * double(layer_bytes) / 1048576.0;
   return t;

@@ -22,6 +22,12 @@ struct DeviceProfile {
   // measured (ReadBps(4 MiB) stands in).
   double mapped_read_Bps = 0.0;
   double alloc_s_per_MiB = 0.0;                // mmap + first touch
+  // codec -> extra attention seconds per MiB of raw KV when a query of kInPlaceQueryTokens tokens
+  // reads chunks compressed in memory in place (KvLayerView::q8_chunks) instead of fp16 chunks, one
+  // thread. Only codecs the attention kernel reads in place (q8) appear. May be <= 0 (reading half
+  // the bytes can be faster); users clamp it (DeriveUnitTimes).
+  std::map<std::string, double> attend_in_place_s_per_MiB;
+  static constexpr int kInPlaceQueryTokens = 8;
   int threads = 1;                             // threads the decode path uses in restoration
 
   // Read throughput for requests of `bytes` (interpolated; saturates at the largest measured size).
@@ -37,16 +43,30 @@ struct DeviceProfile {
   static DeviceProfile Default();
 };
 
-// Per-unit restoration times (seconds) for one model and KV geometry.
+// Per-unit restoration times (seconds) for one model and KV geometry: what each evicted unit adds
+// to the first token's wait (paper §4.3's t_d^KV, t_r^KV, t_r^W).
 struct UnitTimes {
-  double t_d_kv = 0;   // decompress one KV chunk (in-memory path)
+  double t_d_kv = 0;   // a KV chunk compressed in memory (decoded, or read in place by attention)
   double t_r_kv = 0;   // read one raw KV chunk from storage
-  double t_r_kvc = 0;  // read one compressed KV chunk from storage (and decode it)
+  double t_r_kvc = 0;  // read one compressed KV chunk from storage (and decode it, or read it in place)
   double t_r_w = 0;    // read one weight layer from storage
 };
-// weights_file_backed: weights come back through the page cache (Model::file_backed): read at
-// mapped_read_Bps, no anonymous memory to allocate; otherwise direct reads of 4 MiB + allocation.
+
+// How evicted units come back in this engine (the restore paths the times are derived for).
+struct RestorePaths {
+  // Weights are re-read through the page cache (Model::file_backed): at mapped_read_Bps, no
+  // anonymous memory to allocate. false: direct reads of 4 MiB + allocation.
+  bool weights_file_backed = false;
+  // Full raw KV chunks on storage are mapped from the swap file (ElasticMemory::CanMapSwap): read
+  // at mapped_read_Bps, nothing allocated. false: a direct read of one chunk + allocation.
+  bool kv_mapped = false;
+  // Compute reads compressed chunks in place (ContextOptions::attend_compressed and a codec the
+  // kernel reads: q8): a chunk compressed in memory costs the first token only the extra attention
+  // time (attend_in_place_s_per_MiB), not a decode and a fresh fp16 chunk; one on storage costs its
+  // compressed read plus that. false (or no measured figure for the codec): decode + allocation.
+  bool kv_in_place = false;
+};
 UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint64_t chunk_bytes,
-                          uint64_t layer_bytes, bool weights_file_backed = false);
+                          uint64_t layer_bytes, const RestorePaths& paths = RestorePaths());
 
 }  // namespace mz

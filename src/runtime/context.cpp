@@ -55,7 +55,13 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   in.chunk_bytes = kv_->geometry().chunk_bytes();
   in.ratio = profile_.Ratio(opts_.kv_codec);
   const uint64_t mean_layer = in.layer_bytes.empty() ? 0 : in.layer_bytes[0];
-  in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer, model_->file_backed());
+  RestorePaths paths;
+  if (opts_.cost_restore_paths) {
+    paths.weights_file_backed = model_->file_backed();
+    paths.kv_mapped = elastic_->KvStorageMapped();
+    paths.kv_in_place = opts_.attend_compressed && elastic_->codec_readable_in_place();
+  }
+  in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer, paths);
   ElasticMemory* e = elastic_.get();
   in.state = [e](const UnitRef& u) { return e->state(u); };
   in.bytes = bytes;

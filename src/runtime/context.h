@@ -52,6 +52,10 @@ struct ContextOptions {
   // first (Decode; RestoreGenerate when PipelineOptions::attend_compressed too). false: the paper's
   // behaviour, every unit is restored before compute reads it.
   bool attend_compressed = true;
+  // The policy's unit times follow this engine's restore paths (RestorePaths: KV mapped from the
+  // swap, q8 chunks read in place, weights through the page cache). false: the paper's costs,
+  // every unit read by direct I/O into fresh memory and compressed chunks decoded (ablation).
+  bool cost_restore_paths = true;
 };
 
 class Context {
@@ -82,6 +86,9 @@ class Context {
     opts_.hybrid = hybrid;
   }
   void set_profile(const DeviceProfile& p) { profile_ = p; }
+  // Ablation switches (REQUIRES: no concurrent EvictBytes / Decode): see ContextOptions.
+  void set_attend_compressed(bool on) { opts_.attend_compressed = on; }
+  void set_cost_restore_paths(bool on) { opts_.cost_restore_paths = on; }
   // restore_generate: appends tokens and computes the last token's logits while evicted units are
   // restored in forward order (layer l's compute starts when layer l is resident). Compute uses
   // n_threads - 1 threads while restoration runs (the restore workers take the other core) and all
