@@ -347,7 +347,9 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
     // Resident units' bytes are file pages in the page cache; dropping every unit gives them all back.
     uint64_t cached = 0;
     const ReadRun& r0 = m->unit(0).runs.front();
-    ASSERT_TRUE(Env::Default()->CachedBytes(path_, r0.file_off, r0.len, &cached).ok());
+    std::unique_ptr<File> file;
+    ASSERT_TRUE(Env::Default()->Open(path_, OpenMode::kRead, false, &file).ok());
+    ASSERT_TRUE(Env::Default()->CachedBytes(file.get(), r0.file_off, r0.len, &cached).ok());
     EXPECT_EQ(cached, r0.len) << "a resident unit's pages should be the file's cached pages";
     for (int u = 0; u < m->n_units(); ++u) m->DropUnit(u);
     EXPECT_EQ(m->DroppedBytesCached(), 0u) << "dropped weights still held in the page cache";

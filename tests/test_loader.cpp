@@ -476,6 +476,7 @@ class OverlayFile final : public File {
   }
   bool direct() const override { return false; }
   const std::string& path() const override { return path_; }
+  int native_handle() const override { return -1; }  // served from memory: nothing to map
 
  private:
   const std::string& base_;

@@ -38,6 +38,9 @@ class File {
   // True if the file was opened with O_DIRECT (alignment rules apply).
   virtual bool direct() const = 0;
   virtual const std::string& path() const = 0;
+  // The OS descriptor (what Env's mapping and page-cache calls act on); -1 if the file has none.
+  // Owned by the File: valid until it is destroyed.
+  virtual int native_handle() const = 0;
 };
 
 enum class OpenMode {
@@ -62,27 +65,31 @@ class Env {
   // Anonymous private memory, page aligned, zero-filled, returned to the OS by Unmap (not kept in a
   // malloc arena, so freeing a unit really shrinks RSS). On failure returns nullptr.
   virtual void* MapAnon(size_t bytes) = 0;
-  // Maps [off, off+len) of the file at path (MAP_PRIVATE, MAP_FIXED) at address `at`, which must lie
+  // The calls below that take a File act on a file this Env opened (any mode; O_DIRECT does not
+  // matter to them), held by the caller for as long as it uses them: no open per call.
+  //
+  // Maps [off, off+len) of file f (MAP_PRIVATE, MAP_FIXED) at address `at`, which must lie
   // inside a mapping this Env made. File-backed pages: the kernel may drop them under pressure and
   // fault them back (the OS Paging baseline). off and at must be PageSize() aligned. writable:
-  // PROT_WRITE too; a write copies the page into anonymous memory (the file never changes).
-  virtual Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) = 0;
+  // PROT_WRITE too; a write copies the page into anonymous memory (the file never changes). The
+  // mapping stays valid after f is closed.
+  virtual Status MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) = 0;
   virtual void Unmap(void* p, size_t bytes) = 0;
   // Brings the pages of a read-only file mapping made by MapFileAt at [p, p+bytes) into memory and
   // maps them, so that later reads take no fault: readahead is queued one 4 MiB window ahead of the
   // window being waited for (large requests, a bounded queue), and the call waits for every page. The pages
-  // come from the page cache: no anonymous memory is allocated or zeroed. `path` names the file in
-  // messages and fault filters. Failure (an I/O error: kIOError): pages already read stay cached and
-  // mapped; the caller unmaps them (and may DropCached them).
-  virtual Status PopulateMapped(const std::string& path, void* p, size_t bytes) = 0;
-  // Asks the kernel to drop [off, off+len) of path from the page cache (POSIX_FADV_DONTNEED), so the
+  // come from the page cache: no anonymous memory is allocated or zeroed. f is the mapped file (its
+  // path names it in messages and fault filters; its device sets the readahead piece). Failure (an
+  // I/O error: kIOError): pages already read stay cached and mapped; the caller unmaps them (and
+  // may DropCached them).
+  virtual Status PopulateMapped(File* f, void* p, size_t bytes) = 0;
+  // Asks the kernel to drop [off, off+len) of f from the page cache (POSIX_FADV_DONTNEED), so the
   // memory of file-backed pages nobody maps any more goes back to the OS now. Pages some mapping
-  // still holds (another unit's boundary page, another process) stay. Errors only if the file
-  // cannot be opened.
-  virtual Status DropCached(const std::string& path, uint64_t off, uint64_t len) = 0;
-  // Bytes of [off, off+len) of path now in the page cache (whole pages; mincore), for checks that
+  // still holds (another unit's boundary page, another process) stay. Errors only on a bad handle.
+  virtual Status DropCached(File* f, uint64_t off, uint64_t len) = 0;
+  // Bytes of [off, off+len) of f now in the page cache (whole pages; mincore), for checks that
   // the page cache is not what a measurement or a test sees.
-  virtual Status CachedBytes(const std::string& path, uint64_t off, uint64_t len, uint64_t* out) = 0;
+  virtual Status CachedBytes(File* f, uint64_t off, uint64_t len, uint64_t* out) = 0;
   // Faults in every page of [p, p+bytes) for writing (allocation + zeroing done now, not on first
   // touch). Best effort.
   virtual void Prefault(void* p, size_t bytes) = 0;
@@ -107,18 +114,14 @@ class EnvWrapper : public Env {
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
   void* MapAnon(size_t n) override { return target_->MapAnon(n); }
-  Status MapFileAt(const std::string& p, uint64_t off, size_t len, void* at, bool writable) override {
-    return target_->MapFileAt(p, off, len, at, writable);
+  Status MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) override {
+    return target_->MapFileAt(f, off, len, at, writable);
   }
   void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
-  Status PopulateMapped(const std::string& path, void* p, size_t n) override {
-    return target_->PopulateMapped(path, p, n);
-  }
-  Status DropCached(const std::string& path, uint64_t off, uint64_t len) override {
-    return target_->DropCached(path, off, len);
-  }
-  Status CachedBytes(const std::string& path, uint64_t off, uint64_t len, uint64_t* out) override {
-    return target_->CachedBytes(path, off, len, out);
+  Status PopulateMapped(File* f, void* p, size_t n) override { return target_->PopulateMapped(f, p, n); }
+  Status DropCached(File* f, uint64_t off, uint64_t len) override { return target_->DropCached(f, off, len); }
+  Status CachedBytes(File* f, uint64_t off, uint64_t len, uint64_t* out) override {
+    return target_->CachedBytes(f, off, len, out);
   }
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   uint64_t NowNs() override { return target_->NowNs(); }

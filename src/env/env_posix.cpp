@@ -82,6 +82,7 @@ class PosixFile final : public File {
   }
   bool direct() const override { return direct_; }
   const std::string& path() const override { return path_; }
+  int native_handle() const override { return fd_; }
 
  private:
   int fd_;
@@ -149,23 +150,21 @@ class PosixEnv final : public Env {
   void Unmap(void* p, size_t bytes) override {
     if (p) ::munmap(p, bytes);
   }
-  Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open " + path);
-    void* p = ::mmap(at, len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE | MAP_FIXED, fd, off_t(off));
-    int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
+  Status MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) override {
+    // MAP_PRIVATE: writable needs only read access to the file (writes go to private copies).
+    void* p = ::mmap(at, len, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE | MAP_FIXED, f->native_handle(), off_t(off));
+    if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap " + f->path());
     return Status::Ok();
   }
-  Status PopulateMapped(const std::string& path, void* p, size_t bytes) override {
+  Status PopulateMapped(File* f, void* p, size_t bytes) override {
+    const std::string& path = f->path();
     // Readahead is queued one 4 MiB window ahead of the window being waited for, not for the whole
     // range at once: a deep queue of readahead delays every other read behind it (the pipeline's
     // KV chunk reads for the layer compute waits on), while two windows in flight keep the disk busy.
     // The kernel queues at most max(read_ahead_kb, max_sectors_kb) per MADV_WILLNEED, so a window
     // is advised in pieces of that size.
     constexpr size_t kWindow = size_t(4) << 20;
-    const size_t piece = std::min(kWindow, ReadaheadLimit(path));
+    const size_t piece = std::min(kWindow, ReadaheadLimit(f->native_handle()));
     char* c = static_cast<char*>(p);
     // No readahead from page faults on this mapping: only the windows advised below are read, so
     // nothing beyond the range is still being read into the page cache after the call returns
@@ -182,11 +181,11 @@ class PosixEnv final : public Env {
     }
     return Status::Ok();
   }
-  // Bytes one MADV_WILLNEED queues on the device holding path: max(read_ahead_kb, max_sectors_kb)
-  // from sysfs, remembered per device; 128 KiB where sysfs does not tell.
-  static size_t ReadaheadLimit(const std::string& path) {
+  // Bytes one MADV_WILLNEED queues on the device holding file fd: max(read_ahead_kb,
+  // max_sectors_kb) from sysfs, remembered per device; 128 KiB where sysfs does not tell.
+  static size_t ReadaheadLimit(int fd) {
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return size_t(128) << 10;
+    if (::fstat(fd, &st) != 0) return size_t(128) << 10;
     static std::mutex mu;
     static std::map<dev_t, size_t> known;
     std::lock_guard<std::mutex> lk(mu);
@@ -218,24 +217,18 @@ class PosixEnv final : public Env {
     (void)sum;
     return Status::Ok();
   }
-  Status DropCached(const std::string& path, uint64_t off, uint64_t len) override {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open " + path);
-    const int rc = ::posix_fadvise(fd, off_t(off), off_t(len), POSIX_FADV_DONTNEED);
-    ::close(fd);
-    if (rc != 0) return Status::FromErrno(rc, "dropping cached pages of " + path);
+  Status DropCached(File* f, uint64_t off, uint64_t len) override {
+    const int rc = ::posix_fadvise(f->native_handle(), off_t(off), off_t(len), POSIX_FADV_DONTNEED);
+    if (rc != 0) return Status::FromErrno(rc, "dropping cached pages of " + f->path());
     return Status::Ok();
   }
-  Status CachedBytes(const std::string& path, uint64_t off, uint64_t len, uint64_t* out) override {
+  Status CachedBytes(File* f, uint64_t off, uint64_t len, uint64_t* out) override {
     *out = 0;
     if (len == 0) return Status::Ok();
     const uint64_t page = 4096, a = AlignDown(off, page), n = AlignUp(off + len, page) - a;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open " + path);
-    void* m = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, off_t(a));
-    const int err = errno;
-    ::close(fd);
-    if (m == MAP_FAILED) return Status::FromErrno(err, "mmap " + path);
+    void* m = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, f->native_handle(), off_t(a));
+    if (m == MAP_FAILED) return Status::FromErrno(errno, "mmap " + f->path());
+    const std::string& path = f->path();
     std::vector<unsigned char> v(n / page);
     const int rc = ::mincore(m, n, v.data());
     const int err2 = errno;

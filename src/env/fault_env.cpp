@@ -38,6 +38,7 @@ class FaultFile final : public File {
   Status Stat(FileInfo* info) override { return f_->Stat(info); }
   bool direct() const override { return f_->direct(); }
   const std::string& path() const override { return f_->path(); }
+  int native_handle() const override { return f_->native_handle(); }
 
  private:
   FaultEnv* env_;
@@ -70,8 +71,8 @@ void* FaultEnv::MapAnon(size_t bytes) {
   return target()->MapAnon(bytes);
 }
 
-Status FaultEnv::MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) {
-  Status st = target()->MapFileAt(path, off, len, at, writable);
+Status FaultEnv::MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) {
+  Status st = target()->MapFileAt(f, off, len, at, writable);
   if (st.ok() && writable) {
     std::lock_guard<std::mutex> lk(mu_);
     writable_[reinterpret_cast<uintptr_t>(at)] = len;
@@ -88,7 +89,8 @@ void FaultEnv::Unmap(void* p, size_t bytes) {
   target()->Unmap(p, bytes);
 }
 
-Status FaultEnv::PopulateMapped(const std::string& path, void* p, size_t bytes) {
+Status FaultEnv::PopulateMapped(File* f, void* p, size_t bytes) {
+  const std::string& path = f->path();
   bool flip = false;
   if (path_filter.empty() || path.find(path_filter) != std::string::npos) {
     n_reads++;
@@ -103,7 +105,7 @@ Status FaultEnv::PopulateMapped(const std::string& path, void* p, size_t bytes) 
              Fire(flip_bit_read_after);
     }
   }
-  Status st = target()->PopulateMapped(path, p, bytes);
+  Status st = target()->PopulateMapped(f, p, bytes);
   if (st.ok() && flip) static_cast<unsigned char*>(p)[0] ^= 0x10;
   return st;
 }

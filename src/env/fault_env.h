@@ -28,13 +28,13 @@ class FaultEnv : public EnvWrapper {
   Status Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) override;
   void* MapAnon(size_t bytes) override;
   // Records writable file mappings (flip_bit_read_after can only corrupt those).
-  Status MapFileAt(const std::string& path, uint64_t off, size_t len, void* at, bool writable) override;
+  Status MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) override;
   void Unmap(void* p, size_t bytes) override;
-  // Counts as one read of path (fail_reads_after applies, and short_reads_after fails it as a file
+  // Counts as one read of f (fail_reads_after applies, and short_reads_after fails it as a file
   // cut short would; the pages stay as they were). When
   // flip_bit_read_after fires on a writable mapping (MapFileAt), one bit of its first byte is
   // flipped in the process's private copy of the page, as a read from a failing disk would give.
-  Status PopulateMapped(const std::string& path, void* p, size_t bytes) override;
+  Status PopulateMapped(File* f, void* p, size_t bytes) override;
 
   // True (and disarms) when a countdown reaches zero.
   static bool Fire(std::atomic<int64_t>& countdown);

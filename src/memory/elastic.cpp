@@ -183,13 +183,13 @@ Status ElasticMemory::RestoreKv(int layer, int chunk, void* mem) {
     Env* env = kv_->env();
     if (!mem) mem = env->MapAnon(raw);
     if (!mem) return Status::NoMemory("mapping a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
-    const std::string& path = swap_->path();
-    Status st = env->MapFileAt(path, s.ext.off, raw, mem, true);
-    if (st.ok()) st = env->PopulateMapped(path, mem, raw);
+    File* file = swap_->file();
+    Status st = env->MapFileAt(file, s.ext.off, raw, mem, true);
+    if (st.ok()) st = env->PopulateMapped(file, mem, raw);
     if (st.ok()) st = swap_->Verify(s.ext, mem);
     if (!st.ok()) {
       env->Unmap(mem, raw);
-      (void)env->DropCached(path, s.ext.off, s.ext.len);
+      (void)env->DropCached(file, s.ext.off, s.ext.len);
       if (st.code() == Status::kCorruption) s.lost = true;
       return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
     }
@@ -519,7 +519,7 @@ void ElasticMemory::UnmapFromSwap(KvSlot& s, bool free_extent, void* data) {
   env->Unmap(data, kv_->geometry().chunk_bytes());
   // Pages written since the mapping were private copies, gone with the mapping; the file's pages
   // leave the page cache now (no other mapping holds them), so the RAM really goes back.
-  (void)env->DropCached(swap_->path(), s.ext.off, s.ext.len);
+  (void)env->DropCached(swap_->file(), s.ext.off, s.ext.len);
   if (free_extent) {
     swap_->Free(s.ext);
     s.ext = SwapExtent();
@@ -535,7 +535,7 @@ Status ElasticMemory::SwapBytesCached(uint64_t* out) const {
     for (const KvSlot& s : l) {
       if (s.state != UnitState::kKvStorageRaw && s.state != UnitState::kKvStorageCompressed) continue;
       uint64_t n = 0;
-      MZ_RETURN_IF_ERROR(kv_->env()->CachedBytes(swap_->path(), s.ext.off, s.ext.len, &n));
+      MZ_RETURN_IF_ERROR(kv_->env()->CachedBytes(swap_->file(), s.ext.off, s.ext.len, &n));
       *out += n;
     }
   return Status::Ok();

@@ -149,6 +149,7 @@ Status Model::Load(Env* env, const std::string& path, const ModelOptions& option
   }
   gguf_free(g);
   if (!st.ok()) return st.With(path);
+  m->file_ = std::move(f);
   if (m->opts_.weights == WeightMemory::kPageCache && !m->CanMapRuns()) m->opts_.weights = WeightMemory::kAnonymous;
   if (options.load_weights) MZ_RETURN_IF_ERROR(m->LoadAll());
   *out = std::move(m);
@@ -268,7 +269,7 @@ bool Model::CanMapRuns() const {
   if (env_->PageSize() != kDirectIoAlign) return false;
   void* at = env_->MapAnon(kDirectIoAlign);
   if (!at) return false;
-  const bool ok = env_->MapFileAt(path_, 0, kDirectIoAlign, at, false).ok();
+  const bool ok = env_->MapFileAt(file_.get(), 0, kDirectIoAlign, at, false).ok();
   env_->Unmap(at, kDirectIoAlign);
   return ok;
 }
@@ -286,8 +287,8 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mo
       // The run's last page may lie past end of file: map only what the file has.
       const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
       char* at = static_cast<char*>(region) + r.region_off;
-      Status st = env_->MapFileAt(path_, r.file_off, len, at, false);
-      if (st.ok() && mode == WeightMemory::kPageCache) st = env_->PopulateMapped(path_, at, len);
+      Status st = env_->MapFileAt(file_.get(), r.file_off, len, at, false);
+      if (st.ok() && mode == WeightMemory::kPageCache) st = env_->PopulateMapped(file_.get(), at, len);
       if (!st.ok()) {
         env_->Unmap(region, u.region_bytes);
         if (mode == WeightMemory::kPageCache) DropRuns(u);
@@ -378,7 +379,7 @@ void Model::DropRuns(const WeightUnit& w) const {
   constexpr uint64_t kFolio = uint64_t(2) << 20;
   for (const ReadRun& r : w.runs) {
     const uint64_t a = AlignDown(r.file_off, kFolio);
-    (void)env_->DropCached(path_, a, AlignUp(r.file_off + r.len, kFolio) - a);
+    (void)env_->DropCached(file_.get(), a, AlignUp(r.file_off + r.len, kFolio) - a);
   }
 }
 
@@ -388,7 +389,7 @@ uint64_t Model::DroppedBytesCached(std::vector<int>* which) const {
     if (w.resident()) continue;
     for (const ReadRun& r : w.runs) {
       uint64_t n = 0;
-      if (!env_->CachedBytes(path_, r.file_off, r.len, &n).ok()) n = r.len;  // unknown counts as cached
+      if (!env_->CachedBytes(file_.get(), r.file_off, r.len, &n).ok()) n = r.len;  // unknown counts as cached
       total += n;
       if (n && which && (which->empty() || which->back() != w.index)) which->push_back(w.index);
     }

@@ -180,6 +180,10 @@ class Model {
 
   Env* env_ = nullptr;
   std::string path_;
+  // The model file as opened at load (buffered, read-only), held for the model's lifetime: units
+  // are mapped from it and its pages dropped through it (no open per unit). If the file is
+  // replaced on disk this still names the old one; the identity check refuses re-reads then.
+  std::unique_ptr<File> file_;
   ModelOptions opts_;
   HParams hp_;
   BaseTensors base_;

@@ -53,6 +53,9 @@ class SwapFile {
   uint64_t file_bytes() const;   // current end of file
   bool direct() const { return file_->direct(); }
   const std::string& path() const { return path_; }
+  // The open swap file, for mapping extents and page-cache advice through Env (owned here; valid
+  // for the SwapFile's lifetime).
+  File* file() const { return file_.get(); }
 
   static constexpr uint64_t kHeaderBytes = 4096;
 
