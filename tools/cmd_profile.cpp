@@ -232,6 +232,26 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
                 (unsigned long long)(sat >> 10), shape.chunk_tokens, (unsigned long long)(chunk >> 10),
                 chunk >= sat ? "big enough to saturate a read (§4.3 rule holds)"
                              : "smaller than the saturating request: use more tokens per chunk");
+    // 5. What the policy derives from it for this model (paper §4.3: no re-profiling per model).
+    {
+      std::unique_ptr<Model> model;
+      ModelOptions mo;
+      mo.load_weights = false;
+      st = Model::Load(Env::Default(), a->model, mo, &model);
+      if (!st.ok()) return Fail(st);
+      const uint64_t layer = model->unit(0).region_bytes;
+      RestorePaths ours;
+      ours.weights_file_backed = ours.kv_mapped = ours.kv_in_place = true;
+      std::printf("\nunit times for %s (q8 codec, %llu KiB chunks, %.1f MiB layers), ms:\n\n"
+                  "| restore paths | t_d^KV | t_r^KV | t_r^KVc | t_r^W | k = floor(t_r^W / t_d^KV) |\n|---|---|---|---|---|---|\n",
+                  model->hparams().name.c_str(), (unsigned long long)(chunk >> 10), double(layer) / 1048576.0);
+      for (int i = 0; i < 2; ++i) {
+        const UnitTimes t = DeriveUnitTimes(prof, "q8", chunk, layer, i == 0 ? ours : RestorePaths());
+        std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.0f |\n",
+                    i == 0 ? "mzcache's (KV mapped, q8 read in place, weights via page cache)" : "the paper's (direct reads, decode)",
+                    t.t_d_kv * 1e3, t.t_r_kv * 1e3, t.t_r_kvc * 1e3, t.t_r_w * 1e3, std::floor(t.t_r_w / t.t_d_kv));
+      }
+    }
     st = prof.Save(a->out);
     if (!st.ok()) return Fail(st);
     std::printf("profile written to %s\n", a->out.c_str());
