@@ -20,6 +20,7 @@
 #include <xxhash.h>
 
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -372,6 +373,25 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
   st = m->LoadUnit(0);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(UnitHashes(*m, 0).size(), m->unit(0).tensors.size());
+
+  // Replaced by rename with a copy of the same size and mtime (as `cp -p` + `mv` would): the held
+  // file is no longer the one at the path, so re-reads are refused (weights would otherwise come
+  // from two different files).
+  {
+    const std::string copy = path_ + ".replacement";
+    {
+      std::ifstream in(path_, std::ios::binary);
+      std::ofstream out(copy, std::ios::binary);
+      out << in.rdbuf();
+    }
+    ASSERT_EQ(utimensat(AT_FDCWD, copy.c_str(), orig, 0), 0);
+    ASSERT_EQ(std::rename(copy.c_str(), path_.c_str()), 0);
+    m->DropUnit(0);
+    st = m->LoadUnit(0);
+    EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
+    EXPECT_NE(st.message().find("replaced"), std::string::npos) << st.ToString();
+    EXPECT_FALSE(m->unit(0).resident());
+  }
 
   // Size changed (one byte appended, mtime restored so only the size differs): refused.
   {

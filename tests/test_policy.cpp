@@ -190,7 +190,8 @@ TEST(DeviceProfile, UnitTimesFollowRestorePaths) {
   EXPECT_NEAR(ours.t_r_kv, 1048576.0 / 2e9, 1e-12);
   EXPECT_NEAR(ours.t_r_w, 16 * 1048576.0 / 2e9, 1e-12);
   EXPECT_NEAR(ours.t_r_kvc, 524288.0 / 0.5e9 + 2e-5, 1e-9);  // half a chunk at the extrapolated rate, attended in place
-  // A codec the kernel does not read in place is decoded whatever the paths say.
+  // A codec without an in-place figure (the profile measures only codecs the kernel reads in
+  // place; the Context asks for in-place costs only for those) is costed as decoded.
   const UnitTimes z = DeriveUnitTimes(p, "zstd", chunk, layer, all);
   EXPECT_NEAR(z.t_d_kv, 1048576.0 / 1e9 + 5e-4, 1e-12);
   // A measured speed-up (reading half the bytes) is clamped above zero: k stays finite.

@@ -391,8 +391,9 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
         for (const std::string& x : a->extra) systems.push_back(x);
         for (int rep = 0; rep < a->reps; ++rep) {
           for (int lv : a->levels) {
-            // The order rotates every repetition (and level): a system's TTFT depends a little on
-            // what the one before it left (measured: the same placement 10-15% apart by position).
+            // The order rotates every repetition (and every 25 points of level): a system's TTFT
+            // depends a little on what the one before it left (measured: the same placement 10-15%
+            // apart by position).
             std::vector<std::string> order = systems;
             std::rotate(order.begin(), order.begin() + (rep + lv / 25) % order.size(), order.end());
             for (const std::string& sys : order) {

@@ -85,7 +85,8 @@ class Env {
   virtual Status PopulateMapped(File* f, void* p, size_t bytes) = 0;
   // Asks the kernel to drop [off, off+len) of f from the page cache (POSIX_FADV_DONTNEED), so the
   // memory of file-backed pages nobody maps any more goes back to the OS now. Pages some mapping
-  // still holds (another unit's boundary page, another process) stay. Errors only on a bad handle.
+  // still holds (another unit's boundary page, another process) stay. Errors: a bad handle (or
+  // what posix_fadvise refuses, EINVAL/ESPIPE).
   virtual Status DropCached(File* f, uint64_t off, uint64_t len) = 0;
   // Bytes of [off, off+len) of f now in the page cache (whole pages; mincore), for checks that
   // the page cache is not what a measurement or a test sees.

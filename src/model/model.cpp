@@ -150,6 +150,8 @@ Status Model::Load(Env* env, const std::string& path, const ModelOptions& option
   gguf_free(g);
   if (!st.ok()) return st.With(path);
   m->file_ = std::move(f);
+  m->file_inode_ = info.inode;
+  m->file_device_ = info.device;
   if (m->opts_.weights == WeightMemory::kPageCache && !m->CanMapRuns()) m->opts_.weights = WeightMemory::kAnonymous;
   if (options.load_weights) MZ_RETURN_IF_ERROR(m->LoadAll());
   *out = std::move(m);
@@ -346,8 +348,10 @@ Status Model::LoadUnit(int u, void* region) {
   if (!st.ok()) return fail(Status::ModelChanged(path_ + " is gone: " + st.message()));
   if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
     return fail(Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)"));
+  if (info.inode != file_inode_ || info.device != file_device_)
+    return fail(Status::ModelChanged(path_ + " was replaced since it was loaded (another file is at the path)"));
   const WeightMemory mode = opts_.weights;  // read once: set_weight_memory may not change it mid-load
-  std::unique_ptr<File> f;                  // file-backed units map the path instead
+  std::unique_ptr<File> f;                  // file-backed units map the held file_ instead
   if (mode == WeightMemory::kAnonymous) {
     st = env_->Open(path_, OpenMode::kRead, opts_.direct_io, &f);
     if (!st.ok()) return fail(st);
@@ -372,7 +376,7 @@ void Model::DropUnit(int u, bool drop_cached) {
 }
 
 void Model::DropRuns(const WeightUnit& w) const {
-  // Best effort (the file may be gone; its pages then go with the last mapping). The page cache
+  // Best effort (a deleted file's pages go once the held file_ and the last mapping are closed). The page cache
   // holds a file in folios of up to 2 MiB, and the kernel only drops folios wholly inside the range:
   // widen it to 2 MiB boundaries so the folios straddling the run's ends go too. A neighbour's
   // pages in that margin are dropped only if nothing maps them (the neighbour is dropped as well).
@@ -412,6 +416,8 @@ Status Model::VerifyIdentity() const {
   if (!st.ok()) return Status::ModelChanged(path_ + " is gone: " + st.message());
   if (info.size != identity_.size || info.mtime_ns != identity_.mtime_ns)
     return Status::ModelChanged(path_ + " changed since it was loaded (size or modification time differ)");
+  if (info.inode != file_inode_ || info.device != file_device_)
+    return Status::ModelChanged(path_ + " was replaced since it was loaded (another file is at the path)");
   std::unique_ptr<File> f;
   MZ_RETURN_IF_ERROR(env_->Open(path_, OpenMode::kRead, false, &f));
   std::vector<char> head(meta_len_);

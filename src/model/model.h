@@ -182,8 +182,10 @@ class Model {
   std::string path_;
   // The model file as opened at load (buffered, read-only), held for the model's lifetime: units
   // are mapped from it and its pages dropped through it (no open per unit). If the file is
-  // replaced on disk this still names the old one; the identity check refuses re-reads then.
+  // replaced on disk this still names the old one: the identity checks compare the path's inode
+  // and device with file_inode_/file_device_ and refuse re-reads then (kModelChanged).
   std::unique_ptr<File> file_;
+  uint64_t file_inode_ = 0, file_device_ = 0;
   ModelOptions opts_;
   HParams hp_;
   BaseTensors base_;

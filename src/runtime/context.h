@@ -55,6 +55,9 @@ struct ContextOptions {
   // The policy's unit times follow this engine's restore paths (RestorePaths: KV mapped from the
   // swap, q8 chunks read in place, weights through the page cache). false: the paper's costs,
   // every unit read by direct I/O into fresh memory and compressed chunks decoded (ablation).
+  // In-place reads are assumed when attend_compressed is on: a restore_generate that turns them
+  // off per call (PipelineOptions / mz_restore_params.attend_compressed = 0) restores a placement
+  // planned for them (still correct, possibly slower).
   bool cost_restore_paths = true;
 };
 
