@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <thread>
 
 #include "core/sync_point.h"
@@ -324,6 +325,44 @@ TEST(RestoreGenerateSync, EvictionDuringGenerationIsRefused) {
   ASSERT_TRUE(status.ok()) << status.ToString();
   EXPECT_EQ(evict_st.code(), Status::kBusy) << "eviction during a generation must be refused: " << evict_st.ToString();
   EXPECT_EQ(int(s.ctx->history().size()), kPrompt + 8);
+}
+
+// The policy's unit times follow the context's restore paths: q8 read in place (attend_compressed)
+// costs the profile's in-place figure, switching either it or cost_restore_paths off gives the
+// paper's decode + allocation; mapped KV is assumed from the options before the swap file exists
+// and from the file once it does.
+TEST(PolicyInputFromContext, UnitTimesFollowTheRestorePaths) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  Rig s = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, "costs");
+  DeviceProfile p = DeviceProfile::Default();
+  p.attend_in_place_s_per_MiB = {{"q8", 3e-5}};
+  p.alloc_s_per_MiB = 1e-3;
+  p.mapped_read_Bps = 2e9;
+  s.ctx->set_profile(p);
+  const double chunk_mib = double(s.ctx->kv().geometry().chunk_bytes()) / 1048576.0;
+  const double decoded = chunk_mib / p.DecodeBps("q8") * 1048576.0 + p.alloc_s_per_MiB * chunk_mib;
+  EXPECT_NEAR(s.ctx->MakePolicyInput(1).t.t_d_kv, std::max(1e-6, 3e-5 * chunk_mib), 1e-12);
+  s.ctx->set_attend_compressed(false);
+  EXPECT_NEAR(s.ctx->MakePolicyInput(1).t.t_d_kv, decoded, 1e-12);
+  s.ctx->set_attend_compressed(true);
+  s.ctx->set_cost_restore_paths(false);
+  const PolicyInput paper = s.ctx->MakePolicyInput(1);
+  EXPECT_NEAR(paper.t.t_d_kv, decoded, 1e-12);
+  EXPECT_GT(paper.t.t_r_kv, p.alloc_s_per_MiB * chunk_mib) << "the paper's t_r^KV carries the allocation term";
+  s.ctx->set_cost_restore_paths(true);
+
+  // Mapped KV: from the options before any swap file exists, from the file afterwards (a file
+  // system refusing direct I/O, such as tmpfs, turns it off).
+  EXPECT_TRUE(s.ctx->elastic().KvStorageMapped());
+  EXPECT_NEAR(s.ctx->MakePolicyInput(1).t.t_r_kv, chunk_mib * 1048576.0 / p.mapped_read_Bps, 1e-12);
+  const auto toks = Prompt(path);
+  ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+  Plan plan{{UnitRef::Kv(0, 0), UnitState::kKvStorageRaw}};
+  ASSERT_TRUE(s.ctx->Evict(plan, 0, nullptr).ok());
+  struct statfs fs;
+  ASSERT_EQ(statfs(test::TempDir().c_str(), &fs), 0);
+  const bool tmpfs = fs.f_type == 0x01021994;  // TMPFS_MAGIC: no O_DIRECT, so no mapping
+  EXPECT_EQ(s.ctx->elastic().KvStorageMapped(), !tmpfs);
 }
 
 }  // namespace
