@@ -492,18 +492,16 @@ Status ElasticMemory::RestoreSelected(uint64_t max_bytes, uint64_t* restored, co
   return Status::Ok();
 }
 
-bool ElasticMemory::CanMapSwap() const {
+bool ElasticMemory::CanMapSwap() const { return swap_ && MapsSwapWith(swap_->direct()); }
+
+bool ElasticMemory::MapsSwapWith(bool swap_direct) const {
   // Extents are 4096-aligned; mapping them needs 4 KiB pages. On tmpfs (no direct I/O) the page
   // cache is the file: mapping would not free anything on eviction, so chunks are read as before.
-  return opts_.map_swap && swap_ && swap_->direct() && kv_->env()->PageSize() == kDirectIoAlign &&
+  return opts_.map_swap && swap_direct && kv_->env()->PageSize() == kDirectIoAlign &&
          kv_->geometry().chunk_bytes() % kDirectIoAlign == 0;
 }
 
-bool ElasticMemory::KvStorageMapped() const {
-  if (swap_) return CanMapSwap();
-  return opts_.map_swap && opts_.direct_io && kv_->env()->PageSize() == kDirectIoAlign &&
-         kv_->geometry().chunk_bytes() % kDirectIoAlign == 0;
-}
+bool ElasticMemory::KvStorageMapped() const { return MapsSwapWith(swap_ ? swap_->direct() : opts_.direct_io); }
 
 bool ElasticMemory::RestoresByMapping(const UnitRef& u) const {
   if (u.kind != UnitRef::kKv || !CanMapSwap()) return false;

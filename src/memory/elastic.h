@@ -225,6 +225,9 @@ class ElasticMemory {
   void UnmapFromSwap(KvSlot& s, bool free_extent, void* data);
   // map_swap on, a swap file with direct I/O, 4 KiB pages, chunks a multiple of 4 KiB.
   bool CanMapSwap() const;
+  // The same conditions for a swap file whose direct I/O is swap_direct (shared by CanMapSwap and
+  // KvStorageMapped, which predicts it before the file exists).
+  bool MapsSwapWith(bool swap_direct) const;
   KvSlot& slot(int layer, int chunk);
   const KvSlot* find_slot(int layer, int chunk) const;
   Status EnsureSwap();
