@@ -195,6 +195,8 @@ TEST(Codecs, Factory) {
     ASSERT_TRUE(d);
     EXPECT_STREQ(d->name(), names[i].c_str());
     EXPECT_EQ(c->lossless(), names[i] == "none" || names[i] == "lz4" || names[i] == "zstd");
+    // Only q8's payload has the layout the attention kernel reads (KvLayerView::q8_chunks).
+    EXPECT_EQ(c->attention_reads_in_place(), names[i] == "q8");
   }
   EXPECT_FALSE(MakeKvCodec("q3"));
   EXPECT_FALSE(MakeKvCodec(""));

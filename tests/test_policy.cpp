@@ -244,5 +244,54 @@ TEST(DeviceProfile, SavesAndLoadsTheInPlaceFigureAndRejectsBadOnes) {
   std::remove(path.c_str());
 }
 
+// A profile whose figures would make unit times NaN, negative or infinite is refused by name, not
+// planned with: a zero ratio, zero/negative mapped-read rates, a non-positive thread count.
+TEST(DeviceProfile, LoadRejectsFiguresThatBreakTheUnitTimes) {
+  const std::string path = test::TempDir() + "/profile-bad.json";
+  const std::string base = R"("decode_Bps": {"q8": 1e9}, "read_Bps": [{"request_bytes": 4096, "Bps": 1e9}])";
+  for (const char* extra : {R"("ratio": {"q8": 0})", R"("ratio": {"q8": -0.5})", R"("alloc_s_per_MiB": -1)",
+                            R"("mapped_read_by_request": [{"request_bytes": 1048576, "Bps": 0}])",
+                            R"("mapped_read_by_request": [{"request_bytes": 0, "Bps": 1e9}])", R"("threads": 0)"}) {
+    {
+      std::ofstream f(path);
+      f << "{" << base << ", " << extra << "}";
+    }
+    DeviceProfile q;
+    const Status st = DeviceProfile::Load(path, &q);
+    EXPECT_EQ(st.code(), Status::kCorruption) << extra << ": " << st.ToString();
+  }
+  {
+    std::ofstream f(path);
+    f << "{" << base << ", " << R"("ratio": {"q8": 0.53})" << "}";
+  }
+  DeviceProfile ok;
+  EXPECT_TRUE(DeviceProfile::Load(path, &ok).ok());
+  std::remove(path.c_str());
+}
+
+// Mapped reads are costed at the rate measured for the piece's size: a KV chunk populated alone
+// is slower than a 64 MiB weight layer; the table survives Save/Load.
+TEST(DeviceProfile, MappedReadsAreCostedAtTheirPieceSize) {
+  DeviceProfile p = DeviceProfile::Default();
+  p.mapped_read_Bps = 2e9;
+  RestorePaths all;
+  all.weights_file_backed = all.kv_mapped = all.kv_in_place = true;
+  const uint64_t chunk = 1 << 20, layer = 64ull << 20;
+  // Without the table every size reads at mapped_read_Bps (profiles written before it existed).
+  EXPECT_NEAR(DeriveUnitTimes(p, "q8", chunk, layer, all).t_r_kv, 1048576.0 / 2e9, 1e-12);
+  p.mapped_read_by_request = {{256 << 10, 0.25e9}, {1 << 20, 0.5e9}, {64ull << 20, 2e9}};
+  const UnitTimes t = DeriveUnitTimes(p, "q8", chunk, layer, all);
+  EXPECT_NEAR(t.t_r_kv, 1048576.0 / 0.5e9, 1e-12);
+  EXPECT_NEAR(t.t_r_w, 64 * 1048576.0 / 2e9, 1e-12);
+  EXPECT_NEAR(p.MappedReadBps(128 << 10), 0.125e9, 1);  // below the smallest: its per-request time
+  EXPECT_NEAR(p.MappedReadBps(1ull << 30), 2e9, 1);     // above the largest: the peak
+  const std::string path = test::TempDir() + "/profile-mapped.json";
+  ASSERT_TRUE(p.Save(path).ok());
+  DeviceProfile q;
+  ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
+  EXPECT_EQ(q.mapped_read_by_request, p.mapped_read_by_request);
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace mz

@@ -94,12 +94,12 @@ double MeasurePopulateCost() {
   return best;
 }
 
-double MeasureMappedRead(const std::string& path, size_t bytes) {
+double MeasureMappedRead(const std::string& path, size_t bytes, size_t piece) {
   Env* env = Env::Default();
   std::unique_ptr<File> file;
   if (!env->Open(path, OpenMode::kRead, false, &file).ok()) return 0;
   File* f = file.get();
-  const size_t piece = size_t(64) << 20;
+  if (piece == 0) return 0;
   double best = 0;
   for (int rep = 0; rep < 2; ++rep) {
     char* region = static_cast<char*>(env->MapAnon(bytes));

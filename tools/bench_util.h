@@ -23,9 +23,11 @@ double MeasureReadBandwidth(int n_threads, size_t bytes = size_t(512) << 20, int
 // taking the requests in turn (that many requests in flight), removes it. 0 on error.
 double MeasureDirectRead(const std::string& dir, size_t bytes, size_t request = size_t(4) << 20, int threads = 1);
 // Page-cache read bandwidth of the existing file `path` ([0, bytes)), read the way file-backed weight
-// units are: 64 MiB pieces mapped and populated (Env::PopulateMapped) by two threads in turn. Best
-// of 2 (bytes/s), the file's pages dropped from the page cache before each; 0 on error.
-double MeasureMappedRead(const std::string& path, size_t bytes);
+// units and mapped KV chunks are: `piece`-sized pieces (a weight layer, a KV chunk) mapped and
+// populated (Env::PopulateMapped) by two threads in turn, as the restore pipeline's two storage
+// workers do. Best of 2 (bytes/s), the file's pages dropped from the page cache before each; 0 on
+// error.
+double MeasureMappedRead(const std::string& path, size_t bytes, size_t piece = size_t(64) << 20);
 // The same for each reader count in `threads`, from one test file (written once). 0s on error.
 // mapped_Bps (optional): also the page-cache read bandwidth of the same file, as file-backed weight
 // units are read (Env::PopulateMapped of 64 MiB pieces by two threads, the file's pages dropped

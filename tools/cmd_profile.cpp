@@ -29,15 +29,19 @@ namespace {
 // kInvalidArgument: the attention kernel does not read this codec in place.
 Status MeasureInPlaceAttention(const std::string& codec_name, const std::vector<std::vector<uint16_t>>& chunks,
                                const ChunkShape& shape, int n_head, double* extra_s_per_MiB) {
-  if (codec_name != "q8") return Status::InvalidArgument(codec_name + " is not read in place");
-  constexpr int kChunks = 32, kReps = 9;
   auto codec = MakeKvCodec(codec_name);
+  if (!codec || !codec->attention_reads_in_place()) return Status::InvalidArgument(codec_name + " is not read in place");
+  constexpr int kChunks = 32, kReps = 9;
   std::vector<std::vector<uint8_t>> enc(kChunks);
+  // Distinct buffers for all kChunks chunks (a model with fewer sample chunks repeats their
+  // contents, never their memory): otherwise the fp16 side would re-read the same cached bytes.
+  std::vector<std::vector<uint16_t>> raws(kChunks);
   std::vector<const uint16_t*> kp(kChunks), vp(kChunks);
   std::vector<const uint8_t*> qp(kChunks);
   std::vector<int> rows(kChunks, shape.chunk_tokens);
   for (int c = 0; c < kChunks; ++c) {
-    const std::vector<uint16_t>& raw = chunks[size_t(c) % chunks.size()];
+    raws[c] = chunks[size_t(c) % chunks.size()];
+    const std::vector<uint16_t>& raw = raws[c];
     ChunkShape s = shape;
     s.layer = int(size_t(c) % chunks.size() / 2);
     enc[c].resize(codec->MaxEncodedSize(s));
@@ -211,10 +215,16 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
       prof.read_Bps.push_back({req, best});
       std::printf("| %llu KiB | %.0f |\n", (unsigned long long)(req >> 10), best / 1e6);
     }
-    // How file-backed weights are re-read: page-cache readahead into file mappings.
-    prof.mapped_read_Bps = MeasureMappedRead(path, std::min(file_bytes, size_t(256) << 20));
-    std::printf("\npage-cache readahead into file mappings (64 MiB pieces, 2 threads): %.0f MB/s\n",
-                prof.mapped_read_Bps / 1e6);
+    // How file-backed weights and mapped KV chunks are re-read: page-cache readahead into file
+    // mappings, one populate per piece (a KV chunk is 0.25-1 MiB, a weight layer tens of MiB).
+    std::printf("\n| mapped piece (2 threads) | page-cache read MB/s |\n|---|---|\n");
+    for (uint64_t piece : {256ull << 10, 1ull << 20, 4ull << 20, 64ull << 20}) {
+      const double bps = MeasureMappedRead(path, std::min(file_bytes, size_t(256) << 20), piece);
+      if (!(bps > 0)) return Fail(Status::IOError("measuring page-cache reads of " + path + " failed"));
+      prof.mapped_read_by_request.push_back({piece, bps});
+      if (piece == (64ull << 20)) prof.mapped_read_Bps = bps;
+      std::printf("| %llu KiB | %.0f |\n", (unsigned long long)(piece >> 10), bps / 1e6);
+    }
     Env::Default()->Remove(path);
 
     // 4. Allocation (map + fault in) per MiB.

@@ -158,7 +158,7 @@ class ElasticMemory {
   // (its next eviction writes it anew; writes go to private copies of the pages, never the file).
   void WillRewriteChunk(int chunk);
   // The codec's chunks can be read in place by the attention kernel (q8).
-  bool codec_readable_in_place() const { return codec_ && codec_->id() == uint8_t(KvCodecId::kQ8); }
+  bool codec_readable_in_place() const { return codec_ && codec_->attention_reads_in_place(); }
   // Brings a KV chunk compressed on storage (kKvStorageCompressed) into the in-memory swap as it is
   // (kKvMemCompressed, readable in place): direct I/O into the stack, checksum verified, no decode,
   // half the RAM of restoring it. REQUIRES codec_readable_in_place(). On an I/O error the chunk

@@ -8,9 +8,12 @@
 
 namespace mz {
 
-double DeviceProfile::ReadBps(uint64_t bytes) const {
-  if (read_Bps.empty()) return 1e9;
-  auto v = read_Bps;
+namespace {
+
+// Throughput for requests of `bytes` from a table of (request bytes, bytes/s): linear between
+// measured sizes, proportional below the smallest (per-request latency dominates), the peak above
+// the largest. REQUIRES a non-empty table.
+double Interpolate(std::vector<std::pair<uint64_t, double>> v, uint64_t bytes) {
   std::sort(v.begin(), v.end());
   if (bytes <= v.front().first) return v.front().second * double(bytes) / double(v.front().first);
   for (size_t i = 1; i < v.size(); ++i)
@@ -19,6 +22,32 @@ double DeviceProfile::ReadBps(uint64_t bytes) const {
       return v[i - 1].second + f * (v[i].second - v[i - 1].second);
     }
   return std::max_element(v.begin(), v.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
+}
+
+// A (request bytes, bytes/s) table from JSON; every entry must have a positive size and rate.
+Status TableFromJson(const nlohmann::json& j, const std::string& what, std::vector<std::pair<uint64_t, double>>* out) {
+  for (auto& r : j) {
+    const uint64_t n = r.at("request_bytes").get<uint64_t>();
+    const double b = r.at("Bps").get<double>();
+    if (n == 0 || !(b > 0) || !std::isfinite(b)) return Status::Corruption("bad " + what + " entry");
+    out->push_back({n, b});
+  }
+  return Status::Ok();
+}
+
+nlohmann::json TableToJson(const std::vector<std::pair<uint64_t, double>>& v) {
+  nlohmann::json r = nlohmann::json::array();
+  for (auto& [n, b] : v) r.push_back({{"request_bytes", n}, {"Bps", b}});
+  return r;
+}
+
+}  // namespace
+
+double DeviceProfile::ReadBps(uint64_t bytes) const { return read_Bps.empty() ? 1e9 : Interpolate(read_Bps, bytes); }
+
+double DeviceProfile::MappedReadBps(uint64_t bytes) const {
+  if (!mapped_read_by_request.empty()) return Interpolate(mapped_read_by_request, bytes);
+  return mapped_read_Bps > 0 ? mapped_read_Bps : ReadBps(4 << 20);
 }
 
 uint64_t DeviceProfile::SaturatingRequest() const {
@@ -49,9 +78,8 @@ Status DeviceProfile::Save(const std::string& path) const {
   j["decode_Bps"] = decode_Bps;
   j["encode_Bps"] = encode_Bps;
   j["ratio"] = ratio;
-  nlohmann::json r = nlohmann::json::array();
-  for (auto& [n, b] : read_Bps) r.push_back({{"request_bytes", n}, {"Bps", b}});
-  j["read_Bps"] = r;
+  j["read_Bps"] = TableToJson(read_Bps);
+  j["mapped_read_by_request"] = TableToJson(mapped_read_by_request);
   j["alloc_s_per_MiB"] = alloc_s_per_MiB;
   j["mapped_read_Bps"] = mapped_read_Bps;
   j["attend_in_place_s_per_MiB"] = attend_in_place_s_per_MiB;
@@ -72,19 +100,28 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out) {
     p.decode_Bps = j.at("decode_Bps").get<std::map<std::string, double>>();
     p.encode_Bps = j.value("encode_Bps", std::map<std::string, double>{});
     p.ratio = j.value("ratio", std::map<std::string, double>{});
-    for (auto& r : j.at("read_Bps")) p.read_Bps.push_back({r.at("request_bytes").get<uint64_t>(), r.at("Bps").get<double>()});
+    Status st = TableFromJson(j.at("read_Bps"), "read throughput", &p.read_Bps);
+    if (st.ok() && j.contains("mapped_read_by_request"))
+      st = TableFromJson(j.at("mapped_read_by_request"), "mapped read throughput", &p.mapped_read_by_request);
+    if (!st.ok()) return Status::Corruption("profile " + path + ": " + st.message());
     p.alloc_s_per_MiB = j.value("alloc_s_per_MiB", 0.0);
+    if (!(p.alloc_s_per_MiB >= 0) || !std::isfinite(p.alloc_s_per_MiB))
+      return Status::Corruption("profile " + path + ": alloc_s_per_MiB must be a finite number >= 0");
     p.mapped_read_Bps = j.value("mapped_read_Bps", 0.0);
-    if (p.mapped_read_Bps < 0) return Status::Corruption("profile " + path + ": mapped_read_Bps must not be negative");
+    if (!(p.mapped_read_Bps >= 0) || !std::isfinite(p.mapped_read_Bps))
+      return Status::Corruption("profile " + path + ": mapped_read_Bps must be a finite number >= 0");
     // Absent from profiles written before it was measured: compressed chunks are then costed as decoded.
     p.attend_in_place_s_per_MiB = j.value("attend_in_place_s_per_MiB", std::map<std::string, double>{});
     for (auto& [k, v] : p.attend_in_place_s_per_MiB)
       if (!std::isfinite(v)) return Status::Corruption("profile " + path + ": attend_in_place_s_per_MiB of " + k + " is not finite");
     p.threads = j.value("threads", 1);
+    if (p.threads < 1) return Status::Corruption("profile " + path + ": threads must be >= 1");
     for (auto& [k, v] : p.decode_Bps)
-      if (!(v > 0)) return Status::Corruption("profile " + path + ": decode throughput of " + k + " must be positive");
-    for (auto& [n, b] : p.read_Bps)
-      if (!(b > 0) || n == 0) return Status::Corruption("profile " + path + ": bad read throughput entry");
+      if (!(v > 0) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": decode throughput of " + k + " must be positive");
+    // A ratio is a divisor of storage reads and of what fits in memory: 0 or negative would give
+    // NaN or negative unit times.
+    for (auto& [k, v] : p.ratio)
+      if (!(v > 0) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": compression ratio of " + k + " must be positive");
     *out = std::move(p);
   } catch (const std::exception& e) {
     return Status::Corruption("profile " + path + ": " + e.what());
@@ -110,7 +147,6 @@ UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint
   UnitTimes t;
   const double chunk_mib = double(chunk_bytes) / 1048576.0;
   const double alloc_chunk = p.alloc_s_per_MiB * chunk_mib;
-  const double mapped_Bps = p.mapped_read_Bps > 0 ? p.mapped_read_Bps : p.ReadBps(4 << 20);
   const auto in_place = p.attend_in_place_s_per_MiB.find(codec);
   if (paths.kv_in_place && in_place != p.attend_in_place_s_per_MiB.end()) {
     // Never zero: k = floor(t_r^W / t_d^KV) must stay finite, and a compressed chunk is never
@@ -120,11 +156,11 @@ UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint
   } else {
     t.t_d_kv = double(chunk_bytes) / p.DecodeBps(codec) + alloc_chunk;
   }
-  t.t_r_kv = paths.kv_mapped ? double(chunk_bytes) / mapped_Bps : double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
+  t.t_r_kv = paths.kv_mapped ? double(chunk_bytes) / p.MappedReadBps(chunk_bytes) : double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
   const uint64_t enc = uint64_t(double(chunk_bytes) * p.Ratio(codec));
   t.t_r_kvc = double(enc) / p.ReadBps(enc) + t.t_d_kv;
   if (paths.weights_file_backed)
-    t.t_r_w = double(layer_bytes) / mapped_Bps;
+    t.t_r_w = double(layer_bytes) / p.MappedReadBps(layer_bytes);
   else
     t.t_r_w = double(layer_bytes) / p.ReadBps(4 << 20) + p.alloc_s_per_MiB * double(layer_bytes) / 1048576.0;
   return t;

@@ -18,9 +18,13 @@ struct DeviceProfile {
   std::map<std::string, double> encode_Bps;    // codec -> raw bytes/s encoded, one thread
   std::map<std::string, double> ratio;         // codec -> encoded / raw bytes on real KV
   std::vector<std::pair<uint64_t, double>> read_Bps;  // request bytes -> bytes/s (direct I/O, sequential)
-  // Page-cache readahead into file mappings (how file-backed weights are re-read), bytes/s; 0 = not
-  // measured (ReadBps(4 MiB) stands in).
+  // Page-cache readahead into file mappings (how file-backed weights and mapped KV chunks are
+  // re-read: Env::PopulateMapped by two threads), bytes/s, for 64 MiB pieces; 0 = not measured
+  // (ReadBps(4 MiB) stands in).
   double mapped_read_Bps = 0.0;
+  // The same by piece size (request bytes -> bytes/s): one populate per KV chunk is slower than one
+  // per 64 MiB. Empty in profiles written before it was measured (mapped_read_Bps stands in).
+  std::vector<std::pair<uint64_t, double>> mapped_read_by_request;
   double alloc_s_per_MiB = 0.0;                // mmap + first touch
   // codec -> extra attention seconds per MiB of raw KV when a query of kInPlaceQueryTokens tokens
   // reads chunks compressed in memory in place (KvLayerView::q8_chunks) instead of fp16 chunks, one
@@ -32,6 +36,9 @@ struct DeviceProfile {
 
   // Read throughput for requests of `bytes` (interpolated; saturates at the largest measured size).
   double ReadBps(uint64_t bytes) const;
+  // Page-cache read throughput into a file mapping of `bytes` (mapped_read_by_request interpolated
+  // the same way; else mapped_read_Bps; else ReadBps(4 MiB)).
+  double MappedReadBps(uint64_t bytes) const;
   // Smallest measured request size that reaches 90% of the peak read throughput.
   uint64_t SaturatingRequest() const;
   double DecodeBps(const std::string& codec) const;
@@ -54,11 +61,11 @@ struct UnitTimes {
 
 // How evicted units come back in this engine (the restore paths the times are derived for).
 struct RestorePaths {
-  // Weights are re-read through the page cache (Model::file_backed): at mapped_read_Bps, no
+  // Weights are re-read through the page cache (Model::file_backed): at MappedReadBps(layer), no
   // anonymous memory to allocate. false: direct reads of 4 MiB + allocation.
   bool weights_file_backed = false;
   // Full raw KV chunks on storage are mapped from the swap file (ElasticMemory::CanMapSwap): read
-  // at mapped_read_Bps, nothing allocated. false: a direct read of one chunk + allocation.
+  // at MappedReadBps(chunk), nothing allocated. false: a direct read of one chunk + allocation.
   bool kv_mapped = false;
   // Compute reads compressed chunks in place (ContextOptions::attend_compressed and a codec the
   // kernel reads: q8): a chunk compressed in memory costs the first token only the extra attention

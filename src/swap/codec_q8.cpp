@@ -138,6 +138,7 @@ class Q8Codec final : public KvCodec {
   const char* name() const override { return "q8"; }
   uint8_t id() const override { return uint8_t(KvCodecId::kQ8); }
   bool lossless() const override { return false; }
+  bool attention_reads_in_place() const override { return true; }
   size_t MaxEncodedSize(const ChunkShape& s) const override {
     return ValidateShape(s).ok() ? kKvCodecHeaderBytes + Q8PayloadBytes(s) : 0;
   }

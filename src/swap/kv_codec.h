@@ -79,6 +79,10 @@ class KvCodec {
   virtual const char* name() const = 0;  // "none", "q8", "q4", "cachegen", "lz4", "zstd"
   virtual uint8_t id() const = 0;         // none=0, q8=1, q4=2, cachegen=3, lz4=4, zstd=5
   virtual bool lossless() const = 0;
+  // The attention kernel reads this codec's payload in place (runtime/attention.h,
+  // KvLayerView::q8_chunks), so a chunk held compressed need not be decoded before compute: q8 only.
+  // The one predicate for it (ElasticMemory, the policy's restore paths, `mzcache profile`).
+  virtual bool attention_reads_in_place() const { return false; }
   // Upper bound of the encoded size (header included) for ANY input of shape s; 0 if s is invalid.
   // q8, q4 and none always produce exactly this many bytes. Non-decreasing in n_tokens (and
   // independent of layer), so the bound for a full chunk covers every partial chunk of the geometry.
