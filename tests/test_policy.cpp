@@ -279,12 +279,14 @@ TEST(DeviceProfile, MappedReadsAreCostedAtTheirPieceSize) {
   const uint64_t chunk = 1 << 20, layer = 64ull << 20;
   // Without the table every size reads at mapped_read_Bps (profiles written before it existed).
   EXPECT_NEAR(DeriveUnitTimes(p, "q8", chunk, layer, all).t_r_kv, 1048576.0 / 2e9, 1e-12);
-  p.mapped_read_by_request = {{256 << 10, 0.25e9}, {1 << 20, 0.5e9}, {64ull << 20, 2e9}};
+  // 4 MiB pieces measured fastest; 64 MiB (a layer) slower than mapped_read_Bps says.
+  p.mapped_read_by_request = {{256 << 10, 0.25e9}, {1 << 20, 0.5e9}, {4 << 20, 3e9}, {64ull << 20, 1.5e9}};
   const UnitTimes t = DeriveUnitTimes(p, "q8", chunk, layer, all);
   EXPECT_NEAR(t.t_r_kv, 1048576.0 / 0.5e9, 1e-12);
-  EXPECT_NEAR(t.t_r_w, 64 * 1048576.0 / 2e9, 1e-12);
+  EXPECT_NEAR(t.t_r_w, 64 * 1048576.0 / 1.5e9, 1e-12);
+  EXPECT_NEAR(p.MappedReadBps(2 << 20), 0.5e9 + (3e9 - 0.5e9) / 3, 1);  // between entries: linear
   EXPECT_NEAR(p.MappedReadBps(128 << 10), 0.125e9, 1);  // below the smallest: its per-request time
-  EXPECT_NEAR(p.MappedReadBps(1ull << 30), 2e9, 1);     // above the largest: the peak
+  EXPECT_NEAR(p.MappedReadBps(1ull << 30), 1.5e9, 1);   // above the largest: its rate, not the table's peak
   const std::string path = test::TempDir() + "/profile-mapped.json";
   ASSERT_TRUE(p.Save(path).ok());
   DeviceProfile q;

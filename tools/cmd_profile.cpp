@@ -220,7 +220,10 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
     std::printf("\n| mapped piece (2 threads) | page-cache read MB/s |\n|---|---|\n");
     for (uint64_t piece : {256ull << 10, 1ull << 20, 4ull << 20, 64ull << 20}) {
       const double bps = MeasureMappedRead(path, std::min(file_bytes, size_t(256) << 20), piece);
-      if (!(bps > 0)) return Fail(Status::IOError("measuring page-cache reads of " + path + " failed"));
+      if (!(bps > 0)) {
+        Env::Default()->Remove(path);
+        return Fail(Status::IOError("measuring page-cache reads of " + path + " failed"));
+      }
       prof.mapped_read_by_request.push_back({piece, bps});
       if (piece == (64ull << 20)) prof.mapped_read_Bps = bps;
       std::printf("| %llu KiB | %.0f |\n", (unsigned long long)(piece >> 10), bps / 1e6);

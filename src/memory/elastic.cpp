@@ -137,7 +137,7 @@ Status ElasticMemory::EvictKv(int layer, int chunk, UnitState target) {
     MZ_RETURN_IF_ERROR(codec_->Encode(sh, data, buf.data(), buf.size(), &n).With(UnitName(UnitRef::Kv(layer, chunk))));
     if (target == UnitState::kKvMemCompressed) {
       MZ_RETURN_IF_ERROR(stack_->Push(buf.data(), n, &s.h));
-      if (codec_->id() == uint8_t(KvCodecId::kQ8)) {
+      if (codec_readable_in_place()) {
         // Compute can read a q8 chunk in place (KvLayerView::q8_chunks): no restore needed first.
         size_t held = 0;
         const uint8_t* p = stack_->Get(s.h, &held);

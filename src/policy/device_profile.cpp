@@ -11,9 +11,9 @@ namespace mz {
 namespace {
 
 // Throughput for requests of `bytes` from a table of (request bytes, bytes/s): linear between
-// measured sizes, proportional below the smallest (per-request latency dominates), the peak above
-// the largest. REQUIRES a non-empty table.
-double Interpolate(std::vector<std::pair<uint64_t, double>> v, uint64_t bytes) {
+// measured sizes, proportional below the smallest (per-request latency dominates); above the
+// largest, the peak of the table (peak_above) or the largest size's rate. REQUIRES a non-empty table.
+double Interpolate(std::vector<std::pair<uint64_t, double>> v, uint64_t bytes, bool peak_above) {
   std::sort(v.begin(), v.end());
   if (bytes <= v.front().first) return v.front().second * double(bytes) / double(v.front().first);
   for (size_t i = 1; i < v.size(); ++i)
@@ -21,6 +21,7 @@ double Interpolate(std::vector<std::pair<uint64_t, double>> v, uint64_t bytes) {
       const double f = double(bytes - v[i - 1].first) / double(v[i].first - v[i - 1].first);
       return v[i - 1].second + f * (v[i].second - v[i - 1].second);
     }
+  if (!peak_above) return v.back().second;
   return std::max_element(v.begin(), v.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
 }
 
@@ -43,10 +44,10 @@ nlohmann::json TableToJson(const std::vector<std::pair<uint64_t, double>>& v) {
 
 }  // namespace
 
-double DeviceProfile::ReadBps(uint64_t bytes) const { return read_Bps.empty() ? 1e9 : Interpolate(read_Bps, bytes); }
+double DeviceProfile::ReadBps(uint64_t bytes) const { return read_Bps.empty() ? 1e9 : Interpolate(read_Bps, bytes, true); }
 
 double DeviceProfile::MappedReadBps(uint64_t bytes) const {
-  if (!mapped_read_by_request.empty()) return Interpolate(mapped_read_by_request, bytes);
+  if (!mapped_read_by_request.empty()) return Interpolate(mapped_read_by_request, bytes, false);
   return mapped_read_Bps > 0 ? mapped_read_Bps : ReadBps(4 << 20);
 }
 

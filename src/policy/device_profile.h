@@ -18,9 +18,9 @@ struct DeviceProfile {
   std::map<std::string, double> encode_Bps;    // codec -> raw bytes/s encoded, one thread
   std::map<std::string, double> ratio;         // codec -> encoded / raw bytes on real KV
   std::vector<std::pair<uint64_t, double>> read_Bps;  // request bytes -> bytes/s (direct I/O, sequential)
-  // Page-cache readahead into file mappings (how file-backed weights and mapped KV chunks are
-  // re-read: Env::PopulateMapped by two threads), bytes/s, for 64 MiB pieces; 0 = not measured
-  // (ReadBps(4 MiB) stands in).
+  // Page-cache readahead into file mappings (Env::PopulateMapped by two threads), bytes/s, for
+  // 64 MiB pieces: the stand-in for every size in profiles without mapped_read_by_request; 0 = not
+  // measured (ReadBps(4 MiB) stands in).
   double mapped_read_Bps = 0.0;
   // The same by piece size (request bytes -> bytes/s): one populate per KV chunk is slower than one
   // per 64 MiB. Empty in profiles written before it was measured (mapped_read_Bps stands in).
@@ -34,10 +34,10 @@ struct DeviceProfile {
   static constexpr int kInPlaceQueryTokens = 8;
   int threads = 1;                             // threads the decode path uses in restoration
 
-  // Read throughput for requests of `bytes` (interpolated; saturates at the largest measured size).
+  // Read throughput for requests of `bytes` (interpolated; the peak measured rate above the largest size).
   double ReadBps(uint64_t bytes) const;
   // Page-cache read throughput into a file mapping of `bytes` (mapped_read_by_request interpolated
-  // the same way; else mapped_read_Bps; else ReadBps(4 MiB)).
+  // the same way, but the largest piece's rate above it; else mapped_read_Bps; else ReadBps(4 MiB)).
   double MappedReadBps(uint64_t bytes) const;
   // Smallest measured request size that reaches 90% of the peak read throughput.
   uint64_t SaturatingRequest() const;
