@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/sync_point.h"
+#include "env/fault_env.h"
 #include "pipeline/restore_pipeline.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
@@ -325,6 +326,70 @@ TEST(RestoreGenerateSync, EvictionDuringGenerationIsRefused) {
   ASSERT_TRUE(status.ok()) << status.ToString();
   EXPECT_EQ(evict_st.code(), Status::kBusy) << "eviction during a generation must be refused: " << evict_st.ToString();
   EXPECT_EQ(int(s.ctx->history().size()), kPrompt + 8);
+}
+
+// restore_nice: where the OS grants the raised priority, every restoration thread runs at the
+// caller's nice + restore_nice and compute takes all n_threads from the start; where it refuses
+// (FaultEnv refuse_nice, as without CAP_SYS_NICE), compute keeps n_threads - 1 as without the
+// option. Either way the caller's own priority is left as it was and the output is bit-identical.
+TEST(RestoreGenerateSync, RaisedRestorePriorityIsProbedAndFallsBack) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  Rig ref = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "prio-ref");
+  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
+  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
+  const auto want = Logits(*ref.ctx);
+  // Can this process lower a thread's nice at all (root, or RLIMIT_NICE)? Probed on a thread of
+  // its own so this one keeps its priority.
+  bool grantable = false;
+  std::thread([&] {
+    const int n0 = Env::Default()->ThreadNice();
+    grantable = Env::Default()->SetThreadNice(n0 - 5).ok();
+  }).join();
+  for (bool refuse : {true, false}) {
+    SCOPED_TRACE(refuse ? "refused" : "granted");
+    if (!refuse && !grantable) {
+      std::fprintf(stderr, "  (this process may not lower a thread's nice: the granted half is not run)\n");
+      continue;
+    }
+    FaultEnv env(Env::Default());
+    env.refuse_nice = refuse;
+    Rig s;
+    ASSERT_TRUE(Model::Load(&env, path, ModelOptions(), &s.model).ok());
+    ContextOptions co;
+    co.n_ctx = 512;
+    co.kv_chunk_tokens = 16;
+    co.kv_codec = "none";
+    co.n_threads = 2;
+    co.swap_path = test::TempDir() + "/pipe-prio.swap";
+    s.ctx = std::make_unique<Context>(s.model.get(), co);
+    ASSERT_TRUE(s.ctx->Init().ok());
+    s.ctx->set_profile(DeviceProfile::Default());
+    ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+    ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() / 2, nullptr).ok());
+    const int base = env.ThreadNice();
+    std::mutex mu;
+    std::vector<int> seen;  // the nice of each thread that restored a unit
+    SyncPoints::SetCallback("pipeline:before_unit", [&](int) {
+      const int v = env.ThreadNice();
+      std::lock_guard<std::mutex> lk(mu);
+      seen.push_back(v);
+    });
+    PipelineOptions po;
+    po.restore_nice = -5;
+    po.compute_helps = false;  // every unit restored by a worker
+    RestoreGenerateStats st;
+    Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
+    SyncPoints::ClearAll();
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_GT(env.nice_calls.load(), 0);
+    EXPECT_EQ(st.pipeline.restore_priority_raised, !refuse);
+    EXPECT_EQ(st.compute_threads_during_restore, refuse ? 1 : 2);
+    EXPECT_EQ(env.ThreadNice(), base) << "the caller's priority is put back";
+    ASSERT_FALSE(seen.empty());
+    for (int v : seen) EXPECT_EQ(v, refuse ? base : base - 5);
+    EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4));
+  }
 }
 
 // The policy's unit times follow the context's restore paths: q8 read in place (attend_compressed)

@@ -69,6 +69,8 @@ const std::vector<System>& Systems() {
     add({"memory", "all in memory", false})->evict = false;
     add({"mznoft", "mzcache with compute on n-1 threads until restoration ends (full_threads_for_io off)"})->pipeline =
         [](PipelineOptions& p) { p.full_threads_for_io = false; };
+    add({"mzprio", "mzcache with restoration threads at a raised priority (nice -5 relative) and compute on all threads from the start (restore_nice)"})
+        ->pipeline = [](PipelineOptions& p) { p.restore_nice = -5; };
     add({"mzsto", "mzcache with every evicted KV chunk raw on storage (single-path policy, parallel pipeline)"})->single_path = true;
     add({"mznoload", "mzcache reading q8 chunks in memory in place but restoring (decoding) those on storage"})->pipeline =
         [](PipelineOptions& p) { p.load_compressed = false; };

@@ -95,6 +95,14 @@ class Env {
   // touch). Best effort.
   virtual void Prefault(void* p, size_t bytes) = 0;
 
+  // Scheduling priority of the calling thread as a nice value (-20 first .. 19 last; Linux
+  // threads each have their own). SetThreadNice fails (kUnsupported, the OS's refusal in the
+  // message) when the thread may not take that value: a lower nice than the current one needs
+  // CAP_SYS_NICE or RLIMIT_NICE; a higher one is always allowed. The thread's priority is then
+  // unchanged.
+  virtual Status SetThreadNice(int nice) = 0;
+  virtual int ThreadNice() = 0;
+
   virtual uint64_t NowNs() = 0;
   // The size of a memory page (what MapFileAt offsets and addresses must be aligned to).
   virtual size_t PageSize() = 0;
@@ -125,6 +133,8 @@ class EnvWrapper : public Env {
     return target_->CachedBytes(f, off, len, out);
   }
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
+  Status SetThreadNice(int nice) override { return target_->SetThreadNice(nice); }
+  int ThreadNice() override { return target_->ThreadNice(); }
   uint64_t NowNs() override { return target_->NowNs(); }
   size_t PageSize() override { return target_->PageSize(); }
   Env* target() const { return target_; }

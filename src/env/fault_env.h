@@ -23,6 +23,8 @@ class FaultEnv : public EnvWrapper {
   std::atomic<int64_t> write_budget{-1};         // >= 0: bytes that may still be written; then ENOSPC
   std::atomic<int64_t> flip_bit_read_after{-1};  // >= 0: after this many more reads, one read gets a bit flipped
   std::atomic<int64_t> fail_maps_after{-1};      // >= 0: after this many more MapAnon calls, MapAnon fails
+  std::atomic<bool> refuse_nice{false};          // SetThreadNice fails as without CAP_SYS_NICE
+  std::atomic<int> nice_calls{0};                 // SetThreadNice calls (granted or not)
   std::atomic<int64_t> n_reads{0}, n_writes{0}, bytes_read{0}, bytes_written{0};
 
   Status Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) override;
@@ -35,6 +37,11 @@ class FaultEnv : public EnvWrapper {
   // flip_bit_read_after fires on a writable mapping (MapFileAt), one bit of its first byte is
   // flipped in the process's private copy of the page, as a read from a failing disk would give.
   Status PopulateMapped(File* f, void* p, size_t bytes) override;
+  Status SetThreadNice(int nice) override {
+    ++nice_calls;
+    if (refuse_nice.load()) return Status::Unsupported("setpriority: Permission denied (injected)");
+    return EnvWrapper::SetThreadNice(nice);
+  }
 
   // True (and disarms) when a countdown reaches zero.
   static bool Fire(std::atomic<int64_t>& countdown);

@@ -62,7 +62,14 @@ void RestorePipeline::EnsureAllocated(size_t i) {
   while (alloc_state_[i].load(std::memory_order_acquire) != 2) std::this_thread::yield();  // being populated
 }
 
+void RestorePipeline::RaisePriority() {
+  // A refusal here (granted at Start, so not expected) leaves the thread at the caller's priority:
+  // it still restores, only without running ahead of compute.
+  if (stats_.restore_priority_raised) (void)e_->env()->SetThreadNice(base_nice_ + opts_.restore_nice);
+}
+
 void RestorePipeline::AllocatorThread() {
+  RaisePriority();
   for (size_t i = 0; i < tasks_.size() && !stop_alloc_.load(std::memory_order_relaxed); ++i)
     ClaimAndPopulate(i);
   alloc_finished_ = true;
@@ -95,6 +102,7 @@ void RestorePipeline::RunQueue(std::vector<size_t>& q, std::atomic<size_t>& next
 }
 
 void RestorePipeline::Worker(bool mem_path) {
+  RaisePriority();
   if (mem_path) {
     RunQueue(mem_q_, mem_next_, true);
     if (opts_.parallel_paths) RunQueue(sto_q_, sto_next_, false);
@@ -196,6 +204,15 @@ Status RestorePipeline::Start() {
     for (size_t i = 0; i < tasks_.size(); ++i) Process(i);
     stats_.reload_s = double(t_last_done_ns_.load()) * 1e-9 - t_reload0_;
     return Finish();
+  }
+  if (opts_.restore_nice < 0) {
+    // Probe on this thread: lower its nice and put it back (raising a nice is always allowed).
+    Env* env = e_->env();
+    base_nice_ = env->ThreadNice();
+    if (env->SetThreadNice(base_nice_ + opts_.restore_nice).ok()) {
+      stats_.restore_priority_raised = true;
+      (void)env->SetThreadNice(base_nice_);
+    }
   }
   if (opts_.alloc_ahead) {
     // One mapping, carved into page-aligned slices in task order (forward order).

@@ -67,6 +67,14 @@ struct PipelineOptions {
   // 0.303 s at 75%; Llama-3.2-1B 8k 0.327 vs 0.399 s at 75%. Without reading in place it was no
   // better (0.513 vs 0.489 s at 50%). bench ttft measures it off (mznoft, Fig. 11a).
   bool full_threads_for_io = true;
+  // Restoration threads' priority, as a nice value relative to the calling thread's (<= 0; 0
+  // leaves it alone). When the OS grants it (a lower nice needs CAP_SYS_NICE or RLIMIT_NICE;
+  // probed at Start), every restoration thread (storage and in-memory workers, the allocation
+  // thread) preempts compute whenever it needs a core, and compute runs on all n_threads from the
+  // start instead of n_threads - 1: restoration's CPU work is done first, and compute takes every
+  // cycle it leaves, including those of workers blocked on the disk. Refused: n_threads - 1 as
+  // without it (PipelineStats::restore_priority_raised tells which).
+  int restore_nice = 0;
   // restore_generate: compute reads compressed chunks in place (sets attend_compressed_below to
   // the first chunk the call writes). false: the paper's mzCache, which restores every unit first.
   bool attend_compressed = true;
@@ -98,6 +106,7 @@ struct PipelineStats {
   uint64_t bytes_read_compressed = 0;  // raw bytes of the chunks compute read compressed (not restored)
   uint64_t bytes_restored = 0;         // RAM the restored units occupy (what was allocated and filled)
   int units = 0;
+  bool restore_priority_raised = false;  // restore_nice was asked for and granted
 };
 
 class RestorePipeline {
@@ -125,6 +134,8 @@ class RestorePipeline {
     return cpu_done_.load() == n_cpu_tasks_ && (!allocator_started_ || alloc_finished_.load());
   }
   const PipelineStats& stats() const { return stats_; }
+  // restore_nice was granted: restoration threads run ahead of compute (fixed at Start).
+  bool restore_priority_raised() const { return stats_.restore_priority_raised; }
 
  private:
   struct Task {
@@ -152,6 +163,8 @@ class RestorePipeline {
   void EnsureAllocated(size_t i);
   bool ClaimAndPopulate(size_t i);  // true if this thread populated slice i
   void AllocatorThread();
+  // On a restoration thread, first thing: takes the raised priority (restore_nice) if granted.
+  void RaisePriority();
 
   ElasticMemory* e_;
   int n_layer_;
@@ -180,6 +193,7 @@ class RestorePipeline {
   std::atomic<bool> stop_alloc_{false};
   bool allocator_started_ = false;
   std::atomic<bool> alloc_finished_{false};
+  int base_nice_ = 0;                 // the calling thread's nice at Start
   size_t n_cpu_tasks_ = 0;            // tasks with Task::cpu, fixed before any worker starts
   std::atomic<size_t> cpu_done_{0};   // of those, restored (or failed)
 };

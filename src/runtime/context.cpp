@@ -172,7 +172,8 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   RestorePipeline pipe(elastic_.get(), int(model_->hparams().n_layer), pipe_opts);
   Status st = pipe.Start();
   const int full = opts_.n_threads;
-  const int during = pipe.done() ? full : std::max(1, full - 1);
+  // Restoration threads that run ahead of compute (restore_nice granted) need no core kept free.
+  const int during = pipe.done() || pipe.restore_priority_raised() ? full : std::max(1, full - 1);
   fwd_->set_n_threads(during);
   fwd_->set_wait([&](int unit) -> Status {
     Status s = pipe.Wait(unit);
