@@ -130,51 +130,83 @@ double MeasureMappedRead(const std::string& path, size_t bytes, size_t piece) {
   return best;
 }
 
+namespace {
+// Writes a `bytes` test file at path with O_DIRECT (4 MiB writes) and syncs it. false on error.
+bool WriteReadTestFile(const std::string& path, size_t bytes) {
+  std::unique_ptr<File> f;
+  if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return false;
+  const size_t blk = size_t(4) << 20;
+  void* buf = std::aligned_alloc(4096, blk);
+  if (!buf) return false;
+  std::memset(buf, 0x5a, blk);
+  bool ok = true;
+  for (size_t off = 0; off < bytes && ok; off += blk) ok = f->Write(buf, blk, off).ok();
+  std::free(buf);
+  return ok && f->Sync().ok();
+}
+
+// One pass of `request`-sized direct reads over [0, bytes) of f by `nt` readers taking the
+// requests in turn (that many in flight); bytes/s, 0 on error.
+double DirectReadPass(File* f, size_t bytes, size_t request, int nt) {
+  nt = std::max(1, nt);
+  void* buf = std::aligned_alloc(4096, request * size_t(nt));
+  if (!buf) return 0;
+  std::atomic<bool> failed{false};
+  auto reader = [&](int t) {
+    char* b = static_cast<char*>(buf) + size_t(t) * request;
+    for (size_t off = size_t(t) * request; off < bytes && !failed; off += request * size_t(nt)) {
+      size_t got = 0;
+      if (!f->Read(b, request, off, &got).ok()) failed = true;
+    }
+  };
+  const double t0 = NowSeconds();
+  std::vector<std::thread> ts;
+  for (int t = 1; t < nt; ++t) ts.emplace_back(reader, t);
+  reader(0);
+  for (auto& t : ts) t.join();
+  const double dt = NowSeconds() - t0;
+  std::free(buf);
+  return failed ? 0 : double(bytes) / dt;
+}
+}  // namespace
+
 std::vector<double> MeasureDirectReads(const std::string& dir, size_t bytes, size_t request,
                                        const std::vector<int>& threads, double* mapped_Bps) {
   std::vector<double> best(threads.size(), 0.0);
   const std::string path = dir + "/mzcache-read-test.bin";
+  bytes = AlignUp(bytes, size_t(4) << 20);
+  bool ok = WriteReadTestFile(path, bytes);
   std::unique_ptr<File> f;
-  if (!Env::Default()->Open(path, OpenMode::kCreateTrunc, true, &f).ok()) return best;
-  const size_t blk = size_t(4) << 20;
-  const size_t bufsz = std::max(blk, request);
-  int max_t = 1;
-  for (int t : threads) max_t = std::max(max_t, t);
-  void* buf = std::aligned_alloc(4096, bufsz * size_t(max_t));
-  std::memset(buf, 0x5a, bufsz * size_t(max_t));
-  bool ok = true;
-  for (size_t off = 0; off < bytes && ok; off += blk) ok = f->Write(buf, blk, off).ok();
-  ok = ok && f->Sync().ok();
-  f.reset();
   if (ok && Env::Default()->Open(path, OpenMode::kRead, true, &f).ok()) {
-    for (size_t k = 0; k < threads.size() && ok; ++k) {
-      const int nt = std::max(1, threads[k]);
+    for (size_t k = 0; k < threads.size() && ok; ++k)
       for (int rep = 0; rep < 2 && ok; ++rep) {
-        // `nt` readers, each with its own buffer, take the requests in turn (that many in flight).
-        std::atomic<bool> failed{false};
-        auto reader = [&](int t) {
-          char* b = static_cast<char*>(buf) + size_t(t) * bufsz;
-          for (size_t off = size_t(t) * request; off < bytes && !failed; off += request * size_t(nt)) {
-            size_t got = 0;
-            if (!f->Read(b, request, off, &got).ok()) failed = true;
-          }
-        };
-        const double t0 = NowSeconds();
-        std::vector<std::thread> ts;
-        for (int t = 1; t < nt; ++t) ts.emplace_back(reader, t);
-        reader(0);
-        for (auto& t : ts) t.join();
-        if (failed) ok = false;
-        else best[k] = std::max(best[k], double(bytes) / (NowSeconds() - t0));
+        const double bps = DirectReadPass(f.get(), bytes, request, threads[k]);
+        ok = bps > 0;
+        best[k] = std::max(best[k], bps);
       }
-    }
     f.reset();
   }
   if (mapped_Bps) *mapped_Bps = ok ? MeasureMappedRead(path, bytes) : 0.0;
-  std::free(buf);
   Env::Default()->Remove(path);
   if (!ok) std::fill(best.begin(), best.end(), 0.0);
   return best;
+}
+
+StorageProbe::StorageProbe(const std::string& dir, size_t bytes)
+    : path_(dir + "/mzcache-read-probe.bin"), bytes_(AlignUp(bytes, size_t(4) << 20)) {
+  ok_ = WriteReadTestFile(path_, bytes_);
+}
+
+StorageProbe::~StorageProbe() { Env::Default()->Remove(path_); }
+
+double StorageProbe::ReadNow() {
+  if (!ok_) return 0;
+  std::unique_ptr<File> f;
+  double direct = 0;
+  if (Env::Default()->Open(path_, OpenMode::kRead, true, &f).ok())
+    direct = DirectReadPass(f.get(), bytes_, size_t(4) << 20, 2);
+  f.reset();
+  return std::max(direct, MeasureMappedRead(path_, bytes_));
 }
 
 bool WriteFile(const std::string& dir, const std::string& name, const std::string& text) {

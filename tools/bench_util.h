@@ -34,6 +34,27 @@ double MeasureMappedRead(const std::string& path, size_t bytes, size_t piece = s
 // from the page cache first; best of 2; 0 on error).
 std::vector<double> MeasureDirectReads(const std::string& dir, size_t bytes, size_t request,
                                        const std::vector<int>& threads, double* mapped_Bps = nullptr);
+// A read-test file kept for a whole benchmark run, so that the storage's read rate can be measured
+// again between repetitions (a disk whose rate drifts within a run: the bound of each cell then
+// uses the rate measured during that cell). Not thread-safe; the file is removed by the destructor.
+class StorageProbe {
+ public:
+  // Writes a `bytes` (rounded up to 4 MiB) test file in dir with direct I/O; ok() tells if it did.
+  StorageProbe(const std::string& dir, size_t bytes);
+  ~StorageProbe();
+  StorageProbe(const StorageProbe&) = delete;
+  StorageProbe& operator=(const StorageProbe&) = delete;
+  bool ok() const { return ok_; }
+  // The best of, measured now (bytes/s, 0 on error): one pass of direct reads (4 MiB requests, 2 in
+  // flight, as the pipeline's two storage workers) and page-cache reads of 64 MiB mapped pieces by
+  // two threads (MeasureMappedRead: best of 2, the file dropped from the page cache first).
+  double ReadNow();
+
+ private:
+  std::string path_;
+  size_t bytes_;
+  bool ok_ = false;
+};
 // Cost of making fresh anonymous memory usable (Env::MapAnon + Prefault, the restore pipeline's
 // way), seconds per byte, best of 3 over 256 MiB. -1 if the mapping fails.
 double MeasurePopulateCost();

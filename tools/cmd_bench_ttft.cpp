@@ -373,6 +373,13 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
     g_ose = &ose;
     signal(SIGINT, OnSignal);
     signal(SIGTERM, OnSignal);
+    // The disk's rate drifts within a run on some machines: it is measured again before every
+    // repetition of every level, and each cell also gets a bound at the rate measured during it.
+    std::unique_ptr<StorageProbe> probe;
+    if (!a->prepare) {
+      probe = std::make_unique<StorageProbe>(a->swap_dir, size_t(128) << 20);
+      if (!probe->ok()) return Fail(Status::IOError("cannot write the read-probe file in " + a->swap_dir));
+    }
     for (const std::string& m : a->models) {
       std::string path;
       if (Status st = ResolveModelPath(m, a->type, &path); !st.ok()) return Fail(st);
@@ -394,6 +401,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
         if (a->prepare) continue;
         const double dec_Bps = MeasureDecode(ctx);
         std::map<std::string, std::map<int, std::vector<Run>>> runs;  // system -> level -> runs
+        std::map<int, std::vector<double>> cell_read;  // level -> storage read rate before each repetition
         PipelineOptions po;
         std::vector<std::string> systems{"mzcache", "partial", "memory"};
         for (const std::string& x : a->extra) systems.push_back(x);
@@ -402,6 +410,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
             // The order rotates every repetition (and every 25 points of level): a system's TTFT
             // depends a little on what the one before it left (measured: the same placement 10-15%
             // apart by position).
+            cell_read[lv].push_back(probe->ReadNow());
             std::vector<std::string> order = systems;
             std::rotate(order.begin(), order.begin() + (rep + lv / 25) % order.size(), order.end());
             for (const std::string& sys : order) {
@@ -460,13 +469,18 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
         md += "\n## " + m + " (" + model->hparams().name + "), context " + std::to_string(n) + "\n\n";
         std::snprintf(line, sizeof line, "all-in-memory TTFT: %.3f s (%.3f-%.3f)\n\n", mem.median, mem.min, mem.max);
         md += line;
-        md += "| remaining | mzcache s | Partial Offload s | speedup | Partial Offload / bound (the most any system could show) | lower bound s | mzcache / bound | from storage MiB | compressed MiB (read in place) | CPU floor s | mzcache / max(bound, CPU floor) | OS Paging s (reached remaining) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        md += "| remaining | mzcache s | Partial Offload s | speedup | Partial Offload / bound (the most any system could show) | lower bound s | mzcache / bound | from storage MiB | compressed MiB (read in place) | CPU floor s | mzcache / max(bound, CPU floor) | storage during the cell GB/s | mzcache / bound at that rate | OS Paging s (reached remaining) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
         std::string dat;
         for (int lv : a->levels) {
           const Stats mz = ttfts(runs["mzcache"][lv]), po_ = ttfts(runs["partial"][lv]);
           const Run& r0 = runs["mzcache"][lv].front();
           const double lb = std::max({mem.median, double(r0.bytes_sto) / read_Bps,
                                       double(r0.bytes_dec) / (dec_Bps * po.decode_threads)});
+          // The same bound at the storage rate measured during this cell (median of the reads
+          // between its repetitions; the run-start rate if every one failed).
+          const double cell_Bps = Median(cell_read[lv]) > 0 ? Median(cell_read[lv]) : read_Bps;
+          const double lb_cell = std::max({mem.median, double(r0.bytes_sto) / cell_Bps,
+                                           double(r0.bytes_dec) / (dec_Bps * po.decode_threads)});
           // CPU floor (an estimate, not the bound): the query's own CPU-seconds all in memory
           // plus populating every byte the restoration brings back (q8 chunks read in place are not
           // brought back), spread perfectly over the cores. Decoding and syscalls come on top.
@@ -487,10 +501,10 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
             rows.push_back({{"model", m}, {"ctx", n}, {"level", lv}, {"os_paging", {{"median", so.median}, {"min", so.min},
                             {"max", so.max}, {"remaining_reached", Median(rem)}, {"reached", osr[lv].front().reached}}}});
           }
-          std::snprintf(line, sizeof line, "| %d%% | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.2fx | %.2fx | %.3f | %.2f | %.0f | %.0f (%.0f) | %.3f | %.2f | %s |\n", lv,
+          std::snprintf(line, sizeof line, "| %d%% | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) | %.2fx | %.2fx | %.3f | %.2f | %.0f | %.0f (%.0f) | %.3f | %.2f | %.2f | %.2f | %s |\n", lv,
                         mz.median, mz.min, mz.max, po_.median, po_.min, po_.max, po_.median / mz.median, po_.median / lb, lb,
                         mz.median / lb, r0.bytes_sto / 1048576.0, r0.bytes_dec / 1048576.0, r0.bytes_inplace / 1048576.0, cpu_floor, mz.median / lb_cpu,
-                        os_cell.c_str());
+                        cell_Bps / 1e9, mz.median / lb_cell, os_cell.c_str());
           md += line;
           (void)os_med;
           char d[256];
@@ -514,7 +528,14 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                           {"bytes_restored", r0.bytes_restored},
                           {"remaining_actual", r0.remaining}, {"decode_GBps", dec_Bps / 1e9},
                           {"evicted_bytes", r0.evicted}, {"cpu_floor", cpu_floor}, {"all_in_memory_cpu_s", Median(mem_cpu)},
-                          {"ratio_to_bound_or_cpu_floor", mz.median / lb_cpu}});
+                          {"ratio_to_bound_or_cpu_floor", mz.median / lb_cpu},
+                          {"storage_read_GBps_cell", cell_Bps / 1e9}, {"storage_read_GBps_cell_all", [&] {
+                            std::vector<double> g;
+                            for (double x : cell_read[lv]) g.push_back(x / 1e9);
+                            return g;
+                          }()},
+                          {"lower_bound_cell", lb_cell}, {"ratio_to_bound_cell", mz.median / lb_cell},
+                          {"partial_over_bound_cell", po_.median / lb_cell}});
         }
         if (!runs["partial"][a->levels.front()].empty() && a->levels.front() == 0) {
           std::vector<double> al, re, pf, tt;
