@@ -1,4 +1,4 @@
-// Helpers behind `bench footprint` and `bench accuracy`: the footprint computed from a shape's
+// Helpers behind `bench footprint`, `bench accuracy` and the storage measurements of `bench ttft`: the footprint computed from a shape's
 // hyper-parameters must equal what the synthesized GGUF and a context actually hold, and the KL /
 // top-1 / histogram helpers must compute what they claim on cases with known answers.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include "runtime/context.h"
 #include "test_util.h"
 #include "tools/accuracy_metrics.h"
+#include "tools/bench_util.h"
 #include "tools/footprint_calc.h"
 
 namespace mz {
@@ -125,6 +126,39 @@ TEST(KlHelpers, ArgMaxSummaryAndHistogram) {
   int total = 0;
   for (int c : h) total += c;
   EXPECT_EQ(total, 5);
+}
+
+
+// bench ttft's storage measurements: the kept probe file measures again and again and is removed
+// with the probe; one that cannot write its file says so and measures nothing; the one-off helper
+// leaves no file behind.
+TEST(StorageProbe, MeasuresRepeatedlyAndCleansUp) {
+  using cli::MeasureDirectReads;
+  using cli::StorageProbe;
+  const std::string dir = test::TempDir();
+  const std::string file = dir + "/mzcache-read-probe.bin";
+  FileInfo fi;
+  {
+    StorageProbe p(dir, size_t(6) << 20);  // rounded up to 8 MiB
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(Env::Default()->StatPath(file, &fi).ok());
+    EXPECT_EQ(fi.size, uint64_t(8) << 20);
+    EXPECT_GT(p.ReadNow(), 0.0);
+    EXPECT_GT(p.ReadNow(), 0.0);
+  }
+  EXPECT_FALSE(Env::Default()->StatPath(file, &fi).ok()) << "the probe removes its file";
+  StorageProbe bad(dir + "/no/such/dir", size_t(4) << 20);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.ReadNow(), 0.0);
+  double mapped = 0;
+  const std::vector<double> r = MeasureDirectReads(dir, size_t(8) << 20, size_t(4) << 20, {1, 2}, &mapped);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_GT(r[0], 0.0);
+  EXPECT_GT(r[1], 0.0);
+  EXPECT_GT(mapped, 0.0);
+  EXPECT_FALSE(Env::Default()->StatPath(dir + "/mzcache-read-test.bin", &fi).ok());
+  const std::vector<double> none = MeasureDirectReads(dir + "/no/such/dir", size_t(8) << 20, size_t(4) << 20, {1});
+  EXPECT_EQ(none[0], 0.0);
 }
 
 }  // namespace
