@@ -45,9 +45,10 @@ class StorageProbe {
   StorageProbe(const StorageProbe&) = delete;
   StorageProbe& operator=(const StorageProbe&) = delete;
   bool ok() const { return ok_; }
-  // The best of, measured now (bytes/s, 0 on error): one pass of direct reads (4 MiB requests, 2 in
-  // flight, as the pipeline's two storage workers) and page-cache reads of 64 MiB mapped pieces by
-  // two threads (MeasureMappedRead: best of 2, the file dropped from the page cache first).
+  // The best of, measured now (bytes/s, 0 on error): one pass of direct reads with 4 MiB requests,
+  // 1 in flight, one with 2 in flight (as the pipeline's two storage workers), and page-cache
+  // reads of 64 MiB mapped pieces by two threads (MeasureMappedRead: best of 2, the file dropped
+  // from the page cache first): the kinds of read the run-start figure takes the best of.
   double ReadNow();
 
  private:

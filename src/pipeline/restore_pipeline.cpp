@@ -209,9 +209,12 @@ Status RestorePipeline::Start() {
     // Probe on this thread: lower its nice and put it back (raising a nice is always allowed).
     Env* env = e_->env();
     base_nice_ = env->ThreadNice();
+    // Granted only if the nice really went down (setpriority clamps at -20 and succeeds), and
+    // only if this thread's own priority could be put back (raising a nice is always allowed, so
+    // that failing means something else is wrong: then no worker is raised either).
     if (env->SetThreadNice(base_nice_ + opts_.restore_nice).ok()) {
-      stats_.restore_priority_raised = true;
-      (void)env->SetThreadNice(base_nice_);
+      const bool lowered = env->ThreadNice() < base_nice_;
+      stats_.restore_priority_raised = env->SetThreadNice(base_nice_).ok() && lowered;
     }
   }
   if (opts_.alloc_ahead) {

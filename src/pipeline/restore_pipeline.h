@@ -67,8 +67,8 @@ struct PipelineOptions {
   // 0.303 s at 75%; Llama-3.2-1B 8k 0.327 vs 0.399 s at 75%. Without reading in place it was no
   // better (0.513 vs 0.489 s at 50%). bench ttft measures it off (mznoft, Fig. 11a).
   bool full_threads_for_io = true;
-  // Restoration threads' priority, as a nice value relative to the calling thread's (<= 0; 0
-  // leaves it alone). When the OS grants it (a lower nice needs CAP_SYS_NICE or RLIMIT_NICE;
+  // Restoration threads' priority, as a nice value relative to the calling thread's (<= 0; 0 or
+  // a positive value leaves it alone). When the OS grants it (a lower nice needs CAP_SYS_NICE or RLIMIT_NICE;
   // probed at Start), every restoration thread (storage and in-memory workers, the allocation
   // thread) preempts compute whenever it needs a core, and compute runs on all n_threads from the
   // start instead of n_threads - 1: restoration's CPU work is done first, and compute takes every
