@@ -40,9 +40,10 @@ std::vector<int32_t> Prompt(const std::string& path) {
   return t;
 }
 
-Rig MakeCtx(const std::string& path, const std::string& codec, EvictOrder order, bool partial, const char* tag) {
+Rig MakeCtx(const std::string& path, const std::string& codec, EvictOrder order, bool partial, const char* tag,
+            Env* env = Env::Default()) {
   Rig s;
-  EXPECT_TRUE(Model::Load(Env::Default(), path, ModelOptions(), &s.model).ok());
+  EXPECT_TRUE(Model::Load(env, path, ModelOptions(), &s.model).ok());
   ContextOptions co;
   co.n_ctx = 512;
   co.kv_chunk_tokens = 16;
@@ -351,17 +352,8 @@ TEST(RestoreGenerateSync, RaisedRestorePriorityIsProbedAndFallsBack) {
     if (!refuse && !grantable) GTEST_SKIP() << "this process may not lower a thread's nice: the granted half is not run";
     FaultEnv env(Env::Default());
     env.refuse_nice = refuse;
-    Rig s;
-    ASSERT_TRUE(Model::Load(&env, path, ModelOptions(), &s.model).ok());
-    ContextOptions co;
-    co.n_ctx = 512;
-    co.kv_chunk_tokens = 16;
-    co.kv_codec = "none";
-    co.n_threads = 2;
-    co.swap_path = test::TempDir() + "/pipe-prio.swap";
-    s.ctx = std::make_unique<Context>(s.model.get(), co);
-    ASSERT_TRUE(s.ctx->Init().ok());
-    s.ctx->set_profile(DeviceProfile::Default());
+    Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "prio", &env);  // n_threads 2 (the default)
+    ASSERT_EQ(s.ctx->options().n_threads, 2);
     ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
     ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() / 2, nullptr).ok());
     const int base = env.ThreadNice();
