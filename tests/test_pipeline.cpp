@@ -212,6 +212,80 @@ TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem)
   }
 }
 
+// Chunks compressed on storage whose extents lie back to back are loaded with one read per run
+// (PipelineOptions::coalesce_bytes), with the same result as one read per chunk; an I/O error in a
+// run leaves all of its chunks on storage, a flipped bit loses only the chunk it hit.
+TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  const int n_layer = 4, n_chunks = kPrompt / 16;
+  Plan plan;  // backward: layers 3, 2, 1, each chunk from the last, written one after another
+  for (int l = n_layer - 1; l >= 1; --l)
+    for (int c = n_chunks - 1; c >= 0; --c) plan.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageCompressed});
+  auto make = [&](FaultEnv* env, const char* tag) {
+    env->path_filter = ".swap";
+    Rig r = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, tag, env);
+    EXPECT_TRUE(r.ctx->Decode(toks.data(), kPrompt, false).ok());
+    EXPECT_TRUE(r.ctx->Evict(plan, 0, nullptr).ok());
+    EXPECT_EQ(r.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], 3 * n_chunks);
+    return r;
+  };
+  FaultEnv env_one(Env::Default()), env_run(Env::Default());
+  Rig one = make(&env_one, "co-one"), run = make(&env_run, "co-run");
+  PipelineOptions po_one, po_run;
+  po_one.coalesce_bytes = 0;
+  const int64_t reads_one0 = env_one.n_reads.load(), reads_run0 = env_run.n_reads.load();
+  RestoreGenerateStats st_one, st_run;
+  ASSERT_TRUE(one.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_one, &st_one).ok());
+  ASSERT_TRUE(run.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st_run).ok());
+  EXPECT_EQ(0, std::memcmp(Logits(*one.ctx).data(), Logits(*run.ctx).data(), Logits(*one.ctx).size() * 4));
+  EXPECT_EQ(st_one.pipeline.storage_runs, 0);
+  // Every layer's loads (its 10 full chunks; the query writes a new one) in one run each.
+  EXPECT_EQ(st_run.pipeline.storage_runs, 3);
+  EXPECT_EQ(st_run.pipeline.chunks_in_runs, 3 * n_chunks);
+  const int64_t reads_one = env_one.n_reads.load() - reads_one0, reads_run = env_run.n_reads.load() - reads_run0;
+  EXPECT_EQ(reads_one - reads_run, 3 * (n_chunks - 1)) << reads_one << " vs " << reads_run;
+  for (Rig* r : {&one, &run}) {
+    const MemoryReport m = r->ctx->Report();
+    EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
+    EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvMemCompressed)], 3 * n_chunks);
+  }
+
+  // An I/O error: the failing run's chunks all stay on storage, the context is unchanged, and a
+  // second attempt gives the same logits.
+  {
+    FaultEnv env(Env::Default());
+    Rig f = make(&env, "co-eio");
+    env.fail_reads_after = 0;  // the first read on the swap: layer 1's run
+    RestoreGenerateStats st;
+    Status s = f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st);
+    EXPECT_EQ(s.code(), Status::kIOError) << s.ToString();
+    EXPECT_EQ(f.ctx->history().size(), size_t(kPrompt));
+    const MemoryReport m = f.ctx->Report();
+    EXPECT_EQ(m.n_kv_lost, 0);
+    EXPECT_GE(m.n_kv_chunks[int(UnitState::kKvStorageCompressed)], n_chunks);
+    env.fail_reads_after = -1;
+    ASSERT_TRUE(f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st).ok());
+    EXPECT_EQ(0, std::memcmp(Logits(*one.ctx).data(), Logits(*f.ctx).data(), Logits(*one.ctx).size() * 4));
+  }
+  // A flipped bit inside a run: that chunk is lost (never read), its neighbours are loaded.
+  {
+    FaultEnv env(Env::Default());
+    Rig f = make(&env, "co-flip");
+    env.flip_bit_read_after = 0;
+    RestoreGenerateStats st;
+    Status s = f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st);
+    EXPECT_EQ(s.code(), Status::kCorruption) << s.ToString();
+    EXPECT_EQ(f.ctx->history().size(), size_t(kPrompt));
+    const MemoryReport m = f.ctx->Report();
+    EXPECT_EQ(m.n_kv_lost, 1);
+    // The lost chunk stays marked on storage; every other chunk, its run's neighbours included,
+    // was loaded (layers other than the failed one finish restoring).
+    EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 1);
+    EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvMemCompressed)], 3 * n_chunks - 1);
+  }
+}
+
 // Compute must reach layer 2 and wait there before layer 2 starts restoring.
 TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
   const std::string path = test::ModelPath("tiny-qwen3");

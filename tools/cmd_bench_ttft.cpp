@@ -78,6 +78,8 @@ const std::vector<System>& Systems() {
         [](PipelineOptions& p) { p.io_threads = 1; };
     add({"mzio4", "mzcache with four storage workers instead of two (io_threads 4: four small KV reads in flight)"})->pipeline =
         [](PipelineOptions& p) { p.io_threads = 4; };
+    add({"mznocoalesce", "mzcache reading every KV chunk on storage with a request of its own (coalesce_bytes 0) instead of one request per run of back-to-back chunks"})
+        ->pipeline = [](PipelineOptions& p) { p.coalesce_bytes = 0; };
     add({"mzdecomp", "mzcache restoring every unit before compute reads it, as the paper (q8 chunks in memory decoded, not read in place; the policy costs them as decoded)"})
         ->pipeline = [](PipelineOptions& p) { p.attend_compressed = false; };
     add({"mzrestored", "evict as mzcache, restore everything (not timed), then the query: what restored memory costs at query time"})
@@ -106,6 +108,7 @@ struct Run {
   double mem_done = 0, sto_done = 0;  // each path's finish time after reload start
   uint64_t bytes_sto = 0, bytes_dec = 0, bytes_inplace = 0, bytes_restored = 0;
   uint64_t evicted = 0;  // RAM released by the eviction before the query
+  int runs = 0, chunks_in_runs = 0;  // coalesced storage reads and the chunks they loaded
   uint64_t weights_cached = 0;  // bytes of dropped weights the page cache still held at the query
 };
 uint64_t g_max_weights_cached = 0;  // the most any run saw (reported)
@@ -232,6 +235,8 @@ Status MeasureOnce(Context& ctx, const std::string& system, double level, const 
   r->alloc = st.pipeline.alloc_s;
   r->reload = st.pipeline.reload_s;
   r->wait = st.wait_s;
+  r->runs = st.pipeline.storage_runs;
+  r->chunks_in_runs = st.pipeline.chunks_in_runs;
   r->cpu = st.cpu_s;
   r->bytes_sto = st.pipeline.bytes_from_storage;
   // The placement's compressed bytes (raw size), whether decoded or read in place: the bound
@@ -423,9 +428,9 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
               runs[sys][sys == "memory" ? -1 : lv].push_back(r);
               // Where the time went: restoration's span (reload start to last unit), how long
               // compute waited for layers, and the process's CPU-seconds over the query.
-              std::fprintf(stderr, "  rep %d level %3d%% %-8s TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB compressed, %.0f read in place; reload %.3f s, compute waited %.3f s, CPU %.2f s)\n",
+              std::fprintf(stderr, "  rep %d level %3d%% %-8s TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB compressed, %.0f read in place; reload %.3f s, compute waited %.3f s, CPU %.2f s, %d chunks in %d coalesced reads)\n",
                            rep + 1, lv, sys.c_str(), r.ttft, 100 * r.remaining, r.bytes_sto / 1048576.0,
-                           r.bytes_dec / 1048576.0, r.bytes_inplace / 1048576.0, r.reload, r.wait, r.cpu);
+                           r.bytes_dec / 1048576.0, r.bytes_inplace / 1048576.0, r.reload, r.wait, r.cpu, r.chunks_in_runs, r.runs);
             }
           }
         }

@@ -30,6 +30,26 @@ class File {
   // A short count is only returned at end of file. Errors (EIO, ...) return non-OK; *got is then
   // the count read before the error.
   virtual Status Read(void* buf, size_t n, uint64_t off, size_t* got) = 0;
+  // Scatter read: the file range [off, off + sum of lens) into the n buffers in order (with
+  // direct I/O every buffer and length must be kDirectIoAlign aligned), as one request where the
+  // OS allows it (preadv), so adjacent extents bound for separate buffers are read with one large
+  // request rather than several small ones. Same contract as Read for the whole range: *got is
+  // the total count read, short only at end of file. This default reads segment by segment.
+  struct Segment {
+    void* buf;
+    size_t len;
+  };
+  virtual Status ReadV(const Segment* segs, int n, uint64_t off, size_t* got) {
+    *got = 0;
+    for (int i = 0; i < n; ++i) {
+      size_t g = 0;
+      Status st = Read(segs[i].buf, segs[i].len, off, &g);
+      *got += g;
+      if (!st.ok() || g < segs[i].len) return st;
+      off += segs[i].len;
+    }
+    return Status::Ok();
+  }
   // Writes all n bytes at off or returns non-OK (ENOSPC -> kNoSpace). Partial writes are an error.
   virtual Status Write(const void* buf, size_t n, uint64_t off) = 0;
   virtual Status Sync() = 0;

@@ -1,5 +1,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -45,6 +46,38 @@ class PosixFile final : public File {
       }
       if (r == 0) break;
       done += size_t(r);
+    }
+    *got = done;
+    return Status::Ok();
+  }
+
+  Status ReadV(const Segment* segs, int n, uint64_t off, size_t* got) override {
+    // preadv, resumed after a partial transfer (EINTR, a signal, a request the kernel split) from
+    // the segment and byte where it stopped. IOV_MAX bounds one call.
+    std::vector<struct iovec> iov(size_t(std::max(n, 0)));
+    for (int i = 0; i < n; ++i) iov[size_t(i)] = {segs[i].buf, segs[i].len};
+    size_t done = 0, first = 0;
+    *got = 0;
+    while (first < iov.size()) {
+      const int cnt = int(std::min<size_t>(iov.size() - first, IOV_MAX));
+      ssize_t r = ::preadv(fd_, iov.data() + first, cnt, off_t(off + done));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        *got = done;
+        return Status::FromErrno(errno, "read " + path_);
+      }
+      if (r == 0) break;
+      done += size_t(r);
+      for (size_t left = size_t(r); left > 0 && first < iov.size();) {
+        if (left >= iov[first].iov_len) {
+          left -= iov[first].iov_len;
+          ++first;
+        } else {
+          iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+          iov[first].iov_len -= left;
+          left = 0;
+        }
+      }
     }
     *got = done;
     return Status::Ok();

@@ -1,7 +1,9 @@
 #include "env/fault_env.h"
 
 #include <cerrno>
+#include <algorithm>
 #include <iterator>
+#include <vector>
 
 namespace mz {
 namespace {
@@ -19,6 +21,39 @@ class FaultFile final : public File {
     Status st = f_->Read(buf, n, off, got);
     if (st.ok() && *got > 0 && FaultEnv::Fire(env_->flip_bit_read_after))
       static_cast<uint8_t*>(buf)[*got / 2] ^= 0x10;
+    env_->bytes_read += int64_t(*got);
+    return st;
+  }
+  // One read of the whole range, as a preadv is one request: fail_reads_after fails all of it,
+  // short_reads_after reads its first half, flip_bit_read_after flips a bit of the byte in the
+  // middle of what was read (in whichever segment holds it).
+  Status ReadV(const Segment* segs, int n, uint64_t off, size_t* got) override {
+    env_->n_reads++;
+    if (FaultEnv::Fire(env_->fail_reads_after)) {
+      *got = 0;
+      return Status::FromErrno(EIO, "read " + f_->path() + " (injected)");
+    }
+    std::vector<Segment> v(segs, segs + n);
+    if (FaultEnv::Fire(env_->short_reads_after)) {
+      size_t total = 0;
+      for (const Segment& s : v) total += s.len;
+      size_t keep = size_t(AlignDown(total / 2, kDirectIoAlign));  // O_DIRECT lengths stay aligned
+      for (Segment& s : v) {
+        s.len = std::min(s.len, keep);
+        keep -= s.len;
+      }
+    }
+    Status st = f_->ReadV(v.data(), int(v.size()), off, got);
+    if (st.ok() && *got > 0 && FaultEnv::Fire(env_->flip_bit_read_after)) {
+      size_t at = *got / 2;
+      for (const Segment& s : v) {
+        if (at < s.len) {
+          static_cast<uint8_t*>(s.buf)[at] ^= 0x10;
+          break;
+        }
+        at -= s.len;
+      }
+    }
     env_->bytes_read += int64_t(*got);
     return st;
   }

@@ -250,15 +250,8 @@ void ElasticMemory::CancelLoad(LoadSlot* slot) {
   if (slot) *slot = LoadSlot();
 }
 
-Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
+Status ElasticMemory::PrepareLoad(int layer, int chunk, LoadSlot* reserved) {
   const UnitRef u = UnitRef::Kv(layer, chunk);
-  LoadSlot mine;
-  if (!reserved) reserved = &mine;
-  struct Cancel {  // frees the reservation on every early return
-    ElasticMemory* e;
-    LoadSlot* r;
-    ~Cancel() { e->CancelLoad(r); }
-  } cancel{this, reserved};
   if (!codec_readable_in_place()) return Status::InvalidArgument("the codec cannot be read in place");
   KvSlot& s = slot(layer, chunk);
   if (s.lost) return Status::Corruption(UnitName(u) + " was lost (its stored copy failed verification)");
@@ -273,21 +266,82 @@ Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
     MZ_RETURN_IF_ERROR(ReserveLoad(layer, chunk, reserved).With("loading " + UnitName(u)));
   }
   kv_->env()->Prefault(reserved->p, reserved->cap);
-  const CompressedStack::Handle h = reserved->h;
+  return Status::Ok();
+}
+
+Status ElasticMemory::FinishLoad(int layer, int chunk, LoadSlot* reserved, Status st) {
+  const UnitRef u = UnitRef::Kv(layer, chunk);
+  KvSlot& s = slot(layer, chunk);
   uint8_t* const p = reserved->p;
-  Status st = swap_->ReadPadded(s.ext, p);
   if (st.ok() && p[0] != codec_->id()) st = Status::Corruption("stored blob is not of codec " + std::string(codec_->name()));
   if (!st.ok()) {
     if (st.code() == Status::kCorruption) s.lost = true;
-    return st.With("loading " + UnitName(u));  // the reservation is freed by `cancel`
+    CancelLoad(reserved);
+    return st.With("loading " + UnitName(u));
   }
+  s.h = reserved->h;
   *reserved = LoadSlot();  // the entry now belongs to the chunk
   swap_->Free(s.ext);
   s.ext = SwapExtent();
-  s.h = h;
   s.state = UnitState::kKvMemCompressed;
   kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, s.enc_tokens);
   return Status::Ok();
+}
+
+Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
+  LoadSlot mine;
+  if (!reserved) reserved = &mine;
+  Status st = PrepareLoad(layer, chunk, reserved);
+  if (!st.ok()) {
+    CancelLoad(reserved);
+    return st;
+  }
+  return FinishLoad(layer, chunk, reserved, swap_->ReadPadded(slot(layer, chunk).ext, reserved->p));
+}
+
+bool ElasticMemory::StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  if (!s || (s->state != UnitState::kKvStorageCompressed && s->state != UnitState::kKvStorageRaw) || !s->ext.valid())
+    return false;
+  *off = s->ext.off;
+  *len = s->ext.len;
+  return true;
+}
+
+Status ElasticMemory::LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n) {
+  if (n == 1) return LoadCompressed(layer, chunks[0], slots[0]);
+  Status first;
+  std::vector<SwapExtent> ext;
+  std::vector<void*> dst;
+  std::vector<int> ok_chunks;
+  std::vector<LoadSlot*> ok_slots;
+  for (int i = 0; i < n; ++i) {
+    Status st = PrepareLoad(layer, chunks[i], slots[i]);
+    if (!st.ok()) {
+      CancelLoad(slots[i]);
+      if (first.ok()) first = st;
+      continue;
+    }
+    const SwapExtent& e = slot(layer, chunks[i]).ext;
+    if (!ext.empty() && ext.back().off + ext.back().len != e.off) {
+      CancelLoad(slots[i]);
+      if (first.ok()) first = Status::InvalidArgument("LoadCompressedRun: " + UnitName(UnitRef::Kv(layer, chunks[i])) +
+                                                      " is not stored right after the chunk before it");
+      continue;
+    }
+    ext.push_back(e);
+    dst.push_back(slots[i]->p);
+    ok_chunks.push_back(chunks[i]);
+    ok_slots.push_back(slots[i]);
+  }
+  if (ext.empty()) return first;
+  std::vector<Status> each(ext.size());
+  Status rd = swap_->ReadPaddedRun(ext.data(), dst.data(), int(ext.size()), each.data());
+  for (size_t i = 0; i < ext.size(); ++i) {
+    Status st = FinishLoad(layer, ok_chunks[i], ok_slots[i], rd.ok() ? each[i] : rd);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
 }
 
 Status ElasticMemory::ReadChunk(int layer, int chunk, uint16_t* dst) const {

@@ -178,6 +178,16 @@ class ElasticMemory {
   void CancelLoad(LoadSlot* slot);
   // slot (optional): a reservation from ReserveLoad for this chunk, consumed (freed on failure).
   Status LoadCompressed(int layer, int chunk, LoadSlot* slot = nullptr);
+  // Loads n chunks of one layer, all compressed on storage in extents that lie back to back in the
+  // swap file in the given order (StoredExtent), with one read request instead of n: what
+  // LoadCompressed does for each, with the same per-chunk outcome (an I/O error leaves every
+  // chunk of the run on storage; a checksum mismatch marks only that chunk lost). slots[i]: a
+  // reservation for chunks[i] (consumed, freed on failure). A chunk that is not stored right
+  // after the one before it fails with kInvalidArgument and is not loaded; the others are.
+  // Returns the first error.
+  Status LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n);
+  // The swap-file extent of a KV chunk on storage (raw or compressed): false if it has none.
+  bool StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const;
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
@@ -235,6 +245,11 @@ class ElasticMemory {
   Status RestoreSelected(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop, bool* stopped,
                          int keep_compressed_below);
   Status EvictKv(int layer, int chunk, UnitState target);
+  // LoadCompressed's two halves: checks the chunk and makes *reserved its room (prefaulted);
+  // then installs the chunk from the room once read (read_st: the read's outcome; on failure the
+  // room is freed and a kCorruption marks the chunk lost).
+  Status PrepareLoad(int layer, int chunk, LoadSlot* reserved);
+  Status FinishLoad(int layer, int chunk, LoadSlot* reserved, Status read_st);
   Status RestoreKv(int layer, int chunk, void* mem = nullptr);
   int weight_unit(int layer) const { return layer < 0 ? model_->base_unit() : layer; }
 

@@ -1,5 +1,6 @@
 #include "pipeline/restore_pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/sync_point.h"
@@ -80,7 +81,20 @@ void RestorePipeline::Process(size_t i) {
   const int64_t t0 = NowNs();
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
   EnsureAllocated(i);
-  Status st = t.to_stack ? e_->LoadCompressed(t.u.layer, t.u.chunk, &t.slot) : e_->RestoreInto(t.u, t.mem);
+  Status st;
+  int n_units = 1;
+  if (t.run.size() > 1) {
+    std::vector<int> chunks;
+    std::vector<ElasticMemory::LoadSlot*> slots;
+    for (size_t j : t.run) {
+      chunks.push_back(tasks_[j].u.chunk);
+      slots.push_back(&tasks_[j].slot);
+    }
+    st = e_->LoadCompressedRun(t.u.layer, chunks.data(), slots.data(), int(chunks.size()));
+    n_units = int(t.run.size());
+  } else {
+    st = t.to_stack ? e_->LoadCompressed(t.u.layer, t.u.chunk, &t.slot) : e_->RestoreInto(t.u, t.mem);
+  }
   t.mem = nullptr;  // ownership passed
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
   const int64_t t1 = NowNs();
@@ -90,10 +104,10 @@ void RestorePipeline::Process(size_t i) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!st.ok() && errors_[size_t(t.key)].ok()) errors_[size_t(t.key)] = st;
-    --pending_[size_t(t.key)];
+    pending_[size_t(t.key)] -= n_units;  // a run's tasks all belong to the leader's layer
   }
-  if (t.cpu) ++cpu_done_;
-  --remaining_;
+  if (t.cpu) ++cpu_done_;  // loads (the only runs) are not CPU work
+  remaining_ -= n_units;
   cv_.notify_all();
 }
 
@@ -109,6 +123,50 @@ void RestorePipeline::Worker(bool mem_path) {
   } else {
     RunQueue(sto_q_, sto_next_, false);
     if (opts_.parallel_paths) RunQueue(mem_q_, mem_next_, true);
+  }
+}
+
+void RestorePipeline::CoalesceLoads() {
+  if (opts_.coalesce_bytes == 0 || opts_.sequential) return;
+  // Tasks are in forward order, so a layer's loads are consecutive among its tasks. For each
+  // layer: its loads sorted by file offset, cut into runs of back-to-back extents of at most
+  // coalesce_bytes; the run's first task in forward order leads it (so it is queued where the
+  // earliest of its chunks would have been).
+  for (size_t b = 0; b < tasks_.size();) {
+    size_t e = b;
+    while (e < tasks_.size() && tasks_[e].key == tasks_[b].key) ++e;
+    struct L {
+      uint64_t off, len;
+      size_t i;
+    };
+    std::vector<L> loads;
+    for (size_t i = b; i < e; ++i) {
+      uint64_t off = 0, len = 0;
+      if (tasks_[i].to_stack && e_->StoredExtent(tasks_[i].u.layer, tasks_[i].u.chunk, &off, &len))
+        loads.push_back({off, len, i});
+    }
+    std::sort(loads.begin(), loads.end(), [](const L& x, const L& y) { return x.off < y.off; });
+    for (size_t r = 0; r < loads.size();) {
+      size_t q = r + 1;
+      uint64_t bytes = loads[r].len;
+      while (q < loads.size() && loads[q - 1].off + loads[q - 1].len == loads[q].off &&
+             bytes + loads[q].len <= opts_.coalesce_bytes) {
+        bytes += loads[q].len;
+        ++q;
+      }
+      if (q - r > 1) {
+        size_t lead = loads[r].i;
+        for (size_t k = r; k < q; ++k) lead = std::min(lead, loads[k].i);
+        for (size_t k = r; k < q; ++k) {
+          tasks_[lead].run.push_back(loads[k].i);
+          if (loads[k].i != lead) tasks_[loads[k].i].merged = true;
+        }
+        ++stats_.storage_runs;
+        stats_.chunks_in_runs += int(q - r);
+      }
+      r = q;
+    }
+    b = e;
   }
 }
 
@@ -180,6 +238,7 @@ Status RestorePipeline::Start() {
       stats_.bytes_read_compressed -= e_->RestoreBytes(t.u);
     }
   }
+  CoalesceLoads();
   for (auto& t : tasks_) {
     const bool page_cache = (t.u.kind == UnitRef::kWeights && e_->weights_file_backed()) || e_->RestoresByMapping(t.u);
     t.no_slice = t.to_stack || page_cache;
@@ -191,7 +250,8 @@ Status RestorePipeline::Start() {
     if (!t.to_stack) stats_.bytes_restored += e_->RestoreBytes(t.u);
   stats_.bytes_decoded -= std::min(stats_.bytes_decoded, stats_.bytes_read_compressed);
   remaining_ = int(tasks_.size());
-  for (size_t i = 0; i < tasks_.size(); ++i) (tasks_[i].mem_path ? mem_q_ : sto_q_).push_back(i);
+  for (size_t i = 0; i < tasks_.size(); ++i)
+    if (!tasks_[i].merged) (tasks_[i].mem_path ? mem_q_ : sto_q_).push_back(i);
   if (tasks_.empty()) return Status::Ok();
 
   if (opts_.sequential) {

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace mz {
 namespace {
@@ -146,6 +147,29 @@ Status SwapFile::ReadPadded(const SwapExtent& e, void* dst) const {
   if (XXH64(dst, e.size, 0) != e.hash)
     return Status::Corruption("swap checksum mismatch for " + std::to_string(e.size) + " bytes at offset " +
                               std::to_string(e.off) + " of " + path_);
+  return Status::Ok();
+}
+
+Status SwapFile::ReadPaddedRun(const SwapExtent* e, void* const* dst, int n, Status* each) const {
+  if (n <= 0) return Status::InvalidArgument("empty swap read run");
+  std::vector<File::Segment> segs(static_cast<size_t>(n));
+  uint64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (!e[i].valid()) return Status::InvalidArgument("reading an empty swap extent");
+    if (!Aligned(dst[i], e[i].len)) return Status::InvalidArgument("ReadPaddedRun needs aligned buffers");
+    if (i > 0 && e[i - 1].off + e[i - 1].len != e[i].off)
+      return Status::InvalidArgument("ReadPaddedRun: extents are not back to back");
+    segs[size_t(i)] = {dst[i], size_t(e[i].len)};
+    total += e[i].len;
+  }
+  size_t got = 0;
+  Status st = file_->ReadV(segs.data(), n, e[0].off, &got);
+  const uint64_t need = total - e[n - 1].len + e[n - 1].size;  // the last extent's padding may be missing
+  if (st.ok() && got < need) st = Status::IOError("short read");
+  if (!st.ok())
+    return st.With("swap read of " + std::to_string(n) + " extents (" + std::to_string(total) + " bytes) at " +
+                   std::to_string(e[0].off));
+  for (int i = 0; i < n; ++i) each[i] = Verify(e[i], dst[i]);
   return Status::Ok();
 }
 

@@ -44,6 +44,11 @@ class SwapFile {
   // As Read, into a buffer of at least e.len bytes aligned to kDirectIoAlign: read in place with
   // direct I/O (no bounce buffer); bytes past e.size are unspecified.
   Status ReadPadded(const SwapExtent& e, void* dst) const;
+  // Reads n extents that lie back to back in the file (e[i].off + e[i].len == e[i + 1].off) with
+  // one request, extent i into dst[i] (as ReadPadded: aligned, at least e[i].len bytes), then
+  // verifies each checksum into each[i] (OK or kCorruption). Returns non-OK, and sets no each[i],
+  // for bad arguments or an I/O error (then no dst holds valid data); OK means each[] tells.
+  Status ReadPaddedRun(const SwapExtent* e, void* const* dst, int n, Status* each) const;
   // Checks that data (e.size bytes, e.g. a mapping of the extent) matches e's checksum:
   // kCorruption if not.
   Status Verify(const SwapExtent& e, const void* data) const;
