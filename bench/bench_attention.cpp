@@ -9,9 +9,12 @@
 //       --benchmark_min_time=1x    (instruction counts, repeatable)
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "runtime/attention.h"

@@ -4,6 +4,7 @@
 // restored, so the readiness signalling is exercised, not just the easy interleavings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -256,7 +257,7 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
   {
     FaultEnv env(Env::Default());
     Rig f = make(&env, "co-eio");
-    env.fail_reads_after = 0;  // the first read on the swap: layer 1's run
+    env.fail_reads_after = 0;  // the first read on the swap (whichever run a worker reads first)
     RestoreGenerateStats st;
     Status s = f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st);
     EXPECT_EQ(s.code(), Status::kIOError) << s.ToString();
@@ -268,13 +269,18 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     ASSERT_TRUE(f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st).ok());
     EXPECT_EQ(0, std::memcmp(Logits(*one.ctx).data(), Logits(*f.ctx).data(), Logits(*one.ctx).size() * 4));
   }
-  // A flipped bit inside a run: that chunk is lost (never read), its neighbours are loaded.
+  // A flipped bit inside a run: that chunk is lost (never read), its neighbours are loaded. One
+  // storage worker and no help from compute, so the first read is layer 1's run.
   {
     FaultEnv env(Env::Default());
     Rig f = make(&env, "co-flip");
     env.flip_bit_read_after = 0;
+    PipelineOptions po = po_run;
+    po.io_threads = 1;
+    po.decode_threads = 0;
+    po.compute_helps = false;
     RestoreGenerateStats st;
-    Status s = f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_run, &st);
+    Status s = f.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po, &st);
     EXPECT_EQ(s.code(), Status::kCorruption) << s.ToString();
     EXPECT_EQ(f.ctx->history().size(), size_t(kPrompt));
     const MemoryReport m = f.ctx->Report();
@@ -283,6 +289,62 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     // was loaded (layers other than the failed one finish restoring).
     EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 1);
     EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvMemCompressed)], 3 * n_chunks - 1);
+    int lost_chunk = -1;
+    for (int c = 0; c < n_chunks; ++c)
+      if (f.ctx->elastic().lost(1, c)) lost_chunk = c;
+    ASSERT_GE(lost_chunk, 0) << "the first run read was layer 1's";
+    // Layer 1's other chunks go back to storage; loading the layer's chunks again as one run
+    // that includes the lost chunk fails that one alone and loads every other.
+    Plan back;
+    for (int c = n_chunks - 1; c >= 0; --c)
+      if (c != lost_chunk) back.push_back({UnitRef::Kv(1, c), UnitState::kKvStorageCompressed});
+    ASSERT_TRUE(f.ctx->Evict(back, 0, nullptr).ok());
+    // The others in file order (back to back: written one after another), the lost one in the
+    // middle of them.
+    std::vector<std::pair<uint64_t, int>> by_off;
+    for (int c = 0; c < n_chunks; ++c) {
+      uint64_t off = 0, len = 0;
+      if (c != lost_chunk) {
+        ASSERT_TRUE(f.ctx->elastic().StoredExtent(1, c, &off, &len));
+        by_off.push_back({off, c});
+      }
+    }
+    uint64_t off = 0, len = 0;
+    EXPECT_FALSE(f.ctx->elastic().StoredExtent(1, lost_chunk, &off, &len)) << "a lost chunk is never coalesced";
+    std::sort(by_off.begin(), by_off.end());
+    std::vector<int> chunks;
+    for (const auto& x : by_off) chunks.push_back(x.second);
+    chunks.insert(chunks.begin() + long(chunks.size() / 2), lost_chunk);
+    std::vector<ElasticMemory::LoadSlot> room(static_cast<size_t>(n_chunks));
+    std::vector<ElasticMemory::LoadSlot*> rooms;
+    for (int c = 0; c < n_chunks; ++c) rooms.push_back(&room[size_t(c)]);
+    const int64_t reads0 = env.n_reads.load();
+    s = f.ctx->elastic().LoadCompressedRun(1, chunks.data(), rooms.data(), n_chunks);
+    EXPECT_EQ(s.code(), Status::kCorruption) << s.ToString();
+    // Skipped, the lost chunk does not split the others, whose extents are back to back.
+    EXPECT_EQ(env.n_reads.load() - reads0, 1) << "one read for the chunks on both sides of the lost one";
+    for (int c = 0; c < n_chunks; ++c)
+      EXPECT_EQ(f.ctx->elastic().state(UnitRef::Kv(1, c)),
+                c == lost_chunk ? UnitState::kKvStorageCompressed : UnitState::kKvMemCompressed)
+          << "chunk " << c;
+    EXPECT_EQ(f.ctx->Report().n_kv_lost, 1);
+    // Given in reverse file order (no two back to back), every chunk still loads, one read each.
+    ASSERT_TRUE(f.ctx->Evict(back, 0, nullptr).ok());
+    std::vector<std::pair<uint64_t, int>> rev;
+    for (int c = 0; c < n_chunks; ++c)
+      if (c != lost_chunk && f.ctx->elastic().StoredExtent(1, c, &off, &len)) rev.push_back({off, c});
+    ASSERT_EQ(int(rev.size()), n_chunks - 1);
+    std::sort(rev.rbegin(), rev.rend());
+    std::vector<int> rchunks;
+    for (const auto& x : rev) rchunks.push_back(x.second);
+    std::vector<ElasticMemory::LoadSlot> rroom(rchunks.size());
+    std::vector<ElasticMemory::LoadSlot*> rrooms;
+    for (auto& r : rroom) rrooms.push_back(&r);
+    const int64_t reads1 = env.n_reads.load();
+    s = f.ctx->elastic().LoadCompressedRun(1, rchunks.data(), rrooms.data(), int(rchunks.size()));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(env.n_reads.load() - reads1, int64_t(rchunks.size()));
+    for (int c : rchunks) EXPECT_EQ(f.ctx->elastic().state(UnitRef::Kv(1, c)), UnitState::kKvMemCompressed) << c;
   }
 }
 

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include <cstring>
 #include <random>
 
 #include "env/fault_env.h"

@@ -25,8 +25,9 @@ class FaultFile final : public File {
     return st;
   }
   // One read of the whole range, as a preadv is one request: fail_reads_after fails all of it,
-  // short_reads_after reads its first half, flip_bit_read_after flips a bit of the byte in the
-  // middle of what was read (in whichever segment holds it).
+  // short_reads_after reads its first half, flip_bit_read_after flips a bit of the first byte of
+  // the segment holding the middle of what was read (a segment's first byte is always data, never
+  // padding past a payload).
   Status ReadV(const Segment* segs, int n, uint64_t off, size_t* got) override {
     env_->n_reads++;
     if (FaultEnv::Fire(env_->fail_reads_after)) {
@@ -48,7 +49,7 @@ class FaultFile final : public File {
       size_t at = *got / 2;
       for (const Segment& s : v) {
         if (at < s.len) {
-          static_cast<uint8_t*>(s.buf)[at] ^= 0x10;
+          static_cast<uint8_t*>(s.buf)[0] ^= 0x10;
           break;
         }
         at -= s.len;

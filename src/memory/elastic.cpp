@@ -301,7 +301,8 @@ Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
 
 bool ElasticMemory::StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const {
   const KvSlot* s = find_slot(layer, chunk);
-  if (!s || (s->state != UnitState::kKvStorageCompressed && s->state != UnitState::kKvStorageRaw) || !s->ext.valid())
+  if (!s || (s->state != UnitState::kKvStorageCompressed && s->state != UnitState::kKvStorageRaw) || !s->ext.valid() ||
+      s->lost)
     return false;
   *off = s->ext.off;
   *len = s->ext.len;
@@ -311,36 +312,40 @@ bool ElasticMemory::StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* 
 Status ElasticMemory::LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n) {
   if (n == 1) return LoadCompressed(layer, chunks[0], slots[0]);
   Status first;
+  auto note = [&](const Status& st) {
+    if (!st.ok() && first.ok()) first = st;
+  };
+  // The chunks prepared so far whose extents are back to back: read with one request, then each
+  // installed (or failed) on its own.
   std::vector<SwapExtent> ext;
   std::vector<void*> dst;
-  std::vector<int> ok_chunks;
-  std::vector<LoadSlot*> ok_slots;
+  std::vector<int> run_chunks;
+  std::vector<LoadSlot*> run_slots;
+  auto flush = [&] {
+    if (ext.empty()) return;
+    std::vector<Status> each(ext.size());
+    Status rd = swap_->ReadPaddedRun(ext.data(), dst.data(), int(ext.size()), each.data());
+    for (size_t i = 0; i < ext.size(); ++i) note(FinishLoad(layer, run_chunks[i], run_slots[i], rd.ok() ? each[i] : rd));
+    ext.clear(), dst.clear(), run_chunks.clear(), run_slots.clear();
+  };
   for (int i = 0; i < n; ++i) {
+    // A chunk that cannot be loaded (lost, not on storage, no room) fails alone; one not stored
+    // right after the one before it starts a new request. Either way the others still load, as
+    // one LoadCompressed each would.
     Status st = PrepareLoad(layer, chunks[i], slots[i]);
     if (!st.ok()) {
       CancelLoad(slots[i]);
-      if (first.ok()) first = st;
+      note(st);
       continue;
     }
     const SwapExtent& e = slot(layer, chunks[i]).ext;
-    if (!ext.empty() && ext.back().off + ext.back().len != e.off) {
-      CancelLoad(slots[i]);
-      if (first.ok()) first = Status::InvalidArgument("LoadCompressedRun: " + UnitName(UnitRef::Kv(layer, chunks[i])) +
-                                                      " is not stored right after the chunk before it");
-      continue;
-    }
+    if (!ext.empty() && ext.back().off + ext.back().len != e.off) flush();
     ext.push_back(e);
     dst.push_back(slots[i]->p);
-    ok_chunks.push_back(chunks[i]);
-    ok_slots.push_back(slots[i]);
+    run_chunks.push_back(chunks[i]);
+    run_slots.push_back(slots[i]);
   }
-  if (ext.empty()) return first;
-  std::vector<Status> each(ext.size());
-  Status rd = swap_->ReadPaddedRun(ext.data(), dst.data(), int(ext.size()), each.data());
-  for (size_t i = 0; i < ext.size(); ++i) {
-    Status st = FinishLoad(layer, ok_chunks[i], ok_slots[i], rd.ok() ? each[i] : rd);
-    if (!st.ok() && first.ok()) first = st;
-  }
+  flush();
   return first;
 }
 

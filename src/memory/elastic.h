@@ -182,11 +182,12 @@ class ElasticMemory {
   // swap file in the given order (StoredExtent), with one read request instead of n: what
   // LoadCompressed does for each, with the same per-chunk outcome (an I/O error leaves every
   // chunk of the run on storage; a checksum mismatch marks only that chunk lost). slots[i]: a
-  // reservation for chunks[i] (consumed, freed on failure). A chunk that is not stored right
-  // after the one before it fails with kInvalidArgument and is not loaded; the others are.
-  // Returns the first error.
+  // reservation for chunks[i] (consumed, freed on failure). A chunk that cannot be loaded (lost,
+  // say) fails alone and one not stored right after the one before it starts a new request: the
+  // others are still loaded. Returns the first error.
   Status LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n);
-  // The swap-file extent of a KV chunk on storage (raw or compressed): false if it has none.
+  // The swap-file extent of a KV chunk on storage (raw or compressed): false if it has none or
+  // is lost (never to be read again).
   bool StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const;
   bool AllResident() const;
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }

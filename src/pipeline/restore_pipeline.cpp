@@ -92,6 +92,10 @@ void RestorePipeline::Process(size_t i) {
     }
     st = e_->LoadCompressedRun(t.u.layer, chunks.data(), slots.data(), int(chunks.size()));
     n_units = int(t.run.size());
+    if (st.ok()) {
+      ++runs_ok_;
+      chunks_in_runs_ok_ += n_units;
+    }
   } else {
     st = t.to_stack ? e_->LoadCompressed(t.u.layer, t.u.chunk, &t.slot) : e_->RestoreInto(t.u, t.mem);
   }
@@ -161,8 +165,6 @@ void RestorePipeline::CoalesceLoads() {
           tasks_[lead].run.push_back(loads[k].i);
           if (loads[k].i != lead) tasks_[loads[k].i].merged = true;
         }
-        ++stats_.storage_runs;
-        stats_.chunks_in_runs += int(q - r);
       }
       r = q;
     }
@@ -369,6 +371,8 @@ Status RestorePipeline::Finish() {
     stats_.reload_s = std::max(0.0, double(t_last_done_ns_.load()) * 1e-9 - t_reload0_);
   stats_.mem_path_busy_s = double(mem_busy_ns_.load()) * 1e-9;
   stats_.units_by_compute = by_compute_.load();
+  stats_.storage_runs = runs_ok_.load();
+  stats_.chunks_in_runs = chunks_in_runs_ok_.load();
   if (t_reload0_ > 0) {
     if (mem_last_done_ns_.load() > 0) stats_.mem_path_done_s = std::max(0.0, double(mem_last_done_ns_.load()) * 1e-9 - t_reload0_);
     if (sto_last_done_ns_.load() > 0) stats_.sto_path_done_s = std::max(0.0, double(sto_last_done_ns_.load()) * 1e-9 - t_reload0_);

@@ -113,8 +113,8 @@ struct PipelineStats {
   uint64_t bytes_read_compressed = 0;  // raw bytes of the chunks compute read compressed (not restored)
   uint64_t bytes_restored = 0;         // RAM the restored units occupy (what was allocated and filled)
   int units = 0;
-  int storage_runs = 0;      // coalesced reads (coalesce_bytes) of two or more chunks
-  int chunks_in_runs = 0;    // chunks those reads loaded
+  int storage_runs = 0;      // coalesced reads (coalesce_bytes) of two or more chunks that succeeded
+  int chunks_in_runs = 0;    // chunks those reads were for
   bool restore_priority_raised = false;  // restore_nice was asked for and granted
 };
 
@@ -197,6 +197,7 @@ class RestorePipeline {
   PipelineStats stats_;
   std::atomic<uint64_t> mem_busy_ns_{0}, sto_busy_ns_{0};
   std::atomic<int> by_compute_{0};
+  std::atomic<int> runs_ok_{0}, chunks_in_runs_ok_{0};  // storage_runs / chunks_in_runs
   double t_reload0_ = 0;
   std::atomic<int64_t> t_last_done_ns_{0};
   std::atomic<int64_t> mem_last_done_ns_{0}, sto_last_done_ns_{0};
