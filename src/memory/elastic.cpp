@@ -291,12 +291,7 @@ Status ElasticMemory::FinishLoad(int layer, int chunk, LoadSlot* reserved, Statu
 Status ElasticMemory::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
   LoadSlot mine;
   if (!reserved) reserved = &mine;
-  Status st = PrepareLoad(layer, chunk, reserved);
-  if (!st.ok()) {
-    CancelLoad(reserved);
-    return st;
-  }
-  return FinishLoad(layer, chunk, reserved, swap_->ReadPadded(slot(layer, chunk).ext, reserved->p));
+  return LoadCompressedRun(layer, &chunk, &reserved, 1);  // a run of one chunk
 }
 
 bool ElasticMemory::StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const {
@@ -310,7 +305,6 @@ bool ElasticMemory::StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* 
 }
 
 Status ElasticMemory::LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n) {
-  if (n == 1) return LoadCompressed(layer, chunks[0], slots[0]);
   Status first;
   auto note = [&](const Status& st) {
     if (!st.ok() && first.ok()) first = st;
