@@ -11,10 +11,15 @@ LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
 PREFIX=$(scripts/deps.sh | tail -n 1)
 echo "[test] deps: $PREFIX"
+# Compiler cache (ccache, installed by deps.sh), shared by every clone on this machine: CI builds a
+# fresh clone in another folder, so paths are made relative to the source tree (base_dir) and the
+# working directory is left out of the hash; a second clone of the same commit compiles nothing.
+. scripts/ccache-env.sh
 
 build() {  # build DIR SANITIZE
   local dir=$1 san=$2
-  cmake -S . -B "$dir" -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    ${MZ_CCACHE:+-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache} >/dev/null
   echo "[test] building $dir ${san:+(sanitizers: $san)}"
   ninja -C "$dir" -j "$JOBS" | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "[test] build failed: $dir"; exit 1; }
@@ -43,5 +48,6 @@ scripts/test-arm64.sh | tee -a "$LOG"
 # One closing line over all stages (each stage above already stopped the script on any failure).
 passed=$(sed -n -e 's/.*tests failed out of \([0-9]*\).*/\1/p' -e 's/^\[  PASSED  \] \([0-9]*\) tests\?\.$/\1/p' "$LOG" |
   awk '{s += $1} END {print s + 0}')
+[ -n "${MZ_CCACHE:-}" ] && ccache --show-stats 2>/dev/null | grep -E '^(Cacheable calls|  Hits|  Misses)' | sed 's/^/[test] ccache: /' || true
 echo "[test] all test stages passed"
 echo "tests: $passed passed, 0 failed"

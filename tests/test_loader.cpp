@@ -34,7 +34,9 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "env/fault_env.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "test_util.h"
 
 namespace mz {
@@ -404,6 +406,36 @@ class LoaderCorrupt : public ::testing::Test {
 };
 
 // A path that does not exist is an I/O error naming the path, not corruption.
+// Threads the OS refuses (Env::StartThread) slow synthesis and loading down, never change what
+// they produce: a model synthesized with no helper thread is byte-identical to the normal one, and
+// loading it with every weight unit's helper refused gives every unit resident.
+TEST(LoaderValid, RefusedThreadsChangeNothing) {
+  const std::string ref = test::ModelPath("tiny-qwen3");
+  SynthOptions o;
+  o.type = "q8_0";
+  o.threads = 4;
+  o.vocab_dir = std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+  FaultEnv env(Env::Default());
+  env.fail_threads_after = 0;
+  const std::string path = test::TempDir() + "/refused-threads.gguf";
+  ASSERT_TRUE(SynthesizeModel(&env, *FindModelSpec("tiny-qwen3"), o, path).ok());
+  EXPECT_EQ(env.threads_started.load(), 0);
+  auto slurp = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  EXPECT_TRUE(slurp(path) == slurp(ref)) << "a model synthesized on one thread differs";
+  ModelOptions mo;
+  mo.weights = WeightMemory::kAnonymous;
+  mo.io_threads = 4;
+  std::unique_ptr<Model> m;
+  Status st = Model::Load(&env, path, mo, &m);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (int u = 0; u < m->n_units(); ++u) EXPECT_TRUE(m->unit(u).resident()) << u;
+  EXPECT_EQ(env.threads_started.load(), 0);
+  std::remove(path.c_str());
+}
+
 TEST_F(LoaderCorrupt, MissingFileIsIOError) {
   std::unique_ptr<Model> m;
   const std::string path = Scratch() + "/does-not-exist.gguf";

@@ -527,6 +527,58 @@ TEST(RestoreGenerateSync, RaisedRestorePriorityIsProbedAndFallsBack) {
   }
 }
 
+// Threads the OS refuses (Env::StartThread fails, as with EAGAIN under a thread or memory limit)
+// cost overlap, never the context: with no restoration thread at all, or only the first one,
+// restore_generate in every overlap variant and mz_restore still bring back every unit and give
+// the never-evicted logits bit for bit; the refusals are counted.
+TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  Rig ref = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr-ref");
+  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
+  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
+  const auto want = Logits(*ref.ctx);
+  for (int64_t starts : {0, 1})
+    for (Overlap o : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull})
+      for (bool parallel : {true, false}) {
+        SCOPED_TRACE(std::string(OverlapName(o)) + (parallel ? " parallel" : " paths in turn") + ", threads that start: " +
+                     std::to_string(starts));
+        FaultEnv env(Env::Default());
+        Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr", &env);
+        ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+        ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() * 3 / 4, nullptr).ok());
+        ASSERT_FALSE(s.ctx->elastic().AllResident());
+        const int before = env.threads_started.load();  // the model's load started its own
+        env.fail_threads_after = starts;
+        PipelineOptions po;
+        po.overlap = o;
+        po.parallel_paths = parallel;
+        po.decode_threads = 2;
+        RestoreGenerateStats st;
+        Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
+        env.fail_threads_after = -1;
+        ASSERT_TRUE(status.ok()) << status.ToString();
+        EXPECT_TRUE(s.ctx->elastic().AllResident());
+        EXPECT_GT(st.pipeline.threads_refused, 0);
+        EXPECT_LE(env.threads_started.load() - before, starts);
+        EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ";
+      }
+  // mz_restore (ElasticMemory::RestoreAll on several threads) with none of its helpers started.
+  FaultEnv env(Env::Default());
+  Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr-all", &env);
+  ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+  ASSERT_TRUE(s.ctx->EvictBytes(UINT64_MAX, nullptr).ok());
+  const int before = env.threads_started.load();
+  env.fail_threads_after = 0;
+  Status st = s.ctx->Restore();
+  env.fail_threads_after = -1;
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(s.ctx->elastic().AllResident());
+  EXPECT_EQ(env.threads_started.load(), before);
+  ASSERT_TRUE(s.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
+  EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ after mz_restore";
+}
+
 // The policy's unit times follow the context's restore paths: q8 read in place (attend_compressed)
 // costs the profile's in-place figure, switching either it or cost_restore_paths off gives the
 // paper's decode + allocation; mapped KV is assumed from the options before the swap file exists

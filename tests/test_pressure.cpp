@@ -26,6 +26,7 @@
 #include "env/env.h"
 #include "pressure/cgroup_v1_source.h"
 #include "pressure/manual_source.h"
+#include "env/fault_env.h"
 #include "pressure/monitor.h"
 #include "pressure/psi_source.h"
 #include "pressure/sysfs.h"
@@ -922,6 +923,27 @@ TEST(PressureMonitorPhases, SourceErrorIsRecordedAndEndsTheThread) {
   ASSERT_EQ(mon.actions().size(), 1u);
   EXPECT_EQ(mon.actions()[0].status.code(), Status::kIOError);
   EXPECT_EQ(mon.actions()[0].requested, 0u);
+}
+
+// A monitor whose thread the OS refuses says so (kNoMemory) and lets its source go; once threads
+// can be had again, Start works and the monitor runs.
+TEST(PressureMonitorPhases, RefusedThreadFailsStartCleanly) {
+  Rig r = MakeRig("thr");
+  FaultEnv env(Env::Default());
+  PressureMonitor mon(r.ctx.get(), std::make_unique<FailingSource>(), AmountOptions(), &env);
+  env.fail_threads_after = 0;
+  Status st = mon.Start();
+  EXPECT_EQ(st.code(), Status::kNoMemory) << st.ToString();
+  EXPECT_NE(st.message().find("pressure monitor"), std::string::npos) << st.ToString();
+  mon.Stop();  // nothing to join
+  EXPECT_TRUE(mon.actions().empty());
+  env.fail_threads_after = -1;
+  ActionLog log;
+  log.Attach(mon);
+  ASSERT_TRUE(mon.Start().ok());
+  ASSERT_TRUE(log.WaitFor(1));
+  mon.Stop();
+  EXPECT_EQ(env.threads_started.load(), 1);
 }
 
 }  // namespace

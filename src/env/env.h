@@ -1,11 +1,14 @@
-// Env: the one seam between mzcache and the operating system (files, anonymous memory, clock).
+// Env: the one seam between mzcache and the operating system (files, anonymous memory, threads,
+// clock).
 // Everything that touches the OS goes through an Env so tests can inject faults (see FaultEnv) and
 // count I/O. Thread-safety: Env and File methods are safe for concurrent use unless noted.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "core/status.h"
 
@@ -123,6 +126,12 @@ class Env {
   virtual Status SetThreadNice(int nice) = 0;
   virtual int ThreadNice() = 0;
 
+  // Starts fn on a new thread and hands it to *out (joinable; the caller joins it). When the OS
+  // refuses a thread (EAGAIN: a thread or memory limit, as under heavy memory pressure) returns
+  // kNoMemory, *out is left empty and fn is not run: callers degrade to the threads they have
+  // (RunOnThreads) instead of failing the operation.
+  virtual Status StartThread(std::function<void()> fn, std::thread* out) = 0;
+
   virtual uint64_t NowNs() = 0;
   // The size of a memory page (what MapFileAt offsets and addresses must be aligned to).
   virtual size_t PageSize() = 0;
@@ -155,6 +164,9 @@ class EnvWrapper : public Env {
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   Status SetThreadNice(int nice) override { return target_->SetThreadNice(nice); }
   int ThreadNice() override { return target_->ThreadNice(); }
+  Status StartThread(std::function<void()> fn, std::thread* out) override {
+    return target_->StartThread(std::move(fn), out);
+  }
   uint64_t NowNs() override { return target_->NowNs(); }
   size_t PageSize() override { return target_->PageSize(); }
   Env* target() const { return target_; }
@@ -162,6 +174,13 @@ class EnvWrapper : public Env {
  private:
   Env* target_;
 };
+
+// Runs work(0) .. work(n-1), work(0) on the calling thread and the others on threads started
+// through env, then joins them. A thread the OS refuses (StartThread fails) is not retried: its
+// index is never run, so work must be a loop that pulls items from a shared queue (every caller's
+// is), and the items get done by the threads that did start. Returns the number of threads that
+// ran work (1..n); n <= 1 runs work(0) alone.
+int RunOnThreads(Env* env, int n, const std::function<void(int)>& work);
 
 // Reads [off, off+n) fully; a short read (EOF inside the range) is a kCorruption error naming what.
 Status ReadFully(File* f, void* buf, size_t n, uint64_t off, const std::string& what);

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <vector>
 
 #include "env/env.h"
@@ -292,6 +293,14 @@ class PosixEnv final : public Env {
     const int v = ::getpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)));
     return errno != 0 ? 0 : v;
   }
+  Status StartThread(std::function<void()> fn, std::thread* out) override {
+    try {
+      *out = std::thread(std::move(fn));
+    } catch (const std::system_error& e) {
+      return Status::NoMemory(std::string("cannot start a thread: ") + e.what());
+    }
+    return Status::Ok();
+  }
   uint64_t NowNs() override {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now().time_since_epoch())
@@ -308,6 +317,18 @@ class PosixEnv final : public Env {
 Env* Env::Default() {
   static PosixEnv* env = new PosixEnv();
   return env;
+}
+
+int RunOnThreads(Env* env, int n, const std::function<void(int)>& work) {
+  std::vector<std::thread> ts;
+  for (int t = 1; t < n; ++t) {
+    std::thread th;
+    if (!env->StartThread([&work, t] { work(t); }, &th).ok()) continue;
+    ts.push_back(std::move(th));
+  }
+  work(0);
+  for (auto& t : ts) t.join();
+  return 1 + int(ts.size());
 }
 
 Status ReadFully(File* f, void* buf, size_t n, uint64_t off, const std::string& what) {

@@ -23,6 +23,8 @@ class FaultEnv : public EnvWrapper {
   std::atomic<int64_t> write_budget{-1};         // >= 0: bytes that may still be written; then ENOSPC
   std::atomic<int64_t> flip_bit_read_after{-1};  // >= 0: after this many more reads, one read gets a bit flipped
   std::atomic<int64_t> fail_maps_after{-1};      // >= 0: after this many more MapAnon calls, MapAnon fails
+  std::atomic<int64_t> fail_threads_after{-1};   // >= 0: after this many more StartThread calls, every one fails (kNoMemory)
+  std::atomic<int> threads_started{0};           // StartThread calls that started a thread
   std::atomic<bool> refuse_nice{false};          // SetThreadNice fails as without CAP_SYS_NICE
   std::atomic<int> nice_calls{0};                 // SetThreadNice calls (granted or not)
   std::atomic<int64_t> n_reads{0}, n_writes{0}, bytes_read{0}, bytes_written{0};
@@ -41,6 +43,18 @@ class FaultEnv : public EnvWrapper {
     ++nice_calls;
     if (refuse_nice.load()) return Status::Unsupported("setpriority: Permission denied (injected)");
     return EnvWrapper::SetThreadNice(nice);
+  }
+
+  // Unlike the other countdowns, fail_threads_after stays fired: a process out of threads stays
+  // out of them until the test disarms it (sets -1).
+  Status StartThread(std::function<void()> fn, std::thread* out) override {
+    int64_t v = fail_threads_after.load();
+    while (v > 0 && !fail_threads_after.compare_exchange_weak(v, v - 1)) {
+    }
+    if (v == 0) return Status::NoMemory("cannot start a thread: Resource temporarily unavailable (injected)");
+    Status st = EnvWrapper::StartThread(std::move(fn), out);
+    if (st.ok()) ++threads_started;
+    return st;
   }
 
   // True (and disarms) when a countdown reaches zero.

@@ -528,10 +528,7 @@ Status ElasticMemory::RestoreSelected(uint64_t max_bytes, uint64_t* restored, co
       if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
     }
   };
-  std::vector<std::thread> ts;
-  for (int t = 1; t < nt; ++t) ts.emplace_back(worker, t);
-  worker(0);
-  for (auto& t : ts) t.join();
+  RunOnThreads(env, nt, worker);  // a thread the OS refuses: the others restore its units
   const size_t n_taken = std::min(next.load(), todo.size());
   if (region && n_taken < todo.size()) env->Unmap(region + off[n_taken], total - off[n_taken]);
   if (stopped) *stopped = halt.load();

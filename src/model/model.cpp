@@ -442,10 +442,7 @@ Status Model::LoadAll() {
       }
     }
   };
-  std::vector<std::thread> ts;
-  for (int t = 1; t < int(errs.size()); ++t) ts.emplace_back(worker, t);
-  worker(0);
-  for (auto& t : ts) t.join();
+  RunOnThreads(env_, int(errs.size()), worker);  // a thread the OS refuses: the others load its units
   for (auto& e : errs)
     if (!e.ok()) return e;
   return Status::Ok();

@@ -1,5 +1,6 @@
 #include "model/synth.h"
 
+#include <atomic>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -234,7 +235,7 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
     for (int64_t r0 = 0; st.ok() && r0 < nrows; r0 += block_rows * nthreads) {
       const int64_t r1 = std::min(nrows, r0 + block_rows * nthreads);
       out.resize(size_t(r1 - r0) * row_bytes);
-      auto work = [&](int th) {
+      auto slice = [&](int th) {
         std::vector<float> buf(size_t(block_rows * ne0));
         const int64_t a0 = r0 + th * block_rows, a1 = std::min(r1, a0 + block_rows);
         if (a0 >= a1) return;
@@ -257,10 +258,11 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
         else ggml_quantize_chunk(t.type, buf.data(), dst, 0, a1 - a0, ne0, nullptr);
       };
       ggml_quantize_init(t.type);
-      std::vector<std::thread> ts;
-      for (int th = 1; th < nthreads; ++th) ts.emplace_back(work, th);
-      work(0);
-      for (auto& th : ts) th.join();
+      // Slices are pulled from a counter, so a thread the OS refuses leaves none undone.
+      std::atomic<int> next_slice{0};
+      RunOnThreads(env, nthreads, [&](int) {
+        for (int th; (th = next_slice.fetch_add(1)) < nthreads;) slice(th);
+      });
       st = f->Write(out.data(), out.size(), off + uint64_t(r0) * row_bytes);
       written += out.size();
       if (o.progress) o.progress(written, total);

@@ -1,16 +1,12 @@
 #include "pipeline/restore_pipeline.h"
 
 #include <algorithm>
-#include <chrono>
+#include <functional>
 
 #include "core/sync_point.h"
 
 namespace mz {
 namespace {
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 void AtomicMax(std::atomic<int64_t>& a, int64_t v) {
   for (int64_t prev = a.load(); prev < v && !a.compare_exchange_weak(prev, v);) {
   }
@@ -63,6 +59,8 @@ void RestorePipeline::EnsureAllocated(size_t i) {
   while (alloc_state_[i].load(std::memory_order_acquire) != 2) std::this_thread::yield();  // being populated
 }
 
+int64_t RestorePipeline::NowNs_() const { return int64_t(e_->env()->NowNs()); }
+
 void RestorePipeline::RaisePriority() {
   // A refusal here (granted at Start, so not expected) leaves the thread at the caller's priority:
   // it still restores, only without running ahead of compute.
@@ -78,7 +76,7 @@ void RestorePipeline::AllocatorThread() {
 
 void RestorePipeline::Process(size_t i) {
   Task& t = tasks_[i];
-  const int64_t t0 = NowNs();
+  const int64_t t0 = NowNs_();
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
   EnsureAllocated(i);
   Status st;
@@ -101,7 +99,7 @@ void RestorePipeline::Process(size_t i) {
   }
   t.mem = nullptr;  // ownership passed
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
-  const int64_t t1 = NowNs();
+  const int64_t t1 = NowNs_();
   (t.mem_path ? mem_busy_ns_ : sto_busy_ns_) += uint64_t(t1 - t0);
   AtomicMax(t_last_done_ns_, t1);
   AtomicMax(t.mem_path ? mem_last_done_ns_ : sto_last_done_ns_, t1);
@@ -179,10 +177,8 @@ void RestorePipeline::AllocateAll() {
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < tasks_.size();) EnsureAllocated(i);
   };
-  std::vector<std::thread> ts;
-  for (int t = 1; t < nt; ++t) ts.emplace_back(work);
-  work();
-  for (auto& t : ts) t.join();
+  const int ran = RunOnThreads(e_->env(), nt, [&](int) { work(); });
+  threads_refused_ += nt - ran;
   allocated_ = true;
 }
 
@@ -258,11 +254,11 @@ Status RestorePipeline::Start() {
 
   if (opts_.sequential) {
     // Partial Offload: allocate everything, then read everything, one thread, forward order.
-    const double a0 = double(NowNs()) * 1e-9;
+    const double a0 = double(NowNs_()) * 1e-9;
     for (auto& t : tasks_) t.mem = e_->AllocateFor(t.u, &t.bytes);
     allocated_ = true;
-    stats_.alloc_s = double(NowNs()) * 1e-9 - a0;
-    t_reload0_ = double(NowNs()) * 1e-9;
+    stats_.alloc_s = double(NowNs_()) * 1e-9 - a0;
+    t_reload0_ = double(NowNs_()) * 1e-9;
     for (size_t i = 0; i < tasks_.size(); ++i) Process(i);
     stats_.reload_s = double(t_last_done_ns_.load()) * 1e-9 - t_reload0_;
     return Finish();
@@ -299,27 +295,38 @@ Status RestorePipeline::Start() {
     }
   }
   if (opts_.overlap == Overlap::kNone || opts_.overlap == Overlap::kReloadPrefill) {
-    const double a0 = double(NowNs()) * 1e-9;
+    const double a0 = double(NowNs_()) * 1e-9;
     AllocateAll();
-    stats_.alloc_s = double(NowNs()) * 1e-9 - a0;
+    stats_.alloc_s = double(NowNs_()) * 1e-9 - a0;
   } else if (region_) {
-    allocator_started_ = true;
-    allocator_ = std::thread(&RestorePipeline::AllocatorThread, this);
+    // Refused by the OS: no allocation ahead; each worker populates its slice itself.
+    allocator_started_ = e_->env()->StartThread([this] { AllocatorThread(); }, &allocator_).ok();
+    threads_refused_ += allocator_started_ ? 0 : 1;
   }
-  t_reload0_ = double(NowNs()) * 1e-9;
+  t_reload0_ = double(NowNs_()) * 1e-9;
+  // A worker thread the OS refuses is not retried: the workers that started (each drains both
+  // queues unless the paths run one after the other) and the waiting compute thread take its units.
+  auto start = [&](std::function<void()> fn) {
+    std::thread th;
+    if (e_->env()->StartThread(std::move(fn), &th).ok()) workers_.push_back(std::move(th));
+    else ++threads_refused_;
+  };
   if (opts_.parallel_paths) {
-    for (int i = 0; i < opts_.decode_threads; ++i) workers_.emplace_back(&RestorePipeline::Worker, this, true);
-    for (int i = 0; i < opts_.io_threads; ++i) workers_.emplace_back(&RestorePipeline::Worker, this, false);
+    for (int i = 0; i < opts_.decode_threads; ++i) start([this] { Worker(true); });
+    for (int i = 0; i < opts_.io_threads; ++i) start([this] { Worker(false); });
   } else {
-    // In-memory path first, then the storage path.
-    workers_.emplace_back([this] {
-      std::vector<std::thread> ts;
-      for (int i = 0; i < opts_.decode_threads; ++i) ts.emplace_back(&RestorePipeline::Worker, this, true);
-      for (auto& t : ts) t.join();
-      ts.clear();
-      for (int i = 0; i < opts_.io_threads; ++i) ts.emplace_back(&RestorePipeline::Worker, this, false);
-      for (auto& t : ts) t.join();
+    // In-memory path first, then the storage path (this thread runs one worker of each itself).
+    start([this] {
+      const int a = RunOnThreads(e_->env(), opts_.decode_threads, [this](int) { Worker(true); });
+      const int b = RunOnThreads(e_->env(), opts_.io_threads, [this](int) { Worker(false); });
+      threads_refused_ += std::max(0, opts_.decode_threads - a) + std::max(0, opts_.io_threads - b);
     });
+  }
+  if (workers_.empty()) {
+    // Not one worker thread: restore everything on this thread now, in path order (no overlap
+    // with compute, but nothing is lost; Wait then finds every layer ready).
+    RunQueue(mem_q_, mem_next_, true);
+    RunQueue(sto_q_, sto_next_, false);
   }
   if (opts_.overlap == Overlap::kNone || opts_.overlap == Overlap::kAllocReload) return Finish();
   return Status::Ok();
@@ -378,6 +385,7 @@ Status RestorePipeline::Finish() {
     if (sto_last_done_ns_.load() > 0) stats_.sto_path_done_s = std::max(0.0, double(sto_last_done_ns_.load()) * 1e-9 - t_reload0_);
   }
   stats_.sto_path_busy_s = double(sto_busy_ns_.load()) * 1e-9;
+  stats_.threads_refused = threads_refused_.load();
   for (const auto& e : errors_)
     if (!e.ok()) return e;
   return Status::Ok();

@@ -15,6 +15,8 @@
 // before prefill. `parallel_paths = false` runs the in-memory path to completion before the
 // storage path (Fig. 12's sequential bars).
 //
+// Threads come from the Env (StartThread); one the OS refuses is not fatal: the threads that did
+// start, or the calling thread, restore its share (PipelineStats::threads_refused).
 // Thread-safety: Start, Wait and Finish are called from the compute thread; workers touch only
 // distinct units through ElasticMemory::AllocateFor/RestoreInto. The destructor joins the workers.
 // Failure: a unit that fails to restore marks its layer failed; Wait on that layer returns the
@@ -116,6 +118,10 @@ struct PipelineStats {
   int storage_runs = 0;      // coalesced reads (coalesce_bytes) of two or more chunks that succeeded
   int chunks_in_runs = 0;    // chunks those reads were for
   bool restore_priority_raised = false;  // restore_nice was asked for and granted
+  // Restoration threads (workers, the allocation thread, allocation-phase helpers) the OS refused
+  // to start (Env::StartThread): the restoration went on with fewer, and with none on the calling
+  // thread (Start then returns with everything restored).
+  int threads_refused = 0;
 };
 
 class RestorePipeline {
@@ -181,6 +187,7 @@ class RestorePipeline {
   void AllocatorThread();
   // On a restoration thread, first thing: takes the raised priority (restore_nice) if granted.
   void RaisePriority();
+  int64_t NowNs_() const;  // the Env's clock
 
   ElasticMemory* e_;
   int n_layer_;
@@ -197,7 +204,8 @@ class RestorePipeline {
   PipelineStats stats_;
   std::atomic<uint64_t> mem_busy_ns_{0}, sto_busy_ns_{0};
   std::atomic<int> by_compute_{0};
-  std::atomic<int> runs_ok_{0}, chunks_in_runs_ok_{0};  // storage_runs / chunks_in_runs
+  std::atomic<int> runs_ok_{0}, chunks_in_runs_ok_{0};
+  std::atomic<int> threads_refused_{0};  // storage_runs / chunks_in_runs
   double t_reload0_ = 0;
   std::atomic<int64_t> t_last_done_ns_{0};
   std::atomic<int64_t> mem_last_done_ns_{0}, sto_last_done_ns_{0};

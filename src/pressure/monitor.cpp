@@ -49,7 +49,11 @@ Status PressureMonitor::Start() {
   if (th_.joinable()) return Status::InvalidArgument("pressure monitor already started");
   MZ_RETURN_IF_ERROR(src_->Start().With("starting " + src_->name()));
   stop_ = false;
-  th_ = std::thread([this] { Loop(); });
+  Status st = env_->StartThread([this] { Loop(); }, &th_);
+  if (!st.ok()) {
+    src_->Stop();  // not watching: the source is let go again, Start may be called later
+    return st.With("starting the pressure monitor's thread");
+  }
   return Status::Ok();
 }
 
