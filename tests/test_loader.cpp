@@ -405,21 +405,22 @@ class LoaderCorrupt : public ::testing::Test {
   }
 };
 
-// A path that does not exist is an I/O error naming the path, not corruption.
 // Threads the OS refuses (Env::StartThread) slow synthesis and loading down, never change what
 // they produce: a model synthesized with no helper thread is byte-identical to the normal one, and
 // loading it with every weight unit's helper refused gives every unit resident.
 TEST(LoaderValid, RefusedThreadsChangeNothing) {
-  const std::string ref = test::ModelPath("tiny-qwen3");
   SynthOptions o;
   o.type = "q8_0";
   o.threads = 4;
   o.vocab_dir = std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+  const std::string ref = test::TempDir() + "/threads-allowed.gguf";
+  ASSERT_TRUE(SynthesizeModel(Env::Default(), *FindModelSpec("tiny-qwen3"), o, ref).ok());
   FaultEnv env(Env::Default());
   env.fail_threads_after = 0;
   const std::string path = test::TempDir() + "/refused-threads.gguf";
   ASSERT_TRUE(SynthesizeModel(&env, *FindModelSpec("tiny-qwen3"), o, path).ok());
   EXPECT_EQ(env.threads_started.load(), 0);
+  EXPECT_GT(env.threads_refused.load(), 0);
   auto slurp = [](const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
@@ -433,9 +434,12 @@ TEST(LoaderValid, RefusedThreadsChangeNothing) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   for (int u = 0; u < m->n_units(); ++u) EXPECT_TRUE(m->unit(u).resident()) << u;
   EXPECT_EQ(env.threads_started.load(), 0);
+  EXPECT_GT(env.threads_refused.load(), 1) << "the load's helper was never asked for";
   std::remove(path.c_str());
+  std::remove(ref.c_str());
 }
 
+// A path that does not exist is an I/O error naming the path, not corruption.
 TEST_F(LoaderCorrupt, MissingFileIsIOError) {
   std::unique_ptr<Model> m;
   const std::string path = Scratch() + "/does-not-exist.gguf";

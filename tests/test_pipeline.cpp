@@ -538,31 +538,40 @@ TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
   ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
   ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
   const auto want = Logits(*ref.ctx);
-  for (int64_t starts : {0, 1})
-    for (Overlap o : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull})
-      for (bool parallel : {true, false}) {
-        SCOPED_TRACE(std::string(OverlapName(o)) + (parallel ? " parallel" : " paths in turn") + ", threads that start: " +
-                     std::to_string(starts));
-        FaultEnv env(Env::Default());
-        Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr", &env);
-        ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
-        ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() * 3 / 4, nullptr).ok());
-        ASSERT_FALSE(s.ctx->elastic().AllResident());
-        const int before = env.threads_started.load();  // the model's load started its own
-        env.fail_threads_after = starts;
-        PipelineOptions po;
-        po.overlap = o;
-        po.parallel_paths = parallel;
-        po.decode_threads = 2;
-        RestoreGenerateStats st;
-        Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
-        env.fail_threads_after = -1;
-        ASSERT_TRUE(status.ok()) << status.ToString();
-        EXPECT_TRUE(s.ctx->elastic().AllResident());
-        EXPECT_GT(st.pipeline.threads_refused, 0);
-        EXPECT_LE(env.threads_started.load() - before, starts);
-        EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ";
-      }
+  struct C {
+    int64_t starts;  // threads the OS lets start
+    Overlap o;
+    bool parallel;
+  };
+  // Every variant with none; the paths in turn (one coordinating thread) and the allocation thread
+  // taking the only thread there is with one.
+  const C cases[] = {{0, Overlap::kNone, true},   {0, Overlap::kAllocReload, true}, {0, Overlap::kReloadPrefill, true},
+                     {0, Overlap::kFull, true},   {0, Overlap::kFull, false},       {1, Overlap::kFull, true},
+                     {1, Overlap::kNone, false},  {1, Overlap::kFull, false}};
+  for (const C& c : cases) {
+    SCOPED_TRACE(std::string(OverlapName(c.o)) + (c.parallel ? " parallel" : " paths in turn") + ", threads that start: " +
+                 std::to_string(c.starts));
+    FaultEnv env(Env::Default());
+    Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr", &env);
+    ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
+    ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() * 3 / 4, nullptr).ok());
+    ASSERT_FALSE(s.ctx->elastic().AllResident());
+    const int before = env.threads_started.load();  // the model's load started its own
+    env.fail_threads_after = c.starts;
+    PipelineOptions po;
+    po.overlap = c.o;
+    po.parallel_paths = c.parallel;
+    po.decode_threads = 2;
+    RestoreGenerateStats st;
+    Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
+    env.fail_threads_after = -1;
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    EXPECT_TRUE(s.ctx->elastic().AllResident());
+    EXPECT_GT(st.pipeline.threads_refused, 0);
+    EXPECT_EQ(st.pipeline.threads_refused, env.threads_refused.load());
+    EXPECT_LE(env.threads_started.load() - before, c.starts);
+    EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ";
+  }
   // mz_restore (ElasticMemory::RestoreAll on several threads) with none of its helpers started.
   FaultEnv env(Env::Default());
   Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr-all", &env);
@@ -575,6 +584,7 @@ TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_TRUE(s.ctx->elastic().AllResident());
   EXPECT_EQ(env.threads_started.load(), before);
+  EXPECT_GT(env.threads_refused.load(), 0) << "mz_restore's helpers were never asked for";
   ASSERT_TRUE(s.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
   EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ after mz_restore";
 }

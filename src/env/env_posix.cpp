@@ -298,6 +298,8 @@ class PosixEnv final : public Env {
       *out = std::thread(std::move(fn));
     } catch (const std::system_error& e) {
       return Status::NoMemory(std::string("cannot start a thread: ") + e.what());
+    } catch (const std::bad_alloc&) {
+      return Status::NoMemory("cannot start a thread: out of memory");
     }
     return Status::Ok();
   }
@@ -321,6 +323,7 @@ Env* Env::Default() {
 
 int RunOnThreads(Env* env, int n, const std::function<void(int)>& work) {
   std::vector<std::thread> ts;
+  ts.reserve(size_t(std::max(0, n - 1)));  // no allocation (that could throw) after a thread started
   for (int t = 1; t < n; ++t) {
     std::thread th;
     if (!env->StartThread([&work, t] { work(t); }, &th).ok()) continue;

@@ -25,6 +25,7 @@ class FaultEnv : public EnvWrapper {
   std::atomic<int64_t> fail_maps_after{-1};      // >= 0: after this many more MapAnon calls, MapAnon fails
   std::atomic<int64_t> fail_threads_after{-1};   // >= 0: after this many more StartThread calls, every one fails (kNoMemory)
   std::atomic<int> threads_started{0};           // StartThread calls that started a thread
+  std::atomic<int> threads_refused{0};           // StartThread calls refused by fail_threads_after
   std::atomic<bool> refuse_nice{false};          // SetThreadNice fails as without CAP_SYS_NICE
   std::atomic<int> nice_calls{0};                 // SetThreadNice calls (granted or not)
   std::atomic<int64_t> n_reads{0}, n_writes{0}, bytes_read{0}, bytes_written{0};
@@ -51,7 +52,10 @@ class FaultEnv : public EnvWrapper {
     int64_t v = fail_threads_after.load();
     while (v > 0 && !fail_threads_after.compare_exchange_weak(v, v - 1)) {
     }
-    if (v == 0) return Status::NoMemory("cannot start a thread: Resource temporarily unavailable (injected)");
+    if (v == 0) {
+      ++threads_refused;
+      return Status::NoMemory("cannot start a thread: Resource temporarily unavailable (injected)");
+    }
     Status st = EnvWrapper::StartThread(std::move(fn), out);
     if (st.ok()) ++threads_started;
     return st;

@@ -299,13 +299,19 @@ Status RestorePipeline::Start() {
     AllocateAll();
     stats_.alloc_s = double(NowNs_()) * 1e-9 - a0;
   } else if (region_) {
-    // Refused by the OS: no allocation ahead; each worker populates its slice itself.
+    // Refused by the OS: no allocation ahead; each worker populates its slice itself, which makes
+    // every task with a slice CPU work (cpu_work_done waits for them).
     allocator_started_ = e_->env()->StartThread([this] { AllocatorThread(); }, &allocator_).ok();
-    threads_refused_ += allocator_started_ ? 0 : 1;
+    if (!allocator_started_) {
+      ++threads_refused_;
+      for (auto& t : tasks_)
+        if (!t.no_slice && !t.cpu) t.cpu = true, ++n_cpu_tasks_;
+    }
   }
   t_reload0_ = double(NowNs_()) * 1e-9;
   // A worker thread the OS refuses is not retried: the workers that started (each drains both
   // queues unless the paths run one after the other) and the waiting compute thread take its units.
+  workers_.reserve(size_t(std::max(0, opts_.decode_threads) + std::max(0, opts_.io_threads) + 1));
   auto start = [&](std::function<void()> fn) {
     std::thread th;
     if (e_->env()->StartThread(std::move(fn), &th).ok()) workers_.push_back(std::move(th));

@@ -204,8 +204,8 @@ class RestorePipeline {
   PipelineStats stats_;
   std::atomic<uint64_t> mem_busy_ns_{0}, sto_busy_ns_{0};
   std::atomic<int> by_compute_{0};
-  std::atomic<int> runs_ok_{0}, chunks_in_runs_ok_{0};
-  std::atomic<int> threads_refused_{0};  // storage_runs / chunks_in_runs
+  std::atomic<int> runs_ok_{0}, chunks_in_runs_ok_{0};  // storage_runs / chunks_in_runs
+  std::atomic<int> threads_refused_{0};                  // threads_refused
   double t_reload0_ = 0;
   std::atomic<int64_t> t_last_done_ns_{0};
   std::atomic<int64_t> mem_last_done_ns_{0}, sto_last_done_ns_{0};

@@ -51,7 +51,7 @@ Status PressureMonitor::Start() {
   stop_ = false;
   Status st = env_->StartThread([this] { Loop(); }, &th_);
   if (!st.ok()) {
-    src_->Stop();  // not watching: the source is let go again, Start may be called later
+    src_->Stop();  // not watching: the source is let go (and, as after any Stop, not restarted)
     return st.With("starting the pressure monitor's thread");
   }
   return Status::Ok();

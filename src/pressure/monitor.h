@@ -69,7 +69,8 @@ class PressureMonitor {
   PressureMonitor(Context* ctx, std::unique_ptr<PressureSource> src, const AmountOptions& amount,
                   Env* env = nullptr);
   ~PressureMonitor();  // Stop()s and removes the safe-point hook
-  // Starts the source and the thread. Once: after Stop() the source refuses to start again.
+  // Starts the source and the thread. Once: after Stop() the source refuses to start again. A
+  // thread the OS refuses (Env::StartThread) fails Start with kNoMemory and stops the source.
   Status Start();
   // Stops the source and joins the thread (prompt: the source's Wait is woken). A queued event
   // stays queued and is still applied at the next safe point.
