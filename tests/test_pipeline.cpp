@@ -63,6 +63,15 @@ std::vector<float> Logits(Context& c) {
   return std::vector<float>(c.logits(0), c.logits(0) + nv);
 }
 
+// The logits of the 8 query tokens after the prompt, never evicted: what every restore must give.
+std::vector<float> NeverEvictedLogits(const std::string& path, const std::string& codec, const std::vector<int32_t>& toks,
+                                      const char* tag) {
+  Rig ref = MakeCtx(path, codec, EvictOrder::kBackwardOut, false, tag);
+  EXPECT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
+  EXPECT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
+  return Logits(*ref.ctx);
+}
+
 struct Case {
   std::string policy;  // backward, forward, random, partial
   Overlap overlap;
@@ -77,10 +86,7 @@ TEST_P(RestoreGenerate, MatchesNeverEvicted) {
   const Case c = GetParam();
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = Prompt(path);
-  Rig ref = MakeCtx(path, c.codec, EvictOrder::kBackwardOut, false, "ref");
-  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
-  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
-  const auto want = Logits(*ref.ctx);
+  const auto want = NeverEvictedLogits(path, c.codec, toks, "ref");
 
   EvictOrder order = c.policy == "forward" ? EvictOrder::kForwardOut
                      : c.policy == "random" ? EvictOrder::kRandomOut
@@ -352,10 +358,7 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
 TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = Prompt(path);
-  Rig ref = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "sref");
-  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
-  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
-  const auto want = Logits(*ref.ctx);
+  const auto want = NeverEvictedLogits(path, "none", toks, "sref");
 
   Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "sync");
   ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
@@ -472,10 +475,7 @@ TEST(RestoreGenerateSync, EvictionDuringGenerationIsRefused) {
 TEST(RestoreGenerateSync, RaisedRestorePriorityIsProbedAndFallsBack) {
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = Prompt(path);
-  Rig ref = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "prio-ref");
-  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
-  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
-  const auto want = Logits(*ref.ctx);
+  const auto want = NeverEvictedLogits(path, "none", toks, "prio-ref");
   // Can this process lower a thread's nice at all (root, or RLIMIT_NICE)? Probed on a thread of
   // its own so this one keeps its priority.
   bool grantable = false;
@@ -534,10 +534,7 @@ TEST(RestoreGenerateSync, RaisedRestorePriorityIsProbedAndFallsBack) {
 TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = Prompt(path);
-  Rig ref = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr-ref");
-  ASSERT_TRUE(ref.ctx->Decode(toks.data(), kPrompt, false).ok());
-  ASSERT_TRUE(ref.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
-  const auto want = Logits(*ref.ctx);
+  const auto want = NeverEvictedLogits(path, "none", toks, "thr-ref");
   struct C {
     int64_t starts;  // threads the OS lets start
     Overlap o;

@@ -59,7 +59,7 @@ void RestorePipeline::EnsureAllocated(size_t i) {
   while (alloc_state_[i].load(std::memory_order_acquire) != 2) std::this_thread::yield();  // being populated
 }
 
-int64_t RestorePipeline::NowNs_() const { return int64_t(e_->env()->NowNs()); }
+int64_t RestorePipeline::ClockNs() const { return int64_t(e_->env()->NowNs()); }
 
 void RestorePipeline::RaisePriority() {
   // A refusal here (granted at Start, so not expected) leaves the thread at the caller's priority:
@@ -76,7 +76,7 @@ void RestorePipeline::AllocatorThread() {
 
 void RestorePipeline::Process(size_t i) {
   Task& t = tasks_[i];
-  const int64_t t0 = NowNs_();
+  const int64_t t0 = ClockNs();
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
   EnsureAllocated(i);
   Status st;
@@ -99,7 +99,7 @@ void RestorePipeline::Process(size_t i) {
   }
   t.mem = nullptr;  // ownership passed
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
-  const int64_t t1 = NowNs_();
+  const int64_t t1 = ClockNs();
   (t.mem_path ? mem_busy_ns_ : sto_busy_ns_) += uint64_t(t1 - t0);
   AtomicMax(t_last_done_ns_, t1);
   AtomicMax(t.mem_path ? mem_last_done_ns_ : sto_last_done_ns_, t1);
@@ -254,11 +254,11 @@ Status RestorePipeline::Start() {
 
   if (opts_.sequential) {
     // Partial Offload: allocate everything, then read everything, one thread, forward order.
-    const double a0 = double(NowNs_()) * 1e-9;
+    const double a0 = double(ClockNs()) * 1e-9;
     for (auto& t : tasks_) t.mem = e_->AllocateFor(t.u, &t.bytes);
     allocated_ = true;
-    stats_.alloc_s = double(NowNs_()) * 1e-9 - a0;
-    t_reload0_ = double(NowNs_()) * 1e-9;
+    stats_.alloc_s = double(ClockNs()) * 1e-9 - a0;
+    t_reload0_ = double(ClockNs()) * 1e-9;
     for (size_t i = 0; i < tasks_.size(); ++i) Process(i);
     stats_.reload_s = double(t_last_done_ns_.load()) * 1e-9 - t_reload0_;
     return Finish();
@@ -295,9 +295,9 @@ Status RestorePipeline::Start() {
     }
   }
   if (opts_.overlap == Overlap::kNone || opts_.overlap == Overlap::kReloadPrefill) {
-    const double a0 = double(NowNs_()) * 1e-9;
+    const double a0 = double(ClockNs()) * 1e-9;
     AllocateAll();
-    stats_.alloc_s = double(NowNs_()) * 1e-9 - a0;
+    stats_.alloc_s = double(ClockNs()) * 1e-9 - a0;
   } else if (region_) {
     // Refused by the OS: no allocation ahead; each worker populates its slice itself, which makes
     // every task with a slice CPU work (cpu_work_done waits for them).
@@ -308,7 +308,7 @@ Status RestorePipeline::Start() {
         if (!t.no_slice && !t.cpu) t.cpu = true, ++n_cpu_tasks_;
     }
   }
-  t_reload0_ = double(NowNs_()) * 1e-9;
+  t_reload0_ = double(ClockNs()) * 1e-9;
   // A worker thread the OS refuses is not retried: the workers that started (each drains both
   // queues unless the paths run one after the other) and the waiting compute thread take its units.
   workers_.reserve(size_t(std::max(0, opts_.decode_threads) + std::max(0, opts_.io_threads) + 1));

@@ -187,7 +187,7 @@ class RestorePipeline {
   void AllocatorThread();
   // On a restoration thread, first thing: takes the raised priority (restore_nice) if granted.
   void RaisePriority();
-  int64_t NowNs_() const;  // the Env's clock
+  int64_t ClockNs() const;  // the Env's clock
 
   ElasticMemory* e_;
   int n_layer_;
