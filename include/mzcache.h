@@ -8,6 +8,13 @@
  *
  * Thread-safety: a model may be shared by contexts on different threads only for read-only calls
  * (tokenize, piece, info). One context must not be used from two threads at once.
+ *
+ * Params structs: start from mz_*_default_params() and change the fields you need. Each one's
+ * first field, struct_size, is set there to the size this header declares. New fields are only
+ * ever appended, so a program built against an older header (a smaller struct_size) keeps working:
+ * the fields it does not know get their defaults. A struct_size that is not one this library knows
+ * (0 from a struct not made by mz_*_default_params(), or a newer header's larger size) is refused
+ * with MZ_ERR_INVALID_ARG, never read past. A NULL params pointer means all defaults.
  */
 #ifndef MZCACHE_H
 #define MZCACHE_H
@@ -47,6 +54,7 @@ const char* mz_last_error(void);
 
 /* ---- model ---- */
 struct mz_model_params {
+  uint32_t struct_size; /* set by mz_model_default_params(): see "Params structs" above */
   bool direct_io;   /* read weights with O_DIRECT (default true; falls back where unsupported) */
   int32_t io_threads; /* threads reading weights at load (default 2) */
   /* How weights are held: MZ_WEIGHTS_PAGE_CACHE (default: mapped from the model file, populated
@@ -80,6 +88,7 @@ bool mz_token_is_eog(const mz_model* model, mz_token token);
 
 /* ---- context: one conversation (KV cache in chunks) ---- */
 struct mz_context_params {
+  uint32_t struct_size; /* set by mz_context_default_params(): see "Params structs" above */
   uint32_t n_ctx;            /* maximum tokens (default 8192); memory grows with use, not reserved */
   uint32_t kv_chunk_tokens;  /* tokens per KV chunk (default 256) */
   int32_t n_threads;         /* compute threads (default 2) */
@@ -144,6 +153,7 @@ enum mz_overlap {
   MZ_OVERLAP_FULL = 3            /* everything overlapped (default) */
 };
 struct mz_restore_params {
+  uint32_t struct_size; /* set by mz_restore_default_params(): see "Params structs" above */
   int32_t overlap;        /* enum mz_overlap (default MZ_OVERLAP_FULL) */
   int32_t io_threads;     /* storage-path workers (default 2) */
   int32_t decode_threads; /* in-memory decompression workers (default 1) */
@@ -193,6 +203,7 @@ int mz_session_load(mz_context* ctx, const char* path);
 
 /* ---- sampling ---- */
 struct mz_sampler_params {
+  uint32_t struct_size; /* set by mz_sampler_default_params(): see "Params structs" above */
   float temperature; /* <= 0: greedy (default 0) */
   int32_t top_k;     /* default 40 */
   float top_p;       /* default 0.95 */
@@ -200,6 +211,7 @@ struct mz_sampler_params {
 };
 struct mz_sampler_params mz_sampler_default_params(void);
 typedef struct mz_sampler mz_sampler;
+/* NULL on a bad params struct (mz_last_error says why) or when out of memory. */
 mz_sampler* mz_sampler_new(const struct mz_sampler_params* params);
 void mz_sampler_free(mz_sampler* s);
 /* Samples from logits row i of the last decode; returns the token or a negative status. */
@@ -241,6 +253,7 @@ enum mz_trim_level {
 int mz_on_trim_memory(mz_context* ctx, int32_t level);
 
 struct mz_pressure_params {
+  uint32_t struct_size; /* set by mz_pressure_default_params(): see "Params structs" above */
   const char* source;       /* "auto" (default), "psi", "cgroup-v1", "watermark", "manual" */
   const char* cgroup_dir;   /* cgroup to watch (v1 memory cgroup or v2 dir); NULL: system-wide */
   float step_points;        /* share of LLM memory per event (default 0.25; the paper: 0.15-0.25) */

@@ -57,6 +57,65 @@ static int check_missing_file(void) {
   return 0;
 }
 
+/* Params structs carry their size: the defaults set it, and a struct not made by them (zeroed) or
+ * of a size this library does not know is refused with MZ_ERR_INVALID_ARG and a message naming
+ * the struct, changing nothing. */
+static int check_struct_size(mz_model* model, const char* path, const mz_token* toks, int32_t n) {
+  CHECK(mz_model_default_params().struct_size == sizeof(struct mz_model_params), "model params struct_size");
+  CHECK(mz_context_default_params().struct_size == sizeof(struct mz_context_params), "context params struct_size");
+  CHECK(mz_restore_default_params().struct_size == sizeof(struct mz_restore_params), "restore params struct_size");
+  CHECK(mz_sampler_default_params().struct_size == sizeof(struct mz_sampler_params), "sampler params struct_size");
+  CHECK(mz_pressure_default_params().struct_size == sizeof(struct mz_pressure_params), "pressure params struct_size");
+
+  struct mz_model_params mp;
+  memset(&mp, 0, sizeof mp);
+  mz_model* m = (mz_model*)&m;
+  CHECK(mz_model_load(path, &mp, &m) == MZ_ERR_INVALID_ARG && m == NULL, "zeroed model params accepted");
+  CHECK(strstr(mz_last_error(), "mz_model_params") && strstr(mz_last_error(), "struct_size"),
+        "the message does not name the struct and its size");
+  mp = mz_model_default_params();
+  mp.struct_size += 4; /* a newer header's struct */
+  CHECK(mz_model_load(path, &mp, &m) == MZ_ERR_INVALID_ARG, "a larger struct_size accepted");
+  mp.struct_size -= 8;
+  CHECK(mz_model_load(path, &mp, &m) == MZ_ERR_INVALID_ARG, "a struct_size below the first version's accepted");
+
+  struct mz_context_params cp;
+  memset(&cp, 0, sizeof cp);
+  mz_context* ctx = (mz_context*)&ctx;
+  CHECK(mz_context_new(model, &cp, &ctx) == MZ_ERR_INVALID_ARG && ctx == NULL, "zeroed context params accepted");
+  CHECK(strstr(mz_last_error(), "mz_context_params") != NULL, "context: %s", mz_last_error());
+  cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  CHECK(mz_context_new(model, &cp, &ctx) == MZ_OK, "mz_context_new");
+  CHECK(mz_decode(ctx, toks, n, false) == MZ_OK, "mz_decode");
+
+  struct mz_restore_params rp;
+  memset(&rp, 0, sizeof rp);
+  mz_token t = toks[0];
+  CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_ERR_INVALID_ARG, "zeroed restore params accepted");
+  CHECK(strstr(mz_last_error(), "mz_restore_params") != NULL, "restore: %s", mz_last_error());
+  CHECK(mz_context_n_tokens(ctx) == n, "a refused restore_generate changed the conversation (%d tokens)",
+        (int)mz_context_n_tokens(ctx));
+  rp = mz_restore_default_params();
+  CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_OK && mz_context_n_tokens(ctx) == n + 1,
+        "restore_generate with default params: %s", mz_last_error());
+
+  struct mz_sampler_params sp;
+  memset(&sp, 0, sizeof sp);
+  CHECK(mz_sampler_new(&sp) == NULL, "zeroed sampler params accepted");
+  CHECK(strstr(mz_last_error(), "mz_sampler_params") != NULL, "sampler: %s", mz_last_error());
+  mz_sampler* s = mz_sampler_new(NULL); /* NULL: the defaults */
+  CHECK(s != NULL, "mz_sampler_new(NULL): %s", mz_last_error());
+  mz_sampler_free(s);
+
+  struct mz_pressure_params pp;
+  memset(&pp, 0, sizeof pp);
+  CHECK(mz_pressure_watch_start(ctx, &pp) == MZ_ERR_INVALID_ARG, "zeroed pressure params accepted");
+  CHECK(strstr(mz_last_error(), "mz_pressure_params") != NULL, "pressure: %s", mz_last_error());
+  mz_context_free(ctx);
+  return 0;
+}
+
 static int argmax(const float* x, int n) {
   int best = 0;
   for (int i = 1; i < n; ++i)
@@ -225,6 +284,7 @@ static int run_model(const char* path) {
   mz_sampler_free(s);
   mz_context_free(ctx);
   if (check_pressure(model, toks, n)) return 1;
+  if (check_struct_size(model, path, toks, n)) return 1;
   mz_model_free(model);
   return 0;
 }

@@ -59,6 +59,30 @@ int Guard(const char* fn, F&& f) {
     return Fail(mz::Status::Internal("unknown exception"), fn);
   }
 }
+// The sizes of the params structs in the first header that had struct_size: the smallest
+// struct_size a caller can pass. Later fields are appended; their sizes grow past these.
+constexpr uint32_t kModelParamsV1 = sizeof(mz_model_params);
+constexpr uint32_t kContextParamsV1 = sizeof(mz_context_params);
+constexpr uint32_t kRestoreParamsV1 = sizeof(mz_restore_params);
+constexpr uint32_t kSamplerParamsV1 = sizeof(mz_sampler_params);
+constexpr uint32_t kPressureParamsV1 = sizeof(mz_pressure_params);
+
+// The caller's params over the defaults: NULL gives the defaults; a struct_size between the first
+// version's and this header's copies that many bytes (an older caller's fields) and leaves the
+// rest at their defaults; any other struct_size is refused before a byte past it is read.
+template <class P>
+mz::Status ReadParams(const P* in, P defaults, uint32_t v1_size, const char* what, P* out) {
+  *out = defaults;
+  if (!in) return mz::Status::Ok();
+  const uint32_t n = in->struct_size;
+  if (n < v1_size || n > sizeof(P))
+    return mz::Status::InvalidArgument(std::string("struct ") + what + ": struct_size " + std::to_string(n) +
+                                       " is not a size this library knows (" + std::to_string(v1_size) + ".." +
+                                       std::to_string(sizeof(P)) + "): start from " + what + "'s default_params()");
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), n);
+  out->struct_size = uint32_t(sizeof(P));
+  return mz::Status::Ok();
+}
 }  // namespace
 
 extern "C" {
@@ -68,6 +92,7 @@ const char* mz_last_error(void) { return t_last_error.c_str(); }
 
 mz_model_params mz_model_default_params(void) {
   mz_model_params p;
+  p.struct_size = uint32_t(sizeof(p));
   p.direct_io = true;
   p.io_threads = 2;
   p.weight_memory = MZ_WEIGHTS_PAGE_CACHE;
@@ -78,7 +103,8 @@ int mz_model_load(const char* path, const mz_model_params* params, mz_model** ou
   if (out) *out = nullptr;
   return Guard(__func__, [&]() -> mz::Status {
     if (!path || !out) return mz::Status::InvalidArgument("path and out must not be NULL");
-    mz_model_params p = params ? *params : mz_model_default_params();
+    mz_model_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_model_default_params(), kModelParamsV1, "mz_model_params", &p));
     mz::ModelOptions o;
     o.direct_io = p.direct_io;
     o.io_threads = p.io_threads > 0 ? p.io_threads : 1;
@@ -144,6 +170,7 @@ bool mz_token_is_eog(const mz_model* model, mz_token token) { return model && mo
 
 mz_context_params mz_context_default_params(void) {
   mz_context_params p;
+  p.struct_size = uint32_t(sizeof(p));
   p.n_ctx = 8192;
   p.kv_chunk_tokens = 256;
   p.n_threads = 2;
@@ -159,7 +186,8 @@ int mz_context_new(mz_model* model, const mz_context_params* params, mz_context*
   if (out) *out = nullptr;
   return Guard(__func__, [&]() -> mz::Status {
     if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
-    mz_context_params p = params ? *params : mz_context_default_params();
+    mz_context_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_context_default_params(), kContextParamsV1, "mz_context_params", &p));
     if (p.n_ctx == 0 || p.n_ctx > (1u << 24)) return mz::Status::InvalidArgument("n_ctx out of range");
     if (p.kv_chunk_tokens == 0 || p.kv_chunk_tokens > 65536)
       return mz::Status::InvalidArgument("kv_chunk_tokens out of range");
@@ -234,6 +262,7 @@ int mz_restore(mz_context* ctx) {
 
 mz_restore_params mz_restore_default_params(void) {
   mz_restore_params p;
+  p.struct_size = uint32_t(sizeof(p));
   p.overlap = MZ_OVERLAP_FULL;
   p.io_threads = 2;
   p.decode_threads = 1;
@@ -245,7 +274,8 @@ int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, cons
                         mz_restore_stats* stats) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx || !tokens || n <= 0) return mz::Status::InvalidArgument("need a context and at least one token");
-    mz_restore_params p = params ? *params : mz_restore_default_params();
+    mz_restore_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_restore_default_params(), kRestoreParamsV1, "mz_restore_params", &p));
     if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_FULL) return mz::Status::InvalidArgument("bad overlap");
     mz::PipelineOptions po;
     po.overlap = mz::Overlap(p.overlap);
@@ -310,6 +340,7 @@ int mz_session_load(mz_context* ctx, const char* path) {
 
 mz_sampler_params mz_sampler_default_params(void) {
   mz_sampler_params p;
+  p.struct_size = uint32_t(sizeof(p));
   p.temperature = 0.0f;
   p.top_k = 40;
   p.top_p = 0.95f;
@@ -318,15 +349,17 @@ mz_sampler_params mz_sampler_default_params(void) {
 }
 
 mz_sampler* mz_sampler_new(const mz_sampler_params* params) {
-  try {
-    mz_sampler_params p = params ? *params : mz_sampler_default_params();
+  mz_sampler* out = nullptr;
+  (void)Guard(__func__, [&]() -> mz::Status {
+    mz_sampler_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_sampler_default_params(), kSamplerParamsV1, "mz_sampler_params", &p));
     mz::SamplerParams sp{p.temperature, p.top_k, p.top_p, p.seed};
     auto s = std::make_unique<mz_sampler>();
     s->s = std::make_unique<mz::Sampler>(sp);
-    return s.release();
-  } catch (...) {
-    return nullptr;
-  }
+    out = s.release();
+    return mz::Status::Ok();
+  });
+  return out;
 }
 
 void mz_sampler_free(mz_sampler* s) { delete s; }
@@ -413,6 +446,7 @@ extern "C" {
 
 mz_pressure_params mz_pressure_default_params(void) {
   mz_pressure_params p;
+  p.struct_size = uint32_t(sizeof(p));
   p.source = "auto";
   p.cgroup_dir = nullptr;
   p.step_points = 0.25f;
@@ -452,7 +486,8 @@ int mz_on_trim_memory(mz_context* ctx, int32_t level) {
 int mz_pressure_watch_start(mz_context* ctx, const mz_pressure_params* params) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx) return mz::Status::InvalidArgument("null context");
-    mz_pressure_params p = params ? *params : mz_pressure_default_params();
+    mz_pressure_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsV1, "mz_pressure_params", &p));
     mz::PressureSourceOptions so;
     mz::AmountOptions ao;
     MZ_RETURN_IF_ERROR(ToOptions(p, &so, &ao));
