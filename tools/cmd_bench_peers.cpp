@@ -34,6 +34,7 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "swap/session_file.h"
+#include "tools/child_process.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -276,10 +277,6 @@ int RunWorker(const WorkerArgs& a) {
 // ---------------------------------------------------------------------------------------------
 // Parent side.
 
-struct Child {
-  int pid = -1, in = -1;
-  FILE* out = nullptr;
-};
 int g_child = -1;
 std::string g_cgroup;
 OsPagingEnv* g_env = nullptr;
@@ -295,40 +292,15 @@ void OnSignal(int sig) {
   _exit(128 + sig);
 }
 
-Status Spawn(const std::vector<std::string>& argv, Child* c) {
-  int to[2], from[2];
-  if (pipe(to) != 0) return Status::FromErrno(errno, "pipe");
-  if (pipe(from) != 0) {
-    close(to[0]);
-    close(to[1]);
-    return Status::FromErrno(errno, "pipe");
-  }
-  const pid_t pid = fork();
-  if (pid < 0) return Status::FromErrno(errno, "fork");
-  if (pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[0]);
-    close(to[1]);
-    close(from[0]);
-    close(from[1]);
-    std::vector<char*> av;
-    for (auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
-    av.push_back(nullptr);
-    execv(av[0], av.data());
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  c->pid = pid;
-  c->in = to[1];
-  c->out = fdopen(from[0], "r");
-  g_child = pid;
+// The worker, remembered for OnSignal (which kills it).
+Status Spawn(const std::vector<std::string>& argv, PipedChild* c) {
+  MZ_RETURN_IF_ERROR(SpawnPiped(argv, c));
+  g_child = c->pid;
   return Status::Ok();
 }
 
 // Next protocol line of the worker (READY / RESULT / ERROR); other output is skipped.
-std::string ReadProtocolLine(Child& c) {
+std::string ReadProtocolLine(PipedChild& c) {
   std::string line;
   char buf[8192];
   while (std::fgets(buf, sizeof buf, c.out)) {
@@ -340,16 +312,9 @@ std::string ReadProtocolLine(Child& c) {
   return line;
 }
 
-int Reap(Child& c, bool kill_it) {
-  if (c.pid <= 0) return -1;
-  if (kill_it) kill(c.pid, SIGKILL);
-  if (c.in >= 0) close(c.in);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
-  if (c.out) std::fclose(c.out);
-  c = Child();
+int Reap(PipedChild& c, bool kill_it) {
   g_child = -1;
-  return status;
+  return ReapPiped(c, kill_it);
 }
 
 Status ParseResult(const std::string& line, nlohmann::json* out) {
@@ -367,7 +332,7 @@ Status ParseResult(const std::string& line, nlohmann::json* out) {
 }
 
 std::vector<std::string> WorkerArgv(const WorkerArgs& w) {
-  std::vector<std::string> v{PeersSelfExe(), "bench", "peers-worker", "--mode", w.mode, "--model", w.model,
+  std::vector<std::string> v{SelfExe(), "bench", "peers-worker", "--mode", w.mode, "--model", w.model,
                              "--tokens", w.tokens, "-n", std::to_string(w.n), "-q", std::to_string(w.q),
                              "-t", std::to_string(w.threads), "--n-ctx", std::to_string(w.n_ctx)};
   if (!w.file.empty()) v.insert(v.end(), {"--file", w.file});
@@ -380,7 +345,7 @@ std::vector<std::string> WorkerArgv(const WorkerArgs& w) {
 
 // Runs a worker to completion (no cgroup); returns its RESULT.
 Status RunToEnd(const WorkerArgs& w, nlohmann::json* out, double* wall) {
-  Child c;
+  PipedChild c;
   const double t0 = NowSeconds();
   MZ_RETURN_IF_ERROR(Spawn(WorkerArgv(w), &c));
   close(c.in);
@@ -410,7 +375,7 @@ Status RunUnderPressure(OsPagingEnv* env, WorkerArgs w, double level, MmapRun* r
     ~ClearName() { g_cgroup.clear(); }
   } clear_name;
   w.cgroup = cg.path();
-  Child c;
+  PipedChild c;
   MZ_RETURN_IF_ERROR(Spawn(WorkerArgv(w), &c));
   std::string line = ReadProtocolLine(c);
   if (line.rfind("READY ", 0) != 0) {

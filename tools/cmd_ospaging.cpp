@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "swap/session_file.h"
+#include "tools/child_process.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -88,51 +89,10 @@ void AddOsPagingWorker(CLI::App& app, Runners& runners) {
 
 namespace {
 
-struct Child {
-  int pid = -1, in = -1, out = -1;
-  FILE* out_f = nullptr;
-};
-
-Status Spawn(const std::vector<std::string>& argv, Child* c) {
-  int to[2], from[2];
-  if (pipe(to) != 0 || pipe(from) != 0) return Status::FromErrno(errno, "pipe");
-  pid_t pid = fork();
-  if (pid < 0) return Status::FromErrno(errno, "fork");
-  if (pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[1]);
-    close(from[0]);
-    std::vector<char*> av;
-    for (auto& s : argv) av.push_back(const_cast<char*>(s.c_str()));
-    av.push_back(nullptr);
-    execv(av[0], av.data());
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  c->pid = pid;
-  c->in = to[1];
-  c->out = from[0];
-  c->out_f = fdopen(from[0], "r");
-  return Status::Ok();
-}
-
-std::string ReadLine(Child& c) {
+std::string ReadLine(PipedChild& c) {
   char buf[256];
-  if (!std::fgets(buf, sizeof buf, c.out_f)) return "";
+  if (!std::fgets(buf, sizeof buf, c.out)) return "";
   return buf;
-}
-
-int Reap(Child& c, bool kill_it) {
-  if (c.pid <= 0) return -1;
-  if (kill_it) kill(c.pid, SIGKILL);
-  if (c.in >= 0) close(c.in);
-  int status = 0;
-  waitpid(c.pid, &status, 0);
-  if (c.out_f) std::fclose(c.out_f);
-  c.pid = -1;
-  return status;
 }
 
 }  // namespace
@@ -160,17 +120,13 @@ Status OsPagingMeasure(OsPagingEnv* env, const std::string& model, const std::st
   MZ_RETURN_IF_ERROR(DropPageCache());  // weight pages must be charged to the worker's cgroup
   std::string q;
   for (size_t i = 0; i < query.size(); ++i) q += (i ? "," : "") + std::to_string(query[i]);
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return Status::IOError("cannot find own executable");
-  exe[n] = 0;
-  Child c;
-  MZ_RETURN_IF_ERROR(Spawn({exe, "ospaging-worker", "--model", model, "--session", session, "--cgroup", cg.path(),
+  PipedChild c;
+  MZ_RETURN_IF_ERROR(SpawnPiped({SelfExe(), "ospaging-worker", "--model", model, "--session", session, "--cgroup", cg.path(),
                             "--query", q, "--threads", std::to_string(threads), "--ctx", std::to_string(n_ctx)},
                            &c));
   std::string line = ReadLine(c);
   if (line.rfind("READY", 0) != 0) {
-    Reap(c, true);
+    ReapPiped(c, true);
     return Status::Internal("OS Paging worker failed to start");
   }
   const uint64_t footprint = std::stoull(line.substr(6));
@@ -196,11 +152,11 @@ Status OsPagingMeasure(OsPagingEnv* env, const std::string& model, const std::st
   // "The user returns": pressure is gone, the query runs and faults everything back.
   cg.Unlimit();
   if (write(c.in, "GO\n", 3) != 3) {
-    Reap(c, true);
+    ReapPiped(c, true);
     return Status::IOError("worker pipe");
   }
   line = ReadLine(c);
-  int status = Reap(c, false);
+  int status = ReapPiped(c, false);
   if (line.rfind("TTFT", 0) != 0)
     return Status::Internal("OS Paging worker died (status " + std::to_string(status) + ")");
   out->ttft = std::stod(line.substr(5));

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "tools/child_process.h"
 
 namespace CLI {
 class App;
@@ -67,21 +68,6 @@ IntactCheck CheckIntact(const float* logits, const MultitaskRef& ref, bool histo
 
 // Splits "key=value key=value" (values without spaces, except msg= which takes the rest of the line).
 std::map<std::string, std::string> ParseFields(const std::string& line);
-
-// A child process started inside a memory cgroup. Between fork and exec the child (only
-// async-signal-safe calls) writes its pid to `cgroup_procs` (so every page it ever touches is charged
-// to the cgroup), sets its oom_score_adj, asks for SIGKILL when the harness dies
-// (PR_SET_PDEATHSIG), and connects stdin/stdout to pipes when `pipes`. If joining the cgroup fails
-// the child exits with status 126 before exec: nothing ever runs outside the cgroup.
-struct ChildProc {
-  pid_t pid = -1;
-  int in = -1, out = -1;  // harness ends of the pipes (-1 without pipes)
-};
-Status SpawnInCgroup(const std::vector<std::string>& argv, const std::string& cgroup_procs, int oom_score_adj,
-                     bool pipes, ChildProc* out);
-// Path of the running executable, for self re-exec ("/proc/self/exe" itself if the file was
-// replaced or removed since this process started: the link still executes the running image).
-std::string SelfExe();
 
 // The LLM worker seen from the harness: a reader thread splits its stdout into replies (waited for
 // with NextReply) and asynchronous `action`/`event` lines (collected with their arrival time; the

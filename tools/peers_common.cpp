@@ -151,14 +151,6 @@ std::string PlotPng(const std::string& dir, const std::string& name, const std::
   return rc == 0 ? name + ".png" : "";
 }
 
-std::string PeersSelfExe() {
-  char exe[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return "";
-  exe[n] = 0;
-  return exe;
-}
-
 std::string Sprintf(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

@@ -56,8 +56,6 @@ double FileCachedFraction(const std::string& path);
 
 // Writes dir/name.gp and runs gnuplot in dir; returns "name.png" on success, "" otherwise.
 std::string PlotPng(const std::string& dir, const std::string& name, const std::string& script);
-// The running executable (/proc/self/exe).
-std::string PeersSelfExe();
 // printf into a std::string.
 std::string Sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
