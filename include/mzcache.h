@@ -11,10 +11,15 @@
  *
  * Params structs: start from mz_*_default_params() and change the fields you need. Each one's
  * first field, struct_size, is set there to the size this header declares. New fields are only
- * ever appended, so a program built against an older header (a smaller struct_size) keeps working:
- * the fields it does not know get their defaults. A struct_size that is not one this library knows
- * (0 from a struct not made by mz_*_default_params(), or a newer header's larger size) is refused
- * with MZ_ERR_INVALID_ARG, never read past. A NULL params pointer means all defaults.
+ * ever appended, each version's first new field starting at or past the previous version's size
+ * (its sizeof, tail padding included), so a program built against an older header (a smaller
+ * struct_size) keeps working: the fields it does not know get their defaults. A struct_size that
+ * is not one this library knows (0 from a struct not made by mz_*_default_params(), or a newer
+ * header's larger size) is refused with MZ_ERR_INVALID_ARG, never read past. Programs built
+ * before struct_size existed are refused the same way (their first field is not a size), not
+ * misread. A NULL params pointer means all defaults. Output structs (mz_model_info,
+ * mz_restore_stats, mz_memory_report, mz_pressure_stats) are frozen: if they ever need more
+ * fields, a new function will fill a new struct.
  */
 #ifndef MZCACHE_H
 #define MZCACHE_H

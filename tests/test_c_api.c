@@ -87,6 +87,12 @@ static int check_struct_size(mz_model* model, const char* path, const mz_token* 
   cp = mz_context_default_params();
   cp.n_ctx = 256;
   CHECK(mz_context_new(model, &cp, &ctx) == MZ_OK, "mz_context_new");
+  { /* the caller's fields are the ones used, not the defaults: n_ctx 256 holds no 257 tokens */
+    static mz_token many[257];
+    for (int i = 0; i < 257; ++i) many[i] = toks[i % n];
+    CHECK(mz_decode(ctx, many, 257, false) == MZ_ERR_CONTEXT_FULL, "n_ctx 256 held 257 tokens: %s", mz_last_error());
+    CHECK(mz_context_n_tokens(ctx) == 0, "a refused decode left %d tokens", (int)mz_context_n_tokens(ctx));
+  }
   CHECK(mz_decode(ctx, toks, n, false) == MZ_OK, "mz_decode");
 
   struct mz_restore_params rp;
@@ -96,6 +102,9 @@ static int check_struct_size(mz_model* model, const char* path, const mz_token* 
   CHECK(strstr(mz_last_error(), "mz_restore_params") != NULL, "restore: %s", mz_last_error());
   CHECK(mz_context_n_tokens(ctx) == n, "a refused restore_generate changed the conversation (%d tokens)",
         (int)mz_context_n_tokens(ctx));
+  rp = mz_restore_default_params();
+  rp.overlap = 99; /* copied, then refused */
+  CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_ERR_INVALID_ARG, "overlap 99 accepted");
   rp = mz_restore_default_params();
   CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_OK && mz_context_n_tokens(ctx) == n + 1,
         "restore_generate with default params: %s", mz_last_error());

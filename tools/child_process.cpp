@@ -2,12 +2,14 @@
 #include "tools/child_process.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace mz::cli {
@@ -40,18 +42,25 @@ Status SpawnInCgroup(const std::vector<std::string>& argv, const std::string& cg
     return s;
   }
   const pid_t parent = getpid();
+  // Every signal blocked across fork: the child must not run the harness's handlers (cgroup and
+  // zram teardown) before it has reset them.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   const pid_t pid = fork();
   if (pid < 0) {
     Status s = Status::FromErrno(errno, "fork");
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     for (int fd : {to[0], to[1], from[0], from[1]})
       if (fd >= 0) close(fd);
     return s;
   }
   if (pid == 0) {
+    for (int sig = 1; sig < NSIG; ++sig)
+      if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(125);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
     if (!cgroup_procs.empty()) {
       const int fd = open(cgroup_procs.c_str(), O_WRONLY);
       char me[32];
@@ -65,12 +74,17 @@ Status SpawnInCgroup(const std::vector<std::string>& argv, const std::string& cg
       close(afd);
     }
     if (pipes) {
-      dup2(to[0], 0);
-      dup2(from[1], 1);
+      // dup2 onto itself keeps close-on-exec (possible when the harness runs with stdin closed:
+      // the pipe then got descriptor 0), so that case clears the flag instead.
+      if (to[0] == 0) fcntl(0, F_SETFD, 0);
+      else dup2(to[0], 0);
+      if (from[1] == 1) fcntl(1, F_SETFD, 0);
+      else dup2(from[1], 1);
     }
     execv(av[0], av.data());
     _exit(127);
   }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   out->pid = pid;
   if (pipes) {
     close(to[0]);
@@ -104,8 +118,12 @@ int ReapPiped(PipedChild& c, bool kill_it) {
   while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (c.out) std::fclose(c.out);
-  c = PipedChild();
+  c.pid = -1;
+  c.in = -1;
+  c.out = nullptr;
   return status;
 }
+
+PipedChild::~PipedChild() { (void)ReapPiped(*this, true); }
 
 }  // namespace mz::cli

@@ -4,9 +4,12 @@
 // (writes its pid to `cgroup_procs`, so every page it ever touches is charged there; on failure it
 // exits with status 126 before exec, so nothing runs outside the cgroup), sets its oom_score_adj
 // if asked, asks for SIGKILL when the harness dies (PR_SET_PDEATHSIG: no orphan keeps memory or a
-// cgroup busy), restores default SIGINT/SIGTERM handling and, with pipes, connects its stdin and
-// stdout to the harness (close-on-exec pipes: no other child inherits them). On any failure
-// before the child exists, every descriptor opened is closed again.
+// cgroup busy; it fires when the *thread* that spawned the child ends, so spawn from a thread that
+// outlives the child, as every caller does from the main thread), runs with default signal
+// handling (signals are blocked across fork, so none of the harness's handlers runs in the child)
+// and, with pipes, connects its stdin and stdout to the harness (close-on-exec pipes: no other
+// child inherits them). On any failure before the child exists, every descriptor opened is closed
+// again.
 #pragma once
 #include <sys/types.h>
 
@@ -32,11 +35,17 @@ Status SpawnInCgroup(const std::vector<std::string>& argv, const std::string& cg
 // replaced or removed since this process started: the link still executes the running image).
 std::string SelfExe();
 
-// A child spoken to by lines: its stdin as a descriptor, its stdout as a stdio stream.
+// A child spoken to by lines: its stdin as a descriptor, its stdout as a stdio stream. Owns the
+// child: destroying it (an early return, an exception) kills and reaps a child still running and
+// closes both pipes. Not copyable.
 struct PipedChild {
   pid_t pid = -1;
   int in = -1;
   FILE* out = nullptr;
+  PipedChild() = default;
+  PipedChild(const PipedChild&) = delete;
+  PipedChild& operator=(const PipedChild&) = delete;
+  ~PipedChild();
 };
 // SpawnInCgroup with pipes, no cgroup and the inherited oom_score_adj.
 Status SpawnPiped(const std::vector<std::string>& argv, PipedChild* c);

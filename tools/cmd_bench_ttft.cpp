@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -258,6 +259,10 @@ double Median(std::vector<double> v) { return Summarize(v).median; }
 // async-signal-safe, deliberately: the process is about to exit and only these side effects matter.
 OsPagingEnv* g_ose = nullptr;
 void OnSignal(int sig) {
+  if (const int w = OsPagingWorkerPid(); w > 0) {  // its cgroup cannot be removed while it lives
+    kill(w, SIGKILL);
+    waitpid(w, nullptr, 0);
+  }
   if (g_ose) OsPagingTeardown(g_ose);
   std::system(("rmdir /sys/fs/cgroup/memory/mzcache-ospaging-" + std::to_string(getpid()) + " 2>/dev/null").c_str());
   _exit(128 + sig);
@@ -483,7 +488,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
         // is under twice that, and 1.25x the bound when the CPU floor alone is above 1.25x it.
         std::string targets_md =
             "\nTargets (issue: at least 2x faster than Partial Offload, within 1.25x of the lower bound), and the room this run "
-            "left for them (the best any system could show is max(bound, CPU floor)). The last column: mzcache's speedup if it "
+            "left for them (the best any system could show is max(bound, CPU floor)). The last two columns: mzcache's speedup if it "
             "filled fresh memory from storage no faster than Partial Offload's reload did in this cell, PO / max(all-in-memory, "
             "mzcache's bytes from storage / that rate), and the same at the rate mzcache's own restoration reached (what perfect "
             "overlap would give at that rate):\n\n"
@@ -529,14 +534,17 @@ void AddTtftBench(CLI::App* bench, Runners& runners) {
                         cell_Bps / 1e9, mz.median / lb_cell, os_cell.c_str());
           md += line;
           // The rate at which each system filled fresh memory from storage in this cell (bytes from
-          // storage over restoration's span, median of the repetitions). At Partial Offload's rate
+          // storage over the storage path's span, from reload start to its last unit; median of
+          // the repetitions). At Partial Offload's rate
           // (one thread, sequential), mzcache's own bytes take mz_bytes / that rate at least, so no
           // overlap beats PO / max(all-in-memory, that time): the ceiling of the speedup unless
           // mzcache fills memory faster than Partial Offload does.
           auto fill_rate = [](const std::vector<Run>& v) {
             std::vector<double> x;
-            for (const Run& r : v)
-              if (r.reload > 0 && r.bytes_sto > 0) x.push_back(double(r.bytes_sto) / r.reload);
+            for (const Run& r : v) {
+              const double span = r.sto_done > 0 ? r.sto_done : r.reload;  // the storage path's own span
+              if (span > 0 && r.bytes_sto > 0) x.push_back(double(r.bytes_sto) / span);
+            }
             return x.empty() ? 0.0 : Median(x);
           };
           const double mz_fill = fill_rate(runs["mzcache"][lv]), po_fill = fill_rate(runs["partial"][lv]);

@@ -3,6 +3,7 @@
 // lowering the cgroup's limit makes the kernel reclaim (drop weight pages, swap KV to zram); then
 // the limit is lifted (the memory-hungry app went away) and the query's page faults restore
 // everything on demand. Hidden subcommand `ospaging-worker` is that worker.
+#include <atomic>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -89,6 +90,8 @@ void AddOsPagingWorker(CLI::App& app, Runners& runners) {
 
 namespace {
 
+std::atomic<int> g_worker{-1};  // the running worker's pid, for OsPagingWorkerPid
+
 std::string ReadLine(PipedChild& c) {
   char buf[256];
   if (!std::fgets(buf, sizeof buf, c.out)) return "";
@@ -113,6 +116,8 @@ void OsPagingTeardown(OsPagingEnv* env) {
   env->zram = nullptr;
 }
 
+int OsPagingWorkerPid() { return g_worker.load(); }
+
 Status OsPagingMeasure(OsPagingEnv* env, const std::string& model, const std::string& session, int n_ctx,
                        const std::vector<int32_t>& query, int threads, double level, OsPagingRun* out) {
   MemCgroup cg;
@@ -120,10 +125,14 @@ Status OsPagingMeasure(OsPagingEnv* env, const std::string& model, const std::st
   MZ_RETURN_IF_ERROR(DropPageCache());  // weight pages must be charged to the worker's cgroup
   std::string q;
   for (size_t i = 0; i < query.size(); ++i) q += (i ? "," : "") + std::to_string(query[i]);
-  PipedChild c;
+  PipedChild c;  // after cg: destroyed (worker killed and reaped) before the cgroup is removed
+  struct Forget {
+    ~Forget() { g_worker = -1; }
+  } forget;
   MZ_RETURN_IF_ERROR(SpawnPiped({SelfExe(), "ospaging-worker", "--model", model, "--session", session, "--cgroup", cg.path(),
                             "--query", q, "--threads", std::to_string(threads), "--ctx", std::to_string(n_ctx)},
                            &c));
+  g_worker = c.pid;
   std::string line = ReadLine(c);
   if (line.rfind("READY", 0) != 0) {
     ReapPiped(c, true);

@@ -21,6 +21,9 @@ struct OsPagingRun {
 // Checks root, cgroup v1 and swap (enabling zram if needed). kUnsupported with the reason otherwise.
 Status OsPagingProbe(OsPagingEnv* env);
 void OsPagingTeardown(OsPagingEnv* env);
+// Pid of the OS Paging worker OsPagingMeasure is running now, or -1. Async-signal-safe: a signal
+// handler kills and reaps it before removing its cgroup (which a live member keeps busy).
+int OsPagingWorkerPid();
 Status OsPagingMeasure(OsPagingEnv* env, const std::string& model, const std::string& session, int n_ctx,
                        const std::vector<int32_t>& query, int threads, double level, OsPagingRun* out);
 

@@ -2,6 +2,7 @@
 #include "mzcache.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -59,17 +60,21 @@ int Guard(const char* fn, F&& f) {
     return Fail(mz::Status::Internal("unknown exception"), fn);
   }
 }
-// The sizes of the params structs in the first header that had struct_size: the smallest
-// struct_size a caller can pass. Later fields are appended; their sizes grow past these.
-constexpr uint32_t kModelParamsV1 = sizeof(mz_model_params);
-constexpr uint32_t kContextParamsV1 = sizeof(mz_context_params);
-constexpr uint32_t kRestoreParamsV1 = sizeof(mz_restore_params);
-constexpr uint32_t kSamplerParamsV1 = sizeof(mz_sampler_params);
-constexpr uint32_t kPressureParamsV1 = sizeof(mz_pressure_params);
+// The smallest struct_size a caller can pass: the end of the last field of the first header that
+// had struct_size (frozen here by naming that field; appending fields never moves it). A caller's
+// sizeof is at least this (its tail padding included).
+#define MZ_FIELD_END(T, f) uint32_t(offsetof(T, f) + sizeof(T::f))
+constexpr uint32_t kModelParamsV1 = MZ_FIELD_END(mz_model_params, weight_memory);
+constexpr uint32_t kContextParamsV1 = MZ_FIELD_END(mz_context_params, restore_threads);
+constexpr uint32_t kRestoreParamsV1 = MZ_FIELD_END(mz_restore_params, attend_compressed);
+constexpr uint32_t kSamplerParamsV1 = MZ_FIELD_END(mz_sampler_params, seed);
+constexpr uint32_t kPressureParamsV1 = MZ_FIELD_END(mz_pressure_params, restore_margin);
+#undef MZ_FIELD_END
 
 // The caller's params over the defaults: NULL gives the defaults; a struct_size between the first
-// version's and this header's copies that many bytes (an older caller's fields) and leaves the
-// rest at their defaults; any other struct_size is refused before a byte past it is read.
+// version's and this header's copies that many bytes (an older caller's fields, and its tail
+// padding, which by the header's rule ends before any later field starts) and leaves the rest at
+// their defaults; any other struct_size is refused before a byte past it is read.
 template <class P>
 mz::Status ReadParams(const P* in, P defaults, uint32_t v1_size, const char* what, P* out) {
   *out = defaults;
