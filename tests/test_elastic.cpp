@@ -474,7 +474,8 @@ TEST(ElasticFaults, FlippedBitIsDetectedAndTheChunkIsNeverUsed) {
 
 // Decode reads q8 chunks compressed on storage into the in-memory swap as they are (no decode) and
 // attends over them in place: the logits equal those after a full restore, bit for bit; a flipped
-// bit in such a read is detected (chunk lost, decode refused), a read error leaves it on storage.
+// bit in such a read is detected (chunk lost, decode refused), a read error leaves the chunks of
+// that read on storage.
 TEST(ElasticFaults, LoadCompressedIntoMemoryChecksAndFailsCleanly) {
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = PromptTokens(path, kPrompt);
@@ -494,7 +495,11 @@ TEST(ElasticFaults, LoadCompressedIntoMemoryChecksAndFailsCleanly) {
   int32_t t = 3;
   Status st = f.ctx->Decode(&t, 1, false);
   EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
-  EXPECT_EQ(f.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], on_storage);
+  // The failed read's chunks (and the two written next) stay on storage, none is lost; another
+  // layer's run may have been loaded meanwhile (a valid state: compressed in memory).
+  EXPECT_GT(f.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], tail);
+  EXPECT_LE(f.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], on_storage);
+  EXPECT_EQ(f.ctx->Report().n_kv_lost, 0);
   EXPECT_EQ(f.ctx->history().size(), toks.size());
   env.fail_reads_after = -1;
   EXPECT_EQ(NextLogits(*f.ctx, 3), want);

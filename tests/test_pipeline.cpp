@@ -354,6 +354,67 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
   }
 }
 
+// mz_decode after an eviction (no restore_generate): chunks compressed on storage come back into
+// the in-memory swap as restore_generate brings them, one read per run of back-to-back extents,
+// with the same logits; an I/O error leaves the conversation as it was and a retry succeeds; a
+// flipped bit loses that chunk alone and fails the call.
+TEST(DecodeAfterEviction, LoadsCompressedChunksOneReadPerRun) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Prompt(path);
+  const int n_layer = 4, n_chunks = kPrompt / 16;
+  Plan plan;  // backward: layers 3, 2, 1, each chunk from the last, written one after another
+  for (int l = n_layer - 1; l >= 1; --l)
+    for (int c = n_chunks - 1; c >= 0; --c) plan.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageCompressed});
+  auto make = [&](FaultEnv* env, const char* tag) {
+    env->path_filter = ".swap";
+    Rig r = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, tag, env);
+    EXPECT_TRUE(r.ctx->Decode(toks.data(), kPrompt, false).ok());
+    EXPECT_TRUE(r.ctx->Evict(plan, 0, nullptr).ok());
+    EXPECT_EQ(r.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], 3 * n_chunks);
+    return r;
+  };
+  // The reference: the same eviction, restored by restore_generate (one read per chunk).
+  FaultEnv env_ref(Env::Default()), env(Env::Default());
+  Rig ref = make(&env_ref, "dec-ref");
+  PipelineOptions po;
+  po.coalesce_bytes = 0;
+  ASSERT_TRUE(ref.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po, nullptr).ok());
+
+  Rig d = make(&env, "dec-run");
+  const int64_t reads0 = env.n_reads.load();
+  ASSERT_TRUE(d.ctx->Decode(toks.data() + kPrompt, 4, false).ok());
+  EXPECT_EQ(env.n_reads.load() - reads0, 3) << "one read per layer's run of " << n_chunks << " chunks";
+  EXPECT_EQ(0, std::memcmp(Logits(*ref.ctx).data(), Logits(*d.ctx).data(), Logits(*ref.ctx).size() * 4));
+  EXPECT_EQ(d.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
+  EXPECT_EQ(d.ctx->Report().n_kv_chunks[int(UnitState::kKvMemCompressed)], 3 * n_chunks);
+
+  {  // An I/O error: nothing appended, no chunk lost; the retry gives the same logits.
+    FaultEnv fe(Env::Default());
+    Rig f = make(&fe, "dec-eio");
+    fe.fail_reads_after = 0;
+    Status st = f.ctx->Decode(toks.data() + kPrompt, 4, false);
+    EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+    EXPECT_EQ(f.ctx->history().size(), size_t(kPrompt));
+    EXPECT_EQ(f.ctx->Report().n_kv_lost, 0);
+    EXPECT_GE(f.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], n_chunks);
+    fe.fail_reads_after = -1;
+    ASSERT_TRUE(f.ctx->Decode(toks.data() + kPrompt, 4, false).ok());
+    EXPECT_EQ(0, std::memcmp(Logits(*ref.ctx).data(), Logits(*f.ctx).data(), Logits(*ref.ctx).size() * 4));
+  }
+  {  // A flipped bit: the call fails with kCorruption, that chunk alone is lost, the others loaded.
+    FaultEnv fe(Env::Default());
+    Rig f = make(&fe, "dec-flip");
+    fe.flip_bit_read_after = 0;
+    Status st = f.ctx->Decode(toks.data() + kPrompt, 4, false);
+    EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+    EXPECT_EQ(f.ctx->history().size(), size_t(kPrompt));
+    const MemoryReport m = f.ctx->Report();
+    EXPECT_EQ(m.n_kv_lost, 1);
+    EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 1);
+    EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvMemCompressed)], 3 * n_chunks - 1);
+  }
+}
+
 // Compute must reach layer 2 and wait there before layer 2 starts restoring.
 TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
   const std::string path = test::ModelPath("tiny-qwen3");

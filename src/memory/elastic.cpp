@@ -1,6 +1,7 @@
 #include "memory/elastic.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -442,10 +443,57 @@ Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const 
 
 Status ElasticMemory::RestoreForCompute(int first_write_chunk) {
   if (codec_readable_in_place()) {
-    // Compressed chunks on storage come into the in-memory swap as they are (read in place).
-    for (int l = 0; l < int(slots_.size()); ++l)
-      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c)
-        if (slots_[size_t(l)][size_t(c)].state == UnitState::kKvStorageCompressed) MZ_RETURN_IF_ERROR(LoadCompressed(l, c));
+    // Compressed chunks on storage come into the in-memory swap as they are (read in place). Per
+    // layer: its chunks in swap-file order, cut into groups of at most kLoadRunBytes, each group
+    // one LoadCompressedRun (which reads back-to-back extents with one request and starts a new
+    // one where they are not). Every room is reserved here, before any worker reads (as the
+    // pipeline does: no mapping while they populate). A lost chunk has no extent: it is still
+    // asked for, so its load fails as LoadCompressed would.
+    struct Group {
+      int layer;
+      std::vector<int> chunks;
+    };
+    std::vector<Group> groups;
+    for (int l = 0; l < int(slots_.size()); ++l) {
+      std::vector<std::pair<uint64_t, int>> by_off;
+      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c) {
+        if (slots_[size_t(l)][size_t(c)].state != UnitState::kKvStorageCompressed) continue;
+        uint64_t off = 0, len = 0;
+        by_off.push_back({StoredExtent(l, c, &off, &len) ? off : UINT64_MAX, c});
+      }
+      std::sort(by_off.begin(), by_off.end());
+      uint64_t bytes = 0;
+      for (const auto& x : by_off) {
+        const uint64_t len = slots_[size_t(l)][size_t(x.second)].ext.len;
+        if (groups.empty() || groups.back().layer != l || bytes + len > kLoadRunBytes) {
+          groups.push_back({l, {}});
+          bytes = 0;
+        }
+        groups.back().chunks.push_back(x.second);
+        bytes += len;
+      }
+    }
+    if (!groups.empty()) {
+      std::vector<std::vector<LoadSlot>> rooms(groups.size());
+      for (size_t g = 0; g < groups.size(); ++g) {
+        rooms[g].resize(groups[g].chunks.size());
+        for (size_t i = 0; i < groups[g].chunks.size(); ++i)
+          (void)ReserveLoad(groups[g].layer, groups[g].chunks[i], &rooms[g][i]);  // a failure: the load reserves again
+      }
+      std::atomic<size_t> next{0};
+      const int nt = std::max(1, std::min(opts_.restore_threads, int(groups.size())));
+      std::vector<Status> errs(static_cast<size_t>(nt));
+      RunOnThreads(kv_->env(), nt, [&](int t) {
+        for (size_t g; (g = next.fetch_add(1)) < groups.size();) {
+          std::vector<LoadSlot*> ptrs;
+          for (auto& r : rooms[g]) ptrs.push_back(&r);
+          const Status st = LoadCompressedRun(groups[g].layer, groups[g].chunks.data(), ptrs.data(), int(ptrs.size()));
+          if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
+        }
+      });
+      for (const auto& e : errs)
+        if (!e.ok()) return e;
+    }
   }
   return RestoreSelected(UINT64_MAX, nullptr, nullptr, nullptr, first_write_chunk);
 }

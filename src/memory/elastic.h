@@ -130,8 +130,13 @@ class ElasticMemory {
                      bool* stopped = nullptr);
   // What compute needs before a forward pass that writes chunks >= first_write_chunk: every
   // evicted unit is restored (as RestoreAll) except KV chunks below first_write_chunk that compute
-  // can read compressed (readable_compressed). Same error contract as RestoreAll.
+  // can read compressed (readable_compressed). Those compressed on storage are first loaded into
+  // the in-memory swap as they are, as restore_generate does: per layer, extents that lie back to
+  // back in the swap file are read with one request of up to kLoadRunBytes (LoadCompressedRun),
+  // layers over opts.restore_threads workers. Same error contract as RestoreAll; a load that fails
+  // leaves its chunk on storage (a checksum mismatch: lost) and the others of its run loaded.
   Status RestoreForCompute(int first_write_chunk);
+  static constexpr uint64_t kLoadRunBytes = uint64_t(4) << 20;  // as PipelineOptions::coalesce_bytes
   // KV chunk (layer, chunk) is held compressed in memory in a form the attention kernel reads in
   // place (the q8 codec): compute does not need it restored. Such chunks stay in state
   // kKvMemCompressed until restored (RestoreAll, RestoreUpTo, Restore).
