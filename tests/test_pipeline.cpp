@@ -222,21 +222,27 @@ TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem)
 // Chunks compressed on storage whose extents lie back to back are loaded with one read per run
 // (PipelineOptions::coalesce_bytes), with the same result as one read per chunk; an I/O error in a
 // run leaves all of its chunks on storage, a flipped bit loses only the chunk it hit.
+// After the prompt, layers 3, 2 and 1 of the tiny model evicted chunk by chunk from the last,
+// compressed on storage: written one after another, so each layer's extents lie back to back.
+// env counts the swap file's reads only.
+constexpr int kRunChunks = kPrompt / 16;  // full chunks per layer
+Rig CompressedOnStorage(const std::string& path, const std::vector<int32_t>& toks, FaultEnv* env, const char* tag) {
+  Plan plan;
+  for (int l = 3; l >= 1; --l)
+    for (int c = kRunChunks - 1; c >= 0; --c) plan.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageCompressed});
+  env->path_filter = ".swap";
+  Rig r = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, tag, env);
+  EXPECT_TRUE(r.ctx->Decode(toks.data(), kPrompt, false).ok());
+  EXPECT_TRUE(r.ctx->Evict(plan, 0, nullptr).ok());
+  EXPECT_EQ(r.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], 3 * kRunChunks);
+  return r;
+}
+
 TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly) {
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = Prompt(path);
-  const int n_layer = 4, n_chunks = kPrompt / 16;
-  Plan plan;  // backward: layers 3, 2, 1, each chunk from the last, written one after another
-  for (int l = n_layer - 1; l >= 1; --l)
-    for (int c = n_chunks - 1; c >= 0; --c) plan.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageCompressed});
-  auto make = [&](FaultEnv* env, const char* tag) {
-    env->path_filter = ".swap";
-    Rig r = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, tag, env);
-    EXPECT_TRUE(r.ctx->Decode(toks.data(), kPrompt, false).ok());
-    EXPECT_TRUE(r.ctx->Evict(plan, 0, nullptr).ok());
-    EXPECT_EQ(r.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], 3 * n_chunks);
-    return r;
-  };
+  const int n_chunks = kRunChunks;
+  auto make = [&](FaultEnv* env, const char* tag) { return CompressedOnStorage(path, toks, env, tag); };
   FaultEnv env_one(Env::Default()), env_run(Env::Default());
   Rig one = make(&env_one, "co-one"), run = make(&env_run, "co-run");
   PipelineOptions po_one, po_run;
@@ -361,18 +367,8 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
 TEST(DecodeAfterEviction, LoadsCompressedChunksOneReadPerRun) {
   const std::string path = test::ModelPath("tiny-qwen3");
   const auto toks = Prompt(path);
-  const int n_layer = 4, n_chunks = kPrompt / 16;
-  Plan plan;  // backward: layers 3, 2, 1, each chunk from the last, written one after another
-  for (int l = n_layer - 1; l >= 1; --l)
-    for (int c = n_chunks - 1; c >= 0; --c) plan.push_back({UnitRef::Kv(l, c), UnitState::kKvStorageCompressed});
-  auto make = [&](FaultEnv* env, const char* tag) {
-    env->path_filter = ".swap";
-    Rig r = MakeCtx(path, "q8", EvictOrder::kBackwardOut, false, tag, env);
-    EXPECT_TRUE(r.ctx->Decode(toks.data(), kPrompt, false).ok());
-    EXPECT_TRUE(r.ctx->Evict(plan, 0, nullptr).ok());
-    EXPECT_EQ(r.ctx->Report().n_kv_chunks[int(UnitState::kKvStorageCompressed)], 3 * n_chunks);
-    return r;
-  };
+  const int n_chunks = kRunChunks;
+  auto make = [&](FaultEnv* env, const char* tag) { return CompressedOnStorage(path, toks, env, tag); };
   // The reference: the same eviction, restored by restore_generate (one read per chunk).
   FaultEnv env_ref(Env::Default()), env(Env::Default());
   Rig ref = make(&env_ref, "dec-ref");
