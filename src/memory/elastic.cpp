@@ -441,37 +441,48 @@ Status ElasticMemory::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const 
   return RestoreSelected(max_bytes, restored, stop, stopped, -1);
 }
 
+std::vector<std::vector<int>> ElasticMemory::LoadRuns(int layer, const std::vector<int>& chunks,
+                                                      uint64_t max_bytes) const {
+  struct E {
+    uint64_t off, len;
+    int c;
+  };
+  std::vector<E> ext;
+  std::vector<std::vector<int>> runs;
+  for (int c : chunks) {
+    uint64_t off = 0, len = 0;
+    if (StoredExtent(layer, c, &off, &len)) ext.push_back({off, len, c});
+    else runs.push_back({c});
+  }
+  std::sort(ext.begin(), ext.end(), [](const E& x, const E& y) { return x.off < y.off; });
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const bool joins = i > 0 && ext[i - 1].off + ext[i - 1].len == ext[i].off && bytes + ext[i].len <= max_bytes;
+    if (!joins) {
+      runs.push_back({});
+      bytes = 0;
+    }
+    runs.back().push_back(ext[i].c);
+    bytes += ext[i].len;
+  }
+  return runs;
+}
+
 Status ElasticMemory::RestoreForCompute(int first_write_chunk) {
   if (codec_readable_in_place()) {
-    // Compressed chunks on storage come into the in-memory swap as they are (read in place). Per
-    // layer: its chunks in swap-file order, cut into groups of at most kLoadRunBytes, each group
-    // one LoadCompressedRun (which reads back-to-back extents with one request and starts a new
-    // one where they are not). Every room is reserved here, before any worker reads (as the
-    // pipeline does: no mapping while they populate). A lost chunk has no extent: it is still
-    // asked for, so its load fails as LoadCompressed would.
+    // Compressed chunks on storage come into the in-memory swap as they are (read in place), one
+    // LoadCompressedRun per run of back-to-back extents (LoadRuns). Every room is reserved here,
+    // before any worker reads (as the pipeline does: no mapping while they populate).
     struct Group {
       int layer;
       std::vector<int> chunks;
     };
     std::vector<Group> groups;
     for (int l = 0; l < int(slots_.size()); ++l) {
-      std::vector<std::pair<uint64_t, int>> by_off;
-      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c) {
-        if (slots_[size_t(l)][size_t(c)].state != UnitState::kKvStorageCompressed) continue;
-        uint64_t off = 0, len = 0;
-        by_off.push_back({StoredExtent(l, c, &off, &len) ? off : UINT64_MAX, c});
-      }
-      std::sort(by_off.begin(), by_off.end());
-      uint64_t bytes = 0;
-      for (const auto& x : by_off) {
-        const uint64_t len = slots_[size_t(l)][size_t(x.second)].ext.len;
-        if (groups.empty() || groups.back().layer != l || bytes + len > kLoadRunBytes) {
-          groups.push_back({l, {}});
-          bytes = 0;
-        }
-        groups.back().chunks.push_back(x.second);
-        bytes += len;
-      }
+      std::vector<int> on_storage;
+      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c)
+        if (slots_[size_t(l)][size_t(c)].state == UnitState::kKvStorageCompressed) on_storage.push_back(c);
+      for (auto& run : LoadRuns(l, on_storage, kLoadRunBytes)) groups.push_back({l, std::move(run)});
     }
     if (!groups.empty()) {
       std::vector<std::vector<LoadSlot>> rooms(groups.size());

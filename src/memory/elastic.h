@@ -191,6 +191,11 @@ class ElasticMemory {
   // say) fails alone and one not stored right after the one before it starts a new request: the
   // others are still loaded. Returns the first error.
   Status LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n);
+  // Chunks of one layer (compressed on storage) in swap-file order, cut into runs whose extents
+  // lie back to back, each of at most max_bytes (a chunk alone may exceed it): what one
+  // LoadCompressedRun reads with one request. A chunk with no extent (lost) is a run of its own.
+  // The restore pipeline (coalesce_bytes) and RestoreForCompute plan their loads with it.
+  std::vector<std::vector<int>> LoadRuns(int layer, const std::vector<int>& chunks, uint64_t max_bytes) const;
   // The swap-file extent of a KV chunk on storage (raw or compressed): false if it has none or
   // is lost (never to be read again).
   bool StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 
 #include "core/sync_point.h"
 
@@ -137,34 +138,18 @@ void RestorePipeline::CoalesceLoads() {
   for (size_t b = 0; b < tasks_.size();) {
     size_t e = b;
     while (e < tasks_.size() && tasks_[e].key == tasks_[b].key) ++e;
-    struct L {
-      uint64_t off, len;
-      size_t i;
-    };
-    std::vector<L> loads;
-    for (size_t i = b; i < e; ++i) {
-      uint64_t off = 0, len = 0;
-      if (tasks_[i].to_stack && e_->StoredExtent(tasks_[i].u.layer, tasks_[i].u.chunk, &off, &len))
-        loads.push_back({off, len, i});
-    }
-    std::sort(loads.begin(), loads.end(), [](const L& x, const L& y) { return x.off < y.off; });
-    for (size_t r = 0; r < loads.size();) {
-      size_t q = r + 1;
-      uint64_t bytes = loads[r].len;
-      while (q < loads.size() && loads[q - 1].off + loads[q - 1].len == loads[q].off &&
-             bytes + loads[q].len <= opts_.coalesce_bytes) {
-        bytes += loads[q].len;
-        ++q;
+    std::vector<int> chunks;
+    std::map<int, size_t> task_of;  // chunk -> task index
+    for (size_t i = b; i < e; ++i)
+      if (tasks_[i].to_stack) chunks.push_back(tasks_[i].u.chunk), task_of[tasks_[i].u.chunk] = i;
+    for (const std::vector<int>& r : e_->LoadRuns(tasks_[b].u.layer, chunks, opts_.coalesce_bytes)) {
+      if (r.size() < 2) continue;
+      size_t lead = task_of[r[0]];
+      for (int c : r) lead = std::min(lead, task_of[c]);
+      for (int c : r) {
+        tasks_[lead].run.push_back(task_of[c]);
+        if (task_of[c] != lead) tasks_[task_of[c]].merged = true;
       }
-      if (q - r > 1) {
-        size_t lead = loads[r].i;
-        for (size_t k = r; k < q; ++k) lead = std::min(lead, loads[k].i);
-        for (size_t k = r; k < q; ++k) {
-          tasks_[lead].run.push_back(loads[k].i);
-          if (loads[k].i != lead) tasks_[loads[k].i].merged = true;
-        }
-      }
-      r = q;
     }
     b = e;
   }
