@@ -1,4 +1,4 @@
-// Micro-benchmark of the chunked attention kernel (runtime/attention.h): one layer's worth of a
+// Micro-benchmark of the chunked attention kernel (kernels/attention.h): one layer's worth of a
 // short query over a long context, with the KV chunks fp16 (resident) or q8 (read in place, as
 // compute does over chunks held compressed in memory). Shapes of real models; one thread (the
 // kernel's per-thread work; with nth threads each takes 1/nth of the items). Several layers'
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/attention.h"
-#include "swap/kv_codec.h"
+#include "kernels/attention.h"
+#include "store/kv_codec.h"
 
 namespace {
 

@@ -25,7 +25,7 @@ out=$(mktemp -d)
 # MZ_ATTENTION_ONLY: the kernel alone (no codec library): the q8 read-in-place test needs the codec
 # and runs in the x86 builds; its NEON path calls the same portable dequantization as the scalar one.
 aarch64-linux-gnu-g++ -std=c++17 -O2 -Wall -Wextra -march=armv8-a -DMZ_ATTENTION_ONLY -Isrc -I/usr/src/googletest/googletest/include \
-  src/runtime/attention.cpp tests/test_attention.cpp -L"$G" -lgtest_main -lgtest -static -pthread -o "$out/test_attention_arm64"
+  src/kernels/attention.cpp tests/test_attention.cpp -L"$G" -lgtest_main -lgtest -static -pthread -o "$out/test_attention_arm64"
 echo "[arm64] running the attention tests (NEON path) under qemu-aarch64"
 qemu-aarch64 "$out/test_attention_arm64"
 rm -rf "$out"

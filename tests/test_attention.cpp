@@ -1,12 +1,12 @@
 // Tests for runtime/attention: the chunked kernels (SIMD dispatch and scalar) against the naive
 // double-precision reference, across chunk boundaries, GQA ratios, head dims, decode and prefill,
 // thread splits, garbage in the unused cache tail, and large scores.
-#include "runtime/attention.h"
+#include "kernels/attention.h"
 
 #include <gtest/gtest.h>
 
 #ifndef MZ_ATTENTION_ONLY  // the AArch64 cross build (scripts/test-arm64.sh) links the kernel alone
-#include "swap/kv_codec.h"
+#include "store/kv_codec.h"
 #endif
 
 #include <algorithm>

@@ -11,9 +11,9 @@
 #include "model/synth.h"
 #include "runtime/context.h"
 #include "test_util.h"
-#include "tools/accuracy_metrics.h"
-#include "tools/bench_util.h"
-#include "tools/footprint_calc.h"
+#include "tools/bench/accuracy_metrics.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/footprint_calc.h"
 
 namespace mz {
 namespace {

@@ -1,4 +1,4 @@
-// KV-chunk codecs (src/swap): lossless round trips, lossy error bounds, idempotence of repeated
+// KV-chunk codecs (src/store): lossless round trips, lossy error bounds, idempotence of repeated
 // swap cycles, partial chunks, corrupt input, SIMD == scalar, MaxEncodedSize, thread-safety.
 // DISABLED_Throughput prints encode/decode GB/s and compression ratios
 // (run with --gtest_also_run_disabled_tests --gtest_filter=*Throughput*).
@@ -14,8 +14,8 @@
 #include <random>
 #include <thread>
 
-#include "swap/codecs_internal.h"
-#include "swap/kv_codec.h"
+#include "store/codecs_internal.h"
+#include "store/kv_codec.h"
 
 namespace mz {
 namespace {

@@ -1,4 +1,4 @@
-// bench multitask (tools/cmd_bench_multitask.cpp): the pieces that need nothing special (reference
+// bench multitask (tools/bench/cmd_bench_multitask.cpp): the pieces that need nothing special (reference
 // file, the "context intact" criterion, the worker protocol, children that must not run outside
 // their cgroup), and a short real run: 3 rounds, OS Paging vs mzcache at 25 points, in a memory
 // cgroup v1 (root only; skipped with the reason otherwise).
@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "test_util.h"
-#include "tools/multitask.h"
+#include "tools/bench/multitask.h"
 
 namespace mz::cli {
 namespace {

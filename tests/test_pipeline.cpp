@@ -16,7 +16,7 @@
 
 #include "core/sync_point.h"
 #include "env/fault_env.h"
-#include "pipeline/restore_pipeline.h"
+#include "restore/restore_pipeline.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -327,8 +327,8 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     std::vector<int> chunks;
     for (const auto& x : by_off) chunks.push_back(x.second);
     chunks.insert(chunks.begin() + long(chunks.size() / 2), lost_chunk);
-    std::vector<ElasticMemory::LoadSlot> room(static_cast<size_t>(n_chunks));
-    std::vector<ElasticMemory::LoadSlot*> rooms;
+    std::vector<UnitTable::LoadSlot> room(static_cast<size_t>(n_chunks));
+    std::vector<UnitTable::LoadSlot*> rooms;
     for (int c = 0; c < n_chunks; ++c) rooms.push_back(&room[size_t(c)]);
     const int64_t reads0 = env.n_reads.load();
     s = f.ctx->elastic().LoadCompressedRun(1, chunks.data(), rooms.data(), n_chunks);
@@ -349,8 +349,8 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     std::sort(rev.rbegin(), rev.rend());
     std::vector<int> rchunks;
     for (const auto& x : rev) rchunks.push_back(x.second);
-    std::vector<ElasticMemory::LoadSlot> rroom(rchunks.size());
-    std::vector<ElasticMemory::LoadSlot*> rrooms;
+    std::vector<UnitTable::LoadSlot> rroom(rchunks.size());
+    std::vector<UnitTable::LoadSlot*> rrooms;
     for (auto& r : rroom) rrooms.push_back(&r);
     const int64_t reads1 = env.n_reads.load();
     s = f.ctx->elastic().LoadCompressedRun(1, rchunks.data(), rrooms.data(), int(rchunks.size()));
@@ -626,7 +626,7 @@ TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
     EXPECT_LE(env.threads_started.load() - before, c.starts);
     EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ";
   }
-  // mz_restore (ElasticMemory::RestoreAll on several threads) with none of its helpers started.
+  // mz_restore (UnitTable::RestoreAll on several threads) with none of its helpers started.
   FaultEnv env(Env::Default());
   Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr-all", &env);
   ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());

@@ -798,7 +798,7 @@ class FakeCgroupSource : public ManualSource {
 // True if the resident units form a prefix of the restore order (base, layer 0 weights, its KV
 // chunks, layer 1, ...): restore-ahead brings front layers back first.
 bool ResidentIsForwardPrefix(Context& c) {
-  ElasticMemory& e = c.elastic();
+  UnitTable& e = c.elastic();
   std::vector<UnitRef> order{UnitRef::Weights(-1)};
   for (int l = 0; l < int(c.model()->hparams().n_layer); ++l) {
     order.push_back(UnitRef::Weights(l));

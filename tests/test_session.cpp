@@ -11,7 +11,7 @@
 
 #include "runtime/context.h"
 #include "runtime/tokenizer.h"
-#include "swap/session_file.h"
+#include "runtime/session_file.h"
 #include "test_util.h"
 
 namespace mz {

@@ -9,8 +9,8 @@
 #include <random>
 
 #include "env/fault_env.h"
-#include "swap/mem_stack.h"
-#include "swap/swap_file.h"
+#include "store/compressed_stack.h"
+#include "store/swap_file.h"
 #include "test_util.h"
 
 namespace mz {

@@ -17,7 +17,7 @@
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
-#include "swap/session_file.h"
+#include "runtime/session_file.h"
 
 struct mz_model {
   std::unique_ptr<mz::Model> model;

@@ -14,7 +14,7 @@
 
 #include "core/status.h"
 #include "env/env.h"
-#include "runtime/attention.h"
+#include "kernels/attention.h"
 
 namespace mz {
 
@@ -57,7 +57,7 @@ class KvCache {
   void SetChunk(int layer, int c, uint16_t* p) { chunks_[layer][c] = p; RefreshView(layer, c); }
   uint16_t* ReleaseChunk(int layer, int c);
   bool chunk_resident(int layer, int c) const { return chunks_[layer][c] != nullptr; }
-  // Compressed view of an evicted chunk (ElasticMemory keeps q8 chunks of its in-memory swap here):
+  // Compressed view of an evicted chunk (UnitTable keeps q8 chunks of its in-memory swap here):
   // the attention kernel then reads the chunk in its compressed form (KvLayerView::q8_chunks).
   // payload: the q8 codec payload (past the header), owned by the caller and valid until cleared;
   // rows: encoded token rows. SetCompressedView(l, c, nullptr, 0) clears it; SetChunk clears it too.

@@ -64,7 +64,7 @@ struct RestorePaths {
   // Weights are re-read through the page cache (Model::file_backed): at MappedReadBps(layer), no
   // anonymous memory to allocate. false: direct reads of 4 MiB + allocation.
   bool weights_file_backed = false;
-  // Full raw KV chunks on storage are mapped from the swap file (ElasticMemory::CanMapSwap): read
+  // Full raw KV chunks on storage are mapped from the swap file (UnitTable::CanMapSwap): read
   // at MappedReadBps(chunk), nothing allocated. false: a direct read of one chunk + allocation.
   bool kv_mapped = false;
   // Compute reads compressed chunks in place (ContextOptions::attend_compressed and a codec the

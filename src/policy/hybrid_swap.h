@@ -1,7 +1,7 @@
 // Hybrid swap eviction (paper Algorithm 1) and the eviction orders, as pure planning: the policy
 // sees unit sizes, per-unit restoration times and the current states, and returns a Plan (ordered
 // placements) that frees at least the requested bytes (estimated). It performs no I/O; the
-// ElasticMemory applies the plan. Deterministic for a given input (random-out takes a seed).
+// UnitTable applies the plan. Deterministic for a given input (random-out takes a seed).
 //
 // Stages (N_KV = resident KV chunks, N_W = resident weight layers, k = floor(t_r^W / t_d^KV),
 // T = N_W_total * k):
@@ -20,7 +20,7 @@
 #include <functional>
 #include <vector>
 
-#include "memory/elastic.h"
+#include "memory/unit_table.h"
 #include "policy/device_profile.h"
 
 namespace mz {

@@ -27,7 +27,7 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   eo.direct_io = opts.direct_io;
   eo.map_swap = opts.map_swap;
   eo.restore_threads = opts.restore_threads;
-  elastic_ = std::make_unique<ElasticMemory>(model, kv_.get(), eo);
+  elastic_ = std::make_unique<UnitTable>(model, kv_.get(), eo);
 }
 
 Status Context::Init() {
@@ -62,7 +62,7 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
     paths.kv_in_place = opts_.attend_compressed && elastic_->codec_readable_in_place();
   }
   in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer, paths);
-  ElasticMemory* e = elastic_.get();
+  UnitTable* e = elastic_.get();
   in.state = [e](const UnitRef& u) { return e->state(u); };
   in.bytes = bytes;
   in.order = opts_.evict_order;

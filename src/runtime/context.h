@@ -13,10 +13,10 @@
 
 #include "core/status.h"
 #include "core/sync_point.h"
-#include "memory/elastic.h"
+#include "memory/unit_table.h"
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
-#include "pipeline/restore_pipeline.h"
+#include "restore/restore_pipeline.h"
 #include "policy/hybrid_swap.h"
 #include "model/model.h"
 #include "runtime/forward.h"
@@ -102,7 +102,7 @@ class Context {
   // Brings every unit back (multi-threaded).
   Status Restore();
   MemoryReport Report();
-  ElasticMemory& elastic() { return *elastic_; }
+  UnitTable& elastic() { return *elastic_; }
 
   // ---- memory pressure (src/pressure) ----
   // Like Report() / Restore(), but return false / kBusy at once instead of waiting while a
@@ -110,7 +110,7 @@ class Context {
   bool TryReport(MemoryReport* out);
   Status TryRestore();
   // TryRestore of at most max_bytes of RAM: the forward-order prefix of the evicted units that
-  // fits (ElasticMemory::RestoreUpTo); *restored (optional) receives what it restored. For
+  // fits (UnitTable::RestoreUpTo); *restored (optional) receives what it restored. For
   // restore-ahead in slices that fit the memory the system has free. Yields to foreground calls:
   // if one starts waiting for the context, no further unit is started and the call returns what
   // it restored so far (kBusy if that is nothing).
@@ -151,7 +151,7 @@ class Context {
   ContextOptions opts_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Forward> fwd_;
-  std::unique_ptr<ElasticMemory> elastic_;
+  std::unique_ptr<UnitTable> elastic_;
   DeviceProfile profile_;
   std::mutex mu_;
   // Foreground calls (Decode, RestoreGenerate, Restore, session save/load) waiting for mu_: while

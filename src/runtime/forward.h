@@ -11,7 +11,7 @@
 //   x[E,n] -> rms_norm*attn_norm -> q=Wq.x[+bq] [D,H,n], k=Wk.x[+bk] [D,Hkv,n], v=Wv.x[+bv] [D,Hkv,n]
 //   -> (qwen3) rms_norm(q)*q_norm, rms_norm(k)*k_norm -> rope(q), rope(k)
 //   -> kv_store(k, v) into chunks at positions pos0..pos0+n-1 (custom op)
-//   -> attention over the chunk pointers (custom op, src/runtime/attention.h) [D,H,n]
+//   -> attention over the chunk pointers (custom op, src/kernels/attention.h) [D,H,n]
 //   -> Wo -> +x -> rms_norm*ffn_norm -> down(silu(gate) * up) -> +  -> x (written back in place)
 //
 // Thread-safety: one Forward per context; not safe for concurrent use.

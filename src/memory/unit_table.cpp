@@ -1,0 +1,717 @@
+#include "memory/unit_table.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "core/sync_point.h"
+
+namespace mz {
+
+const char* UnitStateName(UnitState s) {
+  switch (s) {
+    case UnitState::kResident: return "resident";
+    case UnitState::kKvMemCompressed: return "kv-mem-compressed";
+    case UnitState::kKvStorageRaw: return "kv-storage-raw";
+    case UnitState::kKvStorageCompressed: return "kv-storage-compressed";
+    case UnitState::kWeightsDropped: return "weights-dropped";
+  }
+  return "?";
+}
+
+std::string UnitName(const UnitRef& u) {
+  if (u.kind == UnitRef::kWeights) return u.layer < 0 ? "weights[base]" : "weights[" + std::to_string(u.layer) + "]";
+  return "kv[" + std::to_string(u.layer) + "," + std::to_string(u.chunk) + "]";
+}
+
+double MemoryReport::remaining(bool exclude_base) const {
+  double num = double(in_memory()), den = double(footprint());
+  if (exclude_base) num -= double(base_resident), den -= double(base_total);
+  return den > 0 ? num / den : 1.0;
+}
+
+UnitTable::UnitTable(Model* model, KvCache* kv, const ElasticOptions& opts)
+    : model_(model), kv_(kv), opts_(opts), slots_(size_t(kv->geometry().n_layer)) {
+  stack_ = std::make_unique<CompressedStack>(model->env());
+}
+
+UnitTable::~UnitTable() = default;
+
+Status UnitTable::Init() {
+  codec_ = MakeKvCodec(opts_.codec);
+  if (!codec_) return Status::InvalidArgument("unknown KV codec '" + opts_.codec + "'");
+  if (opts_.swap_path.empty()) {
+    const char* t = std::getenv("TMPDIR");
+    opts_.swap_path = std::string(t && *t ? t : "/var/tmp") + "/mzcache-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
+                      ".swap";
+  }
+  return Status::Ok();
+}
+
+Status UnitTable::EnsureSwap() {
+  if (swap_) return Status::Ok();
+  return SwapFile::Create(model_->env(), opts_.swap_path, opts_.direct_io, &swap_);
+}
+
+UnitTable::KvSlot& UnitTable::slot(int layer, int chunk) {
+  auto& v = slots_[size_t(layer)];
+  if (int(v.size()) <= chunk) v.resize(size_t(chunk) + 1);
+  return v[size_t(chunk)];
+}
+
+const UnitTable::KvSlot* UnitTable::find_slot(int layer, int chunk) const {
+  if (layer < 0 || layer >= int(slots_.size())) return nullptr;
+  const auto& v = slots_[size_t(layer)];
+  return chunk < int(v.size()) ? &v[size_t(chunk)] : nullptr;
+}
+
+ChunkShape UnitTable::shape(int layer, int chunk) const {
+  const KvGeometry& g = kv_->geometry();
+  ChunkShape s;
+  s.n_kv_head = g.n_kv_head;
+  s.chunk_tokens = g.chunk_tokens;
+  s.head_dim = g.head_dim;
+  s.n_tokens = std::clamp(kv_->n_tokens() - chunk * g.chunk_tokens, 1, g.chunk_tokens);
+  s.layer = layer;
+  s.n_layer = g.n_layer;
+  return s;
+}
+
+UnitState UnitTable::state(const UnitRef& u) const {
+  if (u.kind == UnitRef::kWeights)
+    return model_->unit(weight_unit(u.layer)).resident() ? UnitState::kResident : UnitState::kWeightsDropped;
+  const KvSlot* s = find_slot(u.layer, u.chunk);
+  return s ? s->state : UnitState::kResident;
+}
+
+bool UnitTable::lost(int layer, int chunk) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  return s && s->lost;
+}
+
+Status UnitTable::EvictKv(int layer, int chunk, UnitState target) {
+  KvSlot& s = slot(layer, chunk);
+  const KvGeometry& g = kv_->geometry();
+  const size_t raw = g.chunk_bytes();
+  if (s.state == UnitState::kKvMemCompressed && target == UnitState::kKvStorageCompressed) {
+    // CompKV: move the encoded bytes from the stack to storage.
+    MZ_RETURN_IF_ERROR(EnsureSwap());
+    size_t n = 0;
+    const uint8_t* p = stack_->Get(s.h, &n);
+    if (!p) return Status::Internal("swap stack entry missing for " + UnitName(UnitRef::Kv(layer, chunk)));
+    SwapExtent e;
+    MZ_RETURN_IF_ERROR(swap_->Write(p, n, &e));
+    kv_->SetCompressedView(layer, chunk, nullptr, 0);
+    stack_->Free(s.h);
+    s.h = -1;
+    s.ext = e;
+    s.state = target;
+    return Status::Ok();
+  }
+  if (s.state != UnitState::kResident)
+    return Status::InvalidArgument(UnitName(UnitRef::Kv(layer, chunk)) + ": cannot move from " +
+                                   UnitStateName(s.state) + " to " + UnitStateName(target));
+  uint16_t* data = kv_->chunk(layer, chunk);
+  if (!data) return Status::Internal("resident chunk without memory");
+  if (s.mapped && s.clean && target == UnitState::kKvStorageRaw) {
+    // The stored copy still equals the chunk: give the memory back, write nothing.
+    kv_->ReleaseChunk(layer, chunk);
+    UnmapFromSwap(s, /*free_extent=*/false, data);
+    s.state = target;
+    return Status::Ok();
+  }
+  // A mapped chunk going elsewhere: its old extent is released once the new copy exists.
+  const bool was_mapped = s.mapped;
+  const SwapExtent old_ext = s.ext;  // the branches below replace s.ext only once they succeed
+  const ChunkShape sh = shape(layer, chunk);
+  if (target == UnitState::kKvStorageRaw) {
+    MZ_RETURN_IF_ERROR(EnsureSwap());
+    SwapExtent e;
+    MZ_RETURN_IF_ERROR(swap_->Write(data, raw, &e));
+    s.ext = e;
+    s.enc_bytes = raw;
+  } else if (target == UnitState::kKvMemCompressed || target == UnitState::kKvStorageCompressed) {
+    std::vector<uint8_t> buf(codec_->MaxEncodedSize(sh));
+    size_t n = 0;
+    MZ_RETURN_IF_ERROR(codec_->Encode(sh, data, buf.data(), buf.size(), &n).With(UnitName(UnitRef::Kv(layer, chunk))));
+    if (target == UnitState::kKvMemCompressed) {
+      MZ_RETURN_IF_ERROR(stack_->Push(buf.data(), n, &s.h));
+      if (codec_readable_in_place()) {
+        // Compute can read a q8 chunk in place (KvLayerView::q8_chunks): no restore needed first.
+        size_t held = 0;
+        const uint8_t* p = stack_->Get(s.h, &held);
+        if (p && held == n) kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, sh.n_tokens);
+      }
+    } else {
+      MZ_RETURN_IF_ERROR(EnsureSwap());
+      SwapExtent e;
+      MZ_RETURN_IF_ERROR(swap_->Write(buf.data(), n, &e));
+      s.ext = e;
+    }
+    s.enc_bytes = n;
+  } else {
+    return Status::InvalidArgument("KV chunks cannot be placed in state " + std::string(UnitStateName(target)));
+  }
+  s.enc_tokens = sh.n_tokens;
+  kv_->ReleaseChunk(layer, chunk);
+  if (was_mapped) {
+    const SwapExtent new_ext = target == UnitState::kKvMemCompressed ? SwapExtent() : s.ext;
+    s.ext = old_ext;
+    UnmapFromSwap(s, /*free_extent=*/true, data);
+    s.ext = new_ext;
+  } else {
+    kv_->env()->Unmap(data, raw);
+  }
+  s.state = target;
+  return Status::Ok();
+}
+
+Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
+  KvSlot& s = slot(layer, chunk);
+  const KvGeometry& g = kv_->geometry();
+  const size_t raw = g.chunk_bytes();
+  if (s.state == UnitState::kResident || s.lost) {
+    if (mem) kv_->env()->Unmap(mem, raw);
+    if (s.lost)
+      return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost (its stored copy failed verification)");
+    return Status::Ok();
+  }
+  if (s.state == UnitState::kKvStorageRaw && RestoresByMapping(UnitRef::Kv(layer, chunk))) {
+    // Map the extent over `mem` (address space only: never populated as anonymous memory) and
+    // read it through the page cache; verify before compute may see it.
+    Env* env = kv_->env();
+    if (!mem) mem = env->MapAnon(raw);
+    if (!mem) return Status::NoMemory("mapping a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
+    File* file = swap_->file();
+    Status st = env->MapFileAt(file, s.ext.off, raw, mem, true);
+    if (st.ok()) st = env->PopulateMapped(file, mem, raw);
+    if (st.ok()) st = swap_->Verify(s.ext, mem);
+    if (!st.ok()) {
+      env->Unmap(mem, raw);
+      (void)env->DropCached(file, s.ext.off, s.ext.len);
+      if (st.code() == Status::kCorruption) s.lost = true;
+      return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
+    }
+    kv_->SetChunk(layer, chunk, static_cast<uint16_t*>(mem));
+    s.state = UnitState::kResident;
+    s.mapped = true;
+    s.clean = true;  // the extent stays allocated while mapped
+    return Status::Ok();
+  }
+  if (!mem) mem = kv_->env()->MapAnon(raw);
+  if (!mem) return Status::NoMemory("allocating a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
+  uint16_t* dst = static_cast<uint16_t*>(mem);
+  ChunkShape sh = shape(layer, chunk);
+  sh.n_tokens = s.enc_tokens;
+  Status st;
+  if (s.state == UnitState::kKvMemCompressed) {
+    size_t n = 0;
+    const uint8_t* p = stack_->Get(s.h, &n);
+    st = p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
+  } else if (s.state == UnitState::kKvStorageRaw) {
+    st = swap_->Read(s.ext, dst);
+  } else {
+    std::vector<uint8_t> buf(s.ext.size);
+    st = swap_->Read(s.ext, buf.data());
+    if (st.ok()) st = codec_->Decode(sh, buf.data(), buf.size(), dst);
+  }
+  if (!st.ok()) {
+    kv_->env()->Unmap(mem, raw);
+    if (st.code() == Status::kCorruption) {
+      s.lost = true;
+      kv_->SetCompressedView(layer, chunk, nullptr, 0);  // never read a copy that failed its checks
+    }
+    return st.With("restoring " + UnitName(UnitRef::Kv(layer, chunk)));
+  }
+  // Install the fp16 chunk (which also clears a compressed view) before freeing the stored copy.
+  kv_->SetChunk(layer, chunk, dst);
+  if (s.state == UnitState::kKvMemCompressed) stack_->Free(s.h);
+  else swap_->Free(s.ext);
+  s.h = -1;
+  s.ext = SwapExtent();
+  s.enc_bytes = 0;
+  s.state = UnitState::kResident;
+  return Status::Ok();
+}
+
+Status UnitTable::ReserveLoad(int layer, int chunk, LoadSlot* out) {
+  *out = LoadSlot();
+  const KvSlot* s = find_slot(layer, chunk);
+  if (!s || s->state != UnitState::kKvStorageCompressed)
+    return Status::InvalidArgument(UnitName(UnitRef::Kv(layer, chunk)) + ": not compressed on storage");
+  MZ_RETURN_IF_ERROR(stack_->Reserve(s->ext.size, s->ext.len, kDirectIoAlign, &out->h, &out->p));
+  out->cap = s->ext.len;
+  return Status::Ok();
+}
+
+void UnitTable::CancelLoad(LoadSlot* slot) {
+  if (slot && slot->h >= 0) stack_->Free(slot->h);
+  if (slot) *slot = LoadSlot();
+}
+
+Status UnitTable::PrepareLoad(int layer, int chunk, LoadSlot* reserved) {
+  const UnitRef u = UnitRef::Kv(layer, chunk);
+  if (!codec_readable_in_place()) return Status::InvalidArgument("the codec cannot be read in place");
+  KvSlot& s = slot(layer, chunk);
+  if (s.lost) return Status::Corruption(UnitName(u) + " was lost (its stored copy failed verification)");
+  if (s.state != UnitState::kKvStorageCompressed)
+    return Status::InvalidArgument(UnitName(u) + ": not compressed on storage (" + UnitStateName(s.state) + ")");
+  ChunkShape sh = shape(layer, chunk);
+  sh.n_tokens = s.enc_tokens;
+  if (s.ext.size != codec_->MaxEncodedSize(sh))
+    return Status::Corruption(UnitName(u) + ": stored size " + std::to_string(s.ext.size) + " does not match its shape");
+  if (reserved->h < 0 || reserved->cap != s.ext.len) {
+    CancelLoad(reserved);
+    MZ_RETURN_IF_ERROR(ReserveLoad(layer, chunk, reserved).With("loading " + UnitName(u)));
+  }
+  kv_->env()->Prefault(reserved->p, reserved->cap);
+  return Status::Ok();
+}
+
+Status UnitTable::FinishLoad(int layer, int chunk, LoadSlot* reserved, Status st) {
+  const UnitRef u = UnitRef::Kv(layer, chunk);
+  KvSlot& s = slot(layer, chunk);
+  uint8_t* const p = reserved->p;
+  if (st.ok() && p[0] != codec_->id()) st = Status::Corruption("stored blob is not of codec " + std::string(codec_->name()));
+  if (!st.ok()) {
+    if (st.code() == Status::kCorruption) s.lost = true;
+    CancelLoad(reserved);
+    return st.With("loading " + UnitName(u));
+  }
+  s.h = reserved->h;
+  *reserved = LoadSlot();  // the entry now belongs to the chunk
+  swap_->Free(s.ext);
+  s.ext = SwapExtent();
+  s.state = UnitState::kKvMemCompressed;
+  kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, s.enc_tokens);
+  return Status::Ok();
+}
+
+Status UnitTable::LoadCompressed(int layer, int chunk, LoadSlot* reserved) {
+  LoadSlot mine;
+  if (!reserved) reserved = &mine;
+  return LoadCompressedRun(layer, &chunk, &reserved, 1);  // a run of one chunk
+}
+
+bool UnitTable::StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  if (!s || (s->state != UnitState::kKvStorageCompressed && s->state != UnitState::kKvStorageRaw) || !s->ext.valid() ||
+      s->lost)
+    return false;
+  *off = s->ext.off;
+  *len = s->ext.len;
+  return true;
+}
+
+Status UnitTable::LoadCompressedRun(int layer, const int* chunks, LoadSlot* const* slots, int n) {
+  Status first;
+  auto note = [&](const Status& st) {
+    if (!st.ok() && first.ok()) first = st;
+  };
+  // The chunks prepared so far whose extents are back to back: read with one request, then each
+  // installed (or failed) on its own.
+  std::vector<SwapExtent> ext;
+  std::vector<void*> dst;
+  std::vector<int> run_chunks;
+  std::vector<LoadSlot*> run_slots;
+  auto flush = [&] {
+    if (ext.empty()) return;
+    std::vector<Status> each(ext.size());
+    Status rd = swap_->ReadPaddedRun(ext.data(), dst.data(), int(ext.size()), each.data());
+    for (size_t i = 0; i < ext.size(); ++i) note(FinishLoad(layer, run_chunks[i], run_slots[i], rd.ok() ? each[i] : rd));
+    ext.clear(), dst.clear(), run_chunks.clear(), run_slots.clear();
+  };
+  for (int i = 0; i < n; ++i) {
+    // A chunk that cannot be loaded (lost, not on storage, no room) fails alone; one not stored
+    // right after the one before it starts a new request. Either way the others still load, as
+    // one LoadCompressed each would.
+    Status st = PrepareLoad(layer, chunks[i], slots[i]);
+    if (!st.ok()) {
+      CancelLoad(slots[i]);
+      note(st);
+      continue;
+    }
+    const SwapExtent& e = slot(layer, chunks[i]).ext;
+    if (!ext.empty() && ext.back().off + ext.back().len != e.off) flush();
+    ext.push_back(e);
+    dst.push_back(slots[i]->p);
+    run_chunks.push_back(chunks[i]);
+    run_slots.push_back(slots[i]);
+  }
+  flush();
+  return first;
+}
+
+Status UnitTable::ReadChunk(int layer, int chunk, uint16_t* dst) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  const size_t raw = kv_->geometry().chunk_bytes();
+  if (!s || s->state == UnitState::kResident) {
+    std::memcpy(dst, kv_->chunk(layer, chunk), raw);
+    return Status::Ok();
+  }
+  if (s->lost) return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost");
+  ChunkShape sh = shape(layer, chunk);
+  sh.n_tokens = s->enc_tokens;
+  if (s->state == UnitState::kKvMemCompressed) {
+    size_t n = 0;
+    const uint8_t* p = stack_->Get(s->h, &n);
+    return p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
+  }
+  if (s->state == UnitState::kKvStorageRaw) return swap_->Read(s->ext, dst);
+  std::vector<uint8_t> buf(s->ext.size);
+  MZ_RETURN_IF_ERROR(swap_->Read(s->ext, buf.data()));
+  return codec_->Decode(sh, buf.data(), buf.size(), dst);
+}
+
+Status UnitTable::Move(const Placement& p) {
+  const UnitRef& u = p.unit;
+  if (u.kind == UnitRef::kWeights) {
+    if (u.layer < -1 || u.layer >= int(model_->hparams().n_layer))
+      return Status::InvalidArgument("no weight unit for layer " + std::to_string(u.layer));
+    if (p.target == UnitState::kResident) return model_->LoadUnit(weight_unit(u.layer));
+    if (p.target != UnitState::kWeightsDropped)
+      return Status::InvalidArgument(UnitName(u) + ": weights can only be resident or dropped");
+    model_->DropUnit(weight_unit(u.layer));
+    return Status::Ok();
+  }
+  if (u.layer < 0 || u.layer >= kv_->geometry().n_layer || u.chunk < 0 || u.chunk >= kv_->n_chunks())
+    return Status::InvalidArgument("no KV chunk " + UnitName(u) + " (the context has " +
+                                   std::to_string(kv_->n_chunks()) + " chunks per layer)");
+  if (p.target == UnitState::kResident) return RestoreKv(u.layer, u.chunk);
+  if (state(u) == p.target) return Status::Ok();
+  return EvictKv(u.layer, u.chunk, p.target);
+}
+
+Status UnitTable::Apply(const Plan& plan, uint64_t bytes, uint64_t* freed) {
+  if (!codec_) return Status::Internal("UnitTable::Init was not called");
+  const uint64_t before = Report().in_memory();
+  Status st;
+  for (const Placement& p : plan) {
+    st = Move(p);
+    if (!st.ok()) break;
+    if (bytes > 0) {
+      const uint64_t now = Report().in_memory();
+      if (before > now && before - now >= bytes) break;
+    }
+  }
+  const uint64_t after = Report().in_memory();
+  if (freed) *freed = before > after ? before - after : 0;
+  return st;
+}
+
+Status UnitTable::Restore(const UnitRef& u) { return Move(Placement{u, UnitState::kResident}); }
+
+size_t UnitTable::RestoreBytes(const UnitRef& u) const {
+  return u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : kv_->geometry().chunk_bytes();
+}
+
+Env* UnitTable::env() const { return kv_->env(); }
+
+void* UnitTable::AllocateFor(const UnitRef& u, size_t* bytes) {
+  *bytes = 0;
+  if (state(u) == UnitState::kResident) return nullptr;
+  if (u.kind == UnitRef::kWeights && model_->file_backed()) return nullptr;  // mapped from the file on restore
+  if (RestoresByMapping(u)) return nullptr;  // mapped from the swap file on restore
+  *bytes = RestoreBytes(u);
+  void* p = kv_->env()->MapAnon(*bytes);
+  if (p) kv_->env()->Prefault(p, *bytes);
+  return p;
+}
+
+Status UnitTable::RestoreInto(const UnitRef& u, void* mem) {
+  if (u.kind == UnitRef::kWeights) return model_->LoadUnit(weight_unit(u.layer), mem);
+  return RestoreKv(u.layer, u.chunk, mem);
+}
+
+bool UnitTable::AllResident() const {
+  for (int u = 0; u < model_->n_units(); ++u)
+    if (!model_->unit(u).resident()) return false;
+  for (const auto& l : slots_)
+    for (const auto& s : l)
+      if (s.state != UnitState::kResident) return false;
+  return true;
+}
+
+Status UnitTable::RestoreAll() { return RestoreUpTo(UINT64_MAX, nullptr); }
+
+Status UnitTable::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
+                                  bool* stopped) {
+  return RestoreSelected(max_bytes, restored, stop, stopped, -1);
+}
+
+std::vector<std::vector<int>> UnitTable::LoadRuns(int layer, const std::vector<int>& chunks,
+                                                      uint64_t max_bytes) const {
+  struct E {
+    uint64_t off, len;
+    int c;
+  };
+  std::vector<E> ext;
+  std::vector<std::vector<int>> runs;
+  for (int c : chunks) {
+    uint64_t off = 0, len = 0;
+    if (StoredExtent(layer, c, &off, &len)) ext.push_back({off, len, c});
+    else runs.push_back({c});
+  }
+  std::sort(ext.begin(), ext.end(), [](const E& x, const E& y) { return x.off < y.off; });
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < ext.size(); ++i) {
+    const bool joins = i > 0 && ext[i - 1].off + ext[i - 1].len == ext[i].off && bytes + ext[i].len <= max_bytes;
+    if (!joins) {
+      runs.push_back({});
+      bytes = 0;
+    }
+    runs.back().push_back(ext[i].c);
+    bytes += ext[i].len;
+  }
+  return runs;
+}
+
+Status UnitTable::RestoreForCompute(int first_write_chunk) {
+  if (codec_readable_in_place()) {
+    // Compressed chunks on storage come into the in-memory swap as they are (read in place), one
+    // LoadCompressedRun per run of back-to-back extents (LoadRuns). Every room is reserved here,
+    // before any worker reads (as the pipeline does: no mapping while they populate).
+    struct Group {
+      int layer;
+      std::vector<int> chunks;
+    };
+    std::vector<Group> groups;
+    for (int l = 0; l < int(slots_.size()); ++l) {
+      std::vector<int> on_storage;
+      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c)
+        if (slots_[size_t(l)][size_t(c)].state == UnitState::kKvStorageCompressed) on_storage.push_back(c);
+      for (auto& run : LoadRuns(l, on_storage, kLoadRunBytes)) groups.push_back({l, std::move(run)});
+    }
+    if (!groups.empty()) {
+      std::vector<std::vector<LoadSlot>> rooms(groups.size());
+      for (size_t g = 0; g < groups.size(); ++g) {
+        rooms[g].resize(groups[g].chunks.size());
+        for (size_t i = 0; i < groups[g].chunks.size(); ++i)
+          (void)ReserveLoad(groups[g].layer, groups[g].chunks[i], &rooms[g][i]);  // a failure: the load reserves again
+      }
+      std::atomic<size_t> next{0};
+      const int nt = std::max(1, std::min(opts_.restore_threads, int(groups.size())));
+      std::vector<Status> errs(static_cast<size_t>(nt));
+      RunOnThreads(kv_->env(), nt, [&](int t) {
+        for (size_t g; (g = next.fetch_add(1)) < groups.size();) {
+          std::vector<LoadSlot*> ptrs;
+          for (auto& r : rooms[g]) ptrs.push_back(&r);
+          const Status st = LoadCompressedRun(groups[g].layer, groups[g].chunks.data(), ptrs.data(), int(ptrs.size()));
+          if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
+        }
+      });
+      for (const auto& e : errs)
+        if (!e.ok()) return e;
+    }
+  }
+  return RestoreSelected(UINT64_MAX, nullptr, nullptr, nullptr, first_write_chunk);
+}
+
+Status UnitTable::RestoreSelected(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
+                                      bool* stopped, int keep_compressed_below) {
+  if (restored) *restored = 0;
+  if (stopped) *stopped = false;
+  if (AllResident()) return Status::Ok();
+  std::vector<UnitRef> todo;
+  uint64_t budget_used = 0;
+  bool full = false;  // the budget is spent: later units wait (forward-order prefix only)
+  auto add = [&](const UnitRef& u, uint64_t bytes) {
+    if (full) return;
+    if (bytes > max_bytes - budget_used) {
+      full = true;
+      return;
+    }
+    budget_used += bytes;
+    todo.push_back(u);
+  };
+  const uint64_t chunk_bytes = kv_->geometry().chunk_bytes();
+  auto add_w = [&](int layer) {
+    const int wu = weight_unit(layer);
+    if (!model_->unit(wu).resident()) add(UnitRef::Weights(layer), model_->unit(wu).region_bytes);
+  };
+  add_w(-1);
+  for (int l = 0; l < kv_->geometry().n_layer && !full; ++l) {
+    add_w(l);
+    for (int c = 0; c < int(slots_[size_t(l)].size()); ++c)
+      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident && !(c < keep_compressed_below && readable_compressed(l, c)))
+        add(UnitRef::Kv(l, c), chunk_bytes);
+  }
+  if (todo.empty()) return Status::Ok();
+  if (stop && stop()) {  // before any setup cost (identity check, mapping)
+    if (stopped) *stopped = true;
+    return Status::Ok();
+  }
+  bool any_weights = false;
+  for (const auto& u : todo) any_weights |= u.kind == UnitRef::kWeights;
+  if (any_weights) MZ_RETURN_IF_ERROR(model_->VerifyIdentity());
+  // One mapping for every unit of this call, carved into page-aligned slices (as the restore
+  // pipeline's allocation ahead: per-unit mmaps serialize page population on the address-space
+  // lock). Each worker populates the slice of the unit it takes; slices of units not taken (a stop
+  // request: always a tail, as indices are handed out in order) are unmapped again. Weight units
+  // of a model whose weights are file mappings are not populated (the file mapping replaces the
+  // slice). If the one mapping fails, units are mapped one by one.
+  constexpr size_t kPage = 4096;
+  std::vector<size_t> off(todo.size());
+  size_t total = 0;
+  for (size_t i = 0; i < todo.size(); ++i) {
+    off[i] = total;
+    total += (RestoreBytes(todo[i]) + kPage - 1) / kPage * kPage;
+  }
+  Env* env = kv_->env();
+  char* region = static_cast<char*>(env->MapAnon(total));
+  std::atomic<bool> halt{false};
+  std::atomic<size_t> next{0};
+  const int nt = std::max(1, std::min(opts_.restore_threads, int(todo.size())));
+  std::vector<Status> errs(static_cast<size_t>(nt));
+  auto worker = [&](int t) {
+    for (;;) {
+      if (halt.load(std::memory_order_relaxed)) return;
+      if (stop && stop()) {
+        halt = true;
+        return;
+      }
+      const size_t i = next.fetch_add(1);
+      if (i >= todo.size()) return;
+      MZ_SYNC_POINT("elastic:restore_unit", int(i));
+      Status st;
+      if (region) {
+        void* mem = region + off[i];
+        if ((todo[i].kind != UnitRef::kWeights || !model_->file_backed()) && !RestoresByMapping(todo[i]))
+          env->Prefault(mem, RestoreBytes(todo[i]));
+        st = RestoreInto(todo[i], mem);  // owns the slice from here (unmaps it on failure)
+      } else {
+        st = Restore(todo[i]);
+      }
+      if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
+    }
+  };
+  RunOnThreads(env, nt, worker);  // a thread the OS refuses: the others restore its units
+  const size_t n_taken = std::min(next.load(), todo.size());
+  if (region && n_taken < todo.size()) env->Unmap(region + off[n_taken], total - off[n_taken]);
+  if (stopped) *stopped = halt.load();
+  if (restored) {
+    for (const UnitRef& u : todo)
+      if (state(u) == UnitState::kResident)
+        *restored += u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : chunk_bytes;
+  }
+  for (const auto& e : errs)
+    if (!e.ok()) return e;
+  return Status::Ok();
+}
+
+bool UnitTable::CanMapSwap() const { return swap_ && MapsSwapWith(swap_->direct()); }
+
+bool UnitTable::MapsSwapWith(bool swap_direct) const {
+  // Extents are 4096-aligned; mapping them needs 4 KiB pages. On tmpfs (no direct I/O) the page
+  // cache is the file: mapping would not free anything on eviction, so chunks are read as before.
+  return opts_.map_swap && swap_direct && kv_->env()->PageSize() == kDirectIoAlign &&
+         kv_->geometry().chunk_bytes() % kDirectIoAlign == 0;
+}
+
+bool UnitTable::KvStorageMapped() const { return MapsSwapWith(swap_ ? swap_->direct() : opts_.direct_io); }
+
+bool UnitTable::RestoresByMapping(const UnitRef& u) const {
+  if (u.kind != UnitRef::kKv || !CanMapSwap()) return false;
+  const KvSlot* s = find_slot(u.layer, u.chunk);
+  // Only full chunks: their rows are never written again unless the context is truncated inside
+  // them (WillRewriteChunk), so the extent stays a valid copy while mapped.
+  return s && s->state == UnitState::kKvStorageRaw && !s->lost && s->enc_tokens == kv_->geometry().chunk_tokens &&
+         s->ext.size == kv_->geometry().chunk_bytes();
+}
+
+void UnitTable::UnmapFromSwap(KvSlot& s, bool free_extent, void* data) {
+  Env* env = kv_->env();
+  env->Unmap(data, kv_->geometry().chunk_bytes());
+  // Pages written since the mapping were private copies, gone with the mapping; the file's pages
+  // leave the page cache now (no other mapping holds them), so the RAM really goes back.
+  (void)env->DropCached(swap_->file(), s.ext.off, s.ext.len);
+  if (free_extent) {
+    swap_->Free(s.ext);
+    s.ext = SwapExtent();
+  }
+  s.mapped = false;
+  s.clean = false;
+}
+
+Status UnitTable::SwapBytesCached(uint64_t* out) const {
+  *out = 0;
+  if (!swap_) return Status::Ok();
+  for (const auto& l : slots_)
+    for (const KvSlot& s : l) {
+      if (s.state != UnitState::kKvStorageRaw && s.state != UnitState::kKvStorageCompressed) continue;
+      uint64_t n = 0;
+      MZ_RETURN_IF_ERROR(kv_->env()->CachedBytes(swap_->file(), s.ext.off, s.ext.len, &n));
+      *out += n;
+    }
+  return Status::Ok();
+}
+
+void UnitTable::WillRewriteChunk(int chunk) {
+  for (int l = 0; l < int(slots_.size()); ++l) {
+    KvSlot* s = chunk >= 0 && chunk < int(slots_[size_t(l)].size()) ? &slots_[size_t(l)][size_t(chunk)] : nullptr;
+    if (s && s->mapped) s->clean = false;
+  }
+}
+
+void UnitTable::ForgetChunksFrom(int first_chunk) {
+  for (int l = 0; l < int(slots_.size()); ++l) {
+    auto& v = slots_[size_t(l)];
+    for (int c = int(v.size()) - 1; c >= first_chunk && c >= 0; --c) {
+      KvSlot& s = v[size_t(c)];
+      if (s.state == UnitState::kKvMemCompressed) {
+        if (c < kv_->n_chunks()) kv_->SetCompressedView(l, c, nullptr, 0);
+        stack_->Free(s.h);
+      } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) {
+        swap_->Free(s.ext);
+      } else if (s.mapped && c < kv_->n_chunks()) {
+        UnmapFromSwap(s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
+      }
+      // An evicted chunk's pointer is null; KvCache::Truncate skips it when unmapping.
+    }
+    if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));
+  }
+}
+
+MemoryReport UnitTable::Report() const {
+  MemoryReport r;
+  for (int u = 0; u < model_->n_units(); ++u) {
+    const WeightUnit& w = model_->unit(u);
+    r.weights_total += w.region_bytes;
+    const bool res = w.resident();
+    (res ? r.weights_resident : r.weights_dropped) += w.region_bytes;
+    r.n_weight_units[int(res ? UnitState::kResident : UnitState::kWeightsDropped)]++;
+    if (u == model_->base_unit()) {
+      r.base_total = w.region_bytes;
+      r.base_resident = res ? w.region_bytes : 0;
+    }
+  }
+  const uint64_t cb = kv_->geometry().chunk_bytes();
+  for (int l = 0; l < kv_->geometry().n_layer; ++l) {
+    for (int c = 0; c < kv_->n_chunks(); ++c) {
+      const KvSlot* s = find_slot(l, c);
+      const UnitState st = s ? s->state : UnitState::kResident;
+      r.kv_total += cb;
+      r.n_kv_chunks[int(st)]++;
+      if (s && s->lost) r.n_kv_lost++;
+      switch (st) {
+        case UnitState::kResident:
+          r.kv_resident += cb;
+          if (s && s->mapped) r.kv_resident_mapped += cb;
+          break;
+        case UnitState::kKvMemCompressed: r.kv_mem_compressed_raw += cb, r.kv_mem_compressed += s->enc_bytes; break;
+        case UnitState::kKvStorageRaw: r.kv_storage_raw += cb; break;
+        case UnitState::kKvStorageCompressed:
+          r.kv_storage_compressed_raw += cb, r.kv_storage_compressed += s->enc_bytes;
+          break;
+        default: break;
+      }
+    }
+  }
+  r.stack_mapped = stack_->mapped_bytes();
+  r.swap_file_used = swap_ ? swap_->used_bytes() : 0;
+  return r;
+}
+
+}  // namespace mz

@@ -1,0 +1,883 @@
+// bench peers: time to first token of a short query over a long context, against what people run
+// today, on the same GGUF, threads, context and query:
+//   a. llama.cpp state file: a NEW process loads the model, creates a context, loads the sequence
+//      state saved once with llama_state_seq_save_file, and decodes the query (cold page cache);
+//   b. cold start (Ollama's unload, an app killed by the low-memory killer): a new process loads the
+//      model and re-prefills context + query, with llama.cpp and with mzcache;
+//   c. llama.cpp with mmap'd weights in a memory cgroup (v1) whose limit is lowered to a
+//      remaining-memory level with zram swap, then lifted before the query (as our OS Paging
+//      baseline, tools/bench/cmd_ospaging.cpp), and all-resident for reference;
+//   d. mzcache: restore_generate from 100/50/0% remaining (in this process), and a new process that
+//      loads the model and its session file (KV from storage) and restore_generates the query.
+// Every new-process measurement runs in `mzcache bench peers-worker` (hidden). Before each, the
+// model, state and session files are dropped from the page cache (posix_fadvise DONTNEED, checked
+// with mincore), so what should come from storage does.
+#include <llama.h>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "core/ggml_log.h"
+#include "model/model.h"
+#include "runtime/context.h"
+#include "runtime/session_file.h"
+#include "tools/bench/child_process.h"
+#include "tools/bench/bench_util.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+#include "tools/bench/os_memory.h"
+#include "tools/bench/ospaging.h"
+#include "tools/bench/accuracy_metrics.h"
+#include "tools/bench/peers_common.h"
+
+namespace mz::cli {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Worker (a fresh process per measurement).
+
+struct WorkerArgs {
+  std::string mode;    // llama-build | llama-state | llama-cold | llama-mmap | mz-session | mz-cold
+  std::string model;
+  std::string file;    // llama state file or mzcache session file
+  std::string tokens;  // binary int32: n context tokens then q query tokens
+  std::string cgroup;  // llama-mmap: cgroup v1 folder to join first
+  std::string logits_out;  // if set: the first token's logits (n_vocab floats) are written there
+  std::string llama_fa = "auto";  // llama.cpp flash attention: auto (library default) | on | off
+  int n = 0, q = 8, threads = 2, n_ctx = 0;
+  uint64_t kv_bytes_per_token = 0;
+};
+
+Status ReadTokens(const std::string& path, std::vector<int32_t>* t) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status::IOError("cannot read " + path);
+  f.seekg(0, std::ios::end);
+  const size_t bytes = size_t(f.tellg());
+  f.seekg(0);
+  t->resize(bytes / 4);
+  f.read(reinterpret_cast<char*>(t->data()), std::streamsize(t->size() * 4));
+  return f ? Status::Ok() : Status::IOError("short read of " + path);
+}
+
+struct LlamaHandles {
+  llama_model* model = nullptr;
+  llama_context* ctx = nullptr;
+  ~LlamaHandles() {
+    if (ctx) llama_free(ctx);
+    if (model) llama_model_free(model);
+  }
+};
+
+// Decodes toks[0, n) at positions pos0.. in batches of at most 512; logits for the last one if asked.
+Status LlamaDecode(llama_context* ctx, const int32_t* toks, int n, int pos0, bool last_logits, bool progress) {
+  const double t0 = NowSeconds();
+  for (int off = 0; off < n; off += 512) {
+    const int m = std::min(512, n - off);
+    llama_batch b = llama_batch_init(m, 0, 1);
+    for (int i = 0; i < m; ++i) {
+      b.token[i] = toks[off + i];
+      b.pos[i] = pos0 + off + i;
+      b.n_seq_id[i] = 1;
+      b.seq_id[i][0] = 0;
+      b.logits[i] = last_logits && off + i == n - 1;
+    }
+    b.n_tokens = m;
+    const int rc = llama_decode(ctx, b);
+    llama_batch_free(b);
+    if (rc != 0) return Status::Internal("llama_decode failed (" + std::to_string(rc) + ")");
+    if (progress) std::fprintf(stderr, "\r  llama.cpp prefill %d/%d tokens (%.0f s)", off + m, n, NowSeconds() - t0);
+  }
+  if (progress) std::fprintf(stderr, "\n");
+  return Status::Ok();
+}
+
+int Top1(const float* l, int nv) { return l ? int(std::max_element(l, l + nv) - l) : -1; }
+
+int RunWorker(const WorkerArgs& a) {
+  nlohmann::json out;
+  out["mode"] = a.mode;
+  auto fail = [&](const Status& st) {
+    std::printf("ERROR %s\n", st.ToString().c_str());
+    std::fflush(stdout);
+    return 1;
+  };
+  if (!a.cgroup.empty()) {
+    FILE* f = std::fopen((a.cgroup + "/cgroup.procs").c_str(), "w");
+    if (!f) return fail(Status::IOError("cannot join cgroup " + a.cgroup));
+    std::fprintf(f, "%d", int(getpid()));
+    std::fclose(f);
+  }
+  std::vector<int32_t> toks;
+  Status st = ReadTokens(a.tokens, &toks);
+  if (!st.ok()) return fail(st);
+  if (int(toks.size()) < a.n + a.q) return fail(Status::InvalidArgument("token file shorter than n + q"));
+  const int32_t* query = toks.data() + a.n;
+  const bool llama = a.mode.rfind("llama-", 0) == 0;
+  const float* last = nullptr;  // first token's logits, valid until the engine below is freed
+  auto save_logits = [&](int nv) -> Status {
+    if (a.logits_out.empty() || !last) return Status::Ok();
+    std::ofstream f(a.logits_out, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(last), std::streamsize(size_t(nv) * 4));
+    return f ? Status::Ok() : Status::IOError("cannot write " + a.logits_out);
+  };
+
+  if (llama) {
+    InitLibraryLogging();
+    llama_backend_init();
+    LlamaHandles h;
+    llama_model_params mp = llama_model_default_params();
+    if (a.mode == "llama-mmap") mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    out["llama_load_mode"] = llama_load_mode_name(mp.load_mode);
+    LogCapture cap;
+    const double t0 = NowSeconds();
+    h.model = llama_model_load_from_file(a.model.c_str(), mp);
+    if (!h.model) return fail(Status::Internal("llama.cpp cannot load " + a.model + ": " + cap.text()));
+    const double t1 = NowSeconds();
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = uint32_t(a.n_ctx);
+    cp.n_threads = cp.n_threads_batch = a.threads;
+    if (a.llama_fa == "on") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    if (a.llama_fa == "off") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    h.ctx = llama_init_from_model(h.model, cp);
+    if (!h.ctx) return fail(Status::Internal("llama.cpp cannot create a context: " + cap.text()));
+    const double t2 = NowSeconds();
+    out["model_load_s"] = t1 - t0;
+    out["context_s"] = t2 - t1;
+    out["flash_attn"] = llama_flash_attn_type_name(cp.flash_attn_type);
+    const int nv = llama_vocab_n_tokens(llama_model_get_vocab(h.model));
+
+    if (a.mode == "llama-build") {
+      st = LlamaDecode(h.ctx, toks.data(), a.n, 0, false, true);
+      if (!st.ok()) return fail(st);
+      const double t3 = NowSeconds();
+      const std::string tmp = a.file + ".tmp";
+      if (llama_state_seq_save_file(h.ctx, tmp.c_str(), 0, toks.data(), size_t(a.n)) == 0)
+        return fail(Status::IOError("llama_state_seq_save_file failed: " + cap.text()));
+      if (std::rename(tmp.c_str(), a.file.c_str()) != 0) return fail(Status::FromErrno(errno, "rename " + tmp));
+      out["prefill_s"] = t3 - t2;
+      out["save_s"] = NowSeconds() - t3;
+    } else if (a.mode == "llama-state" || a.mode == "llama-mmap") {
+      std::vector<int32_t> got(size_t(a.n_ctx));
+      size_t n_got = 0;
+      if (llama_state_seq_load_file(h.ctx, a.file.c_str(), 0, got.data(), got.size(), &n_got) == 0)
+        return fail(Status::Corruption("llama_state_seq_load_file failed on " + a.file + ": " + cap.text()));
+      const double t3 = NowSeconds();
+      if (int(n_got) != a.n || !std::equal(got.begin(), got.begin() + a.n, toks.begin()))
+        return fail(Status::Corruption(a.file + " holds other tokens than this context"));
+      out["state_load_s"] = t3 - t2;
+      if (a.mode == "llama-mmap") {
+        // Touch every weight page once (a first inference would), then forget that token.
+        st = LlamaDecode(h.ctx, query, 1, a.n, true, false);
+        if (!st.ok()) return fail(st);
+        llama_memory_seq_rm(llama_get_memory(h.ctx), 0, a.n, -1);
+        // The state file was read with buffered I/O inside the cgroup: its page cache would be charged
+        // to the process's "other memory" and be the first thing reclaimed, so drop it now.
+        out["state_file_cached_after_drop"] = DropFileCache(a.file);
+        const uint64_t foot = llama_model_size(h.model) + a.kv_bytes_per_token * llama_n_ctx(h.ctx);
+        std::printf("READY %llu\n", (unsigned long long)foot);
+        std::fflush(stdout);
+        std::string go;
+        if (!std::getline(std::cin, go)) return 1;
+        const double q0 = NowSeconds();
+        st = LlamaDecode(h.ctx, query, a.q, a.n, true, false);
+        if (!st.ok()) return fail(st);
+        out["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
+        out["query_s"] = out["ttft_s"] = NowSeconds() - q0;
+      } else {
+        st = LlamaDecode(h.ctx, query, a.q, a.n, true, false);
+        if (!st.ok()) return fail(st);
+        out["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
+        const double t4 = NowSeconds();
+        out["query_s"] = t4 - t3;
+        out["ttft_s"] = t4 - t0;
+      }
+    } else if (a.mode == "llama-cold") {
+      st = LlamaDecode(h.ctx, toks.data(), a.n, 0, false, false);
+      if (!st.ok()) return fail(st);
+      const double t3 = NowSeconds();
+      st = LlamaDecode(h.ctx, query, a.q, a.n, true, false);
+      if (!st.ok()) return fail(st);
+      out["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
+      const double t4 = NowSeconds();
+      out["prefill_s"] = t3 - t2;
+      out["query_s"] = t4 - t3;
+      out["ttft_s"] = t4 - t0;
+    } else {
+      return fail(Status::InvalidArgument("unknown mode " + a.mode));
+    }
+    st = save_logits(nv);
+    if (!st.ok()) return fail(st);
+  } else if (a.mode == "mz-session" || a.mode == "mz-cold") {
+    const double t0 = NowSeconds();
+    std::unique_ptr<Model> model;
+    st = Model::Load(Env::Default(), a.model, ModelOptions(), &model);
+    if (!st.ok()) return fail(st);
+    const double t1 = NowSeconds();
+    ContextOptions co;
+    co.n_ctx = a.n_ctx;
+    co.n_threads = a.threads;
+    Context ctx(model.get(), co);
+    st = ctx.Init();
+    if (!st.ok()) return fail(st);
+    const double t2 = NowSeconds();
+    out["model_load_s"] = t1 - t0;
+    out["context_s"] = t2 - t1;
+    const int nv = int(model->hparams().n_vocab);
+    if (a.mode == "mz-session") {
+      st = LoadSession(ctx, a.file);
+      if (!st.ok()) return fail(st);
+      const double t3 = NowSeconds();
+      if (int(ctx.history().size()) != a.n || !std::equal(ctx.history().begin(), ctx.history().end(), toks.begin()))
+        return fail(Status::Corruption(a.file + " holds other tokens than this context"));
+      RestoreGenerateStats rs;
+      st = ctx.RestoreGenerate(query, a.q, PipelineOptions(), &rs);
+      if (!st.ok()) return fail(st);
+      out["top1"] = Top1(last = ctx.logits(ctx.n_logit_rows() - 1), nv);
+      const double t4 = NowSeconds();
+      out["state_load_s"] = t3 - t2;
+      out["query_s"] = t4 - t3;
+      out["ttft_s"] = t4 - t0;
+    } else {
+      for (int off = 0; off < a.n; off += 512) {
+        st = ctx.Decode(toks.data() + off, std::min(512, a.n - off), false);
+        if (!st.ok()) return fail(st);
+      }
+      const double t3 = NowSeconds();
+      st = ctx.Decode(query, a.q, false);
+      if (!st.ok()) return fail(st);
+      out["top1"] = Top1(last = ctx.logits(ctx.n_logit_rows() - 1), nv);
+      const double t4 = NowSeconds();
+      out["prefill_s"] = t3 - t2;
+      out["query_s"] = t4 - t3;
+      out["ttft_s"] = t4 - t0;
+    }
+    st = save_logits(nv);
+    if (!st.ok()) return fail(st);
+  } else {
+    return fail(Status::InvalidArgument("unknown mode " + a.mode));
+  }
+  std::printf("RESULT %s\n", out.dump().c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parent side.
+
+int g_child = -1;
+std::string g_cgroup;
+OsPagingEnv* g_env = nullptr;
+
+void OnSignal(int sig) {
+  if (g_child > 0) kill(g_child, SIGKILL);
+  if (!g_cgroup.empty()) {
+    // Move leftovers out so the folder can be removed (same as ~MemCgroup).
+    std::system(("cat '" + g_cgroup + "/cgroup.procs' 2>/dev/null | while read p; do echo $p > "
+                 "/sys/fs/cgroup/memory/cgroup.procs; done; rmdir '" + g_cgroup + "' 2>/dev/null").c_str());
+  }
+  if (g_env) OsPagingTeardown(g_env);
+  _exit(128 + sig);
+}
+
+// The worker, remembered for OnSignal (which kills it).
+Status Spawn(const std::vector<std::string>& argv, PipedChild* c) {
+  MZ_RETURN_IF_ERROR(SpawnPiped(argv, c));
+  g_child = c->pid;
+  return Status::Ok();
+}
+
+// Next protocol line of the worker (READY / RESULT / ERROR); other output is skipped.
+std::string ReadProtocolLine(PipedChild& c) {
+  std::string line;
+  char buf[8192];
+  while (std::fgets(buf, sizeof buf, c.out)) {
+    line += buf;
+    if (line.empty() || line.back() != '\n') continue;
+    if (line.rfind("READY ", 0) == 0 || line.rfind("RESULT ", 0) == 0 || line.rfind("ERROR ", 0) == 0) return line;
+    line.clear();
+  }
+  return line;
+}
+
+int Reap(PipedChild& c, bool kill_it) {
+  g_child = -1;
+  return ReapPiped(c, kill_it);
+}
+
+Status ParseResult(const std::string& line, nlohmann::json* out) {
+  if (line.rfind("RESULT ", 0) != 0) {
+    std::string msg = line.rfind("ERROR ", 0) == 0 ? line.substr(6) : "worker died without a result";
+    while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+    return Status::Internal("worker: " + msg);
+  }
+  try {
+    *out = nlohmann::json::parse(line.substr(7));
+  } catch (const std::exception& e) {
+    return Status::Corruption(std::string("worker result: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> WorkerArgv(const WorkerArgs& w) {
+  std::vector<std::string> v{SelfExe(), "bench", "peers-worker", "--mode", w.mode, "--model", w.model,
+                             "--tokens", w.tokens, "-n", std::to_string(w.n), "-q", std::to_string(w.q),
+                             "-t", std::to_string(w.threads), "--n-ctx", std::to_string(w.n_ctx)};
+  if (!w.file.empty()) v.insert(v.end(), {"--file", w.file});
+  if (!w.cgroup.empty()) v.insert(v.end(), {"--cgroup", w.cgroup});
+  if (!w.logits_out.empty()) v.insert(v.end(), {"--logits-out", w.logits_out});
+  if (w.kv_bytes_per_token) v.insert(v.end(), {"--kv-bytes-per-token", std::to_string(w.kv_bytes_per_token)});
+  if (w.llama_fa != "auto") v.insert(v.end(), {"--llama-fa", w.llama_fa});
+  return v;
+}
+
+// Runs a worker to completion (no cgroup); returns its RESULT.
+Status RunToEnd(const WorkerArgs& w, nlohmann::json* out, double* wall) {
+  PipedChild c;
+  const double t0 = NowSeconds();
+  MZ_RETURN_IF_ERROR(Spawn(WorkerArgv(w), &c));
+  close(c.in);
+  c.in = -1;
+  const std::string line = ReadProtocolLine(c);
+  const int status = Reap(c, false);
+  if (wall) *wall = NowSeconds() - t0;
+  Status st = ParseResult(line, out);
+  if (!st.ok() && line.empty()) return Status::Internal("worker " + w.mode + " exited with status " + std::to_string(status));
+  return st;
+}
+
+struct MmapRun {
+  nlohmann::json result;
+  double remaining = 0;
+  bool limit_ok = true;  // the kernel reclaimed down to the cgroup limit
+  bool reached = true;   // ... and remaining (zram's compressed copies included) is within 5 points of the level
+  uint64_t swapped = 0, zram_compressed = 0, footprint = 0, overhead = 0;
+};
+
+// llama.cpp (mmap'd weights) in a memory cgroup: READY, limit to the level, lift, query.
+Status RunUnderPressure(OsPagingEnv* env, WorkerArgs w, double level, MmapRun* r) {
+  MemCgroup cg;
+  MZ_RETURN_IF_ERROR(cg.Create("mzcache-peers-" + std::to_string(getpid())));
+  g_cgroup = cg.path();
+  struct ClearName {
+    ~ClearName() { g_cgroup.clear(); }
+  } clear_name;
+  w.cgroup = cg.path();
+  PipedChild c;
+  MZ_RETURN_IF_ERROR(Spawn(WorkerArgv(w), &c));
+  std::string line = ReadProtocolLine(c);
+  if (line.rfind("READY ", 0) != 0) {
+    Reap(c, true);
+    nlohmann::json dummy;
+    Status st = ParseResult(line, &dummy);
+    return st.ok() ? Status::Internal("llama-mmap worker did not get ready") : st;
+  }
+  r->footprint = std::stoull(line.substr(6));
+  const uint64_t usage0 = cg.Usage();
+  r->overhead = usage0 > r->footprint ? usage0 - r->footprint : 0;
+  ZramSwap* zram = static_cast<ZramSwap*>(env->zram);
+  const uint64_t z0 = zram ? zram->CompressedBytes() : 0;
+  if (level < 1.0) {
+    const uint64_t target = r->overhead + uint64_t(std::max(0.0, level) * double(r->footprint));
+    r->limit_ok = cg.SetLimit(std::max<uint64_t>(target, uint64_t(64) << 20)).ok();
+  }
+  uint64_t rss = 0;
+  ProcMemory(c.pid, &rss, &r->swapped);
+  const uint64_t usage1 = cg.Usage();
+  const uint64_t z1 = zram ? zram->CompressedBytes() : 0;
+  r->zram_compressed = z1 > z0 ? z1 - z0 : 0;
+  r->remaining = (double(usage1 > r->overhead ? usage1 - r->overhead : 0) + double(r->zram_compressed)) /
+                 double(r->footprint);
+  r->reached = r->limit_ok && r->remaining <= std::max(0.0, level) + 0.05;
+  cg.Unlimit();
+  if (write(c.in, "GO\n", 3) != 3) {
+    Reap(c, true);
+    return Status::IOError("worker pipe");
+  }
+  line = ReadProtocolLine(c);
+  Reap(c, false);
+  return ParseResult(line, &r->result);
+}
+
+struct PeersArgs {
+  std::string model = "qwen3-0.6b";
+  std::string type = "q8_0";
+  std::vector<int> ctxs{8192};
+  std::vector<int> levels{100, 50, 0};
+  int reps = 3;
+  int query = 8;
+  int threads = 2;
+  std::string out = "results/bench-peers";
+  std::string swap_dir = "/var/tmp";
+  bool quick = false, no_cold = false, no_pressure = false;
+  std::string llama_fa = "auto";
+};
+
+double Med(const std::vector<double>& v) { return Summarize(v).median; }
+std::string Cell(const std::vector<double>& v) {
+  if (v.empty()) return "not measured";
+  Stats s = Summarize(v);
+  return v.size() == 1 ? Sprintf("%.3f", s.median) : Sprintf("%.3f (%.3f-%.3f)", s.median, s.min, s.max);
+}
+nlohmann::json JStats(const std::vector<double>& v) {
+  Stats s = Summarize(v);
+  return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", v}};
+}
+
+int RunPeers(PeersArgs& a) {
+  std::string path;
+  Status st = ResolveModelPath(a.model, a.type, &path);
+  if (!st.ok()) return Fail(st);
+  std::unique_ptr<Model> model;
+  st = Model::Load(Env::Default(), path, ModelOptions(), &model);
+  if (!st.ok()) return Fail(st);
+  const HParams& hp = model->hparams();
+  const std::string stem = ModelStem(path);
+
+  OsPagingEnv ose;
+  std::string os_reason;
+  if (!a.no_pressure) {
+    Status ps = OsPagingProbe(&ose);
+    if (!ps.ok()) os_reason = ps.ToString();
+    std::fprintf(stderr, "memory pressure (llama.cpp mmap): %s\n",
+                 ps.ok() ? ("memory cgroup v1 + " + ose.swap).c_str() : os_reason.c_str());
+  } else {
+    os_reason = "skipped (--no-pressure)";
+  }
+  struct Teardown {
+    OsPagingEnv* e;
+    ~Teardown() { OsPagingTeardown(e); }
+  } teardown{&ose};
+  g_env = &ose;
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+
+  nlohmann::json doc;
+  doc["machine"] = MachineDescription();
+  doc["model"] = path;
+  doc["model_name"] = hp.name;
+  doc["threads"] = a.threads;
+  doc["reps"] = a.reps;
+  doc["query_tokens"] = a.query;
+  doc["memory_pressure"] = os_reason.empty() ? "memory cgroup v1 + " + ose.swap : os_reason;
+  std::string md = "# bench peers\n\nmodel `" + path + "` (" + hp.name + "); machine: " + MachineDescription() +
+                   "; threads " + std::to_string(a.threads) + " for every engine; query: the " +
+                   std::to_string(a.query) + " real-text tokens that follow the context; medians of " +
+                   std::to_string(a.reps) + " runs (min-max), systems alternated A/B (order flipped every rep).\n\n"
+                   "Page cache: before every new-process run the model file and the state/session file are "
+                   "dropped from the page cache (posix_fadvise DONTNEED; the cached fraction checked with mincore "
+                   "is reported below), so they are read from storage. mzcache reads weights, session files and "
+                   "its swap file with direct I/O; llama.cpp reads its state file with buffered I/O and maps "
+                   "the weights (its default load mode). New-process TTFT is measured inside the worker from "
+                   "before the model load to the first token's logits (process exec and library loading not "
+                   "included; wall time with them is in the JSON).\n";
+  nlohmann::json jctx = nlohmann::json::array();
+
+  for (int n : a.ctxs) {
+    std::fprintf(stderr, "== %s, context %d, query %d ==\n", stem.c_str(), n, a.query);
+    std::vector<int32_t> toks;
+    st = RealTokens(path, n + a.query, &toks);
+    if (!st.ok()) return Fail(st);
+    const std::vector<int32_t> query(toks.begin() + n, toks.end());
+    const std::string tok_file = a.swap_dir + "/mzcache-peers-" + std::to_string(getpid()) + ".tokens";
+    if (!WriteFile(a.swap_dir, tok_file.substr(tok_file.find_last_of('/') + 1),
+                   std::string(reinterpret_cast<const char*>(toks.data()), toks.size() * 4)))
+      return Fail(Status::IOError("cannot write " + tok_file));
+    struct RmTok {
+      std::string p;
+      ~RmTok() { std::remove(p.c_str()); }
+    } rm_tok{tok_file};
+    const int n_ctx = n + a.query + 64;
+
+    ContextOptions co;
+    co.n_ctx = n_ctx;
+    co.n_threads = a.threads;
+    co.swap_path = a.swap_dir + "/mzcache-peers-" + std::to_string(getpid()) + ".swap";
+    Context ctx(model.get(), co);
+    st = ctx.Init();
+    std::string sess;
+    if (st.ok()) st = EnsureSessionContext(ctx, path, toks, n, &sess);
+    if (!st.ok()) return Fail(st);
+
+    // llama.cpp's own saved context (once; named by the tokens it holds).
+    const uint64_t th = XXH64(toks.data(), size_t(n) * 4, 0);
+    const std::string state = CacheDir() + "/contexts/" + stem + "-" + std::to_string(n) + "-" +
+                              Sprintf("%016llx", (unsigned long long)th) +
+                              (a.llama_fa == "auto" ? std::string() : "-fa-" + a.llama_fa) + ".llama-state";
+    WorkerArgs w;
+    w.model = path;
+    w.tokens = tok_file;
+    w.n = n;
+    w.q = a.query;
+    w.threads = a.threads;
+    w.llama_fa = a.llama_fa;
+    w.n_ctx = n_ctx;
+    w.kv_bytes_per_token = hp.kv_bytes_per_token();
+    FileInfo fi;
+    if (!Env::Default()->StatPath(state, &fi).ok()) {
+      std::fprintf(stderr, "  llama.cpp: building its context by prefill (once; saved to %s)\n", state.c_str());
+      WorkerArgs b = w;
+      b.mode = "llama-build";
+      b.file = state;
+      nlohmann::json r;
+      st = RunToEnd(b, &r, nullptr);
+      if (!st.ok()) return Fail(st);
+      std::fprintf(stderr, "  llama.cpp prefill %.1f s, state saved in %.1f s\n", r.value("prefill_s", 0.0),
+                   r.value("save_s", 0.0));
+    }
+    Env::Default()->StatPath(state, &fi);
+    const uint64_t state_bytes = fi.size;
+    Env::Default()->StatPath(sess, &fi);
+    const uint64_t sess_bytes = fi.size;
+
+    std::map<std::string, std::vector<nlohmann::json>> res;  // system -> worker results
+    std::map<int, std::vector<LevelRun>> mz_lv;
+    std::map<int, std::vector<MmapRun>> ll_lv;
+    std::vector<double> cached_after_drop;
+    auto drop = [&](std::initializer_list<std::string> files) {
+      for (const auto& f : files) cached_after_drop.push_back(DropFileCache(f));
+    };
+    std::map<std::string, std::string> logits_files;  // system -> first token's logits of its first run
+    auto new_process = [&](const std::string& sys, const std::string& mode, const std::string& file) -> Status {
+      WorkerArgs x = w;
+      x.mode = mode;
+      x.file = file;
+      if (!logits_files.count(sys)) x.logits_out = logits_files[sys] = tok_file + "." + mode + ".logits";
+      if (file.empty()) drop({path});
+      else drop({path, file});
+      nlohmann::json r;
+      double wall = 0;
+      MZ_RETURN_IF_ERROR(RunToEnd(x, &r, &wall));
+      r["wall_s"] = wall;
+      std::fprintf(stderr, "  %-26s TTFT %.3f s (model %.3f, context %.3f, state %.3f, prefill %.3f, query %.3f)\n",
+                   sys.c_str(), r.value("ttft_s", 0.0), r.value("model_load_s", 0.0), r.value("context_s", 0.0),
+                   r.value("state_load_s", 0.0), r.value("prefill_s", 0.0), r.value("query_s", 0.0));
+      res[sys].push_back(r);
+      return Status::Ok();
+    };
+    for (int rep = 0; rep < a.reps; ++rep) {
+      std::fprintf(stderr, " rep %d/%d\n", rep + 1, a.reps);
+      const bool flip = rep % 2 == 1;
+      auto pair = [&](auto first, auto second) -> Status {
+        if (!flip) {
+          MZ_RETURN_IF_ERROR(first());
+          return second();
+        }
+        MZ_RETURN_IF_ERROR(second());
+        return first();
+      };
+      st = pair([&] { return new_process("llama.cpp state load", "llama-state", state); },
+                [&] { return new_process("mzcache session load", "mz-session", sess); });
+      if (st.ok() && !a.no_cold)
+        st = pair([&] { return new_process("llama.cpp cold re-prefill", "llama-cold", ""); },
+                  [&] { return new_process("mzcache cold re-prefill", "mz-cold", ""); });
+      for (int lv : a.levels) {
+        if (!st.ok()) break;
+        auto mz_run = [&]() -> Status {
+          LevelRun r;
+          MZ_RETURN_IF_ERROR(MeasureLevel(ctx, lv / 100.0, query, n, &r));
+          std::fprintf(stderr, "  mzcache from %3d%%            TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB decoded)\n",
+                       lv, r.ttft, 100 * r.remaining, r.bytes_from_storage / 1048576.0, r.bytes_decoded / 1048576.0);
+          mz_lv[lv].push_back(r);
+          return Status::Ok();
+        };
+        auto ll_run = [&]() -> Status {
+          if (!os_reason.empty()) return Status::Ok();
+          WorkerArgs x = w;
+          x.mode = "llama-mmap";
+          x.file = state;
+          drop({path, state});
+          MmapRun r;
+          Status s = RunUnderPressure(&ose, x, lv / 100.0, &r);
+          if (!s.ok()) {
+            os_reason = s.ToString();
+            std::fprintf(stderr, "  llama.cpp mmap under pressure failed: %s (skipping it from now on)\n", os_reason.c_str());
+            return Status::Ok();
+          }
+          std::fprintf(stderr, "  llama.cpp mmap at %3d%%       TTFT %.3f s (remaining %.1f%%%s, swapped %.0f MiB, zram holds %.0f MiB)\n",
+                       lv, r.result.value("ttft_s", 0.0), 100 * r.remaining, r.reached ? "" : r.limit_ok ? ", level NOT reached (zram holds the KV)" : ", limit NOT reclaimable",
+                       r.swapped / 1048576.0, r.zram_compressed / 1048576.0);
+          ll_lv[lv].push_back(r);
+          return Status::Ok();
+        };
+        st = pair(ll_run, mz_run);
+      }
+      if (!st.ok()) return Fail(st);
+    }
+
+    // ---- tables
+    auto ttfts = [&](const std::string& sys) {
+      std::vector<double> v;
+      for (auto& r : res[sys]) v.push_back(r.value("ttft_s", 0.0));
+      return v;
+    };
+    auto part = [&](const std::string& sys, const char* key) {
+      std::vector<double> v;
+      for (auto& r : res[sys]) v.push_back(r.value(key, 0.0));
+      return Med(v);
+    };
+    auto mzl = [&](int lv) {
+      std::vector<double> v;
+      for (auto& r : mz_lv[lv]) v.push_back(r.ttft);
+      return v;
+    };
+    auto lll = [&](int lv) {
+      std::vector<double> v;
+      for (auto& r : ll_lv[lv]) v.push_back(r.result.value("ttft_s", 0.0));
+      return v;
+    };
+    double max_cached = 0;
+    for (double c : cached_after_drop) max_cached = std::max(max_cached, c);
+    md += "\n## " + stem + ", context " + std::to_string(n) + " tokens\n\n";
+    md += Sprintf("llama.cpp state file %.0f MiB (`%s`), mzcache session file %.0f MiB (raw fp16 KV); after each "
+                  "page-cache drop at most %.1f%% of a dropped file was still cached (mincore).\n\n",
+                  state_bytes / 1048576.0, state.c_str(), sess_bytes / 1048576.0, 100 * max_cached);
+    md += "| scenario | peer: what it does | peer TTFT s | mzcache: what it does | mzcache TTFT s | mzcache / peer |\n"
+          "|---|---|---|---|---|---|\n";
+    nlohmann::json rows = nlohmann::json::array();
+    auto row = [&](const std::string& scen, const std::string& peer_what, const std::vector<double>& peer,
+                   const std::string& mz_what, const std::vector<double>& mz) {
+      const double ratio = peer.empty() || mz.empty() ? 0 : Med(mz) / Med(peer);
+      md += "| " + scen + " | " + peer_what + " | " + Cell(peer) + " | " + mz_what + " | " + Cell(mz) + " | " +
+            (ratio > 0 ? Sprintf("%.2f", ratio) : std::string("-")) + " |\n";
+      rows.push_back({{"scenario", scen}, {"peer", peer_what}, {"mzcache", mz_what}, {"peer_ttft", JStats(peer)},
+                      {"mzcache_ttft", JStats(mz)}, {"ratio_mzcache_over_peer", ratio}});
+    };
+    row("process restarted, context saved", "llama.cpp: new process, load model, llama_state_seq_load_file, decode query",
+        ttfts("llama.cpp state load"), "new process, load model, load session file, restore_generate query",
+        ttfts("mzcache session load"));
+    if (!a.no_cold) {
+      row("process restarted, nothing saved (cold start)", "llama.cpp: new process, load model, re-prefill context + query",
+          ttfts("llama.cpp cold re-prefill"), "new process, load model, re-prefill context + query (same work)",
+          ttfts("mzcache cold re-prefill"));
+      row("process restarted: each engine's best", "llama.cpp cold re-prefill", ttfts("llama.cpp cold re-prefill"),
+          "new process, load model + session file", ttfts("mzcache session load"));
+    }
+    std::string dat;
+    for (int lv : a.levels) {
+      std::string peer_what = "llama.cpp, mmap'd weights, all resident (no pressure)";
+      std::vector<double> rem, zc;
+      bool reached = true, limit_ok = true;
+      for (auto& r : ll_lv[lv])
+        rem.push_back(r.remaining), zc.push_back(r.zram_compressed / 1048576.0), reached = reached && r.reached,
+            limit_ok = limit_ok && r.limit_ok;
+      if (ll_lv[lv].empty()) {
+        peer_what = "llama.cpp mmap: not measured (" + os_reason + ")";
+      } else if (lv < 100) {
+        if (reached)
+          peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%% then lifted (reached %.0f%%)", lv, 100 * Med(rem));
+        else if (!limit_ok)
+          peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%%: the kernel could NOT reclaim down to it; "
+                              "stopped at %.0f%% remaining", lv, 100 * Med(rem));
+        else
+          peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%%: level NOT reached, zram still holds %.0f MiB of "
+                              "poorly compressed KV in RAM (%.0f%% remaining)", lv, Med(zc), 100 * Med(rem));
+      }
+      std::vector<double> mrem;
+      for (auto& r : mz_lv[lv]) mrem.push_back(r.remaining);
+      const std::string mz_what =
+          lv >= 100 ? "all in memory" : Sprintf("restore_generate from %d%% remaining (reached %.1f%%)", lv, 100 * Med(mrem));
+      row(lv >= 100 ? "memory pressure: none" : Sprintf("memory pressure, %d%% remaining", lv), peer_what, lll(lv),
+          mz_what, mzl(lv));
+      const auto lv_l = lll(lv), lv_m = mzl(lv);
+      dat += Sprintf("\"%d%%\\nremaining\" %.4f %s\n", lv, Med(lv_m), lv_l.empty() ? "NaN" : Sprintf("%.4f", Med(lv_l)).c_str());
+    }
+    if (std::find(a.levels.begin(), a.levels.end(), 0) != a.levels.end())
+      row("killed (llama.cpp) vs fully evicted (mzcache)", "llama.cpp state file load in a new process",
+          ttfts("llama.cpp state load"), "restore_generate from 0% (weights and KV off RAM, process alive)", mzl(0));
+
+    md += "\nParts of the new-process runs (medians, s):\n\n| system | model load | context create | state/session load | "
+          "prefill | query | TTFT | first token (top-1) |\n|---|---|---|---|---|---|---|---|\n";
+    std::vector<std::string> syss{"llama.cpp state load", "mzcache session load"};
+    if (!a.no_cold) syss.insert(syss.end(), {"llama.cpp cold re-prefill", "mzcache cold re-prefill"});
+    for (const auto& s : syss) {
+      md += Sprintf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %d |\n", s.c_str(), part(s, "model_load_s"),
+                    part(s, "context_s"), part(s, "state_load_s"), part(s, "prefill_s"), part(s, "query_s"),
+                    Med(ttfts(s)), res[s].empty() ? -1 : res[s].front().value("top1", -1));
+    }
+    if (!res["llama.cpp state load"].empty())
+      md += "\nllama.cpp load mode: " + res["llama.cpp state load"].front().value("llama_load_mode", std::string("?")) +
+            ", flash attention: " + res["llama.cpp state load"].front().value("flash_attn", std::string("?")) +
+            " (library defaults).\n";
+    // Do the engines agree on the first token's distribution? (A check that both restored the same
+    // context; the synthesized model's distributions are flat, so top-1 can differ at near-ties.)
+    nlohmann::json agreement;
+    {
+      std::map<std::string, std::vector<float>> lg;
+      for (auto& [sys, f] : logits_files) {
+        std::ifstream in(f, std::ios::binary);
+        std::vector<float> v(hp.n_vocab);
+        if (in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4))) lg[sys] = std::move(v);
+        std::remove(f.c_str());
+      }
+      auto margin = [](const std::vector<float>& l, int* top) {
+        std::vector<float> lp(l.size());
+        LogSoftmax(l.data(), int(l.size()), lp.data());
+        double p1 = 0, p2 = 0;
+        for (size_t i = 0; i < lp.size(); ++i) {
+          const double p = std::exp(double(lp[i]));
+          if (p > p1) p2 = p1, p1 = p, *top = int(i);
+          else if (p > p2) p2 = p;
+        }
+        return std::make_pair(p1, p2);
+      };
+      std::string line;
+      for (auto& [sys, l] : lg) {
+        int top = -1;
+        auto [p1, p2] = margin(l, &top);
+        line += Sprintf("%s%s: top-1 %d (p %.3f, next %.3f)", line.empty() ? "" : "; ", sys.c_str(), top, p1, p2);
+        agreement[sys] = {{"top1", top}, {"p_top1", p1}, {"p_top2", p2}};
+      }
+      auto pairkl = [&](const std::string& x, const std::string& y) {
+        if (!lg.count(x) || !lg.count(y)) return;
+        const double kl = KlFromLogits(lg[x].data(), lg[y].data(), int(hp.n_vocab));
+        line += Sprintf("; KL(%s || %s) = %.2e", x.c_str(), y.c_str(), kl);
+        agreement["kl"][x + " || " + y] = kl;
+      };
+      pairkl("llama.cpp state load", "llama.cpp cold re-prefill");
+      pairkl("mzcache session load", "mzcache cold re-prefill");
+      pairkl("llama.cpp state load", "mzcache session load");
+      pairkl("llama.cpp cold re-prefill", "mzcache cold re-prefill");
+      if (!line.empty())
+        md += "\nFirst token's distribution (first run of each; KL in nats; the synthesized model's distributions are flat, "
+              "so top-1 may differ between engines at a near-tie while KL stays small): " + line + ".\n";
+    }
+    bool any_mmap = false;
+    for (auto& [lv, v] : ll_lv) any_mmap = any_mmap || !v.empty();
+    if (any_mmap) {
+      md += "\nllama.cpp under memory pressure (medians): footprint = weights + KV cells allocated; remaining = (cgroup "
+            "usage - the process's other memory + zram's compressed bytes) / footprint.\n\n"
+            "| level | reached remaining | cgroup limit reclaimed | level reached | swapped MiB | zram holds MiB | TTFT s |\n"
+            "|---|---|---|---|---|---|---|\n";
+      for (int lv : a.levels) {
+        if (ll_lv[lv].empty()) continue;
+        std::vector<double> rem, sw, zc;
+        bool reached = true, limit_ok = true;
+        for (auto& r : ll_lv[lv])
+          rem.push_back(r.remaining), sw.push_back(r.swapped / 1048576.0), zc.push_back(r.zram_compressed / 1048576.0),
+              reached = reached && r.reached, limit_ok = limit_ok && r.limit_ok;
+        md += Sprintf("| %d%% | %.1f%% | %s | %s | %.0f | %.0f | %s |\n", lv, 100 * Med(rem),
+                      lv >= 100 ? "-" : limit_ok ? "yes" : "NO", lv >= 100 ? "-" : reached ? "yes" : "NO", Med(sw),
+                      Med(zc), Cell(lll(lv)).c_str());
+      }
+    }
+    const std::string tag = stem + "-" + std::to_string(n);
+    dat = Sprintf("\"restart\\n(saved)\" %.4f %.4f\n", Med(ttfts("mzcache session load")), Med(ttfts("llama.cpp state load"))) +
+          (a.no_cold ? std::string()
+                     : Sprintf("\"cold\\nre-prefill\" %.4f %.4f\n", Med(ttfts("mzcache cold re-prefill")),
+                               Med(ttfts("llama.cpp cold re-prefill")))) +
+          dat;
+    WriteFile(a.out, "peers-" + tag + ".dat", dat);
+    const std::string png = PlotPng(
+        a.out, "peers-" + tag,
+        "set terminal pngcairo noenhanced size 900,500\nset output 'peers-" + tag + ".png'\nset title 'TTFT, " + stem + ", " +
+            std::to_string(n) + "-token context, " + std::to_string(a.query) +
+            "-token query'\nset style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
+            "set ylabel 'TTFT (s)'\nset xlabel 'scenario (restart, or remaining in memory under pressure)' offset 0,-1\nset bmargin 5\n"
+            "set logscale y\nset yrange [0.01:*]\nset key top right\nplot 'peers-" + tag +
+            ".dat' u 2:xtic(1) t 'mzcache', '' u 3 t 'peer (llama.cpp)'\n");
+    if (!png.empty()) md += "\n![TTFT vs peers " + tag + "](" + png + ")\n";
+    jctx.push_back({{"ctx", n},
+                    {"state_file", state},
+                    {"state_bytes", state_bytes},
+                    {"session_bytes", sess_bytes},
+                    {"max_cached_fraction_after_drop", max_cached},
+                    {"rows", rows},
+                    {"first_token_agreement", agreement},
+                    {"new_process_runs", res},
+                    {"mzcache_levels", [&] {
+                       nlohmann::json j;
+                       for (auto& [lv, v] : mz_lv)
+                         for (auto& r : v)
+                           j[std::to_string(lv)].push_back({{"ttft", r.ttft}, {"remaining", r.remaining},
+                                                            {"bytes_from_storage", r.bytes_from_storage},
+                                                            {"bytes_decoded", r.bytes_decoded}, {"top1", r.top1}});
+                       return j;
+                     }()},
+                    {"llama_mmap_levels", [&] {
+                       nlohmann::json j;
+                       for (auto& [lv, v] : ll_lv)
+                         for (auto& r : v)
+                           j[std::to_string(lv)].push_back({{"result", r.result}, {"remaining", r.remaining},
+                                                            {"reached", r.reached}, {"limit_ok", r.limit_ok}, {"swapped", r.swapped},
+                                                            {"zram_compressed", r.zram_compressed},
+                                                            {"footprint", r.footprint}, {"overhead", r.overhead}});
+                       return j;
+                     }()}});
+  }
+  md += "\nmzcache / peer < 1: mzcache is faster. Memory pressure on llama.cpp: " +
+        (os_reason.empty() ? doc["memory_pressure"].get<std::string>() : "not measured: " + os_reason) + ".\n";
+  doc["contexts"] = jctx;
+  WriteFile(a.out, "bench-peers.md", md);
+  WriteFile(a.out, "bench-peers.json", doc.dump(2));
+  std::fputs(md.c_str(), stdout);
+  std::fprintf(stderr, "wrote %s/bench-peers.{md,json} and plots\n", a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddPeersBench(CLI::App* bench, Runners& runners) {
+  auto a = std::make_shared<PeersArgs>();
+  auto* c = bench->add_subcommand(
+      "peers", "TTFT vs what people use today, same GGUF/threads/context/query: llama.cpp state save/load in a new "
+               "process, cold re-prefill, llama.cpp mmap under memory-cgroup pressure, mzcache restore_generate and "
+               "session restart");
+  c->add_option("-m,--model", a->model, "model shape (make-model --list) or GGUF path");
+  c->add_option("--type", a->type, "weight type for a synthesized shape");
+  c->add_option("--ctx", a->ctxs, "context lengths in tokens (default 8192; --quick: 2048)");
+  c->add_option("--levels", a->levels, "remaining-memory levels in percent (100 = no pressure)");
+  c->add_option("-r,--reps", a->reps, "repetitions (default 3; --quick: 1)");
+  c->add_option("-q,--query", a->query, "query tokens");
+  c->add_option("-t,--threads", a->threads, "compute threads of every engine");
+  c->add_option("-o,--out", a->out, "results folder");
+  c->add_option("--swap-dir", a->swap_dir, "folder for swap and scratch files (storage under test)");
+  c->add_flag("--quick", a->quick, "2048-token context, 1 rep (unless --ctx / -r are given)");
+  c->add_flag("--no-cold", a->no_cold, "skip the cold re-prefill runs (long at 8k+)");
+  c->add_option("--llama-fa", a->llama_fa, "llama.cpp flash attention: auto (its default), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  c->add_flag("--no-pressure", a->no_pressure, "skip llama.cpp under memory-cgroup pressure (needs root, cgroup v1, swap)");
+  runners.push_back([c, a]() -> int {
+    if (!c->parsed()) return -1;
+    if (a->quick) {
+      if (c->count("--ctx") == 0) a->ctxs = {2048};
+      if (c->count("--reps") == 0) a->reps = 1;
+    }
+    return RunPeers(*a);
+  });
+
+  auto w = std::make_shared<WorkerArgs>();
+  auto* wc = bench->add_subcommand("peers-worker", "internal: one new-process measurement of bench peers");
+  wc->group("");  // hidden
+  wc->add_option("--mode", w->mode)->required();
+  wc->add_option("--model", w->model)->required();
+  wc->add_option("--tokens", w->tokens)->required();
+  wc->add_option("--file", w->file);
+  wc->add_option("--cgroup", w->cgroup);
+  wc->add_option("--logits-out", w->logits_out);
+  wc->add_option("--llama-fa", w->llama_fa);
+  wc->add_option("-n", w->n)->required();
+  wc->add_option("-q", w->q);
+  wc->add_option("-t", w->threads);
+  wc->add_option("--n-ctx", w->n_ctx)->required();
+  wc->add_option("--kv-bytes-per-token", w->kv_bytes_per_token);
+  runners.push_back([wc, w]() -> int {
+    if (!wc->parsed()) return -1;
+    return RunWorker(*w);
+  });
+}
+
+}  // namespace mz::cli

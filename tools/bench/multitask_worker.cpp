@@ -1,0 +1,291 @@
+// The two hidden child commands of `bench multitask` (see multitask.h):
+//   multitask-worker  the LLM process: holds the long context and answers queries; in mode
+//                     `mzcache` a PressureMonitor on the cgroup gives memory back while idle, in
+//                     mode `ospaging` weights are mmap'd from the GGUF and the kernel reclaims.
+//   multitask-app     a memory-hungry app: maps and reads its "code" file, touches N MiB of
+//                     anonymous memory at a given rate, keeps using it for S more seconds (writes
+//                     every page again every retouch-ms), exits.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdarg>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <mutex>
+
+#include "model/model.h"
+#include "pressure/monitor.h"
+#include "pressure/pressure_source.h"
+#include "runtime/context.h"
+#include "runtime/session_file.h"
+#include "tools/bench/bench_util.h"
+#include "tools/common.h"
+#include "tools/commands.h"
+#include "tools/bench/multitask.h"
+
+namespace mz::cli {
+namespace {
+
+std::mutex g_out_mu;  // the monitor thread and the main thread both write protocol lines
+
+void Out(const char* fmt, ...) {
+  std::lock_guard<std::mutex> lk(g_out_mu);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stdout, fmt, ap);
+  va_end(ap);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+// Reports every pressure event the monitor receives (protocol line `event level=<name>`) before
+// the monitor acts on it: the harness marks them on the memory trace and can tell "no signal" from
+// "signal too late".
+class ReportingSource : public PressureSource {
+ public:
+  explicit ReportingSource(std::unique_ptr<PressureSource> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  Status Start() override { return inner_->Start(); }
+  Status Wait(int timeout_ms, PressureEvent* ev) override {
+    Status st = inner_->Wait(timeout_ms, ev);
+    if (st.ok()) Out("event level=%s", PressureLevelName(ev->level));
+    return st;
+  }
+  void Stop() override { inner_->Stop(); }
+  Status Headroom(uint64_t* available, uint64_t* limit) override { return inner_->Headroom(available, limit); }
+
+ private:
+  std::unique_ptr<PressureSource> inner_;
+};
+
+struct WorkerArgs {
+  std::string mode = "mzcache";  // mzcache | ospaging
+  std::string model, session, ref, cgroup, swap_path;
+  std::string source = "cgroup-v1";
+  std::string cold = "session";  // session | prefill
+  int threads = 2;
+  int n_ctx = 0;
+  double step = 0.25;
+  double tol = 1.0;
+  bool restore_ahead = false;
+  int calm_ms = 10000;
+  double restore_margin = 0.20;
+  bool critical_step = false;
+  bool no_yield = false;
+};
+
+int RunWorker(const WorkerArgs& a) {
+  signal(SIGPIPE, SIG_IGN);
+  const double t_start = NowSeconds();
+  MultitaskRef ref;
+  Status st = ReadMultitaskRef(a.ref, &ref);
+  if (!st.ok()) return Fail(st);
+  const bool mz = a.mode == "mzcache";
+  if (!mz && a.mode != "ospaging") return Fail(Status::InvalidArgument("--mode must be mzcache or ospaging"));
+  ModelOptions mo;
+  if (!mz) {
+    mo.weights = WeightMemory::kOsPaging;  // OS Paging: file-backed weights the kernel may drop and fault back
+    mo.direct_io = false;
+  }
+  std::unique_ptr<Model> model;
+  st = Model::Load(Env::Default(), a.model, mo, &model);
+  if (!st.ok()) return Fail(st);
+  if (model->hparams().n_vocab != ref.logits.size())
+    return Fail(Status::InvalidArgument("reference file does not match the model's vocabulary"));
+  ContextOptions co;
+  co.n_ctx = a.n_ctx;
+  co.n_threads = a.threads;
+  if (!a.swap_path.empty()) co.swap_path = a.swap_path;
+  Context ctx(model.get(), co);
+  st = ctx.Init();
+  if (!st.ok()) return Fail(st);
+  // The context: the session file (fast path of a cold start) or a re-prefill of the same tokens.
+  std::string how = "prefill";
+  FileInfo fi;
+  if (a.cold == "session" && !a.session.empty() && Env::Default()->StatPath(a.session, &fi).ok()) {
+    st = LoadSession(ctx, a.session);
+    if (st.ok()) how = "session";
+    else std::fprintf(stderr, "multitask-worker: session unusable (%s): re-prefilling\n", st.ToString().c_str());
+  }
+  if (how == "prefill") {
+    ctx.Truncate(0);
+    for (size_t off = 0; off < ref.context.size(); off += 512) {
+      const int m = int(std::min<size_t>(512, ref.context.size() - off));
+      st = ctx.Decode(ref.context.data() + off, m, false);
+      if (!st.ok()) return Fail(st);
+    }
+  }
+  if (ctx.history() != ref.context) return Fail(Status::Corruption("the loaded context is not the reference context"));
+  const MemoryReport r0 = ctx.Report();
+  std::unique_ptr<PressureMonitor> mon;
+  if (mz) {
+    PressureSourceOptions so;
+    so.kind = a.source;
+    so.cgroup_dir = a.cgroup;
+    std::unique_ptr<PressureSource> src;
+    std::string why;
+    st = CreatePressureSource(Env::Default(), so, &src, &why);
+    if (!st.ok()) return Fail(st);
+    AmountOptions ao;
+    ao.step_points = a.step;
+    if (a.restore_ahead) {
+      ao.restore_ahead = AmountOptions::RestoreAhead::kBackground;
+      ao.calm_ns = uint64_t(std::max(0, a.calm_ms)) * 1000000ull;
+      ao.restore_margin = a.restore_margin;
+    }
+    ao.critical_to_floor = !a.critical_step;
+    ao.restore_yields = !a.no_yield;
+    mon = std::make_unique<PressureMonitor>(&ctx, std::make_unique<ReportingSource>(std::move(src)), ao);
+    mon->set_on_action([](const PressureAction& x) {
+      Out("action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d restored_bytes=%" PRIu64
+          " ok=%d step=%.3f delay_ms=%.1f msg=%s",
+          PressureLevelName(x.event.level), x.requested, x.freed, x.remaining, int(x.deferred), int(x.restored),
+          x.restored_bytes,
+          int(x.status.ok()), x.step_points,
+          x.applied_ns > x.event.time_ns ? double(x.applied_ns - x.event.time_ns) / 1e6 : 0.0,
+          OneLine(x.note.empty() ? x.status.ToString() : x.note).c_str());
+    });
+    st = mon->Start();
+    if (!st.ok()) return Fail(st);
+    std::fprintf(stderr, "multitask-worker: pressure source: %s; step %.0f points\n", why.c_str(), 100 * a.step);
+  }
+  Out("ready how=%s load_s=%.3f footprint=%" PRIu64 " llm=%" PRIu64 " base=%" PRIu64, how.c_str(),
+      NowSeconds() - t_start, r0.footprint(), r0.footprint() - r0.base_total, r0.base_total);
+
+  const int base = int(ref.context.size());
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "quit") break;
+    if (line != "query") {
+      Out("result ok=0 msg=unknown command");
+      continue;
+    }
+    // TTFT as the user sees it: from the request to the logits, including any wait for an
+    // eviction the monitor is still applying (RestoreGenerate's own ttft_s starts after that).
+    // "remaining" is what RestoreGenerate found resident when it got the context (a restore-ahead
+    // slice under way at the request stops for it first).
+    const double t0 = NowSeconds();
+    double remaining = -1;
+    const bool hist_before = ctx.history() == ref.context;
+    if (mz) {
+      RestoreGenerateStats rs;
+      st = ctx.RestoreGenerate(ref.query.data(), int(ref.query.size()), PipelineOptions(), &rs);
+      remaining = rs.remaining_at_start;
+    } else {
+      st = ctx.Decode(ref.query.data(), int(ref.query.size()), false);
+    }
+    const double ttft = NowSeconds() - t0;
+    IntactCheck c = CheckIntact(st.ok() ? ctx.logits(ctx.n_logit_rows() - 1) : nullptr, ref, hist_before, a.tol);
+    ctx.Truncate(base);
+    const bool hist_after = ctx.history() == ref.context;
+    c.history_ok = c.history_ok && hist_after;  // (Truncate dropped the logits: adjust the verdict)
+    c.intact = c.intact && hist_after;
+    if (mon) mon->OnSafePoint();  // a pressure event that arrived during the query is applied now
+    Out("result ok=%d ttft=%.6f intact=%d hist=%d top1=%d ref_top1=%d top1eq=%d margin=%.6g maxdiff=%.6g bitident=%d "
+        "remaining=%.4f msg=%s",
+        int(st.ok()), ttft, int(c.intact), int(c.history_ok), c.top1, c.ref_top1, int(c.top1_equal), c.ref_margin,
+        c.max_abs_diff,
+        int(c.bit_identical), remaining, OneLine(st.ToString()).c_str());
+  }
+  if (mon) mon->Stop();
+  return 0;
+}
+
+struct AppArgs {
+  int mib = 256;
+  double seconds = 3;    // in use after its memory is touched
+  double rate = 0;       // MiB/s while touching the first time (0: as fast as possible)
+  std::string file;      // the app's "code and resources", read through the page cache
+  int retouch_ms = 500;  // while holding: write every page again this often (the app is in use)
+};
+
+void SleepUntil(double t) {
+  const double d = t - NowSeconds();
+  if (d > 0) usleep(useconds_t(d * 1e6));
+}
+
+int RunApp(const AppArgs& a) {
+  if (!a.file.empty()) {
+    const int fd = open(a.file.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && sb.st_size > 0) {
+      void* p = mmap(nullptr, size_t(sb.st_size), PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        volatile uint64_t sum = 0;
+        for (size_t off = 0; off < size_t(sb.st_size); off += 4096) sum = sum + static_cast<const uint8_t*>(p)[off];
+        (void)sum;  // the mapping stays until exit: mapped file pages, like an app's code
+      }
+    }
+    if (fd >= 0) close(fd);
+  }
+  const size_t bytes = size_t(a.mib) << 20;
+  auto* m = static_cast<uint64_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (m == MAP_FAILED) return Fail(Status::IOError("mmap of the app's memory failed"));
+  // Half of each page random, half zero: about 2:1 for a compressing swap (zram), like app heaps.
+  uint64_t x = 0x9E3779B97F4A7C15ull ^ uint64_t(getpid());
+  const size_t words_per_page = 4096 / 8;
+  const double t_touch = NowSeconds();
+  for (size_t mib = 0; mib < size_t(a.mib); ++mib) {
+    uint64_t* w = m + mib * (size_t(1) << 20) / 8;
+    for (size_t pg = 0; pg < 256; ++pg)
+      for (size_t i = 0; i < words_per_page / 2; ++i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        w[pg * words_per_page + i] = x;
+      }
+    if (a.rate > 0) SleepUntil(t_touch + double(mib + 1) / a.rate);
+  }
+  const double t_end = NowSeconds() + a.seconds;  // held (in use) for `seconds` once all touched
+  while (NowSeconds() < t_end) {
+    SleepUntil(std::min(t_end, NowSeconds() + a.retouch_ms / 1000.0));
+    for (size_t pg = 0; pg < bytes / 4096; ++pg) m[pg * words_per_page] += 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddMultitaskChildren(CLI::App& app, Runners& runners) {
+  auto a = std::make_shared<WorkerArgs>();
+  auto* w = app.add_subcommand("multitask-worker", "internal: the LLM process of bench multitask");
+  w->group("");  // hidden
+  w->add_option("--mode", a->mode)->required();
+  w->add_option("--model", a->model)->required();
+  w->add_option("--session", a->session);
+  w->add_option("--ref", a->ref)->required();
+  w->add_option("--ctx", a->n_ctx)->required();
+  w->add_option("--threads", a->threads);
+  w->add_option("--cgroup", a->cgroup);
+  w->add_option("--swap-path", a->swap_path);
+  w->add_option("--source", a->source);
+  w->add_option("--cold-start", a->cold);
+  w->add_option("--step", a->step);
+  w->add_option("--tol", a->tol);
+  w->add_flag("--restore-ahead", a->restore_ahead);
+  w->add_option("--calm-ms", a->calm_ms);
+  w->add_option("--restore-margin", a->restore_margin);
+  w->add_flag("--critical-step", a->critical_step);
+  w->add_flag("--no-yield", a->no_yield);
+  runners.push_back([w, a]() -> int { return w->parsed() ? RunWorker(*a) : -1; });
+
+  auto b = std::make_shared<AppArgs>();
+  auto* p = app.add_subcommand("multitask-app", "internal: a memory-hungry app of bench multitask");
+  p->group("");
+  p->add_option("--mib", b->mib)->required();
+  p->add_option("--seconds", b->seconds)->required();
+  p->add_option("--rate", b->rate);
+  p->add_option("--file", b->file);
+  p->add_option("--retouch-ms", b->retouch_ms);
+  runners.push_back([p, b]() -> int { return p->parsed() ? RunApp(*b) : -1; });
+}
+
+}  // namespace mz::cli
