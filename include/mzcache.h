@@ -24,6 +24,12 @@
 #ifndef MZCACHE_H
 #define MZCACHE_H
 
+/* Library version (semantic: the major version changes only when the ABI breaks; it is the
+ * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
+#define MZ_VERSION_MAJOR 0
+#define MZ_VERSION_MINOR 5
+#define MZ_VERSION_PATCH 0
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,6 +58,8 @@ enum mz_status {
   MZ_ERR_INTERNAL = -100
 };
 
+/* The library's version as "MAJOR.MINOR.PATCH" (of the libmzcache actually loaded). Never NULL. */
+const char* mz_version(void);
 /* Short name of a status code ("ok", "corrupt data", ...). Never NULL. */
 const char* mz_status_str(int status);
 /* Message of the last error on this thread (empty string if none). Valid until the next call. */

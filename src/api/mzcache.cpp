@@ -92,6 +92,14 @@ mz::Status ReadParams(const P* in, P defaults, uint32_t v1_size, const char* wha
 
 extern "C" {
 
+const char* mz_version(void) {
+#define MZ_STR2(x) #x
+#define MZ_STR(x) MZ_STR2(x)
+  return MZ_STR(MZ_VERSION_MAJOR) "." MZ_STR(MZ_VERSION_MINOR) "." MZ_STR(MZ_VERSION_PATCH);
+#undef MZ_STR
+#undef MZ_STR2
+}
+
 const char* mz_status_str(int status) { return mz::StatusCodeName(mz::Status::Code(status)); }
 const char* mz_last_error(void) { return t_last_error.c_str(); }
 
