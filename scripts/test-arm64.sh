@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Cross-compiles the attention kernel and its tests for AArch64 (the NEON path) and runs them under
-# qemu-aarch64. Installs the cross compiler and qemu-user from Debian if missing. GoogleTest is
-# built from Debian's /usr/src/googletest for arm64 and cached in ~/.cache/mzcache/gtest-arm64.
+# Cross-compiles the attention kernel (src/kernels) and its tests (tests/test_attention.cpp) for
+# AArch64 (the NEON path) and runs them under qemu-aarch64. Installs the cross compiler and
+# qemu-user from Debian if missing. GoogleTest is built from Debian's /usr/src/googletest for arm64
+# and cached in ~/.cache/mzcache/gtest-arm64.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
@@ -22,10 +23,14 @@ if [ ! -f "$G/libgtest.a" ]; then
     ar rcs libgtest.a gtest-all.o && ar rcs libgtest_main.a gtest_main.o)
 fi
 out=$(mktemp -d)
-# MZ_ATTENTION_ONLY: the kernel alone (no codec library): the q8 read-in-place test needs the codec
-# and runs in the x86 builds; its NEON path calls the same portable dequantization as the scalar one.
-aarch64-linux-gnu-g++ -std=c++17 -O2 -Wall -Wextra -march=armv8-a -DMZ_ATTENTION_ONLY -Isrc -I/usr/src/googletest/googletest/include \
-  src/kernels/attention.cpp tests/test_attention.cpp -L"$G" -lgtest_main -lgtest -static -pthread -o "$out/test_attention_arm64"
+# The kernel is every file of src/kernels (dispatch + scalar in attention.cpp, the NEON path in
+# attention_neon.cpp; attention_avx2.cpp compiles to nothing here). MZ_ATTENTION_ONLY: the kernel
+# alone, no codec library: the tests comparing the q8 layout with the codec run in the x86 builds;
+# the q8 read-in-place test builds its payloads with kernels/q8_block.h and runs here too.
+kernel_sources=(src/kernels/*.cpp)
+echo "[arm64] compiling ${kernel_sources[*]} tests/test_attention.cpp"
+aarch64-linux-gnu-g++ -std=c++20 -O2 -Wall -Wextra -march=armv8-a -DMZ_ATTENTION_ONLY -Isrc -I/usr/src/googletest/googletest/include \
+  "${kernel_sources[@]}" tests/test_attention.cpp -L"$G" -lgtest_main -lgtest -static -pthread -o "$out/test_attention_arm64"
 echo "[arm64] running the attention tests (NEON path) under qemu-aarch64"
 qemu-aarch64 "$out/test_attention_arm64"
 rm -rf "$out"

@@ -1,11 +1,14 @@
-// Tests for runtime/attention: the chunked kernels (SIMD dispatch and scalar) against the naive
+// Tests for kernels/attention: the chunked kernels (SIMD dispatch and scalar) against the naive
 // double-precision reference, across chunk boundaries, GQA ratios, head dims, decode and prefill,
-// thread splits, garbage in the unused cache tail, and large scores.
+// thread splits, garbage in the unused cache tail, and large scores; and the q8 layout
+// (kernels/q8_block.h) read in place, which must be the q8 codec's.
 #include "kernels/attention.h"
+#include "kernels/q8_block.h"
 
 #include <gtest/gtest.h>
 
 #ifndef MZ_ATTENTION_ONLY  // the AArch64 cross build (scripts/test-arm64.sh) links the kernel alone
+#include "store/codecs_internal.h"
 #include "store/kv_codec.h"
 #endif
 
@@ -402,6 +405,206 @@ TEST(Attention, Q8ChunksReadInPlaceEqualDecodedChunks) {
   }
 }
 
+#endif  // MZ_ATTENTION_ONLY
+
+// The q8 payload (kernels/q8_block.h) of the first `rows` tokens of chunk ch, built with the scalar
+// definitions alone (no codec), and the fp16 chunk it decodes to: valid rows decoded, rows >= `rows`
+// copied from the original (never read).
+struct Q8Chunk {
+  std::vector<uint8_t> payload;
+  std::vector<uint16_t> k, v;
+};
+
+Q8Chunk q8_encode_chunk(const TestKv& kv, int ch, int rows) {
+  const int H = kv.view.n_kv_head, CT = kv.view.chunk_tokens, D = kv.view.head_dim;
+  Q8Chunk out;
+  out.payload.assign(q8_payload_bytes(H, rows, D), 0xee);
+  out.k = kv.k[size_t(ch)];
+  out.v = kv.v[size_t(ch)];
+  std::vector<float> x(static_cast<size_t>(D));
+  for (int seg = 0; seg < 2 * H; ++seg) {
+    const std::vector<uint16_t>& src = seg < H ? kv.k[size_t(ch)] : kv.v[size_t(ch)];
+    std::vector<uint16_t>& dec = seg < H ? out.k : out.v;
+    uint8_t* sp = q8_segment(out.payload.data(), rows, D, seg);
+    for (int t = 0; t < rows; ++t) {
+      const size_t off = (static_cast<size_t>(seg % H) * CT + t) * D;
+      for (int d = 0; d < D; ++d) x[size_t(d)] = fp16_to_fp32(src[off + size_t(d)]) + 0.0f;  // -0 -> +0
+      int8_t* codes = q8_row_codes(sp, rows, D, t);
+      const uint16_t amax = q8_quantize_row(x.data(), D, codes);
+      q8_store_amax(q8_row_amax(sp, t), amax);
+      q8_dequantize_row(codes, D, amax, dec.data() + off);
+    }
+  }
+  return out;
+}
+
+// The q8 layout read in place (KvLayerView::q8_chunks) gives the same output, bit for bit, as the
+// fp16 chunks it decodes to, on every path (the NEON one too: no codec needed) and thread split;
+// q8_element reads the decoded value; and q8 is not exact here (the test is not vacuous).
+TEST(AttentionQ8, BlockReadInPlaceEqualsDecodedChunks) {
+  const Case cases[] = {
+      {1000, 256, 8, 2, 128, 8, 992},   // Qwen3-0.6B-like decode over 4 chunks, last one partial
+      {300, 64, 2, 2, 64, 300, 0},      // causal prefill across chunks
+      {37, 16, 2, 4, 64, 1, 36},        // small chunks, last partial
+      {200, 32, 1, 3, 32, 5, 195, 4.0f, 0.0f, true},  // integer values, exact fp16
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    Fixture f;
+    setup(f, c, 123);
+    const int n_chunks = f.kv.view.n_chunks, D = c.head_dim;
+    std::vector<Q8Chunk> q8(static_cast<size_t>(n_chunks));
+    std::vector<const uint8_t*> qp(static_cast<size_t>(n_chunks), nullptr);
+    std::vector<int> qrows(static_cast<size_t>(n_chunks), 0);
+    std::vector<const uint16_t*> kp(f.kv.kp), vp(f.kv.vp), kp_bad(f.kv.kp), vp_bad(f.kv.vp);
+    for (int ch = 0; ch < n_chunks; ++ch) {
+      if (ch % 2 == 1 && ch != n_chunks - 1) continue;  // every other chunk and the last one
+      const int rows = std::min(c.chunk_tokens, c.n_kv - ch * c.chunk_tokens);
+      q8[size_t(ch)] = q8_encode_chunk(f.kv, ch, rows);
+      qp[size_t(ch)] = q8[size_t(ch)].payload.data();
+      qrows[size_t(ch)] = rows;
+      kp[size_t(ch)] = q8[size_t(ch)].k.data();
+      vp[size_t(ch)] = q8[size_t(ch)].v.data();
+      kp_bad[size_t(ch)] = vp_bad[size_t(ch)] = nullptr;  // the kernel must not read them
+      // q8_element is the decoded value, K and V, first and last row.
+      for (int seg : {0, 2 * c.n_kv_head - 1}) {
+        const std::vector<uint16_t>& dec = seg < c.n_kv_head ? q8[size_t(ch)].k : q8[size_t(ch)].v;
+        for (int t : {0, rows - 1}) {
+          for (int d = 0; d < D; ++d) {
+            const size_t off = (static_cast<size_t>(seg % c.n_kv_head) * c.chunk_tokens + t) * D + d;
+            ASSERT_EQ(q8_element(q8_segment(qp[size_t(ch)], rows, D, seg), rows, D, t, d), fp16_to_fp32(dec[off]))
+                << "chunk " << ch << " seg " << seg << " row " << t << " dim " << d;
+          }
+        }
+      }
+    }
+    KvLayerView decoded = f.kv.view;
+    decoded.k_chunks = kp.data();
+    decoded.v_chunks = vp.data();
+    KvLayerView inplace = f.kv.view;
+    inplace.k_chunks = kp_bad.data();
+    inplace.v_chunks = vp_bad.data();
+    inplace.q8_chunks = qp.data();
+    inplace.q8_rows = qrows.data();
+    for (Kernel kernel : {attention_chunked, attention_chunked_scalar}) {
+      for (int nth : {1, 2, 3}) {
+        std::vector<float> a_out(f.q.size(), std::numeric_limits<float>::quiet_NaN()), b_out(a_out);
+        AttnArgs a = f.args;
+        for (int ith = 0; ith < nth; ++ith) {
+          a.out = a_out.data();
+          kernel(a, decoded, ith, nth);
+          a.out = b_out.data();
+          kernel(a, inplace, ith, nth);
+        }
+        ASSERT_EQ(0, std::memcmp(a_out.data(), b_out.data(), a_out.size() * sizeof(float)))
+            << (kernel == attention_chunked ? "attention_chunked" : "attention_chunked_scalar") << " nth=" << nth;
+        for (float x : b_out) ASSERT_TRUE(std::isfinite(x));
+      }
+    }
+    std::vector<float> r(f.q.size());
+    AttnArgs a = f.args;
+    a.out = r.data();
+    attention_reference(a, inplace);
+    if (!c.integral) {
+      EXPECT_GT(max_diff(r, f.ref), 0.0);  // q8 is not exact on these values: the test is not vacuous
+    }
+    EXPECT_LE(max_diff(r, f.ref), 0.05 * (1.0 + max_abs(f.ref)));  // q8: ~1% relative per element
+  }
+}
+
+// q8 arithmetic at its edges: codes +-127 decode to exactly +-amax, -128 reads as -127, an all-zero
+// row has amax 0 and zero codes, and decoding then re-encoding a row gives the same codes and amax.
+TEST(AttentionQ8, BlockArithmetic) {
+  const int D = 16;
+  std::vector<float> x(D);
+  std::vector<int8_t> codes(D), codes2(D);
+  std::vector<uint16_t> dec(D);
+  EXPECT_EQ(q8_quantize_row(x.data(), D, codes.data()), 0);
+  for (int8_t q : codes) EXPECT_EQ(q, 0);
+  std::mt19937 rng(5);
+  for (int iter = 0; iter < 2000; ++iter) {
+    const float amp = std::ldexp(1.0f, int(rng() % 30) - 14);
+    for (float& v : x) v = fp16_to_fp32(fp32_to_fp16(draw(rng, amp, false))) + 0.0f;
+    const uint16_t amax = q8_quantize_row(x.data(), D, codes.data());
+    const float step = q8_step_of_bits(amax);
+    ASSERT_EQ(q8_dequantize(kQ8MaxCode, step), amax) << iter;
+    ASSERT_EQ(q8_dequantize(-kQ8MaxCode, step), amax | 0x8000u) << iter;
+    ASSERT_EQ(q8_dequantize(-128, step), q8_dequantize(-kQ8MaxCode, step)) << iter;
+    q8_dequantize_row(codes.data(), D, amax, dec.data());
+    for (int d = 0; d < D; ++d) x[size_t(d)] = fp16_to_fp32(dec[size_t(d)]) + 0.0f;
+    ASSERT_EQ(q8_quantize_row(x.data(), D, codes2.data()), amax) << iter;
+    ASSERT_EQ(codes, codes2) << iter;
+  }
+}
+
+#ifndef MZ_ATTENTION_ONLY
+// The q8 codec writes exactly the layout kernels/q8_block.h defines: its payload (past the 16-byte
+// header) equals the one built with the scalar definitions, byte for byte, and it decodes to the
+// same fp16 values; the codec's row kernels (SIMD or not) agree with q8_quantize_row /
+// q8_dequantize_row.
+TEST(AttentionQ8, BlockLayoutIsTheCodecs) {
+  const auto codec = MakeKvCodec("q8");
+  ASSERT_TRUE(codec);
+  const Case cases[] = {
+      {300, 256, 8, 1, 128, 1, 299},
+      {37, 16, 2, 1, 64, 1, 36, 8.0f},
+      {20, 32, 1, 1, 8, 1, 19, 1000.0f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c));
+    TestKv kv;
+    make_kv(kv, c.n_kv, c.chunk_tokens, c.n_kv_head, c.head_dim, 31, c.amp, c.integral);
+    const size_t block = size_t(c.n_kv_head) * c.chunk_tokens * c.head_dim;
+    for (int ch = 0; ch < kv.view.n_chunks; ++ch) {
+      ChunkShape sh;
+      sh.n_kv_head = c.n_kv_head;
+      sh.chunk_tokens = c.chunk_tokens;
+      sh.head_dim = c.head_dim;
+      sh.n_tokens = std::min(c.chunk_tokens, c.n_kv - ch * c.chunk_tokens);
+      std::vector<uint16_t> raw(2 * block);
+      std::copy(kv.k[size_t(ch)].begin(), kv.k[size_t(ch)].end(), raw.begin());
+      std::copy(kv.v[size_t(ch)].begin(), kv.v[size_t(ch)].end(), raw.begin() + long(block));
+      std::vector<uint8_t> blob(codec->MaxEncodedSize(sh));
+      size_t n = 0;
+      ASSERT_TRUE(codec->Encode(sh, raw.data(), blob.data(), blob.size(), &n).ok());
+      const Q8Chunk mine = q8_encode_chunk(kv, ch, sh.n_tokens);
+      ASSERT_EQ(n, kKvCodecHeaderBytes + mine.payload.size());
+      ASSERT_EQ(0, std::memcmp(blob.data() + kKvCodecHeaderBytes, mine.payload.data(), mine.payload.size()))
+          << "chunk " << ch;
+      std::vector<uint16_t> back(2 * block);
+      ASSERT_TRUE(codec->Decode(sh, blob.data(), n, back.data()).ok());
+      for (int h = 0; h < c.n_kv_head; ++h) {
+        for (int t = 0; t < sh.n_tokens; ++t) {
+          const size_t off = (static_cast<size_t>(h) * c.chunk_tokens + t) * c.head_dim;
+          for (int d = 0; d < c.head_dim; ++d) {
+            ASSERT_EQ(back[off + size_t(d)], mine.k[off + size_t(d)]) << "K chunk " << ch << " h " << h << " t " << t;
+            ASSERT_EQ(back[block + off + size_t(d)], mine.v[off + size_t(d)]) << "V chunk " << ch << " h " << h;
+          }
+        }
+      }
+    }
+  }
+  // Row kernels on every int8 code and a spread of amax values (odd lengths: SIMD body and tail).
+  std::vector<int8_t> codes(259);
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<int8_t>(int(i) - 128);
+  std::vector<uint16_t> a(codes.size()), b(codes.size()), r(codes.size());
+  for (uint32_t amax = 0; amax <= 0x7bffu; amax += 97) {
+    q8_dequantize_row(codes.data(), int(codes.size()), uint16_t(amax), a.data());
+    kvc::Q8DecodeRowScalar(codes.data(), int(codes.size()), uint16_t(amax), b.data());
+    kvc::Q8DecodeRowSimd(codes.data(), int(codes.size()), uint16_t(amax), r.data());
+    ASSERT_EQ(a, b) << amax;
+    ASSERT_EQ(a, r) << amax;
+  }
+  std::mt19937 rng(9);
+  std::vector<float> x(77);
+  std::vector<int8_t> c1(x.size()), c2(x.size());
+  for (int iter = 0; iter < 500; ++iter) {
+    const float amp = std::ldexp(1.0f, int(rng() % 30) - 14);
+    for (float& v : x) v = fp16_to_fp32(fp32_to_fp16(draw(rng, amp, false))) + 0.0f;
+    ASSERT_EQ(q8_quantize_row(x.data(), int(x.size()), c1.data()), kvc::Q8EncodeRow(x.data(), int(x.size()), c2.data()));
+    ASSERT_EQ(c1, c2) << iter;
+  }
+}
 #endif  // MZ_ATTENTION_ONLY
 
 // Each thread writes a disjoint set of rows, all rows get written, and the Qwen3-0.6B decode shape

@@ -3,9 +3,13 @@
 // gather into a contiguous copy). Meant to run inside a ggml custom op: every one of the `nth`
 // threads calls attention_chunked(..., ith, nth) and the function splits the work itself; each
 // thread writes a disjoint set of output rows, there are no barriers and no shared mutable state.
+//
+// Files: attention.cpp (dispatch, scalar path, reference), attention_avx2.cpp, attention_neon.cpp,
+// attention_impl.h (what they share). The q8 layout read in place is kernels/q8_block.h.
 #pragma once
 #include <cstdint>
-#include <cstring>
+
+#include "kernels/fp16.h"  // fp16_to_fp32 / fp32_to_fp16, which callers of the kernel use with it
 
 namespace mz {
 
@@ -24,9 +28,9 @@ struct KvLayerView {
   int n_kv;  // valid tokens in the cache (must cover every key any query may see)
   // Optional compressed chunks (nullptr: every chunk is fp16). When q8_chunks[c] is non-null, chunk
   // c is held compressed in memory by the q8 codec and k_chunks[c] / v_chunks[c] are not read:
-  // q8_chunks[c] points at the codec's payload (store/codec_q8.cpp, past the 16-byte header) with
-  // q8_rows[c] encoded token rows, which must cover every key of chunk c any query may see. The
-  // kernel dequantizes each tile exactly as the codec decodes (fp16(code * amax/127), then f32), so
+  // q8_chunks[c] points at the codec's payload (past its 16-byte header; layout in kernels/q8_block.h)
+  // with q8_rows[c] encoded token rows, which must cover every key of chunk c any query may see. The
+  // kernel dequantizes each tile exactly as the codec decodes (q8_dequantize, then fp16 -> f32), so
   // attending over a q8 chunk gives bit-identical output to decoding it first and attending over
   // the fp16 copy. The payload is trusted (the process wrote it; no validation here).
   const uint8_t* const* q8_chunks = nullptr;
@@ -53,9 +57,10 @@ struct AttnArgs {
 // [0, nth), concurrently or sequentially, computes all of `out`; the partition depends only on the
 // shapes and nth, never on timing. Work items are (kv head, head sub-group, query-token block) and
 // are dealt to threads in a snake order so causal prefill stays balanced.
-// Uses AVX2+FMA+F16C when this file is compiled with them (__AVX2__ && __F16C__ && __FMA__), NEON on
-// AArch64 (__aarch64__ && __ARM_NEON), else the scalar path. Thread-safe; keeps a thread_local scratch buffer (allocated on a thread's first
-// call, grown only if head_dim grows), so steady-state calls do not allocate.
+// Uses AVX2+FMA+F16C when the kernel is compiled with them (__AVX2__ && __F16C__ && __FMA__), NEON on
+// AArch64 (__aarch64__ && __ARM_NEON), else the scalar path (chosen at compile time). Thread-safe;
+// keeps a thread_local scratch buffer (allocated on a thread's first call, grown only if head_dim
+// grows), so steady-state calls do not allocate.
 void attention_chunked(const AttnArgs& a, const KvLayerView& kv, int ith, int nth);
 
 // Always-compiled portable scalar implementation with the same contract (same ith/nth split).
@@ -66,50 +71,5 @@ void attention_reference(const AttnArgs& a, const KvLayerView& kv);
 
 // True when attention_chunked runs a SIMD path (AVX2 or NEON) in this build.
 bool attention_chunked_has_simd();
-
-// Portable IEEE binary16 <-> binary32 conversion (round to nearest even, NaN stays NaN, overflow
-// goes to inf, subnormals handled). Pure bit manipulation so the result does not depend on the
-// compile flags of the including translation unit.
-inline float fp16_to_fp32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112u) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: mant * 2^-24, exact in f32
-    float f = static_cast<float>(mant) * 5.9604644775390625e-8f;
-    std::memcpy(&bits, &f, 4);
-    bits |= sign;
-  }
-  float out;
-  std::memcpy(&out, &bits, 4);
-  return out;
-}
-
-inline uint16_t fp32_to_fp16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) {  // inf or NaN (NaN keeps its top payload bits and is forced quiet)
-    return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
-  }
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (ax < 0x38800000u) {  // below 2^-14: half subnormal or zero; let the FPU round at ulp 2^-24
-    float a;
-    std::memcpy(&a, &ax, 4);
-    float r = a + 0.5f;
-    uint32_t rb;
-    std::memcpy(&rb, &r, 4);
-    return static_cast<uint16_t>(sign | (rb - 0x3f000000u));
-  }
-  ax += 0xc8000fffu + ((ax >> 13) & 1u);  // rebias exponent by -112 and round to nearest even
-  return static_cast<uint16_t>(sign | (ax >> 13));
-}
 
 }  // namespace mz

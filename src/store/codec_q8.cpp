@@ -2,15 +2,16 @@
 // both K and V. The default swap codec: 1.97x smaller than fp16 at head_dim 128; relative RMS error
 // ~0.7% on Gaussian rows, ~1.8% on key rows with 10x outlier channels (the row max sets the step).
 //
-// Payload (after the 16-byte header, param byte 0), for block in (K, V), for head h in 0..n_kv_head-1:
-//   amax[n_tokens]            fp16 little-endian: the row's max |x| (the scale is amax / 127)
-//   code[n_tokens][head_dim]  int8, two's complement, in [-127, 127]
-// Size: exactly 2 * n_kv_head * n_tokens * (2 + head_dim) bytes.
+// Payload (after the 16-byte header, param byte 0): the q8 layout of kernels/q8_block.h, which the
+// attention kernel reads in place, with rows = n_tokens: for block in (K, V), for head h in
+// 0..n_kv_head-1, amax[n_tokens] (fp16 little-endian) then code[n_tokens][head_dim] (int8 in
+// [-127, 127]). Size: exactly q8_payload_bytes = 2 * n_kv_head * n_tokens * (2 + head_dim) bytes.
 //
 // Encoding a row x (sanitized: NaN -> 0, +-inf -> +-65504, -0 -> +0): amax = max |x| (an fp16 value,
-// stored exactly); step = amax * fl(1/127) in f32; code = clamp(nearbyint(x / step), -127, 127), all
-// zero when amax == 0. Decoding: y = fp16(code * step) computed as one f32 multiply and one
-// round-to-nearest-even conversion, so the SIMD (F16C) and scalar paths agree bit for bit.
+// stored exactly); step = q8_step(amax) = amax * fl(1/127) in f32; code = q8_quantize(x, step) =
+// clamp(nearbyint(x / step), -127, 127), all zero when amax == 0. Decoding: y = q8_dequantize(code,
+// step) = fp16(code * step), one f32 multiply and one round-to-nearest-even conversion, so the SIMD
+// (F16C) paths here agree bit for bit with the scalar definitions in q8_block.h.
 // Error per element <= step/2 + half an fp16 ulp of y (step = amax/127, not rounded to fp16).
 //
 // Idempotence: codes +-127 decode to exactly +-amax (127 * step is within 3 f32 ulps of amax), so the
@@ -49,10 +50,10 @@ uint16_t Q8EncodeRow(const float* x, int n, int8_t* codes) {
     std::memset(codes, 0, size_t(n));
     return 0;
   }
-  const float step = Q8Step(amax);
+  const float step = q8_step(amax);
   i = 0;
 #ifdef MZ_KVC_SIMD
-  const __m256 vs = _mm256_set1_ps(step), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  const __m256 vs = _mm256_set1_ps(step), hi = _mm256_set1_ps(float(kQ8MaxCode)), lo = _mm256_set1_ps(-float(kQ8MaxCode));
   for (; i + 16 <= n; i += 16) {
     __m256 a = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 b = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -64,19 +65,18 @@ uint16_t Q8EncodeRow(const float* x, int n, int8_t* codes) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), p8);
   }
 #endif
-  for (; i < n; i++) codes[i] = int8_t(QuantizeCode(x[i], 0.0f, step, -127, 127));
+  for (; i < n; i++) codes[i] = int8_t(q8_quantize(x[i], step));
   return fp32_to_fp16(amax);  // exact: amax is an fp16 value
 }
 
 void Q8DecodeRowScalar(const int8_t* codes, int n, uint16_t amax_bits, uint16_t* out) {
-  const float step = Q8Step(fp16_to_fp32(amax_bits));
-  for (int i = 0; i < n; i++) out[i] = fp32_to_fp16(float(std::max<int>(codes[i], -127)) * step);
+  q8_dequantize_row(codes, n, amax_bits, out);
 }
 
 void Q8DecodeRowSimd(const int8_t* codes, int n, uint16_t amax_bits, uint16_t* out) {
 #ifdef MZ_KVC_SIMD
-  const __m256 vs = _mm256_set1_ps(Q8Step(fp16_to_fp32(amax_bits)));
-  const __m128i m127 = _mm_set1_epi8(-127);
+  const __m256 vs = _mm256_set1_ps(q8_step_of_bits(amax_bits));
+  const __m128i m127 = _mm_set1_epi8(-kQ8MaxCode);
   int i = 0;
   for (; i + 16 <= n; i += 16) {
     __m128i q = _mm_max_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)), m127);
@@ -101,9 +101,7 @@ bool Q8HasSimd() {
 
 namespace {
 
-size_t Q8PayloadBytes(const ChunkShape& s) {
-  return 2 * size_t(s.n_kv_head) * size_t(s.n_tokens) * (2 + size_t(s.head_dim));
-}
+size_t Q8PayloadBytes(const ChunkShape& s) { return q8_payload_bytes(s.n_kv_head, s.n_tokens, s.head_dim); }
 
 using RowDecoder = void (*)(const int8_t*, int, uint16_t, uint16_t*);
 
@@ -115,19 +113,17 @@ Status Q8DecodeWith(const ChunkShape& s, const uint8_t* src, size_t size, uint16
     return Status::Corruption("kv codec q8: payload of " + std::to_string(payload) + " bytes, expected " +
                               std::to_string(Q8PayloadBytes(s)));
   const int n = s.n_tokens, d = s.head_dim;
-  const uint8_t* p = src + kKvCodecHeaderBytes;
+  const uint8_t* body = src + kKvCodecHeaderBytes;
   for (int j = 0; j < 2 * s.n_kv_head; j++) {  // (block, head) segments in order
-    const uint8_t* scales = p;
-    const int8_t* codes = reinterpret_cast<const int8_t*>(p + 2 * size_t(n));
+    const uint8_t* seg = q8_segment(body, n, d, j);
     uint16_t* out = dst + size_t(j) * s.chunk_tokens * d;
     for (int t = 0; t < n; t++) {
-      const uint16_t hb = Load16(scales + 2 * t);
+      const uint16_t hb = q8_load_amax(q8_row_amax(seg, t));
       if (hb > 0x7bffu)
         return Status::Corruption("kv codec q8: bad row max (fp16 bits " + std::to_string(hb) + ", segment " +
                                   std::to_string(j) + ", row " + std::to_string(t) + ")");
-      row(codes + size_t(t) * d, d, hb, out + size_t(t) * d);
+      row(q8_row_codes(seg, n, d, t), d, hb, out + size_t(t) * d);
     }
-    p += size_t(n) * (2 + d);
   }
   ZeroInvalidRows(s, dst);
   return Status::Ok();
@@ -150,15 +146,14 @@ class Q8Codec final : public KvCodec {
     float* x = reinterpret_cast<float*>(Scratch(0, size_t(d) * sizeof(float)));
     if (!x) return Status::NoMemory("kv codec q8: scratch allocation failed");
     WriteHeader(dst, id(), 0, s, uint32_t(need - kKvCodecHeaderBytes));
-    uint8_t* p = dst + kKvCodecHeaderBytes;
+    uint8_t* payload = dst + kKvCodecHeaderBytes;
     for (int j = 0; j < 2 * s.n_kv_head; j++) {
       const uint16_t* in = src + size_t(j) * s.chunk_tokens * d;
-      int8_t* codes = reinterpret_cast<int8_t*>(p + 2 * size_t(n));
+      uint8_t* seg = q8_segment(payload, n, d, j);
       for (int t = 0; t < n; t++) {
         LoadSanitized(in + size_t(t) * d, d, x);
-        Store16(p + 2 * t, Q8EncodeRow(x, d, codes + size_t(t) * d));
+        q8_store_amax(q8_row_amax(seg, t), Q8EncodeRow(x, d, q8_row_codes(seg, n, d, t)));
       }
-      p += size_t(n) * (2 + d);
     }
     *written = need;
     return Status::Ok();

@@ -8,7 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/attention.h"  // fp16_to_fp32 / fp32_to_fp16
+#include "kernels/fp16.h"
+#include "kernels/q8_block.h"
 #include "store/kv_codec.h"
 
 static_assert(std::endian::native == std::endian::little, "KV codec formats assume a little-endian host");
@@ -88,10 +89,10 @@ inline int QuantizeCode(float x, float base, float step, int lo, int hi) {
   if (q < float(lo)) q = float(lo);
   return int(q);
 }
-// q8 step of a row whose max |x| is amax (an fp16 value): amax * fl(1/127). Code +-127 decodes to
-// fp16(+-127 * step) == +-amax exactly (the f32 product is within 3 f32 ulps of amax).
-inline constexpr float kInv127 = 1.0f / 127.0f;
-inline float Q8Step(float amax) { return amax * kInv127; }
+// q8 step of a row whose max |x| is amax (an fp16 value): q8_step (kernels/q8_block.h, where the q8
+// layout and arithmetic are defined), amax * fl(1/127). Code +-127 decodes to fp16(+-127 * step) ==
+// +-amax exactly (the f32 product is within 3 f32 ulps of amax).
+inline float Q8Step(float amax) { return q8_step(amax); }
 // Asymmetric step for `levels` intervals over [lo, hi] (fp16 values, lo <= hi).
 inline float AsymStep(float lo, float hi, int levels) { return (hi - lo) * (1.0f / float(levels)); }
 // Stored (lo, hi) range from a blob: both finite and lo <= hi (else false = corrupt).

@@ -1,0 +1,244 @@
+// Chunked-KV attention, AVX2 + FMA + F16C path (x86-64-v3). Compiled in every build (GLOB_RECURSE);
+// empty unless the compiler targets those extensions (MZ_ATTN_AVX2, kernels/attention_impl.h).
+// The algorithm and the work partition are shared with the other paths (attention_impl.h); this
+// file holds the register-blocked QK and PV tiles, fp16 / q8 -> f32 tile conversion, and exp2.
+#include "kernels/attention_impl.h"
+
+#if MZ_ATTN_AVX2
+#include <immintrin.h>
+
+namespace mz::attn {
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+inline float hmax(__m256 v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// {sum(a0), sum(a1), sum(a2), sum(a3)}
+inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// 2^x for x <= 0 (also fine up to ~127). x < -126 (including -inf) gives exactly 0.
+// Cephes exp2f polynomial on the fraction in [-0.5, 0.5]: relative error ~2e-7.
+inline __m256 exp2_ps(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-126.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// fp16 -> f32 for count elements (count % 8 == 0).
+inline void cvt_tile(const uint16_t* src, size_t count, float* dst) {
+  size_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 8));
+    const __m128i h2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i h3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 24));
+    _mm256_store_ps(dst + i, _mm256_cvtph_ps(h0));
+    _mm256_store_ps(dst + i + 8, _mm256_cvtph_ps(h1));
+    _mm256_store_ps(dst + i + 16, _mm256_cvtph_ps(h2));
+    _mm256_store_ps(dst + i + 24, _mm256_cvtph_ps(h3));
+  }
+  for (; i < count; i += 8) {
+    _mm256_store_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+}
+
+// q8 rows -> f32, bit-identical to q8_dequantize_rows_f32 (kernels/q8_block.h; and to the codec's
+// decoder followed by cvt_tile): code clamped to -127, one f32 multiply by the row's step, RNE to fp16, back to f32.
+inline void cvt_tile_q8(const int8_t* codes, const uint8_t* amax, int n, int D, float* dst) {
+  const __m128i m127 = _mm_set1_epi8(-kQ8MaxCode);
+  for (int r = 0; r < n; ++r) {
+    const __m256 vs = _mm256_set1_ps(q8_step_of_bits(q8_load_amax(amax + 2 * r)));
+    const int8_t* c = codes + static_cast<size_t>(r) * D;
+    float* o = dst + static_cast<size_t>(r) * D;
+    for (int d = 0; d < D; d += 8) {
+      const __m128i q = _mm_max_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + d)), m127);
+      const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), vs);
+      _mm256_store_ps(o + d, _mm256_cvtph_ps(_mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+    }
+  }
+}
+
+// s[r*kTile + j] = dot(q[r*D..], k[j*D..]) for r < NR, j < NK. 12 accumulators + 3 q + 1 k = 16 ymm.
+template <int NR, int NK>
+void qk_block(const float* q, const float* k, int D, float* s) {
+  __m256 acc[NR][NK];
+  MZ_UNROLL for (int r = 0; r < NR; ++r) {
+    MZ_UNROLL for (int j = 0; j < NK; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  for (int d = 0; d < D; d += 8) {
+    __m256 qv[NR];
+    MZ_UNROLL for (int r = 0; r < NR; ++r) qv[r] = _mm256_load_ps(q + r * D + d);
+    MZ_UNROLL for (int j = 0; j < NK; ++j) {
+      const __m256 kj = _mm256_load_ps(k + j * D + d);
+      MZ_UNROLL for (int r = 0; r < NR; ++r) acc[r][j] = _mm256_fmadd_ps(qv[r], kj, acc[r][j]);
+    }
+  }
+  MZ_UNROLL for (int r = 0; r < NR; ++r) {
+    if constexpr (NK == 4) {
+      _mm_storeu_ps(s + r * kTile, hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+    } else {
+      MZ_UNROLL for (int j = 0; j < NK; ++j) s[r * kTile + j] = hsum(acc[r][j]);
+    }
+  }
+}
+
+using QkFn = void (*)(const float*, const float*, int, float*);
+constexpr int kQkRows = 3, kQkKeys = 4;
+
+// Scores for all R rows against the n keys of the tile: s[r][j], r < R, j < n.
+// pf advances once per block call.
+void qk_tile(const float* q, int R, const float* k, int n, int D, float* s, Prefetcher& pf) {
+  static const QkFn tbl[kQkRows][kQkKeys] = {
+      {qk_block<1, 1>, qk_block<1, 2>, qk_block<1, 3>, qk_block<1, 4>},
+      {qk_block<2, 1>, qk_block<2, 2>, qk_block<2, 3>, qk_block<2, 4>},
+      {qk_block<3, 1>, qk_block<3, 2>, qk_block<3, 3>, qk_block<3, 4>},
+  };
+  for (int r0 = 0, nr; r0 < R; r0 += nr) {
+    nr = block_len(R - r0, kQkRows);
+    for (int j0 = 0; j0 < n; j0 += kQkKeys) {
+      const int nk = std::min(kQkKeys, n - j0);
+      tbl[nr - 1][nk - 1](q + static_cast<size_t>(r0) * D, k + static_cast<size_t>(j0) * D, D,
+                          s + r0 * kTile + j0);
+      pf.step();
+    }
+  }
+}
+
+// acc[r][0..8*NV) = acc*alpha[r] + sum_{t<n} p[r][t] * v[t][0..8*NV), r < NR. 12 acc + 3 v + 1 p = 16 ymm.
+// acc and v point at the same column block; their row strides are D.
+template <int NR, int NV>
+void pv_block(const float* p, const float* alpha, const float* v, int n, int D, float* acc) {
+  __m256 a[NR][NV];
+  MZ_UNROLL for (int r = 0; r < NR; ++r) {
+    const __m256 al = _mm256_broadcast_ss(alpha + r);
+    MZ_UNROLL for (int c = 0; c < NV; ++c) a[r][c] = _mm256_mul_ps(_mm256_load_ps(acc + r * D + 8 * c), al);
+  }
+  for (int t = 0; t < n; ++t) {
+    __m256 vv[NV];
+    MZ_UNROLL for (int c = 0; c < NV; ++c) vv[c] = _mm256_load_ps(v + static_cast<size_t>(t) * D + 8 * c);
+    MZ_UNROLL for (int r = 0; r < NR; ++r) {
+      const __m256 pr = _mm256_broadcast_ss(p + r * kTile + t);
+      MZ_UNROLL for (int c = 0; c < NV; ++c) a[r][c] = _mm256_fmadd_ps(pr, vv[c], a[r][c]);
+    }
+  }
+  MZ_UNROLL for (int r = 0; r < NR; ++r) {
+    MZ_UNROLL for (int c = 0; c < NV; ++c) _mm256_store_ps(acc + r * D + 8 * c, a[r][c]);
+  }
+}
+
+using PvFn = void (*)(const float*, const float*, const float*, int, int, float*);
+constexpr int kPvRows = 4, kPvVecs = 3;
+
+// pf advances once per block call.
+void pv_tile(const float* p, const float* alpha, const float* v, int n, int R, int D, float* acc, Prefetcher& pf) {
+  static const PvFn tbl[kPvRows][kPvVecs] = {
+      {pv_block<1, 1>, pv_block<1, 2>, pv_block<1, 3>},
+      {pv_block<2, 1>, pv_block<2, 2>, pv_block<2, 3>},
+      {pv_block<3, 1>, pv_block<3, 2>, pv_block<3, 3>},
+      {pv_block<4, 1>, pv_block<4, 2>, pv_block<4, 3>},
+  };
+  const int nvec = D / 8;
+  for (int r0 = 0, nr; r0 < R; r0 += nr) {
+    nr = block_len(R - r0, kPvRows);
+    for (int c0 = 0, nv; c0 < nvec; c0 += nv) {
+      nv = block_len(nvec - c0, kPvVecs);
+      tbl[nr - 1][nv - 1](p + r0 * kTile, alpha + r0, v + 8 * c0, n, D, acc + static_cast<size_t>(r0) * D + 8 * c0);
+      pf.step();
+    }
+  }
+}
+
+void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
+  const int D = kv.head_dim, R = it.rows();
+  const __m256 qs = _mm256_set1_ps(a.scale * kLog2e);  // scores in log2 units -> exp2
+  for (int r = 0; r < R; ++r) {
+    const float* src = a.q + q_offset(a, D, it, r);
+    for (int d = 0; d < D; d += 8) {
+      _mm256_store_ps(sc.q + r * D + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), qs));
+      _mm256_store_ps(sc.acc + r * D + d, _mm256_setzero_ps());
+    }
+    sc.m[r] = kNegInf;
+    sc.l[r] = 0.0f;
+  }
+  const int kend = a.pos0 + it.t0 + it.tn;  // keys [0, kend) are visible to at least one row
+  const int kall = a.pos0 + it.t0 + 1;      // keys [0, kall) are visible to every row
+  for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile& next) {
+    const int k0 = t.k0, n = t.n;
+    // The next tile's K streams in during this tile's QK, its V during this tile's PV.
+    const size_t next_bytes = next.bytes(D);
+    Prefetcher pf_k(next.k_bytes(), next_bytes, ((R + kQkRows - 1) / kQkRows) * ((n + kQkKeys - 1) / kQkKeys));
+    Prefetcher pf_v(next.v_bytes(), next_bytes, ((R + kPvRows - 1) / kPvRows) * ((D / 8 + kPvVecs - 1) / kPvVecs));
+    if (t.kq) cvt_tile_q8(t.kq, t.ka, n, D, sc.kv);
+    else cvt_tile(t.k, static_cast<size_t>(n) * D, sc.kv);
+    qk_tile(sc.q, R, sc.kv, n, D, sc.s, pf_k);
+    const int n8 = (n + 7) & ~7;
+    for (int r = 0; r < R; ++r) {
+      float* s = sc.s + r * kTile;
+      int lim = n;
+      if (k0 + n > kall) lim = std::max(0, std::min(n, a.pos0 + it.t0 + r / it.gn - k0 + 1));  // causal
+      if (lim == 0) {  // nothing visible in this tile: P = 0, state unchanged
+        sc.alpha[r] = 1.0f;
+        for (int j = 0; j < n8; j += 8) _mm256_store_ps(s + j, _mm256_setzero_ps());
+        continue;
+      }
+      for (int j = lim; j < n8; ++j) s[j] = kNegInf;
+      __m256 vmx = _mm256_load_ps(s);
+      for (int j = 8; j < n8; j += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(s + j));
+      const float m_new = std::max(sc.m[r], hmax(vmx));  // finite: s[0] is visible
+      const __m256 mv = _mm256_set1_ps(m_new);
+      __m256 vsum = _mm256_setzero_ps();
+      for (int j = 0; j < n8; j += 8) {
+        const __m256 pj = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + j), mv));
+        _mm256_store_ps(s + j, pj);
+        vsum = _mm256_add_ps(vsum, pj);
+      }
+      const float al = std::exp2(sc.m[r] - m_new);  // 0 on the first tile (m = -inf)
+      sc.alpha[r] = al;
+      sc.m[r] = m_new;
+      sc.l[r] = sc.l[r] * al + hsum(vsum);
+    }
+    if (t.vq) cvt_tile_q8(t.vq, t.va, n, D, sc.kv);
+    else cvt_tile(t.v, static_cast<size_t>(n) * D, sc.kv);
+    pv_tile(sc.s, sc.alpha, sc.kv, n, R, D, sc.acc, pf_v);
+  });
+  for (int r = 0; r < R; ++r) {
+    float* dst = a.out + q_offset(a, D, it, r);
+    const __m256 inv = _mm256_set1_ps(1.0f / sc.l[r]);
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_load_ps(sc.acc + r * D + d), inv));
+  }
+}
+
+}  // namespace
+
+void attention_chunked_avx2(const AttnArgs& a, const KvLayerView& kv, int ith, int nth) {
+  run_items(a, kv, ith, nth, item_avx2);
+}
+
+}  // namespace mz::attn
+
+#endif  // MZ_ATTN_AVX2
