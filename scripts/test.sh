@@ -18,12 +18,12 @@ echo "[test] deps: $PREFIX"
 . scripts/ccache-env.sh
 [ -n "$MZ_CCACHE" ] && ccache -z >/dev/null 2>&1 || true  # the statistics printed at the end are this run's
 
-build() {  # build DIR SANITIZE
-  local dir=$1 san=$2
+build() {  # build DIR SANITIZE [TARGET...]: the sanitizer stages build only the tests they run
+  local dir=$1 san=$2; shift 2
   cmake -S . -B "$dir" -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     ${MZ_CCACHE:+-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache} >/dev/null
   echo "[test] building $dir ${san:+(sanitizers: $san)}"
-  ninja -C "$dir" -j "$JOBS" | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+  ninja -C "$dir" -j "$JOBS" "$@" | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "[test] build failed: $dir"; exit 1; }
 }
 
@@ -32,16 +32,16 @@ echo "[test] running tests (normal build)"
 (cd build && ctest --output-on-failure -j "$JOBS" --timeout 1200) | tee -a "$LOG"
 [ "${MZ_TEST_QUICK:-0}" = 1 ] && exit 0
 
-build build-asan "address,undefined"
+build build-asan "address,undefined" tests
 echo "[test] running tests under ASan+UBSan"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/asan.supp
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # The synthesized test models are shared with the normal build (same generator, same seed).
 export MZ_TEST_MODEL_DIR_OVERRIDE=$PWD/build/test-models
-(cd build-asan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -LE slow) | tee -a "$LOG"
+(cd build-asan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -LE "slow|install") | tee -a "$LOG"
 
-build build-tsan "thread"
+build build-tsan "thread" tests_concurrency
 echo "[test] running concurrency tests under TSan"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 (cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency) | tee -a "$LOG"
