@@ -56,10 +56,12 @@ int main(int argc, char** argv) {
   /* The OS asks for half of what the model holds: the policy picks the units and their tier. */
   struct mz_memory_report r;
   if (check(mz_get_memory_report(ctx, &r), "mz_get_memory_report") != MZ_OK) goto out;
+  const uint64_t ask = r.in_memory / 2;
   uint64_t freed = 0;
-  if (check(mz_evict(ctx, r.in_memory / 2, NULL, &freed), "mz_evict") != MZ_OK) goto out;
+  if (check(mz_evict(ctx, ask, NULL, &freed), "mz_evict") != MZ_OK) goto out;
   if (check(mz_get_memory_report(ctx, &r), "mz_get_memory_report") != MZ_OK) goto out;
-  printf("evicted %.1f MiB, %.0f%% remaining in memory\n", (double)freed / (1 << 20), 100.0 * r.remaining);
+  printf("asked for %.1f MiB, %.1f MiB given back; %.1f MiB still in memory\n", (double)ask / (1 << 20),
+         (double)freed / (1 << 20), (double)r.in_memory / (1 << 20));
 
   /* The user comes back: the next turn restores front layers first while prefill runs. */
   int32_t nq = 0;
