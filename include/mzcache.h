@@ -313,6 +313,40 @@ struct mz_pressure_stats {
 /* Statistics of the context's pressure handling (all zero if it never saw an event). */
 int mz_pressure_get_stats(mz_context* ctx, struct mz_pressure_stats* out);
 
+/* ---- device profile: the throughputs the eviction policy balances (paper 4.3) ----
+ * Measured once per device (and storage): codec encode/decode throughput and ratio on real KV of
+ * a model, what attention pays to read q8 chunks in place, direct-I/O reads by request size and
+ * page-cache reads into mappings by piece size of the storage holding `dir`, and the cost of fresh
+ * anonymous memory. The result is a JSON file the runtime and `mzcache profile` use; per-unit
+ * times for any model are derived from it without profiling again. */
+struct mz_profile_params {
+  uint32_t struct_size; /* set by mz_profile_default_params(): see "Params structs" above */
+  const char* dir;      /* folder on the storage to profile, where swap files live (default NULL:
+                           /var/tmp); a read-test file is written there and removed before return */
+  uint32_t file_mib;    /* size of that file in MiB (default 512; reads use its first 256 MiB) */
+  int32_t threads;      /* most decode threads measured, for the report (default 2; 1..256) */
+  bool quick;           /* small and fast, for tests and a first look (default false): fewer
+                           repetitions, a smaller in-place and allocation test; noisier figures.
+                           Set file_mib small too (e.g. 8) */
+  /* Called on the calling thread after each step: its name, steps done and steps in all (the
+   * profile takes tens of seconds). NULL: no progress. */
+  void (*progress)(const char* step, int32_t done, int32_t total, void* user);
+  /* Called on the calling thread with the measured figures as human-readable text (markdown tables
+   * and notes, each piece ending in a newline) as they come, and warnings (e.g. a folder without
+   * O_DIRECT: figures then include the page cache). NULL: nothing reported. */
+  void (*report)(const char* text, void* user);
+  void* user; /* passed to progress and report */
+};
+struct mz_profile_params mz_profile_default_params(void);
+/* Profiles this device with the KV of the model at model_path (loaded, a 512-token prefill of
+ * built-in English prose; any GGUF mz_model_load accepts) and writes the profile to out_path
+ * (JSON, replaced whole). params NULL: defaults. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL path, a
+ * bad params struct or value); the model's load error (MZ_ERR_IO, MZ_ERR_CORRUPT,
+ * MZ_ERR_UNSUPPORTED); MZ_ERR_IO or MZ_ERR_NO_SPACE (the read-test file could not be written or
+ * read in dir, or out_path could not be written); MZ_ERR_NO_MEMORY (the allocation test could not
+ * map memory). On an error out_path is not written; the read-test file is removed on every path. */
+int mz_profile_device(const char* model_path, const struct mz_profile_params* params, const char* out_path);
+
 #ifdef __cplusplus
 }
 #endif

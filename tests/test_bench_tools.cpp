@@ -11,6 +11,7 @@
 #include "model/synth.h"
 #include "runtime/context.h"
 #include "test_util.h"
+#include "policy/profiler.h"
 #include "tools/bench/accuracy_metrics.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/footprint_calc.h"
@@ -129,17 +130,16 @@ TEST(KlHelpers, ArgMaxSummaryAndHistogram) {
 }
 
 
-// bench ttft's storage measurements: the kept probe file measures again and again and is removed
+// bench ttft's storage measurements (the profiler's, policy/profiler.h): the kept probe file measures again and again and is removed
 // with the probe; one that cannot write its file says so and measures nothing; the one-off helper
 // leaves no file behind.
 TEST(StorageProbe, MeasuresRepeatedlyAndCleansUp) {
-  using cli::MeasureDirectReads;
-  using cli::StorageProbe;
+  Env* env = Env::Default();
   const std::string dir = test::TempDir();
   const std::string file = dir + "/mzcache-read-probe.bin";
   FileInfo fi;
   {
-    StorageProbe p(dir, size_t(6) << 20);  // rounded up to 8 MiB
+    StorageProbe p(env, dir, size_t(6) << 20);  // rounded up to 8 MiB
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(Env::Default()->StatPath(file, &fi).ok());
     EXPECT_EQ(fi.size, uint64_t(8) << 20);
@@ -147,17 +147,17 @@ TEST(StorageProbe, MeasuresRepeatedlyAndCleansUp) {
     EXPECT_GT(p.ReadNow(), 0.0);
   }
   EXPECT_FALSE(Env::Default()->StatPath(file, &fi).ok()) << "the probe removes its file";
-  StorageProbe bad(dir + "/no/such/dir", size_t(4) << 20);
+  StorageProbe bad(env, dir + "/no/such/dir", size_t(4) << 20);
   EXPECT_FALSE(bad.ok());
   EXPECT_EQ(bad.ReadNow(), 0.0);
   double mapped = 0;
-  const std::vector<double> r = MeasureDirectReads(dir, size_t(8) << 20, size_t(4) << 20, {1, 2}, &mapped);
+  const std::vector<double> r = MeasureDirectReads(env, dir, size_t(8) << 20, size_t(4) << 20, {1, 2}, &mapped);
   ASSERT_EQ(r.size(), 2u);
   EXPECT_GT(r[0], 0.0);
   EXPECT_GT(r[1], 0.0);
   EXPECT_GT(mapped, 0.0);
   EXPECT_FALSE(Env::Default()->StatPath(dir + "/mzcache-read-test.bin", &fi).ok());
-  const std::vector<double> none = MeasureDirectReads(dir + "/no/such/dir", size_t(8) << 20, size_t(4) << 20, {1});
+  const std::vector<double> none = MeasureDirectReads(env, dir + "/no/such/dir", size_t(8) << 20, size_t(4) << 20, {1});
   EXPECT_EQ(none[0], 0.0);
 }
 

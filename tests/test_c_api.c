@@ -8,10 +8,12 @@
  * model folder the sanitizer runs use, as in tests/test_util.cpp); $MZ_TEST_MODEL (set by ctest).
  * ctest makes sure the file exists first (fixture test c_api_model_setup).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, rmdir (check_profile) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mzcache.h"
 
@@ -298,6 +300,88 @@ static int run_model(const char* path) {
   return 0;
 }
 
+/* mz_profile_device, quick: progress reaches its total, the report has the codec table, the
+ * read-test file is gone, and the profile loads: a context made with it as <cache>/profile.json
+ * (MZ_CACHE_DIR) starts, and one made with that file damaged does not (so it was read). Bad
+ * params are refused before anything is measured. */
+struct profile_seen {
+  int32_t calls, last_done, last_total;
+  int report_has_q8;
+};
+static void on_profile_progress(const char* step, int32_t done, int32_t total, void* user) {
+  struct profile_seen* seen = (struct profile_seen*)user;
+  seen->calls += step != NULL && step[0] != '\0';
+  seen->last_done = done;
+  seen->last_total = total;
+}
+static void on_profile_report(const char* text, void* user) {
+  struct profile_seen* seen = (struct profile_seen*)user;
+  if (strstr(text, "| q8 |") != NULL) seen->report_has_q8 = 1;
+}
+
+static int check_profile(const char* path) {
+  char dir[] = "/tmp/mzcache-c-api-profile-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
+  char out[256], probe[256];
+  snprintf(out, sizeof out, "%s/profile.json", dir);
+  snprintf(probe, sizeof probe, "%s/mzcache-profile.bin", dir);
+
+  CHECK(mz_profile_default_params().struct_size == sizeof(struct mz_profile_params), "profile params struct_size");
+  struct mz_profile_params pp;
+  memset(&pp, 0, sizeof pp);
+  CHECK(mz_profile_device(path, &pp, out) == MZ_ERR_INVALID_ARG, "zeroed profile params accepted");
+  CHECK(strstr(mz_last_error(), "mz_profile_params") != NULL, "the message does not name the struct");
+  pp = mz_profile_default_params();
+  CHECK(pp.dir == NULL && pp.file_mib == 512 && pp.threads == 2 && !pp.quick && pp.progress == NULL,
+        "profile defaults: file_mib %u threads %d quick %d", (unsigned)pp.file_mib, (int)pp.threads, (int)pp.quick);
+  CHECK(mz_profile_device(NULL, &pp, out) == MZ_ERR_INVALID_ARG, "NULL model path accepted");
+  pp.threads = 0;
+  CHECK(mz_profile_device(path, &pp, out) == MZ_ERR_INVALID_ARG, "threads 0 accepted");
+  CHECK(access(out, F_OK) != 0, "a refused call wrote the profile");
+
+  struct profile_seen seen = {0, 0, 0, 0};
+  pp = mz_profile_default_params();
+  pp.dir = dir;
+  pp.file_mib = 8;
+  pp.quick = true;
+  pp.progress = on_profile_progress;
+  pp.report = on_profile_report;
+  pp.user = &seen;
+  int rc = mz_profile_device(path, &pp, out);
+  CHECK(rc == MZ_OK, "mz_profile_device = %d (%s)", rc, mz_status_str(rc));
+  CHECK(seen.calls > 1 && seen.last_total > 1 && seen.last_done == seen.last_total,
+        "progress: %d calls, last %d/%d", (int)seen.calls, (int)seen.last_done, (int)seen.last_total);
+  CHECK(seen.report_has_q8, "the report has no q8 codec row");
+  CHECK(access(probe, F_OK) != 0, "the read-test file was left behind");
+  CHECK(access(out, F_OK) == 0, "no profile at %s", out);
+
+  const char* old = getenv("MZ_CACHE_DIR");
+  char saved[1024] = "";
+  if (old) snprintf(saved, sizeof saved, "%s", old);
+  CHECK(setenv("MZ_CACHE_DIR", dir, 1) == 0, "setenv failed");
+  mz_model* model = NULL;
+  CHECK(mz_model_load(path, NULL, &model) == MZ_OK, "load: %s", mz_last_error());
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  mz_context* ctx = NULL;
+  rc = mz_context_new(model, &cp, &ctx);
+  CHECK(rc == MZ_OK && ctx != NULL, "a context with the new profile: %d (%s)", rc, mz_last_error());
+  mz_context_free(ctx);
+  FILE* f = fopen(out, "w");
+  CHECK(f != NULL && fputs("{ not a profile", f) >= 0 && fclose(f) == 0, "cannot damage %s", out);
+  ctx = NULL;
+  rc = mz_context_new(model, &cp, &ctx);
+  CHECK(rc != MZ_OK && ctx == NULL, "a context started with a damaged profile (%d): was the profile read?", rc);
+  mz_model_free(model);
+  if (old)
+    setenv("MZ_CACHE_DIR", saved, 1);
+  else
+    unsetenv("MZ_CACHE_DIR");
+  remove(out);
+  CHECK(rmdir(dir) == 0, "%s not empty after the profile", dir);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   static char buf[4096];
   const char* path = argc > 1 ? argv[1] : NULL;
@@ -311,7 +395,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "FAIL: no model path (argv[1], MZ_TEST_MODEL_DIR_OVERRIDE or MZ_TEST_MODEL)\n");
     return 2;
   }
-  if (check_defaults() || check_missing_file() || run_model(path)) return 1;
+  if (check_defaults() || check_missing_file() || run_model(path) || check_profile(path)) return 1;
   printf("PASS: C API (%s)\n", path);
   return 0;
 }

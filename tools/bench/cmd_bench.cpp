@@ -6,9 +6,9 @@
 #include <memory>
 #include <random>
 
-#include "model/model.h"
-#include "runtime/context.h"
+#include "mzcache.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/report.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -53,48 +53,55 @@ std::vector<SpeedTest> ParseTests(const std::string& spec) {
   return out;
 }
 
-// One timed run of a test on mzcache. Depth contexts are built once and truncated back between runs.
+// One timed run of a test on mzcache, through the public C API. Depth contexts are built once and
+// truncated back between runs.
 class MzRunner {
  public:
-  MzRunner(Model* m, int threads) : model_(m), threads_(threads) {}
+  MzRunner(mz_model* m, int n_vocab, int threads) : model_(m), n_vocab_(n_vocab), threads_(threads) {}
 
   Status Run(const SpeedTest& t, double* seconds) {
     std::mt19937 rng(1234);
-    const int nv = int(model_->hparams().n_vocab);
+    const int nv = n_vocab_;
     auto rand_tokens = [&](int n) {
       std::vector<int32_t> v(static_cast<size_t>(n));
       for (auto& x : v) x = int32_t(rng() % uint32_t(nv));
       return v;
     };
-    ContextOptions co;
-    co.n_ctx = t.depth + t.n_prompt + t.n_gen + 16;
-    co.n_threads = threads_;
-    if (!ctx_ || ctx_depth_ != t.depth || ctx_->options().n_ctx < co.n_ctx) {
-      ctx_ = std::make_unique<Context>(model_, co);
+    mz_context_params cp = mz_context_default_params();
+    cp.n_ctx = uint32_t(t.depth + t.n_prompt + t.n_gen + 16);
+    cp.n_threads = threads_;
+    if (!ctx_ || ctx_depth_ != t.depth || ctx_n_ctx_ < cp.n_ctx) {
+      ctx_.reset();
+      mz_context* c = nullptr;
+      MZ_RETURN_IF_ERROR(MzStatus(mz_context_new(model_, &cp, &c)));
+      ctx_.reset(c);
       ctx_depth_ = t.depth;
+      ctx_n_ctx_ = cp.n_ctx;
       if (t.depth > 0) {
         std::fprintf(stderr, "  mzcache: building a %d-token context (not timed)\n", t.depth);
         auto d = rand_tokens(t.depth);
-        MZ_RETURN_IF_ERROR(ctx_->Decode(d.data(), t.depth, false));
+        MZ_RETURN_IF_ERROR(MzStatus(mz_decode(ctx_.get(), d.data(), t.depth, false)));
       }
     }
-    ctx_->Truncate(t.depth);
+    MZ_RETURN_IF_ERROR(MzStatus(mz_context_truncate(ctx_.get(), t.depth)));
     auto p = rand_tokens(std::max(1, t.n_prompt));
     double t0 = NowSeconds();
-    if (t.n_prompt > 0) MZ_RETURN_IF_ERROR(ctx_->Decode(p.data(), t.n_prompt, false));
+    if (t.n_prompt > 0) MZ_RETURN_IF_ERROR(MzStatus(mz_decode(ctx_.get(), p.data(), t.n_prompt, false)));
     for (int i = 0; i < t.n_gen; ++i) {
       int32_t tok = int32_t(rng() % uint32_t(nv));
-      MZ_RETURN_IF_ERROR(ctx_->Decode(&tok, 1, false));
+      MZ_RETURN_IF_ERROR(MzStatus(mz_decode(ctx_.get(), &tok, 1, false)));
     }
     *seconds = NowSeconds() - t0;
     return Status::Ok();
   }
 
  private:
-  Model* model_;
+  mz_model* model_;
+  int n_vocab_;
   int threads_;
-  std::unique_ptr<Context> ctx_;
+  MzContext ctx_;
   int ctx_depth_ = -1;
+  uint32_t ctx_n_ctx_ = 0;
 };
 
 // One llama-bench run (-r 1) of a test; returns seconds of the timed part.
@@ -113,6 +120,125 @@ Status LlamaRun(const SpeedArgs& a, const SpeedTest& t, double* seconds, std::st
   } catch (const std::exception& e) {
     return Status::Corruption(std::string("cannot parse llama-bench output: ") + e.what());
   }
+  return Status::Ok();
+}
+
+// What a bench speed run measures once: the model (through the C API) and the RAM bandwidth bound.
+struct SpeedSetup {
+  MzModel model;
+  mz_model_info info{};
+  double bw = 0;  // memory read bandwidth, bytes/s
+};
+
+// One test's repetitions, alternating mzcache and llama-bench (after one untimed mzcache warm-up
+// for tests without depth; llama-bench warms itself up), progress on stderr.
+Status RunTestReps(const SpeedArgs& a, const SpeedTest& t, MzRunner* mz, std::vector<double>* ours,
+                   std::vector<double>* theirs, std::vector<std::string>* raws) {
+  double dummy;
+  if (t.depth == 0) (void)mz->Run(t, &dummy);
+  for (int r = 0; r < a.reps; ++r) {
+    std::fprintf(stderr, "[%s] rep %d/%d: mzcache...", t.name.c_str(), r + 1, a.reps);
+    double s = 0;
+    MZ_RETURN_IF_ERROR(mz->Run(t, &s));
+    ours->push_back(s);
+    std::fprintf(stderr, " %.3f s", s);
+    if (!a.no_llama) {
+      std::fprintf(stderr, "; llama.cpp...");
+      std::string raw;
+      MZ_RETURN_IF_ERROR(LlamaRun(a, t, &s, &raw));
+      theirs->push_back(s);
+      raws->push_back(raw);
+      std::fprintf(stderr, " %.3f s", s);
+    }
+    std::fprintf(stderr, "\n");
+  }
+  return Status::Ok();
+}
+
+// One test's markdown row (also printed) and JSON entry.
+void ReportTest(const SpeedSetup& su, const SpeedTest& t, const std::vector<double>& ours,
+                const std::vector<double>& theirs, const std::vector<std::string>& raws, std::string* md,
+                nlohmann::json* results) {
+  const int n_tok = t.n_prompt + t.n_gen;
+  auto tps = [&](const std::vector<double>& xs) {
+    std::vector<double> v;
+    for (double x : xs) v.push_back(n_tok / x);
+    return Summarize(v);
+  };
+  Stats so = tps(ours), sl = tps(theirs), to = Summarize(ours);
+  // Memory-bandwidth bound: every weight byte is read once per ubatch and every KV byte of the
+  // context once (for decode, once per token).
+  const double kv_bytes = double(su.info.kv_bytes_per_token) * (t.depth + n_tok);
+  const double passes = t.n_gen > 0 ? t.n_gen : 1;
+  const double bound = passes * (double(su.info.weight_bytes) + kv_bytes) / su.bw;
+  const double ratio = theirs.empty() ? 0 : so.median / sl.median;
+  char line[512];
+  if (theirs.empty())
+    std::snprintf(line, sizeof line, "| %s | %.2f ± %.2f | - | - | %.3f | %.3f |\n", t.name.c_str(), so.mean,
+                  so.stddev, to.median, bound);
+  else
+    std::snprintf(line, sizeof line, "| %s | %.2f ± %.2f | %.2f ± %.2f | %.2fx | %.3f | %.3f |\n", t.name.c_str(),
+                  so.mean, so.stddev, sl.mean, sl.stddev, ratio, to.median, bound);
+  *md += line;
+  std::fputs(line, stdout);
+  results->push_back({{"test", t.name},
+                      {"n_prompt", t.n_prompt},
+                      {"n_gen", t.n_gen},
+                      {"depth", t.depth},
+                      {"llama_flash_attn", t.fa},
+                      {"mzcache_seconds", ours},
+                      {"llama_seconds", theirs},
+                      {"mzcache_tps_mean", so.mean},
+                      {"mzcache_tps_stddev", so.stddev},
+                      {"mzcache_tps_median", so.median},
+                      {"llama_tps_mean", sl.mean},
+                      {"llama_tps_stddev", sl.stddev},
+                      {"llama_tps_median", sl.median},
+                      {"ratio_median", ratio},
+                      {"bandwidth_bound_seconds", bound},
+                      {"llama_bench_raw", raws}});
+}
+
+// Writes bench-speed.{md,json}: the run's header over the test rows.
+void WriteSpeedReport(const SpeedArgs& a, const SpeedSetup& su, const std::string& rows_md,
+                      const nlohmann::json& results) {
+  const std::string machine = MachineDescription();
+  nlohmann::json doc = {{"model", a.model},
+                        {"model_name", su.info.name},
+                        {"threads", a.threads},
+                        {"reps", a.reps},
+                        {"machine", machine},
+                        {"read_bandwidth_GBps", su.bw / 1e9},
+                        {"results", results}};
+  std::string header = "# bench speed\n\nmodel: `" + a.model + "` (" + su.info.name + "), threads " +
+                       std::to_string(a.threads) + ", reps " + std::to_string(a.reps) +
+                       " (alternating mzcache / llama.cpp)\nmachine: " + machine +
+                       "\nmemory read bandwidth: " + std::to_string(su.bw / 1e9) +
+                       " GB/s\nt/s: mean ± stddev; ratio: median mzcache t/s / median llama.cpp t/s; "
+                       "bound: bytes that must be read (weights + KV) / bandwidth\n\n";
+  WriteReport(a.out_dir, "bench-speed", header + rows_md, doc);
+  std::fprintf(stderr, "wrote %s/bench-speed.{md,json}\n", a.out_dir.c_str());
+}
+
+// bench speed: every test in turn, then the report.
+Status RunSpeed(SpeedArgs& a) {
+  SpeedSetup su;
+  std::string path;
+  MZ_RETURN_IF_ERROR(OpenBenchModel(a.model, "q8_0", &path, &su.model));
+  a.model = path;
+  MZ_RETURN_IF_ERROR(MzStatus(mz_model_get_info(su.model.get(), &su.info)));
+  su.bw = MeasureReadBandwidth(a.threads);
+  std::fprintf(stderr, "memory read bandwidth (%d threads): %.1f GB/s\n", a.threads, su.bw / 1e9);
+  MzRunner mz(su.model.get(), su.info.n_vocab, a.threads);
+  nlohmann::json results = nlohmann::json::array();
+  std::string md = "| test | mzcache t/s | llama.cpp t/s | ratio | mzcache s (median) | bound s |\n|---|---|---|---|---|---|\n";
+  for (const SpeedTest& t : ParseTests(a.tests)) {
+    std::vector<double> ours, theirs;
+    std::vector<std::string> raws;
+    MZ_RETURN_IF_ERROR(RunTestReps(a, t, &mz, &ours, &theirs, &raws));
+    ReportTest(su, t, ours, theirs, raws, &md, &results);
+  }
+  WriteSpeedReport(a, su, md, results);
   return Status::Ok();
 }
 
@@ -137,99 +263,8 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   speed->add_flag("--no-llama", a->no_llama, "only mzcache");
   runners.push_back([speed, a]() -> int {
     if (!speed->parsed()) return -1;
-    if (a->model.empty()) {
-      Status st = EnsureDefaultModel(&a->model);
-      if (!st.ok()) return Fail(st);
-    }
-    std::unique_ptr<Model> model;
-    Status st = Model::Load(Env::Default(), a->model, ModelOptions(), &model);
-    if (!st.ok()) return Fail(st);
-    const HParams& hp = model->hparams();
-    const double bw = MeasureReadBandwidth(a->threads);
-    std::fprintf(stderr, "memory read bandwidth (%d threads): %.1f GB/s\n", a->threads, bw / 1e9);
-    MzRunner mz(model.get(), a->threads);
-    nlohmann::json results = nlohmann::json::array();
-    std::string md = "| test | mzcache t/s | llama.cpp t/s | ratio | mzcache s (median) | bound s |\n|---|---|---|---|---|---|\n";
-    for (const SpeedTest& t : ParseTests(a->tests)) {
-      std::vector<double> ours, theirs;
-      std::vector<std::string> raws;
-      // Warm-up (not recorded) for mzcache; llama-bench does its own except for depth tests.
-      double dummy;
-      if (t.depth == 0) mz.Run(t, &dummy);
-      for (int r = 0; r < a->reps; ++r) {
-        std::fprintf(stderr, "[%s] rep %d/%d: mzcache...", t.name.c_str(), r + 1, a->reps);
-        double s = 0;
-        st = mz.Run(t, &s);
-        if (!st.ok()) return Fail(st);
-        ours.push_back(s);
-        std::fprintf(stderr, " %.3f s", s);
-        if (!a->no_llama) {
-          std::fprintf(stderr, "; llama.cpp...");
-          std::string raw;
-          st = LlamaRun(*a, t, &s, &raw);
-          if (!st.ok()) return Fail(st);
-          theirs.push_back(s);
-          raws.push_back(raw);
-          std::fprintf(stderr, " %.3f s", s);
-        }
-        std::fprintf(stderr, "\n");
-      }
-      const int n_tok = t.n_prompt + t.n_gen;
-      auto tps = [&](const std::vector<double>& xs) {
-        std::vector<double> v;
-        for (double x : xs) v.push_back(n_tok / x);
-        return Summarize(v);
-      };
-      Stats so = tps(ours), sl = tps(theirs), to = Summarize(ours);
-      // Memory-bandwidth bound: every weight byte is read once per ubatch and every KV byte of the
-      // context once (for decode, once per token).
-      const double kv_bytes = double(hp.kv_bytes_per_token()) * (t.depth + n_tok);
-      const double passes = t.n_gen > 0 ? t.n_gen : 1;
-      const double bound = passes * (double(model->tensor_bytes()) + kv_bytes) / bw;
-      const double ratio = theirs.empty() ? 0 : so.median / sl.median;
-      char line[512];
-      if (theirs.empty())
-        std::snprintf(line, sizeof line, "| %s | %.2f ± %.2f | - | - | %.3f | %.3f |\n", t.name.c_str(), so.mean,
-                      so.stddev, to.median, bound);
-      else
-        std::snprintf(line, sizeof line, "| %s | %.2f ± %.2f | %.2f ± %.2f | %.2fx | %.3f | %.3f |\n", t.name.c_str(),
-                      so.mean, so.stddev, sl.mean, sl.stddev, ratio, to.median, bound);
-      md += line;
-      std::fputs(line, stdout);
-      results.push_back({{"test", t.name},
-                         {"n_prompt", t.n_prompt},
-                         {"n_gen", t.n_gen},
-                         {"depth", t.depth},
-                         {"llama_flash_attn", t.fa},
-                         {"mzcache_seconds", ours},
-                         {"llama_seconds", theirs},
-                         {"mzcache_tps_mean", so.mean},
-                         {"mzcache_tps_stddev", so.stddev},
-                         {"mzcache_tps_median", so.median},
-                         {"llama_tps_mean", sl.mean},
-                         {"llama_tps_stddev", sl.stddev},
-                         {"llama_tps_median", sl.median},
-                         {"ratio_median", ratio},
-                         {"bandwidth_bound_seconds", bound},
-                         {"llama_bench_raw", raws}});
-    }
-    nlohmann::json doc = {{"model", a->model},
-                          {"model_name", hp.name},
-                          {"threads", a->threads},
-                          {"reps", a->reps},
-                          {"machine", MachineDescription()},
-                          {"read_bandwidth_GBps", bw / 1e9},
-                          {"results", results}};
-    std::string header = "# bench speed\n\nmodel: `" + a->model + "` (" + hp.name + "), threads " +
-                         std::to_string(a->threads) + ", reps " + std::to_string(a->reps) +
-                         " (alternating mzcache / llama.cpp)\nmachine: " + MachineDescription() +
-                         "\nmemory read bandwidth: " + std::to_string(bw / 1e9) +
-                         " GB/s\nt/s: mean ± stddev; ratio: median mzcache t/s / median llama.cpp t/s; "
-                         "bound: bytes that must be read (weights + KV) / bandwidth\n\n";
-    WriteFile(a->out_dir, "bench-speed.md", header + md);
-    WriteFile(a->out_dir, "bench-speed.json", doc.dump(2));
-    std::fprintf(stderr, "wrote %s/bench-speed.{md,json}\n", a->out_dir.c_str());
-    return 0;
+    Status st = RunSpeed(*a);
+    return st.ok() ? 0 : Fail(st);
   });
 }
 

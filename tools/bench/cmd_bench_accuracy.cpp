@@ -54,7 +54,7 @@ uint64_t KvHash(Context& ctx) {
   XXH64_reset(h, 0);
   for (int l = 0; l < g.n_layer; ++l)
     for (int c = 0; c < ctx.kv().n_chunks_for(int(ctx.history().size())); ++c) {
-      const ChunkShape s = ctx.elastic().shape(l, c);
+      const ChunkShape s = ctx.units().shape(l, c);
       const uint16_t* p = ctx.kv().chunk(l, c);
       for (int blk = 0; blk < 2; ++blk)
         for (int hd = 0; hd < s.n_kv_head; ++hd)
@@ -84,158 +84,173 @@ struct Cycle {
   double evict_s = 0, restore_s = 0;
 };
 
-int RunAccuracy(AccArgs& a) {
+// One bench accuracy run: the model, the real-text tokens, the never-evicted reference and what
+// each part measured, and the report being built.
+struct AccRun {
+  explicit AccRun(AccArgs& args) : a(args) {}
+  AccArgs& a;
   std::string path;
-  Status st = ResolveModelPath(a.model, a.type, &path);
-  if (!st.ok()) return Fail(st);
   std::unique_ptr<Model> model;
-  st = Model::Load(Env::Default(), path, ModelOptions(), &model);
-  if (!st.ok()) return Fail(st);
-  const HParams& hp = model->hparams();
-  const int nv = int(hp.n_vocab), n = a.ctx, P = a.positions;
-  const std::string stem = ModelStem(path);
-  std::fprintf(stderr, "== %s: accuracy over %d teacher-forced positions after a %d-token context ==\n", stem.c_str(), P, n);
-
-  std::vector<int32_t> toks;
-  st = RealTokens(path, n + P, &toks);
-  if (!st.ok()) return Fail(st);
-  ContextOptions co;
-  co.n_ctx = n + P + 64;
-  co.n_threads = a.threads;
-  co.swap_path = a.swap_dir + "/mzcache-accuracy-" + std::to_string(getpid()) + ".swap";
-  co.kv_codec = "none";
-  Context ref(model.get(), co);
-  st = ref.Init();
-  std::string sess;
-  if (st.ok()) st = EnsureSessionContext(ref, path, toks, n, &sess);
-  if (!st.ok()) return Fail(st);
-  const uint64_t ref_hash = KvHash(ref);
-
-  // Space savings on the context's own real KV.
+  int nv = 0, n = 0, P = 0;
+  std::vector<int32_t> toks;   // the context's n tokens, then the P teacher-forced ones
+  ContextOptions co;           // the reference's options (codec "none")
+  std::string sess;            // the context's session file
+  uint64_t ref_hash = 0;       // KvHash of the never-evicted context
+  // Reference next-token distributions (never evicted, fp16 KV): log-probabilities [P][nv], top-1,
+  // and which positions are decided (top-1 ahead of top-2 by >= kMargin probability).
+  std::vector<float> ref_lp;
+  std::vector<int> ref_top;
+  std::vector<bool> decided;
+  static constexpr double kMargin = 0.05;
+  double ref_entropy = 0;
+  int n_decided = 0;
+  std::map<std::string, std::vector<Cycle>> cycles;  // codec -> evict/restore cycles
+  std::vector<std::string> acc_codecs;               // a.codecs and the "none" control
   nlohmann::json doc;
+  std::string md, sav_dat;
+};
+
+// Space savings on the context's own real KV (every codec asked for, and lz4/zstd); the report's
+// header.
+Status SpaceSavings(AccRun* R, Context& ref) {
+  const AccArgs& a = R->a;
+  const HParams& hp = R->model->hparams();
+  nlohmann::json& doc = R->doc;
   doc["machine"] = MachineDescription();
-  doc["model"] = path;
+  doc["model"] = R->path;
   doc["model_name"] = hp.name;
-  doc["ctx"] = n;
-  doc["positions"] = P;
+  doc["ctx"] = R->n;
+  doc["positions"] = R->P;
   doc["n_cycles"] = a.cycles;
-  std::string md = "# bench accuracy\n\nmodel `" + path + "` (" + hp.name + "); machine: " + MachineDescription() +
-                   "; threads " + std::to_string(a.threads) + ".\n\n## Space savings on real KV\n\nAll " +
-                   std::to_string(hp.n_layer) + " layers' KV chunks of a " + std::to_string(n) +
-                   "-token context built by prefill of real text (" + std::to_string(ref.kv().geometry().chunk_tokens) +
-                   " tokens per chunk).\n\n| codec | encoded / raw | space saving |\n|---|---|---|\n";
+  R->md = "# bench accuracy\n\nmodel `" + R->path + "` (" + hp.name + "); machine: " + MachineDescription() +
+          "; threads " + std::to_string(a.threads) + ".\n\n## Space savings on real KV\n\nAll " +
+          std::to_string(hp.n_layer) + " layers' KV chunks of a " + std::to_string(R->n) +
+          "-token context built by prefill of real text (" + std::to_string(ref.kv().geometry().chunk_tokens) +
+          " tokens per chunk).\n\n| codec | encoded / raw | space saving |\n|---|---|---|\n";
   std::vector<std::string> all_codecs = a.codecs;
   for (const char* extra : {"lz4", "zstd"})
     if (std::find(all_codecs.begin(), all_codecs.end(), extra) == all_codecs.end()) all_codecs.push_back(extra);
-  std::string sav_dat;
   for (const std::string& cn : all_codecs) {
     std::unique_ptr<KvCodec> codec = MakeKvCodec(cn);
-    if (!codec) return Fail(Status::InvalidArgument("unknown codec " + cn));
+    if (!codec) return Status::InvalidArgument("unknown codec " + cn);
     uint64_t raw = 0, enc = 0;
     std::vector<uint8_t> buf;
-    const int C = ref.kv().n_chunks_for(n);
+    const int C = ref.kv().n_chunks_for(R->n);
     for (int l = 0; l < int(hp.n_layer); ++l)
       for (int c = 0; c < C; ++c) {
-        const ChunkShape s = ref.elastic().shape(l, c);
+        const ChunkShape s = ref.units().shape(l, c);
         buf.resize(codec->MaxEncodedSize(s));
         size_t w = 0;
-        st = codec->Encode(s, ref.kv().chunk(l, c), buf.data(), buf.size(), &w);
-        if (!st.ok()) return Fail(st);
+        MZ_RETURN_IF_ERROR(codec->Encode(s, ref.kv().chunk(l, c), buf.data(), buf.size(), &w));
         enc += w;
         raw += 2ull * s.n_kv_head * uint64_t(s.n_tokens) * s.head_dim * 2;
       }
     const double ratio = double(enc) / double(raw);
-    md += Sprintf("| %s%s | %.3f | %.1f%% |\n", cn.c_str(), codec->lossless() ? " (lossless)" : "", ratio, 100 * (1 - ratio));
+    R->md += Sprintf("| %s%s | %.3f | %.1f%% |\n", cn.c_str(), codec->lossless() ? " (lossless)" : "", ratio, 100 * (1 - ratio));
     doc["space"][cn] = {{"raw_bytes", raw}, {"encoded_bytes", enc}, {"ratio", ratio}, {"saving", 1 - ratio}};
-    sav_dat += Sprintf("%s %.4f\n", cn.c_str(), 100 * (1 - ratio));
+    R->sav_dat += Sprintf("%s %.4f\n", cn.c_str(), 100 * (1 - ratio));
   }
+  return Status::Ok();
+}
 
-  // Reference next-token distributions (never evicted, fp16 KV).
+// Reference next-token distributions: the P positions teacher-forced on the never-evicted context.
+Status ReferenceDistributions(AccRun* R, Context& ref) {
+  const int P = R->P, nv = R->nv;
   std::fprintf(stderr, "  reference: teacher-forcing %d positions on the never-evicted context\n", P);
   double t0 = NowSeconds();
-  st = ref.Decode(toks.data() + n, P, true);
-  if (!st.ok()) return Fail(st);
-  std::vector<float> ref_lp(size_t(P) * nv);
-  std::vector<int> ref_top(static_cast<size_t>(P));
-  std::vector<bool> decided(static_cast<size_t>(P));  // reference top-1 ahead of top-2 by >= kMargin probability
-  const double kMargin = 0.05;
-  double ref_entropy = 0;
-  int n_decided = 0;
+  MZ_RETURN_IF_ERROR(ref.Decode(R->toks.data() + R->n, P, true));
+  R->ref_lp.assign(size_t(P) * nv, 0.f);
+  R->ref_top.assign(size_t(P), 0);
+  R->decided.assign(size_t(P), false);
   for (int i = 0; i < P; ++i) {
-    float* lp = ref_lp.data() + size_t(i) * nv;
+    float* lp = R->ref_lp.data() + size_t(i) * nv;
     LogSoftmax(ref.logits(i), nv, lp);
-    ref_top[size_t(i)] = ArgMaxIndex(ref.logits(i), nv);
+    R->ref_top[size_t(i)] = ArgMaxIndex(ref.logits(i), nv);
     double p1 = 0, p2 = 0;
     for (int v = 0; v < nv; ++v) {
       const double pv = std::exp(double(lp[v]));
-      ref_entropy -= pv > 0 ? pv * double(lp[v]) : 0;
+      R->ref_entropy -= pv > 0 ? pv * double(lp[v]) : 0;
       if (pv > p1) p2 = p1, p1 = pv;
       else if (pv > p2) p2 = pv;
     }
-    decided[size_t(i)] = p1 - p2 >= kMargin;
-    n_decided += decided[size_t(i)];
+    R->decided[size_t(i)] = p1 - p2 >= AccRun::kMargin;
+    R->n_decided += R->decided[size_t(i)];
   }
-  ref_entropy /= P;
-  doc["reference_mean_entropy"] = ref_entropy;
-  doc["decided_positions"] = n_decided;
-  doc["decided_margin"] = kMargin;
-  ref.Truncate(n);
+  R->ref_entropy /= P;
+  R->doc["reference_mean_entropy"] = R->ref_entropy;
+  R->doc["decided_positions"] = R->n_decided;
+  R->doc["decided_margin"] = AccRun::kMargin;
+  ref.Truncate(R->n);
   std::fprintf(stderr, "  reference done in %.1f s\n", NowSeconds() - t0);
+  return Status::Ok();
+}
 
-  std::map<std::string, std::vector<Cycle>> cycles;
-  std::vector<std::string> acc_codecs = a.codecs;
-  acc_codecs.push_back("none");  // control
+// One evict/restore cycle of ctx with codec cn, then the P positions compared with the reference.
+Status OneCycle(AccRun* R, Context& ctx, const std::string& cn, int cy, uint64_t* first_hash, Cycle* r) {
+  const int P = R->P, nv = R->nv;
+  double e0 = NowSeconds();
+  MZ_RETURN_IF_ERROR(ctx.Evict(AllKvCompressed(ctx), 0, nullptr));
+  const MemoryReport rep = ctx.Report();
+  r->stack_ratio = rep.kv_mem_compressed_raw ? double(rep.kv_mem_compressed) / double(rep.kv_mem_compressed_raw) : 0;
+  double e1 = NowSeconds();
+  MZ_RETURN_IF_ERROR(ctx.Restore());
+  double e2 = NowSeconds();
+  r->evict_s = e1 - e0;
+  r->restore_s = e2 - e1;
+  const uint64_t h = KvHash(ctx);
+  if (cy == 0) *first_hash = h;
+  r->same_kv_as_first = h == *first_hash;
+  MZ_RETURN_IF_ERROR(ctx.Decode(R->toks.data() + R->n, P, true));
   std::vector<float> lq(static_cast<size_t>(nv));
-  for (const std::string& cn : acc_codecs) {
-    const int n_cycles = cn == "none" ? 1 : a.cycles;
-    ContextOptions cc = co;
+  for (int i = 0; i < P; ++i) {
+    LogSoftmax(ctx.logits(i), nv, lq.data());
+    r->kl.push_back(KlFromLogProbs(R->ref_lp.data() + size_t(i) * nv, lq.data(), nv));
+    const bool same = ArgMaxIndex(ctx.logits(i), nv) == R->ref_top[size_t(i)];
+    r->agree += same;
+    r->agree_decided += same && R->decided[size_t(i)];
+  }
+  ctx.Truncate(R->n);
+  const KlSummary s = SummarizeKl(r->kl);
+  std::fprintf(stderr, "  %-8s cycle %2d: mean KL %.3e, max %.3e, top-1 %d/%d, KV %s cycle 1 (stack %.3f of raw)\n",
+               cn.c_str(), cy + 1, s.mean, s.max, r->agree, P, r->same_kv_as_first ? "==" : "!=", r->stack_ratio);
+  if (cn == "none") r->same_kv_as_first = h == R->ref_hash;  // lossless: identical to the never-evicted KV
+  return Status::Ok();
+}
+
+// Every codec (and the "none" control, once): the context loaded from its session file, then
+// a.cycles evict/restore cycles.
+Status RunCycles(AccRun* R) {
+  R->acc_codecs = R->a.codecs;
+  R->acc_codecs.push_back("none");  // control
+  for (const std::string& cn : R->acc_codecs) {
+    const int n_cycles = cn == "none" ? 1 : R->a.cycles;
+    ContextOptions cc = R->co;
     cc.kv_codec = cn;
-    Context ctx(model.get(), cc);
-    st = ctx.Init();
-    if (st.ok()) st = LoadSession(ctx, sess);
-    if (!st.ok()) return Fail(st);
+    Context ctx(R->model.get(), cc);
+    MZ_RETURN_IF_ERROR(ctx.Init());
+    MZ_RETURN_IF_ERROR(LoadSession(ctx, R->sess));
     uint64_t first_hash = 0;
     for (int cy = 0; cy < n_cycles; ++cy) {
       Cycle r;
-      double e0 = NowSeconds();
-      st = ctx.Evict(AllKvCompressed(ctx), 0, nullptr);
-      if (!st.ok()) return Fail(st);
-      const MemoryReport rep = ctx.Report();
-      r.stack_ratio = rep.kv_mem_compressed_raw ? double(rep.kv_mem_compressed) / double(rep.kv_mem_compressed_raw) : 0;
-      double e1 = NowSeconds();
-      st = ctx.Restore();
-      if (!st.ok()) return Fail(st);
-      double e2 = NowSeconds();
-      r.evict_s = e1 - e0;
-      r.restore_s = e2 - e1;
-      const uint64_t h = KvHash(ctx);
-      if (cy == 0) first_hash = h;
-      r.same_kv_as_first = h == first_hash;
-      st = ctx.Decode(toks.data() + n, P, true);
-      if (!st.ok()) return Fail(st);
-      for (int i = 0; i < P; ++i) {
-        LogSoftmax(ctx.logits(i), nv, lq.data());
-        r.kl.push_back(KlFromLogProbs(ref_lp.data() + size_t(i) * nv, lq.data(), nv));
-        const bool same = ArgMaxIndex(ctx.logits(i), nv) == ref_top[size_t(i)];
-        r.agree += same;
-        r.agree_decided += same && decided[size_t(i)];
-      }
-      ctx.Truncate(n);
-      const KlSummary s = SummarizeKl(r.kl);
-      std::fprintf(stderr, "  %-8s cycle %2d: mean KL %.3e, max %.3e, top-1 %d/%d, KV %s cycle 1 (stack %.3f of raw)\n",
-                   cn.c_str(), cy + 1, s.mean, s.max, r.agree, P, r.same_kv_as_first ? "==" : "!=", r.stack_ratio);
-      if (cn == "none") r.same_kv_as_first = h == ref_hash;  // lossless: identical to the never-evicted KV
-      cycles[cn].push_back(std::move(r));
+      MZ_RETURN_IF_ERROR(OneCycle(R, ctx, cn, cy, &first_hash, &r));
+      R->cycles[cn].push_back(std::move(r));
     }
   }
+  return Status::Ok();
+}
 
+// The accuracy table (first cycle of each codec), the control's line and the KL histogram.
+void ReportAccuracy(AccRun* R) {
+  const AccArgs& a = R->a;
+  const int n = R->n, P = R->P;
+  std::string& md = R->md;
   md += "\n## Accuracy against the fp16 KV\n\n" + std::to_string(n) + "-token real-text context; all its KV evicted "
         "to the codec's in-memory compressed state and restored; then the next " + std::to_string(P) +
         " real-text tokens teacher-forced (one batch) and each position's next-token distribution compared with the "
         "never-evicted context's. KL(p_f16 || p_codec) in nats. `none` is the harness control (lossless: must be "
         "0 and bit-identical). The model has synthesized random weights: its reference distributions are flat (mean "
-        "entropy " + Sprintf("%.2f", ref_entropy) + " nats; top-1 ahead of top-2 by >= " + Sprintf("%.2f", kMargin) +
-        " probability at " + std::to_string(n_decided) + " of " + std::to_string(P) + " positions), so top-1 flips "
+        "entropy " + Sprintf("%.2f", R->ref_entropy) + " nats; top-1 ahead of top-2 by >= " + Sprintf("%.2f", AccRun::kMargin) +
+        " probability at " + std::to_string(R->n_decided) + " of " + std::to_string(P) + " positions), so top-1 flips "
         "at near-ties; the last column counts agreement on those clearly decided positions only.\n\n"
         "| codec | positions | mean KL | median | p90 | p99 | max KL | top-1 agreement | top-1 agreement, decided positions |\n"
         "|---|---|---|---|---|---|---|---|---|\n";
@@ -245,22 +260,20 @@ int RunAccuracy(AccArgs& a) {
   for (const std::string& cn : a.codecs) hist_dat += " " + cn;
   hist_dat += "\n";
   std::map<std::string, std::vector<int>> hists;
-  for (const std::string& cn : acc_codecs) {
-    const Cycle& c1 = cycles[cn].front();
+  for (const std::string& cn : R->acc_codecs) {
+    const Cycle& c1 = R->cycles[cn].front();
     const KlSummary s = SummarizeKl(c1.kl);
     md += Sprintf("| %s | %d | %.3e | %.3e | %.3e | %.3e | %.3e | %d/%d (%.1f%%) | %d/%d |\n", cn.c_str(), s.n, s.mean,
-                  s.p50, s.p90, s.p99, s.max, c1.agree, P, 100.0 * c1.agree / P, c1.agree_decided, n_decided);
-    doc["accuracy"][cn] = {{"mean_kl", s.mean}, {"median_kl", s.p50}, {"p90_kl", s.p90}, {"p99_kl", s.p99},
-                           {"max_kl", s.max}, {"top1_agree", c1.agree}, {"positions", P},
-                           {"top1_agree_decided", c1.agree_decided}, {"decided_positions", n_decided},
-                           {"kl_per_position", c1.kl}};
+                  s.p50, s.p90, s.p99, s.max, c1.agree, P, 100.0 * c1.agree / P, c1.agree_decided, R->n_decided);
+    R->doc["accuracy"][cn] = {{"mean_kl", s.mean}, {"median_kl", s.p50}, {"p90_kl", s.p90}, {"p99_kl", s.p99},
+                              {"max_kl", s.max}, {"top1_agree", c1.agree}, {"positions", P},
+                              {"top1_agree_decided", c1.agree_decided}, {"decided_positions", R->n_decided},
+                              {"kl_per_position", c1.kl}};
     if (cn != "none") hists[cn] = Log10Histogram(c1.kl, hlo, hhi, hbins);
   }
-  {
-    const Cycle& ctl = cycles["none"].front();
-    md += Sprintf("\nControl `none`: max KL %.3e, restored KV byte-identical to the never-evicted context: %s.\n",
-                  SummarizeKl(ctl.kl).max, ctl.same_kv_as_first ? "yes" : "NO");
-  }
+  const Cycle& ctl = R->cycles["none"].front();
+  md += Sprintf("\nControl `none`: max KL %.3e, restored KV byte-identical to the never-evicted context: %s.\n",
+                SummarizeKl(ctl.kl).max, ctl.same_kv_as_first ? "yes" : "NO");
   for (int b = 0; b < hbins; ++b) {
     hist_dat += Sprintf("%.3f", hlo + (b + 0.5) * (hhi - hlo) / hbins);
     for (const std::string& cn : a.codecs) hist_dat += Sprintf(" %d", hists[cn][size_t(b)]);
@@ -274,12 +287,16 @@ int RunAccuracy(AccArgs& a) {
                    "0.8 border -1\nset xtics rotate by -45\nplot 'accuracy-kl-hist.dat'";
   for (size_t i = 0; i < a.codecs.size(); ++i)
     gp += Sprintf("%s u %zu%s t '%s'", i ? ", ''" : "", i + 2, i ? "" : ":xtic(sprintf('%.1f', $1))", a.codecs[i].c_str());
-  std::string png = PlotPng(a.out, "accuracy-kl-hist", gp + "\n");
+  const std::string png = PlotPng(a.out, "accuracy-kl-hist", gp + "\n");
   if (!png.empty()) md += "\n![KL histogram](" + png + ")\n";
+}
 
-  // Idempotence.
+// Idempotence: mean KL after each cycle and whether the restored KV matched the first cycle's.
+void ReportIdempotence(AccRun* R) {
+  const AccArgs& a = R->a;
+  std::string& md = R->md;
   md += "\n## Idempotence: " + std::to_string(a.cycles) + " evict/restore cycles\n\nMean KL over the " +
-        std::to_string(P) + " positions after each cycle (the same context, evicted to the codec and restored again "
+        std::to_string(R->P) + " positions after each cycle (the same context, evicted to the codec and restored again "
         "each time). `restored KV identical` compares the restored context's KV bytes with the first cycle's.\n\n"
         "| codec |";
   for (int cy = 1; cy <= a.cycles; ++cy) md += Sprintf(" cycle %d |", cy);
@@ -292,7 +309,7 @@ int RunAccuracy(AccArgs& a) {
   for (int cy = 0; cy < a.cycles; ++cy) {
     cyc_dat += std::to_string(cy + 1);
     for (const std::string& cn : a.codecs) {
-      const KlSummary s = SummarizeKl(cycles[cn][size_t(cy)].kl);
+      const KlSummary s = SummarizeKl(R->cycles[cn][size_t(cy)].kl);
       cyc_dat += Sprintf(" %.6e %.6e", s.mean, s.max);
     }
     cyc_dat += "\n";
@@ -302,7 +319,7 @@ int RunAccuracy(AccArgs& a) {
     double mx = 0;
     bool same = true;
     nlohmann::json jc = nlohmann::json::array();
-    for (const Cycle& c : cycles[cn]) {
+    for (const Cycle& c : R->cycles[cn]) {
       const KlSummary s = SummarizeKl(c.kl);
       md += Sprintf(" %.3e |", s.mean);
       mx = std::max(mx, s.max);
@@ -311,114 +328,153 @@ int RunAccuracy(AccArgs& a) {
                     {"stack_ratio", c.stack_ratio}, {"evict_s", c.evict_s}, {"restore_s", c.restore_s}});
     }
     md += Sprintf(" %.3e | %s |\n", mx, same ? "yes" : "NO");
-    doc["cycles"][cn] = jc;
+    R->doc["cycles"][cn] = jc;
   }
   WriteFile(a.out, "accuracy-cycles.dat", cyc_dat);
-  gp = "set terminal pngcairo size 800,500\nset output 'accuracy-cycles.png'\nset title 'KL after each evict/restore "
-       "cycle (mean and max over " + std::to_string(P) + " positions)'\nset xlabel 'cycle'\nset ylabel 'KL (nats)'\n"
-       "set logscale y\nset xrange [0.5:" + std::to_string(a.cycles) + ".5]\nset key outside right\nplot ";
+  std::string gp = "set terminal pngcairo size 800,500\nset output 'accuracy-cycles.png'\nset title 'KL after each evict/restore "
+                   "cycle (mean and max over " + std::to_string(R->P) + " positions)'\nset xlabel 'cycle'\nset ylabel 'KL (nats)'\n"
+                   "set logscale y\nset xrange [0.5:" + std::to_string(a.cycles) + ".5]\nset key outside right\nplot ";
   for (size_t i = 0; i < a.codecs.size(); ++i)
     gp += Sprintf("%s'accuracy-cycles.dat' u 1:%zu w lp lc %zu pt 7 t '%s mean', '' u 1:%zu w lp lc %zu dt 2 pt 6 t '%s max'",
                   i ? ", " : "", 2 + 2 * i, i + 1, a.codecs[i].c_str(), 3 + 2 * i, i + 1, a.codecs[i].c_str());
-  png = PlotPng(a.out, "accuracy-cycles", gp + "\n");
+  const std::string png = PlotPng(a.out, "accuracy-cycles", gp + "\n");
   if (!png.empty()) md += "\n![KL per cycle](" + png + ")\n";
+}
 
-  // Space savings plot.
-  WriteFile(a.out, "accuracy-space.dat", sav_dat);
-  png = PlotPng(a.out, "accuracy-space",
+void PlotSpaceSavings(AccRun* R) {
+  WriteFile(R->a.out, "accuracy-space.dat", R->sav_dat);
+  const std::string png = PlotPng(R->a.out, "accuracy-space",
                 "set terminal pngcairo size 700,400\nset output 'accuracy-space.png'\nset title 'KV space savings on real "
                 "KV'\nset ylabel 'space saving (%)'\nset yrange [0:100]\nset style data histogram\nset style fill solid "
                 "0.8 border -1\nset boxwidth 0.7\nplot 'accuracy-space.dat' u 2:xtic(1) notitle\n");
-  if (!png.empty()) md += "\n![space savings](" + png + ")\n";
+  if (!png.empty()) R->md += "\n![space savings](" + png + ")\n";
+}
 
-  // TTFT per codec.
-  if (!a.no_ttft) {
-    const int N = a.ttft_ctx;
-    std::fprintf(stderr, "== TTFT per codec: %d-token context, %d-token query ==\n", N, a.query);
-    std::vector<int32_t> t2;
-    st = RealTokens(path, N + a.query, &t2);
-    if (!st.ok()) return Fail(st);
-    const std::vector<int32_t> query(t2.begin() + N, t2.end());
-    std::map<std::string, std::map<int, std::vector<LevelRun>>> runs;
-    std::vector<double> all_mem;
-    for (int rep = 0; rep < a.reps; ++rep) {
-      for (size_t k = 0; k < a.codecs.size(); ++k) {
-        const std::string& cn = a.codecs[(k + size_t(rep)) % a.codecs.size()];  // rotate the order every rep
-        ContextOptions cc;
-        cc.n_ctx = N + a.query + 64;
-        cc.n_threads = a.threads;
-        cc.kv_codec = cn;
-        cc.swap_path = co.swap_path;
-        Context ctx(model.get(), cc);
-        st = ctx.Init();
-        std::string s2;
-        if (st.ok()) st = EnsureSessionContext(ctx, path, t2, N, &s2);
-        if (!st.ok()) return Fail(st);
-        if (k == 0) {
-          LevelRun r;
-          st = MeasureLevel(ctx, 1.0, query, N, &r);
-          if (!st.ok()) return Fail(st);
-          all_mem.push_back(r.ttft);
-        }
-        for (int lv : a.levels) {
-          LevelRun r;
-          st = MeasureLevel(ctx, lv / 100.0, query, N, &r);
-          if (!st.ok()) return Fail(st);
-          runs[cn][lv].push_back(r);
-          std::fprintf(stderr, "  rep %d %-8s from %3d%%: TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB decoded)\n",
-                       rep + 1, cn.c_str(), lv, r.ttft, 100 * r.remaining, r.bytes_from_storage / 1048576.0,
-                       r.bytes_decoded / 1048576.0);
-        }
+// TTFT per codec: runs[codec][level], and the all-in-memory TTFTs (*all_mem).
+Status MeasureCodecTtft(AccRun* R, const std::vector<int32_t>& t2, std::map<std::string, std::map<int, std::vector<LevelRun>>>* runs,
+                        std::vector<double>* all_mem) {
+  const AccArgs& a = R->a;
+  const int N = a.ttft_ctx;
+  const std::vector<int32_t> query(t2.begin() + N, t2.end());
+  for (int rep = 0; rep < a.reps; ++rep) {
+    for (size_t k = 0; k < a.codecs.size(); ++k) {
+      const std::string& cn = a.codecs[(k + size_t(rep)) % a.codecs.size()];  // rotate the order every rep
+      ContextOptions cc;
+      cc.n_ctx = N + a.query + 64;
+      cc.n_threads = a.threads;
+      cc.kv_codec = cn;
+      cc.swap_path = R->co.swap_path;
+      Context ctx(R->model.get(), cc);
+      MZ_RETURN_IF_ERROR(ctx.Init());
+      std::string s2;
+      MZ_RETURN_IF_ERROR(EnsureSessionContext(ctx, R->path, t2, N, &s2));
+      if (k == 0) {
+        LevelRun r;
+        MZ_RETURN_IF_ERROR(MeasureLevel(ctx, 1.0, query, N, &r));
+        all_mem->push_back(r.ttft);
       }
-    }
-    const Stats mem = Summarize(all_mem);
-    md += "\n## TTFT per codec\n\n" + std::to_string(N) + "-token context, " + std::to_string(a.query) +
-          "-token query, restore_generate after hybrid-swap eviction to the level; medians of " +
-          std::to_string(a.reps) + " runs (min-max), codec order rotated every rep. All in memory: " +
-          Sprintf("%.3f s.", mem.median) + "\n\n| codec |";
-    for (int lv : a.levels) md += Sprintf(" TTFT from %d%% s | from storage / decoded MiB (%d%%) |", lv, lv);
-    md += "\n|---|";
-    for (size_t i = 0; i < a.levels.size(); ++i) md += "---|---|";
-    md += "\n";
-    std::string tt_dat = "# codec";
-    for (int lv : a.levels) tt_dat += Sprintf(" ttft%d", lv);
-    tt_dat += "\n";
-    for (const std::string& cn : a.codecs) {
-      md += "| " + cn + " |";
-      tt_dat += cn;
       for (int lv : a.levels) {
-        std::vector<double> t;
-        for (auto& r : runs[cn][lv]) t.push_back(r.ttft);
-        const Stats s = Summarize(t);
-        const LevelRun& r0 = runs[cn][lv].front();
-        md += (t.size() > 1 ? Sprintf(" %.3f (%.3f-%.3f) |", s.median, s.min, s.max) : Sprintf(" %.3f |", s.median)) +
-              Sprintf(" %.0f / %.0f |", r0.bytes_from_storage / 1048576.0, r0.bytes_decoded / 1048576.0);
-        tt_dat += Sprintf(" %.4f", s.median);
-        doc["ttft"][cn][std::to_string(lv)] = {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", t},
-                                               {"remaining", r0.remaining}, {"bytes_from_storage", r0.bytes_from_storage},
-                                               {"bytes_decoded", r0.bytes_decoded}};
+        LevelRun r;
+        MZ_RETURN_IF_ERROR(MeasureLevel(ctx, lv / 100.0, query, N, &r));
+        (*runs)[cn][lv].push_back(r);
+        std::fprintf(stderr, "  rep %d %-8s from %3d%%: TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB decoded)\n",
+                     rep + 1, cn.c_str(), lv, r.ttft, 100 * r.remaining, r.bytes_from_storage / 1048576.0,
+                     r.bytes_decoded / 1048576.0);
       }
-      md += "\n";
-      tt_dat += "\n";
     }
-    doc["ttft_ctx"] = N;
-    doc["ttft_all_in_memory"] = {{"median", mem.median}, {"min", mem.min}, {"max", mem.max}};
-    WriteFile(a.out, "accuracy-ttft.dat", tt_dat);
-    gp = "set terminal pngcairo size 700,450\nset output 'accuracy-ttft.png'\nset title 'TTFT per codec, " +
-         std::to_string(N) + "-token context'\nset ylabel 'TTFT (s)'\nset yrange [0:*]\nset style data histogram\n"
-         "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset key top left\nplot ";
-    for (size_t i = 0; i < a.levels.size(); ++i)
-      gp += Sprintf("%s u %zu%s t 'from %d%% remaining'", i ? ", ''" : "'accuracy-ttft.dat'", i + 2,
-                    i ? "" : ":xtic(1)", a.levels[i]);
-    png = PlotPng(a.out, "accuracy-ttft", gp + Sprintf(", %.4f w l dt 2 t 'all in memory'\n", mem.median));
-    if (!png.empty()) md += "\n![TTFT per codec](" + png + ")\n";
   }
+  return Status::Ok();
+}
 
-  WriteFile(a.out, "bench-accuracy.md", md);
-  WriteFile(a.out, "bench-accuracy.json", doc.dump(2));
-  std::fputs(md.c_str(), stdout);
+// The TTFT-per-codec section: table, JSON and plot.
+void ReportCodecTtft(AccRun* R, std::map<std::string, std::map<int, std::vector<LevelRun>>>& runs,
+                     const std::vector<double>& all_mem) {
+  const AccArgs& a = R->a;
+  const int N = a.ttft_ctx;
+  std::string& md = R->md;
+  const Stats mem = Summarize(all_mem);
+  md += "\n## TTFT per codec\n\n" + std::to_string(N) + "-token context, " + std::to_string(a.query) +
+        "-token query, restore_generate after hybrid-swap eviction to the level; medians of " +
+        std::to_string(a.reps) + " runs (min-max), codec order rotated every rep. All in memory: " +
+        Sprintf("%.3f s.", mem.median) + "\n\n| codec |";
+  for (int lv : a.levels) md += Sprintf(" TTFT from %d%% s | from storage / decoded MiB (%d%%) |", lv, lv);
+  md += "\n|---|";
+  for (size_t i = 0; i < a.levels.size(); ++i) md += "---|---|";
+  md += "\n";
+  std::string tt_dat = "# codec";
+  for (int lv : a.levels) tt_dat += Sprintf(" ttft%d", lv);
+  tt_dat += "\n";
+  for (const std::string& cn : a.codecs) {
+    md += "| " + cn + " |";
+    tt_dat += cn;
+    for (int lv : a.levels) {
+      std::vector<double> t;
+      for (auto& r : runs[cn][lv]) t.push_back(r.ttft);
+      const Stats s = Summarize(t);
+      const LevelRun& r0 = runs[cn][lv].front();
+      md += (t.size() > 1 ? Sprintf(" %.3f (%.3f-%.3f) |", s.median, s.min, s.max) : Sprintf(" %.3f |", s.median)) +
+            Sprintf(" %.0f / %.0f |", r0.bytes_from_storage / 1048576.0, r0.bytes_decoded / 1048576.0);
+      tt_dat += Sprintf(" %.4f", s.median);
+      R->doc["ttft"][cn][std::to_string(lv)] = {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", t},
+                                                {"remaining", r0.remaining}, {"bytes_from_storage", r0.bytes_from_storage},
+                                                {"bytes_decoded", r0.bytes_decoded}};
+    }
+    md += "\n";
+    tt_dat += "\n";
+  }
+  R->doc["ttft_ctx"] = N;
+  R->doc["ttft_all_in_memory"] = {{"median", mem.median}, {"min", mem.min}, {"max", mem.max}};
+  WriteFile(a.out, "accuracy-ttft.dat", tt_dat);
+  std::string gp = "set terminal pngcairo size 700,450\nset output 'accuracy-ttft.png'\nset title 'TTFT per codec, " +
+                   std::to_string(N) + "-token context'\nset ylabel 'TTFT (s)'\nset yrange [0:*]\nset style data histogram\n"
+                   "set style histogram clustered gap 1\nset style fill solid 0.8 border -1\nset key top left\nplot ";
+  for (size_t i = 0; i < a.levels.size(); ++i)
+    gp += Sprintf("%s u %zu%s t 'from %d%% remaining'", i ? ", ''" : "'accuracy-ttft.dat'", i + 2,
+                  i ? "" : ":xtic(1)", a.levels[i]);
+  const std::string png = PlotPng(a.out, "accuracy-ttft", gp + Sprintf(", %.4f w l dt 2 t 'all in memory'\n", mem.median));
+  if (!png.empty()) md += "\n![TTFT per codec](" + png + ")\n";
+}
+
+Status CodecTtft(AccRun* R) {
+  const int N = R->a.ttft_ctx;
+  std::fprintf(stderr, "== TTFT per codec: %d-token context, %d-token query ==\n", N, R->a.query);
+  std::vector<int32_t> t2;
+  MZ_RETURN_IF_ERROR(RealTokens(R->path, N + R->a.query, &t2));
+  std::map<std::string, std::map<int, std::vector<LevelRun>>> runs;
+  std::vector<double> all_mem;
+  MZ_RETURN_IF_ERROR(MeasureCodecTtft(R, t2, &runs, &all_mem));
+  ReportCodecTtft(R, runs, all_mem);
+  return Status::Ok();
+}
+
+// bench accuracy: the reference context, space savings, accuracy and idempotence per codec, TTFT
+// per codec, then the report.
+Status RunAccuracy(AccArgs& a) {
+  AccRun R(a);
+  MZ_RETURN_IF_ERROR(OpenBenchModel(a.model, a.type, &R.path, &R.model));
+  R.nv = int(R.model->hparams().n_vocab), R.n = a.ctx, R.P = a.positions;
+  std::fprintf(stderr, "== %s: accuracy over %d teacher-forced positions after a %d-token context ==\n",
+               ModelStem(R.path).c_str(), R.P, R.n);
+  MZ_RETURN_IF_ERROR(RealTokens(R.path, R.n + R.P, &R.toks));
+  R.co.n_ctx = R.n + R.P + 64;
+  R.co.n_threads = a.threads;
+  R.co.swap_path = a.swap_dir + "/mzcache-accuracy-" + std::to_string(getpid()) + ".swap";
+  R.co.kv_codec = "none";
+  Context ref(R.model.get(), R.co);
+  MZ_RETURN_IF_ERROR(ref.Init());
+  MZ_RETURN_IF_ERROR(EnsureSessionContext(ref, R.path, R.toks, R.n, &R.sess));
+  R.ref_hash = KvHash(ref);
+  MZ_RETURN_IF_ERROR(SpaceSavings(&R, ref));
+  MZ_RETURN_IF_ERROR(ReferenceDistributions(&R, ref));
+  MZ_RETURN_IF_ERROR(RunCycles(&R));
+  ReportAccuracy(&R);
+  ReportIdempotence(&R);
+  PlotSpaceSavings(&R);
+  if (!a.no_ttft) MZ_RETURN_IF_ERROR(CodecTtft(&R));
+  WriteReport(a.out, "bench-accuracy", R.md, R.doc);
+  std::fputs(R.md.c_str(), stdout);
   std::fprintf(stderr, "wrote %s/bench-accuracy.{md,json} and plots\n", a.out.c_str());
-  return 0;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -455,7 +511,8 @@ void AddAccuracyBench(CLI::App* bench, Runners& runners) {
       std::fprintf(stderr, "error: --ctx, --positions, --cycles must be >= 1 and --codecs not empty\n");
       return 2;
     }
-    return RunAccuracy(*a);
+    Status st = RunAccuracy(*a);
+    return st.ok() ? 0 : Fail(st);
   });
 }
 

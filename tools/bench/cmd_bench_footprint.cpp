@@ -184,8 +184,7 @@ void AddFootprintBench(CLI::App* bench, Runners& runners) {
     const std::string png = PlotPng(a->out, "footprint", hdr + "\n");
     if (!png.empty()) md += "\n![footprint](" + png + ")\n";
     nlohmann::json doc{{"shapes", shapes}, {"paper", paper}, {"vocab_dir", vdir}, {"file_mismatches", mismatches}};
-    WriteFile(a->out, "bench-footprint.md", md);
-    WriteFile(a->out, "bench-footprint.json", doc.dump(2));
+    WriteReport(a->out, "bench-footprint", md, doc);
     std::fputs(md.c_str(), stdout);
     std::fprintf(stderr, "wrote %s/bench-footprint.{md,json} and footprint.png\n", a->out.c_str());
     return mismatches == 0 ? 0 : 1;

@@ -731,36 +731,30 @@ class MultitaskBench {
   std::vector<Mark> marks_;
 };
 
-std::string Gnuplot(const std::string& dir, const std::string& name, const std::string& script) {
-  WriteFile(dir, name + ".gp", script);
-  int rc = 0;
-  RunCapture("cd '" + dir + "' && gnuplot '" + name + ".gp' 2>&1", &rc);
-  return rc == 0 ? dir + "/" + name + ".png" : "";
-}
-
 std::string Fmt(const char* fmt, double v) {
   char b[64];
   std::snprintf(b, sizeof b, fmt, v);
   return b;
 }
 
+// --quick: CI-sized (docs/multitask.md): a small model whose KV is a large share of its footprint
+// (so OS Paging cannot survive by dropping weight pages alone), 3 short rounds, slower apps.
 // given(name): whether the option was on the command line (--quick changes only the others).
-int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
-  signal(SIGPIPE, SIG_IGN);
-  if (a.quick) {
-    // CI-sized (docs/multitask.md): a small model whose KV is a large share of its footprint (so
-    // OS Paging cannot survive by dropping weight pages alone), 3 short rounds, slower apps.
-    if (!given("--rounds")) a.rounds = 3;
-    if (!given("--type")) a.type = "q4_0";
-    if (!given("--ctx")) a.ctx = 3072;
-    if (!given("--need-lo")) a.need_lo = 0.65;
-    if (!given("--need-hi")) a.need_hi = 0.75;
-    if (!given("--hold-lo")) a.hold_lo = 1.0;
-    if (!given("--hold-hi")) a.hold_hi = 2.0;
-    if (!given("--gap")) a.gap = 0.3;
-    if (!given("--app-rate")) a.app_rate = 128;  // margin for a loaded CI machine (docs/multitask.md)
-  }
-  std::vector<ModeSpec> modes;
+void ApplyQuick(MtArgs* a, const std::function<bool(const char*)>& given) {
+  if (!a->quick) return;
+  if (!given("--rounds")) a->rounds = 3;
+  if (!given("--type")) a->type = "q4_0";
+  if (!given("--ctx")) a->ctx = 3072;
+  if (!given("--need-lo")) a->need_lo = 0.65;
+  if (!given("--need-hi")) a->need_hi = 0.75;
+  if (!given("--hold-lo")) a->hold_lo = 1.0;
+  if (!given("--hold-hi")) a->hold_hi = 2.0;
+  if (!given("--gap")) a->gap = 0.3;
+  if (!given("--app-rate")) a->app_rate = 128;  // margin for a loaded CI machine (docs/multitask.md)
+}
+
+// The modes named on the command line (ospaging, mz<points>[+ahead][+step][+noyield][@<source>]).
+Status ParseModes(const MtArgs& a, std::vector<ModeSpec>* modes) {
   for (const std::string& m : a.modes) {
     const size_t at = m.find('@');
     std::string body = m.substr(0, at);
@@ -776,142 +770,110 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
       body.resize(plus);
     }
     const std::string pts = body.size() > 2 ? body.substr(2) : "";
-    if (m == "ospaging") modes.push_back({m, "ospaging", 0, ""});
+    if (m == "ospaging") modes->push_back({m, "ospaging", 0, ""});
     else if (flags_ok && body.rfind("mz", 0) == 0 && !pts.empty() && pts.size() <= 3 &&
              std::all_of(pts.begin(), pts.end(), ::isdigit) && std::stoi(pts) > 0 && std::stoi(pts) <= 100) {
       spec.step = std::stoi(pts) / 100.0;
-      modes.push_back(spec);
+      modes->push_back(spec);
     } else {
-      return Fail(Status::InvalidArgument("unknown mode '" + m +
-                                          "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][@<source>])"));
+      return Status::InvalidArgument("unknown mode '" + m +
+                                     "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][@<source>])");
     }
   }
-  if (a.rounds < 1 || a.need_lo > a.need_hi || a.hold_lo > a.hold_hi || a.max_apps < 1)
-    return Fail(Status::InvalidArgument("bad round parameters"));
-  {
-    MemCgroup probe;
-    Status st = probe.Create("mzcache-multitask-probe-" + std::to_string(getpid()));
-    if (!st.ok()) {
-      std::fprintf(stderr, "bench multitask needs root and a cgroup v1 memory controller: %s\n", st.ToString().c_str());
-      return kExitUnsupported;
-    }
-  }
-  std::string path;
-  if (Status st = ResolveModelPath(a.model, a.type, &path); !st.ok()) return Fail(st);
-  const double t_all = NowSeconds();
-  std::fprintf(stderr, "bench multitask: %s, context %d, %d rounds, seed %llu, modes", path.c_str(), a.ctx, a.rounds,
-               (unsigned long long)a.seed);
-  for (auto& m : modes) std::fprintf(stderr, " %s", m.name.c_str());
-  std::fprintf(stderr, "\n");
+  return Status::Ok();
+}
 
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
-  const std::string tag = std::to_string(getpid());
-  const std::string ref_path = a.swap_dir + "/mzcache-multitask-" + tag + ".ref";
-  const std::string app_file = a.app_file_mib > 0 ? a.swap_dir + "/mzcache-multitask-" + tag + ".app" : "";
-  SetCleanupPath(g_files[0], ref_path);
-  SetCleanupPath(g_files[1], app_file);
-  struct Files {
-    std::vector<std::string> f;
-    ~Files() {
-      for (auto& x : f)
-        if (!x.empty()) std::remove(x.c_str());
-    }
-  } files{{ref_path, app_file}};
-
-  // 1. The context and the reference, all memory resident, in this process (outside the cgroup).
+// What the rounds start from: the model, the all-resident reference and the scratch files.
+struct MtSetup {
+  std::string path, tag, ref_path, app_file, os_model, sess;
   MultitaskRef ref;
-  std::string sess;
   std::vector<double> mem_ttfts;
+  double mem_ttft = 0;
   bool deterministic = false;
   MemoryReport rep;
   Control control;
-  Status st = BuildReference(path, a, &sess, &ref, &mem_ttfts, &deterministic, &rep, &control);
-  if (!st.ok()) return Fail(st);
-  if (a.cold != "session") sess.clear();
-  st = WriteMultitaskRef(ref_path, ref);
-  if (!st.ok()) return Fail(st);
-  const double mem_ttft = Median(mem_ttfts);
-  std::fprintf(stderr, "  all-in-memory TTFT %.3f s (median of %d); footprint %.0f MiB (weights %.0f, KV %.0f); "
-               "repeat runs bit-identical: %s\n", mem_ttft, a.ref_reps, rep.footprint() / 1048576.0,
-               rep.weights_total / 1048576.0, rep.kv_total / 1048576.0, deterministic ? "yes" : "no");
-  std::fprintf(stderr, "  control (query over only the last %d context tokens): max logit diff %.3g, same top-1: %s%s\n",
-               control.window, control.maxdiff, control.top1_equal ? "yes" : "no",
-               control.maxdiff <= a.tol ? " -- WARNING: --tol cannot tell this lost context apart" : "");
-  if (!app_file.empty()) {
-    std::string cmd = "head -c " + std::to_string(uint64_t(a.app_file_mib) << 20) + " /dev/urandom > '" + app_file + "'";
-    if (std::system(cmd.c_str()) != 0) return Fail(Status::IOError("cannot write " + app_file));
-  }
-
-  // 2. Swap: none by default (the cgroup gets memory.swappiness 0, whatever swap other programs
-  // have on); --zram: zram (or the swap already active), used by the cgroup, switched off on exit.
-  ZramSwap zram;
   std::string swap_desc = "none (memory.swappiness 0 in the cgroup)";
-  if (a.zram_mib > 0) {
-    st = zram.Ensure(uint64_t(a.zram_mib) << 20);
-    if (!st.ok()) return Fail(st);
-    swap_desc = zram.description();
-    g_zram_created = swap_desc.rfind("zram swap", 0) == 0;
-  }
-  std::fprintf(stderr, "  swap: %s\n", swap_desc.c_str());
+};
 
-  // 3. The OS Paging worker maps a private copy of the model: page cache of the shared file that
-  // another process on the machine has mapped would be charged to that process's cgroup, not to
-  // this benchmark's, and the limit would not hold the weights.
-  std::string os_model;
-  if (std::any_of(modes.begin(), modes.end(), [](const ModeSpec& m) { return m.worker_mode == "ospaging"; })) {
-    os_model = a.swap_dir + "/mzcache-multitask-" + tag + ".gguf";
-    SetCleanupPath(g_files[3], os_model);
-    files.f.push_back(os_model);
-    if (std::system(("cp '" + path + "' '" + os_model + "'").c_str()) != 0)
-      return Fail(Status::IOError("cannot copy the model to " + os_model));
+// 1. The context and the reference, all memory resident, in this process (outside the cgroup);
+// the apps' code file.
+Status PrepareReference(const MtArgs& a, MtSetup* s) {
+  MZ_RETURN_IF_ERROR(BuildReference(s->path, a, &s->sess, &s->ref, &s->mem_ttfts, &s->deterministic, &s->rep, &s->control));
+  if (a.cold != "session") s->sess.clear();
+  MZ_RETURN_IF_ERROR(WriteMultitaskRef(s->ref_path, s->ref));
+  s->mem_ttft = Median(s->mem_ttfts);
+  std::fprintf(stderr, "  all-in-memory TTFT %.3f s (median of %d); footprint %.0f MiB (weights %.0f, KV %.0f); "
+               "repeat runs bit-identical: %s\n", s->mem_ttft, a.ref_reps, s->rep.footprint() / 1048576.0,
+               s->rep.weights_total / 1048576.0, s->rep.kv_total / 1048576.0, s->deterministic ? "yes" : "no");
+  std::fprintf(stderr, "  control (query over only the last %d context tokens): max logit diff %.3g, same top-1: %s%s\n",
+               s->control.window, s->control.maxdiff, s->control.top1_equal ? "yes" : "no",
+               s->control.maxdiff <= a.tol ? " -- WARNING: --tol cannot tell this lost context apart" : "");
+  if (!s->app_file.empty()) {
+    std::string cmd = "head -c " + std::to_string(uint64_t(a.app_file_mib) << 20) + " /dev/urandom > '" + s->app_file + "'";
+    if (std::system(cmd.c_str()) != 0) return Status::IOError("cannot write " + s->app_file);
   }
+  return Status::Ok();
+}
 
-  // 4. The rounds, the same plan for every mode.
-  MultitaskBench bench(a, path, os_model, sess, ref_path, app_file, rep.footprint());
-  bench.plan() = MakePlan(a);
-  if (a.limit_mib > 0) bench.set_limit(uint64_t(a.limit_mib) << 20);
-  st = bench.Calibrate();
+// 3. The OS Paging worker maps a private copy of the model: page cache of the shared file that
+// another process on the machine has mapped would be charged to that process's cgroup, not to
+// this benchmark's, and the limit would not hold the weights.
+Status CopyModelForOsPaging(const MtArgs& a, const std::vector<ModeSpec>& modes, MtSetup* s, std::vector<std::string>* files) {
+  if (!std::any_of(modes.begin(), modes.end(), [](const ModeSpec& m) { return m.worker_mode == "ospaging"; }))
+    return Status::Ok();
+  s->os_model = a.swap_dir + "/mzcache-multitask-" + s->tag + ".gguf";
+  SetCleanupPath(g_files[3], s->os_model);
+  files->push_back(s->os_model);
+  if (std::system(("cp '" + s->path + "' '" + s->os_model + "'").c_str()) != 0)
+    return Status::IOError("cannot copy the model to " + s->os_model);
+  return Status::Ok();
+}
+
+// 4. The rounds, the same plan for every mode; a mode that stops early keeps its rounds so far.
+Status RunModes(const std::vector<ModeSpec>& modes, MultitaskBench* bench, std::vector<ModeResult>* results) {
+  Status st = bench->Calibrate();
   g_cgroup[0] = 0;
-  if (!st.ok()) return Fail(st.With("calibration"));
-  std::vector<ModeResult> results;
+  if (!st.ok()) return st.With("calibration");
   for (const ModeSpec& m : modes) {
     std::fprintf(stderr, "== %s ==\n", m.name.c_str());
     ModeResult r;
-    st = bench.RunMode(m, &r);
+    st = bench->RunMode(m, &r);
     g_cgroup[0] = 0;
     if (!st.ok()) {
       r.error = st.ToString();
       std::fprintf(stderr, "  %s: stopped: %s\n", m.name.c_str(), r.error.c_str());
     }
-    results.push_back(std::move(r));
+    results->push_back(std::move(r));
   }
+  return Status::Ok();
+}
 
-  // 5. Results: JSON, markdown, trace + plot.
+// The run's parameters and reference figures (JSON).
+nlohmann::json MultitaskDoc(const MtArgs& a, const MtSetup& s, MultitaskBench& bench) {
   nlohmann::json doc;
   doc["machine"] = MachineDescription();
   doc["harness_pid"] = int(getpid());  // names its cgroup and scratch files (mzcache-multitask-<pid>*)
-  doc["model"] = path;
+  doc["model"] = s.path;
   doc["ctx"] = a.ctx;
   doc["query_tokens"] = a.query;
   doc["threads"] = a.threads;
   doc["seed"] = a.seed;
   doc["rounds_per_mode"] = a.rounds;
-  doc["footprint_bytes"] = rep.footprint();
-  doc["weights_bytes"] = rep.weights_total;
-  doc["kv_bytes"] = rep.kv_total;
+  doc["footprint_bytes"] = s.rep.footprint();
+  doc["weights_bytes"] = s.rep.weights_total;
+  doc["kv_bytes"] = s.rep.kv_total;
   doc["limit_bytes"] = bench.limit();
   doc["llm_usage_after_warmup_bytes"] = bench.usage0();
-  doc["swap"] = swap_desc;
+  doc["swap"] = s.swap_desc;
   doc["pressure_source"] = a.source;
   doc["llm_oom_score_adj"] = a.llm_oom_adj;
   doc["app_rate_mib_s"] = a.app_rate;
   doc["app_file_mib"] = a.app_file_mib;
   doc["cold_start"] = a.cold;
   doc["intact_tolerance"] = a.tol;
-  doc["control_lost_context"] = {{"window_tokens", control.window}, {"max_logit_diff", control.maxdiff},
-                                  {"top1_equal", control.top1_equal}};
-  doc["all_in_memory_ttft"] = {{"median", mem_ttft}, {"runs", mem_ttfts}, {"bit_identical_repeats", deterministic}};
+  doc["control_lost_context"] = {{"window_tokens", s.control.window}, {"max_logit_diff", s.control.maxdiff},
+                                  {"top1_equal", s.control.top1_equal}};
+  doc["all_in_memory_ttft"] = {{"median", s.mem_ttft}, {"runs", s.mem_ttfts}, {"bit_identical_repeats", s.deterministic}};
   nlohmann::json plan = nlohmann::json::array();
   for (auto& p : bench.plan()) {
     nlohmann::json apps = nlohmann::json::array();
@@ -919,8 +881,13 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
     plan.push_back({{"need", p.need}, {"total_mib", p.total_mib}, {"apps", apps}});
   }
   doc["plan"] = plan;
+  return doc;
+}
+
+// The report's header and the summary table's header.
+std::string MultitaskHeader(const MtArgs& a, const MtSetup& s, MultitaskBench& bench) {
   char line[1024];
-  std::string md = "# bench multitask\n\nmachine: " + MachineDescription() + "\n\nmodel " + path + ", context " +
+  std::string md = "# bench multitask\n\nmachine: " + MachineDescription() + "\n\nmodel " + s.path + ", context " +
                    std::to_string(a.ctx) + " tokens, query " + std::to_string(a.query) + " tokens, " +
                    std::to_string(a.threads) + " threads, seed " + std::to_string(a.seed) + "\n\n";
   std::snprintf(line, sizeof line,
@@ -928,94 +895,107 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
                 "swap: %s; mzcache pressure source: %s; "
                 "LLM oom_score_adj %d (apps 0); apps touch at %.0f MiB/s and read a %d MiB code file; cold start: %s\n\n"
                 "all-in-memory TTFT: **%.3f s** (median of %d, measured in this run; repeats bit-identical: %s)\n\n",
-                rep.footprint() / 1048576.0, rep.weights_total / 1048576.0, rep.kv_total / 1048576.0,
-                bench.limit() / 1048576.0, bench.usage0() / 1048576.0, swap_desc.c_str(), a.source.c_str(), a.llm_oom_adj, a.app_rate, a.app_file_mib,
-                a.cold.c_str(), mem_ttft, a.ref_reps, deterministic ? "yes" : "no");
+                s.rep.footprint() / 1048576.0, s.rep.weights_total / 1048576.0, s.rep.kv_total / 1048576.0,
+                bench.limit() / 1048576.0, bench.usage0() / 1048576.0, s.swap_desc.c_str(), a.source.c_str(), a.llm_oom_adj,
+                a.app_rate, a.app_file_mib, a.cold.c_str(), s.mem_ttft, a.ref_reps, s.deterministic ? "yes" : "no");
   md += line;
   md += "| mode | survived (not killed, context intact) | killed | median TTFT on return s | median / all-in-memory | "
         "max / all-in-memory | median of per-round TTFT / paired resident TTFT |\n|---|---|---|---|---|---|---|\n";
-  nlohmann::json jm = nlohmann::json::array();
-  std::string tables;
-  for (const ModeResult& r : results) {
-    int survived = 0, killed = 0;
-    std::vector<double> t, paired;
-    nlohmann::json rows = nlohmann::json::array();
-    tables += "\n## " + r.spec.name +
-              (r.spec.source.empty() ? std::string()
-                                     : " (" + Fmt("%.0f", 100 * r.spec.step) + " points per event, source " + r.spec.source +
-                                           (r.spec.critical_step ? ", critical: escalated step" : ", critical: to the floor") +
-                                           (r.spec.ahead ? ", restore-ahead in the background (calm " + std::to_string(a.calm_ms) +
-                                                               " ms, keeping " + Fmt("%.0f", 100 * a.restore_margin) + "% of the limit free)"
-                                                         : ", restore on request") + ")") +
-              "\n\n" + (r.error.empty() ? std::string() : "**stopped early: " + r.error + "**\n\n") + "swap: " + r.swap +
-              "\n\nwarm-up query (all resident, in the cgroup): TTFT " + Fmt("%.3f", r.warm_ttft) +
-              " s, intact " + (r.warm_intact ? "yes" : "no") + "; LLM usage before pressure " +
-              Fmt("%.0f", r.llm_usage0 / 1048576.0) + " MiB\n\n";
-    tables += "| round | apps MiB | LLM killed | back by | TTFT on return s | / all-in-memory | paired resident TTFT s (ratio) | "
-              "context intact | max logit diff | LLM resident before query | evictions (MiB freed) | restored ahead MiB | peak usage MiB |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for (const RoundResult& x : r.rounds) {
-      survived += !x.killed && x.intact;
-      killed += x.killed;
-      t.push_back(x.ttft);
-      if (std::isfinite(x.ttft_resident) && x.ttft_resident > 0) paired.push_back(x.ttft / x.ttft_resident);
-      std::snprintf(line, sizeof line, "| %d | %d (%d app%s) | %s | %s | %.3f | %.2f | %.3f (%.2f) | %s | %.3g | %s | %d (%.0f) | %.0f | %.0f |\n",
-                    x.round, x.app_mib, x.n_apps, x.n_apps > 1 ? "s" : "", x.killed ? "**yes**" : "no",
-                    x.back == "kept" ? "kept in memory" : ("cold start, " + x.back).c_str(), x.ttft, x.ttft / mem_ttft,
-                    x.ttft_resident, x.ttft / x.ttft_resident,
-                    x.intact ? (x.bitident ? "yes (bit-identical)" : "yes") : "**no**", x.maxdiff,
-                    x.killed           ? "-"
-                    : x.remaining >= 0 ? (Fmt("%.0f%%", 100 * x.remaining)).c_str()
-                                       : (Fmt("RSS %.0f MiB", x.llm_rss_mib)).c_str(),
-                    x.evictions, x.freed_mib, x.restored_mib, x.peak_mib);
-      tables += line;
-      rows.push_back({{"round", x.round}, {"app_mib", x.app_mib}, {"n_apps", x.n_apps}, {"apps_killed", x.apps_killed},
-                      {"killed", x.killed}, {"kill_t", x.kill_t}, {"back", x.back}, {"cold_start_s", x.cold_start_s},
-                      {"answered", x.answered}, {"ttft", x.ttft}, {"ttft_query", x.ttft_query},
-                      {"ttft_over_memory", x.ttft / mem_ttft}, {"ttft_resident", x.ttft_resident},
-                      {"ttft_over_resident", x.ttft / x.ttft_resident}, {"resident_remaining", x.resident_remaining}, {"intact", x.intact}, {"bit_identical", x.bitident},
-                      {"max_logit_diff", x.maxdiff}, {"history_ok", x.history_ok},
-                      {"top1", x.top1}, {"ref_top1", x.ref_top1}, {"top1_equal", x.top1_equal}, {"ref_margin", x.ref_margin}, {"remaining_before_query", x.remaining},
-                      {"llm_rss_mib_before_query", x.llm_rss_mib}, {"pressure_events", x.events}, {"evictions", x.evictions}, {"freed_mib", x.freed_mib}, {"restored_mib", x.restored_mib},
-                      {"peak_usage_mib", x.peak_mib}, {"oom_kills", x.oom_kills}, {"msg", x.msg},
-                      {"actions", x.actions}});
-    }
-    const double med = Median(t), mx = t.empty() ? NAN : *std::max_element(t.begin(), t.end());
-    std::snprintf(line, sizeof line, "| %s | %d/%d | %d | %.3f | %.2f | %.2f | %.2f |\n", r.spec.name.c_str(), survived,
-                  int(r.rounds.size()), killed, med, med / mem_ttft, mx / mem_ttft, Median(paired));
-    md += line;
-    jm.push_back({{"mode", r.spec.name}, {"step_points", r.spec.step}, {"source", r.spec.source}, {"error", r.error},
-                  {"swap", r.swap}, {"warm_ttft", r.warm_ttft},
-                  {"warm_intact", r.warm_intact}, {"llm_usage0_bytes", r.llm_usage0}, {"rounds", rows},
-                  {"summary", {{"survived", survived}, {"killed", killed}, {"rounds", int(r.rounds.size())},
-                               {"median_ttft", med}, {"median_over_memory", med / mem_ttft},
-                               {"max_over_memory", mx / mem_ttft}, {"median_over_paired_resident", Median(paired)}}}});
-    // Trace files.
-    std::string dat = "# t_s cgroup_usage_MiB llm_rss_MiB apps_rss_MiB\n";
-    for (const Sample& s : r.samples) {
-      std::snprintf(line, sizeof line, "%.2f %.1f %.1f %.1f\n", s.t, s.usage, s.llm, s.apps);
-      dat += line;
-    }
-    WriteFile(a.out, "trace-" + r.spec.name + ".dat", dat);
-    std::string ev = "# t_s kind value\n";
-    for (const Mark& mk : r.marks) {
-      std::snprintf(line, sizeof line, "%.2f %s %.4f\n", mk.t, mk.kind.c_str(), mk.value);
-      ev += line;
-    }
-    WriteFile(a.out, "events-" + r.spec.name + ".dat", ev);
+  return md;
+}
+
+// A mode's section header: its parameters, how it ended, its warm-up.
+std::string ModeHeader(const MtArgs& a, const ModeResult& r) {
+  return "\n## " + r.spec.name +
+         (r.spec.source.empty() ? std::string()
+                                : " (" + Fmt("%.0f", 100 * r.spec.step) + " points per event, source " + r.spec.source +
+                                      (r.spec.critical_step ? ", critical: escalated step" : ", critical: to the floor") +
+                                      (r.spec.ahead ? ", restore-ahead in the background (calm " + std::to_string(a.calm_ms) +
+                                                          " ms, keeping " + Fmt("%.0f", 100 * a.restore_margin) + "% of the limit free)"
+                                                    : ", restore on request") + ")") +
+         "\n\n" + (r.error.empty() ? std::string() : "**stopped early: " + r.error + "**\n\n") + "swap: " + r.swap +
+         "\n\nwarm-up query (all resident, in the cgroup): TTFT " + Fmt("%.3f", r.warm_ttft) +
+         " s, intact " + (r.warm_intact ? "yes" : "no") + "; LLM usage before pressure " +
+         Fmt("%.0f", r.llm_usage0 / 1048576.0) + " MiB\n\n" +
+         "| round | apps MiB | LLM killed | back by | TTFT on return s | / all-in-memory | paired resident TTFT s (ratio) | "
+         "context intact | max logit diff | LLM resident before query | evictions (MiB freed) | restored ahead MiB | peak usage MiB |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+}
+
+std::string RoundRow(const RoundResult& x, double mem_ttft) {
+  char line[1024];
+  std::snprintf(line, sizeof line, "| %d | %d (%d app%s) | %s | %s | %.3f | %.2f | %.3f (%.2f) | %s | %.3g | %s | %d (%.0f) | %.0f | %.0f |\n",
+                x.round, x.app_mib, x.n_apps, x.n_apps > 1 ? "s" : "", x.killed ? "**yes**" : "no",
+                x.back == "kept" ? "kept in memory" : ("cold start, " + x.back).c_str(), x.ttft, x.ttft / mem_ttft,
+                x.ttft_resident, x.ttft / x.ttft_resident,
+                x.intact ? (x.bitident ? "yes (bit-identical)" : "yes") : "**no**", x.maxdiff,
+                x.killed           ? "-"
+                : x.remaining >= 0 ? (Fmt("%.0f%%", 100 * x.remaining)).c_str()
+                                   : (Fmt("RSS %.0f MiB", x.llm_rss_mib)).c_str(),
+                x.evictions, x.freed_mib, x.restored_mib, x.peak_mib);
+  return line;
+}
+
+nlohmann::json RoundJson(const RoundResult& x, double mem_ttft) {
+  return {{"round", x.round}, {"app_mib", x.app_mib}, {"n_apps", x.n_apps}, {"apps_killed", x.apps_killed},
+          {"killed", x.killed}, {"kill_t", x.kill_t}, {"back", x.back}, {"cold_start_s", x.cold_start_s},
+          {"answered", x.answered}, {"ttft", x.ttft}, {"ttft_query", x.ttft_query},
+          {"ttft_over_memory", x.ttft / mem_ttft}, {"ttft_resident", x.ttft_resident},
+          {"ttft_over_resident", x.ttft / x.ttft_resident}, {"resident_remaining", x.resident_remaining}, {"intact", x.intact}, {"bit_identical", x.bitident},
+          {"max_logit_diff", x.maxdiff}, {"history_ok", x.history_ok},
+          {"top1", x.top1}, {"ref_top1", x.ref_top1}, {"top1_equal", x.top1_equal}, {"ref_margin", x.ref_margin}, {"remaining_before_query", x.remaining},
+          {"llm_rss_mib_before_query", x.llm_rss_mib}, {"pressure_events", x.events}, {"evictions", x.evictions}, {"freed_mib", x.freed_mib}, {"restored_mib", x.restored_mib},
+          {"peak_usage_mib", x.peak_mib}, {"oom_kills", x.oom_kills}, {"msg", x.msg},
+          {"actions", x.actions}};
+}
+
+// trace-<mode>.dat (memory over time) and events-<mode>.dat (kills, queries, pressure events).
+void WriteTraces(const MtArgs& a, const ModeResult& r) {
+  char line[256];
+  std::string dat = "# t_s cgroup_usage_MiB llm_rss_MiB apps_rss_MiB\n";
+  for (const Sample& s : r.samples) {
+    std::snprintf(line, sizeof line, "%.2f %.1f %.1f %.1f\n", s.t, s.usage, s.llm, s.apps);
+    dat += line;
   }
-  doc["modes"] = jm;
-  md += tables;
-  md += "\n\"survived\": the LLM process was not killed and its context was intact at the query: token history "
-        "unchanged, no logit off the all-resident reference by more than " + Fmt("%.3g", a.tol) +
-        ", and the same greedy token (or a near-tie within twice the measured logit difference). Control: the query "
-        "over only the last " + std::to_string(control.window) + " tokens of the context differs by " +
-        Fmt("%.3g", control.maxdiff) + ". A killed worker is restarted (cold start) before it answers; its TTFT on "
-        "return includes the restart. Paired resident TTFT: the same query sent again right after the answer, with "
-        "everything resident, under the same machine load (the ratio is robust to load drift; the all-in-memory TTFT "
-        "above was measured once before the modes).\n";
-  // Fig. 15: one panel per mode.
-  const double lim = bench.limit() / 1048576.0;
+  WriteFile(a.out, "trace-" + r.spec.name + ".dat", dat);
+  std::string ev = "# t_s kind value\n";
+  for (const Mark& mk : r.marks) {
+    std::snprintf(line, sizeof line, "%.2f %s %.4f\n", mk.t, mk.kind.c_str(), mk.value);
+    ev += line;
+  }
+  WriteFile(a.out, "events-" + r.spec.name + ".dat", ev);
+}
+
+// One mode: its section (*tables), its summary row (*md), its JSON and trace files.
+nlohmann::json ReportMode(const MtArgs& a, const ModeResult& r, double mem_ttft, std::string* md, std::string* tables) {
+  int survived = 0, killed = 0;
+  std::vector<double> t, paired;
+  nlohmann::json rows = nlohmann::json::array();
+  *tables += ModeHeader(a, r);
+  for (const RoundResult& x : r.rounds) {
+    survived += !x.killed && x.intact;
+    killed += x.killed;
+    t.push_back(x.ttft);
+    if (std::isfinite(x.ttft_resident) && x.ttft_resident > 0) paired.push_back(x.ttft / x.ttft_resident);
+    *tables += RoundRow(x, mem_ttft);
+    rows.push_back(RoundJson(x, mem_ttft));
+  }
+  const double med = Median(t), mx = t.empty() ? NAN : *std::max_element(t.begin(), t.end());
+  char line[1024];
+  std::snprintf(line, sizeof line, "| %s | %d/%d | %d | %.3f | %.2f | %.2f | %.2f |\n", r.spec.name.c_str(), survived,
+                int(r.rounds.size()), killed, med, med / mem_ttft, mx / mem_ttft, Median(paired));
+  *md += line;
+  WriteTraces(a, r);
+  return {{"mode", r.spec.name}, {"step_points", r.spec.step}, {"source", r.spec.source}, {"error", r.error},
+          {"swap", r.swap}, {"warm_ttft", r.warm_ttft},
+          {"warm_intact", r.warm_intact}, {"llm_usage0_bytes", r.llm_usage0}, {"rounds", rows},
+          {"summary", {{"survived", survived}, {"killed", killed}, {"rounds", int(r.rounds.size())},
+                       {"median_ttft", med}, {"median_over_memory", med / mem_ttft},
+                       {"max_over_memory", mx / mem_ttft}, {"median_over_paired_resident", Median(paired)}}}};
+}
+
+// Fig. 15: one panel per mode (memory over time, kills, queries, pressure events).
+std::string TracePlotScript(const std::vector<ModeResult>& results, double lim) {
   std::string gp = "set terminal pngcairo size 1000," + std::to_string(260 * int(results.size()) + 60) +
                    "\nset output 'multitask-trace.png'\nset multiplot layout " + std::to_string(results.size()) +
                    ",1 title 'Memory trace: LLM + apps in one memory cgroup (limit " + Fmt("%.0f", lim) +
@@ -1034,15 +1014,94 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
           "1:(strcol(2) eq 'restore' ? " + Fmt("%.1f", lim * 0.07) + " : 1/0) w p pt 6 ps 0.8 lc rgb 'dark-green' t "
           "'restore-ahead slice'\n";
   }
-  gp += "unset multiplot\n";
-  const std::string png = Gnuplot(a.out, "multitask-trace", gp);
+  return gp + "unset multiplot\n";
+}
+
+// 5. Results: JSON, markdown, trace + plot.
+void ReportMultitask(const MtArgs& a, const MtSetup& s, MultitaskBench& bench, const std::vector<ModeResult>& results,
+                     double t_all) {
+  nlohmann::json doc = MultitaskDoc(a, s, bench);
+  std::string md = MultitaskHeader(a, s, bench);
+  nlohmann::json jm = nlohmann::json::array();
+  std::string tables;
+  for (const ModeResult& r : results) jm.push_back(ReportMode(a, r, s.mem_ttft, &md, &tables));
+  doc["modes"] = jm;
+  md += tables;
+  md += "\n\"survived\": the LLM process was not killed and its context was intact at the query: token history "
+        "unchanged, no logit off the all-resident reference by more than " + Fmt("%.3g", a.tol) +
+        ", and the same greedy token (or a near-tie within twice the measured logit difference). Control: the query "
+        "over only the last " + std::to_string(s.control.window) + " tokens of the context differs by " +
+        Fmt("%.3g", s.control.maxdiff) + ". A killed worker is restarted (cold start) before it answers; its TTFT on "
+        "return includes the restart. Paired resident TTFT: the same query sent again right after the answer, with "
+        "everything resident, under the same machine load (the ratio is robust to load drift; the all-in-memory TTFT "
+        "above was measured once before the modes).\n";
+  const std::string png = PlotPng(a.out, "multitask-trace", TracePlotScript(results, bench.limit() / 1048576.0));
   if (!png.empty()) md += "\n![memory trace](multitask-trace.png)\n";
+  char line[128];
   std::snprintf(line, sizeof line, "\nwall time of the benchmark: %.0f s\n", NowSeconds() - t_all);
   md += line;
-  WriteFile(a.out, "multitask.md", md);
-  WriteFile(a.out, "multitask.json", doc.dump(2));
+  WriteReport(a.out, "multitask", md, doc);
   std::fputs(md.c_str(), stdout);
   std::fprintf(stderr, "wrote %s/multitask.{md,json}, traces and multitask-trace.png\n", a.out.c_str());
+}
+
+// given(name): whether the option was on the command line (--quick changes only the others).
+int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
+  signal(SIGPIPE, SIG_IGN);
+  ApplyQuick(&a, given);
+  std::vector<ModeSpec> modes;
+  if (Status st = ParseModes(a, &modes); !st.ok()) return Fail(st);
+  if (a.rounds < 1 || a.need_lo > a.need_hi || a.hold_lo > a.hold_hi || a.max_apps < 1)
+    return Fail(Status::InvalidArgument("bad round parameters"));
+  {
+    MemCgroup probe;
+    Status st = probe.Create("mzcache-multitask-probe-" + std::to_string(getpid()));
+    if (!st.ok()) {
+      std::fprintf(stderr, "bench multitask needs root and a cgroup v1 memory controller: %s\n", st.ToString().c_str());
+      return kExitUnsupported;
+    }
+  }
+  MtSetup s;
+  if (Status st = BenchModelPath(a.model, a.type, &s.path); !st.ok()) return Fail(st);
+  const double t_all = NowSeconds();
+  std::fprintf(stderr, "bench multitask: %s, context %d, %d rounds, seed %llu, modes", s.path.c_str(), a.ctx, a.rounds,
+               (unsigned long long)a.seed);
+  for (auto& m : modes) std::fprintf(stderr, " %s", m.name.c_str());
+  std::fprintf(stderr, "\n");
+
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  s.tag = std::to_string(getpid());
+  s.ref_path = a.swap_dir + "/mzcache-multitask-" + s.tag + ".ref";
+  s.app_file = a.app_file_mib > 0 ? a.swap_dir + "/mzcache-multitask-" + s.tag + ".app" : "";
+  SetCleanupPath(g_files[0], s.ref_path);
+  SetCleanupPath(g_files[1], s.app_file);
+  struct Files {
+    std::vector<std::string> f;
+    ~Files() {
+      for (auto& x : f)
+        if (!x.empty()) std::remove(x.c_str());
+    }
+  } files{{s.ref_path, s.app_file}};
+  if (Status st = PrepareReference(a, &s); !st.ok()) return Fail(st);
+
+  // 2. Swap: none by default (the cgroup gets memory.swappiness 0, whatever swap other programs
+  // have on); --zram: zram (or the swap already active), used by the cgroup, switched off on exit.
+  ZramSwap zram;
+  if (a.zram_mib > 0) {
+    if (Status st = zram.Ensure(uint64_t(a.zram_mib) << 20); !st.ok()) return Fail(st);
+    s.swap_desc = zram.description();
+    g_zram_created = s.swap_desc.rfind("zram swap", 0) == 0;
+  }
+  std::fprintf(stderr, "  swap: %s\n", s.swap_desc.c_str());
+  if (Status st = CopyModelForOsPaging(a, modes, &s, &files.f); !st.ok()) return Fail(st);
+
+  MultitaskBench bench(a, s.path, s.os_model, s.sess, s.ref_path, s.app_file, s.rep.footprint());
+  bench.plan() = MakePlan(a);
+  if (a.limit_mib > 0) bench.set_limit(uint64_t(a.limit_mib) << 20);
+  std::vector<ModeResult> results;
+  if (Status st = RunModes(modes, &bench, &results); !st.ok()) return Fail(st);
+  ReportMultitask(a, s, bench, results, t_all);
   return 0;
 }
 

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -436,395 +437,475 @@ nlohmann::json JStats(const std::vector<double>& v) {
   return {{"median", s.median}, {"min", s.min}, {"max", s.max}, {"runs", v}};
 }
 
-int RunPeers(PeersArgs& a) {
-  std::string path;
-  Status st = ResolveModelPath(a.model, a.type, &path);
-  if (!st.ok()) return Fail(st);
+// One bench peers run: the model, the pressure baseline's state, and the report being built.
+struct PeersRun {
+  explicit PeersRun(PeersArgs& args) : a(args) {}
+  PeersArgs& a;
+  std::string path, stem;
   std::unique_ptr<Model> model;
-  st = Model::Load(Env::Default(), path, ModelOptions(), &model);
-  if (!st.ok()) return Fail(st);
-  const HParams& hp = model->hparams();
-  const std::string stem = ModelStem(path);
-
   OsPagingEnv ose;
-  std::string os_reason;
-  if (!a.no_pressure) {
-    Status ps = OsPagingProbe(&ose);
-    if (!ps.ok()) os_reason = ps.ToString();
-    std::fprintf(stderr, "memory pressure (llama.cpp mmap): %s\n",
-                 ps.ok() ? ("memory cgroup v1 + " + ose.swap).c_str() : os_reason.c_str());
-  } else {
-    os_reason = "skipped (--no-pressure)";
-  }
-  struct Teardown {
-    OsPagingEnv* e;
-    ~Teardown() { OsPagingTeardown(e); }
-  } teardown{&ose};
-  g_env = &ose;
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
-
+  std::string os_reason;  // empty: llama.cpp is measured under memory pressure
   nlohmann::json doc;
+  std::string md;
+  nlohmann::json jctx = nlohmann::json::array();
+};
+
+// One context length: the inputs every engine gets and every run measured.
+struct PeersCell {
+  int n = 0, n_ctx = 0;
+  std::vector<int32_t> toks, query;
+  std::string tok_file;    // the tokens, for the workers
+  std::string sess, state;  // mzcache's session file, llama.cpp's state file
+  uint64_t sess_bytes = 0, state_bytes = 0;
+  WorkerArgs w;            // the workers' common arguments
+  std::map<std::string, std::vector<nlohmann::json>> res;  // system -> new-process worker results
+  std::map<int, std::vector<LevelRun>> mz_lv;              // level -> mzcache restore_generate runs
+  std::map<int, std::vector<MmapRun>> ll_lv;               // level -> llama.cpp mmap runs under pressure
+  std::vector<double> cached_after_drop;
+  std::map<std::string, std::string> logits_files;  // system -> first token's logits of its first run
+};
+
+// Whether llama.cpp can be measured under memory pressure here (R->os_reason says why not).
+void ProbePressure(PeersRun* R) {
+  if (!R->a.no_pressure) {
+    Status ps = OsPagingProbe(&R->ose);
+    if (!ps.ok()) R->os_reason = ps.ToString();
+    std::fprintf(stderr, "memory pressure (llama.cpp mmap): %s\n",
+                 ps.ok() ? ("memory cgroup v1 + " + R->ose.swap).c_str() : R->os_reason.c_str());
+  } else {
+    R->os_reason = "skipped (--no-pressure)";
+  }
+}
+
+void PeersHeader(PeersRun* R) {
+  const PeersArgs& a = R->a;
+  const std::string& name = R->model->hparams().name;
+  nlohmann::json& doc = R->doc;
   doc["machine"] = MachineDescription();
-  doc["model"] = path;
-  doc["model_name"] = hp.name;
+  doc["model"] = R->path;
+  doc["model_name"] = name;
   doc["threads"] = a.threads;
   doc["reps"] = a.reps;
   doc["query_tokens"] = a.query;
-  doc["memory_pressure"] = os_reason.empty() ? "memory cgroup v1 + " + ose.swap : os_reason;
-  std::string md = "# bench peers\n\nmodel `" + path + "` (" + hp.name + "); machine: " + MachineDescription() +
-                   "; threads " + std::to_string(a.threads) + " for every engine; query: the " +
-                   std::to_string(a.query) + " real-text tokens that follow the context; medians of " +
-                   std::to_string(a.reps) + " runs (min-max), systems alternated A/B (order flipped every rep).\n\n"
-                   "Page cache: before every new-process run the model file and the state/session file are "
-                   "dropped from the page cache (posix_fadvise DONTNEED; the cached fraction checked with mincore "
-                   "is reported below), so they are read from storage. mzcache reads weights, session files and "
-                   "its swap file with direct I/O; llama.cpp reads its state file with buffered I/O and maps "
-                   "the weights (its default load mode). New-process TTFT is measured inside the worker from "
-                   "before the model load to the first token's logits (process exec and library loading not "
-                   "included; wall time with them is in the JSON).\n";
-  nlohmann::json jctx = nlohmann::json::array();
+  doc["memory_pressure"] = R->os_reason.empty() ? "memory cgroup v1 + " + R->ose.swap : R->os_reason;
+  R->md = "# bench peers\n\nmodel `" + R->path + "` (" + name + "); machine: " + MachineDescription() +
+          "; threads " + std::to_string(a.threads) + " for every engine; query: the " +
+          std::to_string(a.query) + " real-text tokens that follow the context; medians of " +
+          std::to_string(a.reps) + " runs (min-max), systems alternated A/B (order flipped every rep).\n\n"
+          "Page cache: before every new-process run the model file and the state/session file are "
+          "dropped from the page cache (posix_fadvise DONTNEED; the cached fraction checked with mincore "
+          "is reported below), so they are read from storage. mzcache reads weights, session files and "
+          "its swap file with direct I/O; llama.cpp reads its state file with buffered I/O and maps "
+          "the weights (its default load mode). New-process TTFT is measured inside the worker from "
+          "before the model load to the first token's logits (process exec and library loading not "
+          "included; wall time with them is in the JSON).\n";
+}
 
-  for (int n : a.ctxs) {
-    std::fprintf(stderr, "== %s, context %d, query %d ==\n", stem.c_str(), n, a.query);
-    std::vector<int32_t> toks;
-    st = RealTokens(path, n + a.query, &toks);
-    if (!st.ok()) return Fail(st);
-    const std::vector<int32_t> query(toks.begin() + n, toks.end());
-    const std::string tok_file = a.swap_dir + "/mzcache-peers-" + std::to_string(getpid()) + ".tokens";
-    if (!WriteFile(a.swap_dir, tok_file.substr(tok_file.find_last_of('/') + 1),
-                   std::string(reinterpret_cast<const char*>(toks.data()), toks.size() * 4)))
-      return Fail(Status::IOError("cannot write " + tok_file));
-    struct RmTok {
-      std::string p;
-      ~RmTok() { std::remove(p.c_str()); }
-    } rm_tok{tok_file};
-    const int n_ctx = n + a.query + 64;
-
-    ContextOptions co;
-    co.n_ctx = n_ctx;
-    co.n_threads = a.threads;
-    co.swap_path = a.swap_dir + "/mzcache-peers-" + std::to_string(getpid()) + ".swap";
-    Context ctx(model.get(), co);
-    st = ctx.Init();
-    std::string sess;
-    if (st.ok()) st = EnsureSessionContext(ctx, path, toks, n, &sess);
-    if (!st.ok()) return Fail(st);
-
-    // llama.cpp's own saved context (once; named by the tokens it holds).
-    const uint64_t th = XXH64(toks.data(), size_t(n) * 4, 0);
-    const std::string state = CacheDir() + "/contexts/" + stem + "-" + std::to_string(n) + "-" +
-                              Sprintf("%016llx", (unsigned long long)th) +
-                              (a.llama_fa == "auto" ? std::string() : "-fa-" + a.llama_fa) + ".llama-state";
-    WorkerArgs w;
-    w.model = path;
-    w.tokens = tok_file;
-    w.n = n;
-    w.q = a.query;
-    w.threads = a.threads;
-    w.llama_fa = a.llama_fa;
-    w.n_ctx = n_ctx;
-    w.kv_bytes_per_token = hp.kv_bytes_per_token();
-    FileInfo fi;
-    if (!Env::Default()->StatPath(state, &fi).ok()) {
-      std::fprintf(stderr, "  llama.cpp: building its context by prefill (once; saved to %s)\n", state.c_str());
-      WorkerArgs b = w;
-      b.mode = "llama-build";
-      b.file = state;
-      nlohmann::json r;
-      st = RunToEnd(b, &r, nullptr);
-      if (!st.ok()) return Fail(st);
-      std::fprintf(stderr, "  llama.cpp prefill %.1f s, state saved in %.1f s\n", r.value("prefill_s", 0.0),
-                   r.value("save_s", 0.0));
-    }
-    Env::Default()->StatPath(state, &fi);
-    const uint64_t state_bytes = fi.size;
-    Env::Default()->StatPath(sess, &fi);
-    const uint64_t sess_bytes = fi.size;
-
-    std::map<std::string, std::vector<nlohmann::json>> res;  // system -> worker results
-    std::map<int, std::vector<LevelRun>> mz_lv;
-    std::map<int, std::vector<MmapRun>> ll_lv;
-    std::vector<double> cached_after_drop;
-    auto drop = [&](std::initializer_list<std::string> files) {
-      for (const auto& f : files) cached_after_drop.push_back(DropFileCache(f));
-    };
-    std::map<std::string, std::string> logits_files;  // system -> first token's logits of its first run
-    auto new_process = [&](const std::string& sys, const std::string& mode, const std::string& file) -> Status {
-      WorkerArgs x = w;
-      x.mode = mode;
-      x.file = file;
-      if (!logits_files.count(sys)) x.logits_out = logits_files[sys] = tok_file + "." + mode + ".logits";
-      if (file.empty()) drop({path});
-      else drop({path, file});
-      nlohmann::json r;
-      double wall = 0;
-      MZ_RETURN_IF_ERROR(RunToEnd(x, &r, &wall));
-      r["wall_s"] = wall;
-      std::fprintf(stderr, "  %-26s TTFT %.3f s (model %.3f, context %.3f, state %.3f, prefill %.3f, query %.3f)\n",
-                   sys.c_str(), r.value("ttft_s", 0.0), r.value("model_load_s", 0.0), r.value("context_s", 0.0),
-                   r.value("state_load_s", 0.0), r.value("prefill_s", 0.0), r.value("query_s", 0.0));
-      res[sys].push_back(r);
-      return Status::Ok();
-    };
-    for (int rep = 0; rep < a.reps; ++rep) {
-      std::fprintf(stderr, " rep %d/%d\n", rep + 1, a.reps);
-      const bool flip = rep % 2 == 1;
-      auto pair = [&](auto first, auto second) -> Status {
-        if (!flip) {
-          MZ_RETURN_IF_ERROR(first());
-          return second();
-        }
-        MZ_RETURN_IF_ERROR(second());
-        return first();
-      };
-      st = pair([&] { return new_process("llama.cpp state load", "llama-state", state); },
-                [&] { return new_process("mzcache session load", "mz-session", sess); });
-      if (st.ok() && !a.no_cold)
-        st = pair([&] { return new_process("llama.cpp cold re-prefill", "llama-cold", ""); },
-                  [&] { return new_process("mzcache cold re-prefill", "mz-cold", ""); });
-      for (int lv : a.levels) {
-        if (!st.ok()) break;
-        auto mz_run = [&]() -> Status {
-          LevelRun r;
-          MZ_RETURN_IF_ERROR(MeasureLevel(ctx, lv / 100.0, query, n, &r));
-          std::fprintf(stderr, "  mzcache from %3d%%            TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB decoded)\n",
-                       lv, r.ttft, 100 * r.remaining, r.bytes_from_storage / 1048576.0, r.bytes_decoded / 1048576.0);
-          mz_lv[lv].push_back(r);
-          return Status::Ok();
-        };
-        auto ll_run = [&]() -> Status {
-          if (!os_reason.empty()) return Status::Ok();
-          WorkerArgs x = w;
-          x.mode = "llama-mmap";
-          x.file = state;
-          drop({path, state});
-          MmapRun r;
-          Status s = RunUnderPressure(&ose, x, lv / 100.0, &r);
-          if (!s.ok()) {
-            os_reason = s.ToString();
-            std::fprintf(stderr, "  llama.cpp mmap under pressure failed: %s (skipping it from now on)\n", os_reason.c_str());
-            return Status::Ok();
-          }
-          std::fprintf(stderr, "  llama.cpp mmap at %3d%%       TTFT %.3f s (remaining %.1f%%%s, swapped %.0f MiB, zram holds %.0f MiB)\n",
-                       lv, r.result.value("ttft_s", 0.0), 100 * r.remaining, r.reached ? "" : r.limit_ok ? ", level NOT reached (zram holds the KV)" : ", limit NOT reclaimable",
-                       r.swapped / 1048576.0, r.zram_compressed / 1048576.0);
-          ll_lv[lv].push_back(r);
-          return Status::Ok();
-        };
-        st = pair(ll_run, mz_run);
-      }
-      if (!st.ok()) return Fail(st);
-    }
-
-    // ---- tables
-    auto ttfts = [&](const std::string& sys) {
-      std::vector<double> v;
-      for (auto& r : res[sys]) v.push_back(r.value("ttft_s", 0.0));
-      return v;
-    };
-    auto part = [&](const std::string& sys, const char* key) {
-      std::vector<double> v;
-      for (auto& r : res[sys]) v.push_back(r.value(key, 0.0));
-      return Med(v);
-    };
-    auto mzl = [&](int lv) {
-      std::vector<double> v;
-      for (auto& r : mz_lv[lv]) v.push_back(r.ttft);
-      return v;
-    };
-    auto lll = [&](int lv) {
-      std::vector<double> v;
-      for (auto& r : ll_lv[lv]) v.push_back(r.result.value("ttft_s", 0.0));
-      return v;
-    };
-    double max_cached = 0;
-    for (double c : cached_after_drop) max_cached = std::max(max_cached, c);
-    md += "\n## " + stem + ", context " + std::to_string(n) + " tokens\n\n";
-    md += Sprintf("llama.cpp state file %.0f MiB (`%s`), mzcache session file %.0f MiB (raw fp16 KV); after each "
-                  "page-cache drop at most %.1f%% of a dropped file was still cached (mincore).\n\n",
-                  state_bytes / 1048576.0, state.c_str(), sess_bytes / 1048576.0, 100 * max_cached);
-    md += "| scenario | peer: what it does | peer TTFT s | mzcache: what it does | mzcache TTFT s | mzcache / peer |\n"
-          "|---|---|---|---|---|---|\n";
-    nlohmann::json rows = nlohmann::json::array();
-    auto row = [&](const std::string& scen, const std::string& peer_what, const std::vector<double>& peer,
-                   const std::string& mz_what, const std::vector<double>& mz) {
-      const double ratio = peer.empty() || mz.empty() ? 0 : Med(mz) / Med(peer);
-      md += "| " + scen + " | " + peer_what + " | " + Cell(peer) + " | " + mz_what + " | " + Cell(mz) + " | " +
-            (ratio > 0 ? Sprintf("%.2f", ratio) : std::string("-")) + " |\n";
-      rows.push_back({{"scenario", scen}, {"peer", peer_what}, {"mzcache", mz_what}, {"peer_ttft", JStats(peer)},
-                      {"mzcache_ttft", JStats(mz)}, {"ratio_mzcache_over_peer", ratio}});
-    };
-    row("process restarted, context saved", "llama.cpp: new process, load model, llama_state_seq_load_file, decode query",
-        ttfts("llama.cpp state load"), "new process, load model, load session file, restore_generate query",
-        ttfts("mzcache session load"));
-    if (!a.no_cold) {
-      row("process restarted, nothing saved (cold start)", "llama.cpp: new process, load model, re-prefill context + query",
-          ttfts("llama.cpp cold re-prefill"), "new process, load model, re-prefill context + query (same work)",
-          ttfts("mzcache cold re-prefill"));
-      row("process restarted: each engine's best", "llama.cpp cold re-prefill", ttfts("llama.cpp cold re-prefill"),
-          "new process, load model + session file", ttfts("mzcache session load"));
-    }
-    std::string dat;
-    for (int lv : a.levels) {
-      std::string peer_what = "llama.cpp, mmap'd weights, all resident (no pressure)";
-      std::vector<double> rem, zc;
-      bool reached = true, limit_ok = true;
-      for (auto& r : ll_lv[lv])
-        rem.push_back(r.remaining), zc.push_back(r.zram_compressed / 1048576.0), reached = reached && r.reached,
-            limit_ok = limit_ok && r.limit_ok;
-      if (ll_lv[lv].empty()) {
-        peer_what = "llama.cpp mmap: not measured (" + os_reason + ")";
-      } else if (lv < 100) {
-        if (reached)
-          peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%% then lifted (reached %.0f%%)", lv, 100 * Med(rem));
-        else if (!limit_ok)
-          peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%%: the kernel could NOT reclaim down to it; "
-                              "stopped at %.0f%% remaining", lv, 100 * Med(rem));
-        else
-          peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%%: level NOT reached, zram still holds %.0f MiB of "
-                              "poorly compressed KV in RAM (%.0f%% remaining)", lv, Med(zc), 100 * Med(rem));
-      }
-      std::vector<double> mrem;
-      for (auto& r : mz_lv[lv]) mrem.push_back(r.remaining);
-      const std::string mz_what =
-          lv >= 100 ? "all in memory" : Sprintf("restore_generate from %d%% remaining (reached %.1f%%)", lv, 100 * Med(mrem));
-      row(lv >= 100 ? "memory pressure: none" : Sprintf("memory pressure, %d%% remaining", lv), peer_what, lll(lv),
-          mz_what, mzl(lv));
-      const auto lv_l = lll(lv), lv_m = mzl(lv);
-      dat += Sprintf("\"%d%%\\nremaining\" %.4f %s\n", lv, Med(lv_m), lv_l.empty() ? "NaN" : Sprintf("%.4f", Med(lv_l)).c_str());
-    }
-    if (std::find(a.levels.begin(), a.levels.end(), 0) != a.levels.end())
-      row("killed (llama.cpp) vs fully evicted (mzcache)", "llama.cpp state file load in a new process",
-          ttfts("llama.cpp state load"), "restore_generate from 0% (weights and KV off RAM, process alive)", mzl(0));
-
-    md += "\nParts of the new-process runs (medians, s):\n\n| system | model load | context create | state/session load | "
-          "prefill | query | TTFT | first token (top-1) |\n|---|---|---|---|---|---|---|---|\n";
-    std::vector<std::string> syss{"llama.cpp state load", "mzcache session load"};
-    if (!a.no_cold) syss.insert(syss.end(), {"llama.cpp cold re-prefill", "mzcache cold re-prefill"});
-    for (const auto& s : syss) {
-      md += Sprintf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %d |\n", s.c_str(), part(s, "model_load_s"),
-                    part(s, "context_s"), part(s, "state_load_s"), part(s, "prefill_s"), part(s, "query_s"),
-                    Med(ttfts(s)), res[s].empty() ? -1 : res[s].front().value("top1", -1));
-    }
-    if (!res["llama.cpp state load"].empty())
-      md += "\nllama.cpp load mode: " + res["llama.cpp state load"].front().value("llama_load_mode", std::string("?")) +
-            ", flash attention: " + res["llama.cpp state load"].front().value("flash_attn", std::string("?")) +
-            " (library defaults).\n";
-    // Do the engines agree on the first token's distribution? (A check that both restored the same
-    // context; the synthesized model's distributions are flat, so top-1 can differ at near-ties.)
-    nlohmann::json agreement;
-    {
-      std::map<std::string, std::vector<float>> lg;
-      for (auto& [sys, f] : logits_files) {
-        std::ifstream in(f, std::ios::binary);
-        std::vector<float> v(hp.n_vocab);
-        if (in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4))) lg[sys] = std::move(v);
-        std::remove(f.c_str());
-      }
-      auto margin = [](const std::vector<float>& l, int* top) {
-        std::vector<float> lp(l.size());
-        LogSoftmax(l.data(), int(l.size()), lp.data());
-        double p1 = 0, p2 = 0;
-        for (size_t i = 0; i < lp.size(); ++i) {
-          const double p = std::exp(double(lp[i]));
-          if (p > p1) p2 = p1, p1 = p, *top = int(i);
-          else if (p > p2) p2 = p;
-        }
-        return std::make_pair(p1, p2);
-      };
-      std::string line;
-      for (auto& [sys, l] : lg) {
-        int top = -1;
-        auto [p1, p2] = margin(l, &top);
-        line += Sprintf("%s%s: top-1 %d (p %.3f, next %.3f)", line.empty() ? "" : "; ", sys.c_str(), top, p1, p2);
-        agreement[sys] = {{"top1", top}, {"p_top1", p1}, {"p_top2", p2}};
-      }
-      auto pairkl = [&](const std::string& x, const std::string& y) {
-        if (!lg.count(x) || !lg.count(y)) return;
-        const double kl = KlFromLogits(lg[x].data(), lg[y].data(), int(hp.n_vocab));
-        line += Sprintf("; KL(%s || %s) = %.2e", x.c_str(), y.c_str(), kl);
-        agreement["kl"][x + " || " + y] = kl;
-      };
-      pairkl("llama.cpp state load", "llama.cpp cold re-prefill");
-      pairkl("mzcache session load", "mzcache cold re-prefill");
-      pairkl("llama.cpp state load", "mzcache session load");
-      pairkl("llama.cpp cold re-prefill", "mzcache cold re-prefill");
-      if (!line.empty())
-        md += "\nFirst token's distribution (first run of each; KL in nats; the synthesized model's distributions are flat, "
-              "so top-1 may differ between engines at a near-tie while KL stays small): " + line + ".\n";
-    }
-    bool any_mmap = false;
-    for (auto& [lv, v] : ll_lv) any_mmap = any_mmap || !v.empty();
-    if (any_mmap) {
-      md += "\nllama.cpp under memory pressure (medians): footprint = weights + KV cells allocated; remaining = (cgroup "
-            "usage - the process's other memory + zram's compressed bytes) / footprint.\n\n"
-            "| level | reached remaining | cgroup limit reclaimed | level reached | swapped MiB | zram holds MiB | TTFT s |\n"
-            "|---|---|---|---|---|---|---|\n";
-      for (int lv : a.levels) {
-        if (ll_lv[lv].empty()) continue;
-        std::vector<double> rem, sw, zc;
-        bool reached = true, limit_ok = true;
-        for (auto& r : ll_lv[lv])
-          rem.push_back(r.remaining), sw.push_back(r.swapped / 1048576.0), zc.push_back(r.zram_compressed / 1048576.0),
-              reached = reached && r.reached, limit_ok = limit_ok && r.limit_ok;
-        md += Sprintf("| %d%% | %.1f%% | %s | %s | %.0f | %.0f | %s |\n", lv, 100 * Med(rem),
-                      lv >= 100 ? "-" : limit_ok ? "yes" : "NO", lv >= 100 ? "-" : reached ? "yes" : "NO", Med(sw),
-                      Med(zc), Cell(lll(lv)).c_str());
-      }
-    }
-    const std::string tag = stem + "-" + std::to_string(n);
-    dat = Sprintf("\"restart\\n(saved)\" %.4f %.4f\n", Med(ttfts("mzcache session load")), Med(ttfts("llama.cpp state load"))) +
-          (a.no_cold ? std::string()
-                     : Sprintf("\"cold\\nre-prefill\" %.4f %.4f\n", Med(ttfts("mzcache cold re-prefill")),
-                               Med(ttfts("llama.cpp cold re-prefill")))) +
-          dat;
-    WriteFile(a.out, "peers-" + tag + ".dat", dat);
-    const std::string png = PlotPng(
-        a.out, "peers-" + tag,
-        "set terminal pngcairo noenhanced size 900,500\nset output 'peers-" + tag + ".png'\nset title 'TTFT, " + stem + ", " +
-            std::to_string(n) + "-token context, " + std::to_string(a.query) +
-            "-token query'\nset style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
-            "set ylabel 'TTFT (s)'\nset xlabel 'scenario (restart, or remaining in memory under pressure)' offset 0,-1\nset bmargin 5\n"
-            "set logscale y\nset yrange [0.01:*]\nset key top right\nplot 'peers-" + tag +
-            ".dat' u 2:xtic(1) t 'mzcache', '' u 3 t 'peer (llama.cpp)'\n");
-    if (!png.empty()) md += "\n![TTFT vs peers " + tag + "](" + png + ")\n";
-    jctx.push_back({{"ctx", n},
-                    {"state_file", state},
-                    {"state_bytes", state_bytes},
-                    {"session_bytes", sess_bytes},
-                    {"max_cached_fraction_after_drop", max_cached},
-                    {"rows", rows},
-                    {"first_token_agreement", agreement},
-                    {"new_process_runs", res},
-                    {"mzcache_levels", [&] {
-                       nlohmann::json j;
-                       for (auto& [lv, v] : mz_lv)
-                         for (auto& r : v)
-                           j[std::to_string(lv)].push_back({{"ttft", r.ttft}, {"remaining", r.remaining},
-                                                            {"bytes_from_storage", r.bytes_from_storage},
-                                                            {"bytes_decoded", r.bytes_decoded}, {"top1", r.top1}});
-                       return j;
-                     }()},
-                    {"llama_mmap_levels", [&] {
-                       nlohmann::json j;
-                       for (auto& [lv, v] : ll_lv)
-                         for (auto& r : v)
-                           j[std::to_string(lv)].push_back({{"result", r.result}, {"remaining", r.remaining},
-                                                            {"reached", r.reached}, {"limit_ok", r.limit_ok}, {"swapped", r.swapped},
-                                                            {"zram_compressed", r.zram_compressed},
-                                                            {"footprint", r.footprint}, {"overhead", r.overhead}});
-                       return j;
-                     }()}});
+// llama.cpp's own saved context (built once by a worker; named by the tokens it holds), and both
+// engines' saved-context sizes.
+Status EnsureLlamaState(PeersRun* R, PeersCell* c) {
+  const uint64_t th = XXH64(c->toks.data(), size_t(c->n) * 4, 0);
+  c->state = CacheDir() + "/contexts/" + R->stem + "-" + std::to_string(c->n) + "-" +
+             Sprintf("%016llx", (unsigned long long)th) +
+             (R->a.llama_fa == "auto" ? std::string() : "-fa-" + R->a.llama_fa) + ".llama-state";
+  FileInfo fi;
+  if (!Env::Default()->StatPath(c->state, &fi).ok()) {
+    std::fprintf(stderr, "  llama.cpp: building its context by prefill (once; saved to %s)\n", c->state.c_str());
+    WorkerArgs b = c->w;
+    b.mode = "llama-build";
+    b.file = c->state;
+    nlohmann::json r;
+    MZ_RETURN_IF_ERROR(RunToEnd(b, &r, nullptr));
+    std::fprintf(stderr, "  llama.cpp prefill %.1f s, state saved in %.1f s\n", r.value("prefill_s", 0.0),
+                 r.value("save_s", 0.0));
   }
-  md += "\nmzcache / peer < 1: mzcache is faster. Memory pressure on llama.cpp: " +
-        (os_reason.empty() ? doc["memory_pressure"].get<std::string>() : "not measured: " + os_reason) + ".\n";
-  doc["contexts"] = jctx;
-  WriteFile(a.out, "bench-peers.md", md);
-  WriteFile(a.out, "bench-peers.json", doc.dump(2));
-  std::fputs(md.c_str(), stdout);
+  Env::Default()->StatPath(c->state, &fi);
+  c->state_bytes = fi.size;
+  Env::Default()->StatPath(c->sess, &fi);
+  c->sess_bytes = fi.size;
+  return Status::Ok();
+}
+
+void DropFromPageCache(PeersCell* c, std::initializer_list<std::string> files) {
+  for (const auto& f : files) c->cached_after_drop.push_back(DropFileCache(f));
+}
+
+// One new-process run of system `sys` (worker mode `mode`, saved file `file` or none), its files
+// dropped from the page cache first; its first run also writes the first token's logits.
+Status NewProcessRun(PeersRun* R, PeersCell* c, const std::string& sys, const std::string& mode, const std::string& file) {
+  WorkerArgs x = c->w;
+  x.mode = mode;
+  x.file = file;
+  if (!c->logits_files.count(sys)) x.logits_out = c->logits_files[sys] = c->tok_file + "." + mode + ".logits";
+  if (file.empty()) DropFromPageCache(c, {R->path});
+  else DropFromPageCache(c, {R->path, file});
+  nlohmann::json r;
+  double wall = 0;
+  MZ_RETURN_IF_ERROR(RunToEnd(x, &r, &wall));
+  r["wall_s"] = wall;
+  std::fprintf(stderr, "  %-26s TTFT %.3f s (model %.3f, context %.3f, state %.3f, prefill %.3f, query %.3f)\n",
+               sys.c_str(), r.value("ttft_s", 0.0), r.value("model_load_s", 0.0), r.value("context_s", 0.0),
+               r.value("state_load_s", 0.0), r.value("prefill_s", 0.0), r.value("query_s", 0.0));
+  c->res[sys].push_back(r);
+  return Status::Ok();
+}
+
+// mzcache: restore_generate of the query from `lv` percent remaining, in this process.
+Status MzLevelRun(PeersCell* c, Context& ctx, int lv) {
+  LevelRun r;
+  MZ_RETURN_IF_ERROR(MeasureLevel(ctx, lv / 100.0, c->query, c->n, &r));
+  std::fprintf(stderr, "  mzcache from %3d%%            TTFT %.3f s (remaining %.1f%%, %.0f MiB from storage, %.0f MiB decoded)\n",
+               lv, r.ttft, 100 * r.remaining, r.bytes_from_storage / 1048576.0, r.bytes_decoded / 1048576.0);
+  c->mz_lv[lv].push_back(r);
+  return Status::Ok();
+}
+
+// llama.cpp with mmap'd weights squeezed to `lv` percent by a memory cgroup; a failure stops the
+// pressure runs for the rest of the bench (R->os_reason), not the bench.
+Status LlamaLevelRun(PeersRun* R, PeersCell* c, int lv) {
+  if (!R->os_reason.empty()) return Status::Ok();
+  WorkerArgs x = c->w;
+  x.mode = "llama-mmap";
+  x.file = c->state;
+  DropFromPageCache(c, {R->path, c->state});
+  MmapRun r;
+  Status s = RunUnderPressure(&R->ose, x, lv / 100.0, &r);
+  if (!s.ok()) {
+    R->os_reason = s.ToString();
+    std::fprintf(stderr, "  llama.cpp mmap under pressure failed: %s (skipping it from now on)\n", R->os_reason.c_str());
+    return Status::Ok();
+  }
+  std::fprintf(stderr, "  llama.cpp mmap at %3d%%       TTFT %.3f s (remaining %.1f%%%s, swapped %.0f MiB, zram holds %.0f MiB)\n",
+               lv, r.result.value("ttft_s", 0.0), 100 * r.remaining, r.reached ? "" : r.limit_ok ? ", level NOT reached (zram holds the KV)" : ", limit NOT reclaimable",
+               r.swapped / 1048576.0, r.zram_compressed / 1048576.0);
+  c->ll_lv[lv].push_back(r);
+  return Status::Ok();
+}
+
+// Runs first then second, or second then first when flip (A/B alternation).
+Status InOrder(bool flip, const std::function<Status()>& first, const std::function<Status()>& second) {
+  if (!flip) {
+    MZ_RETURN_IF_ERROR(first());
+    return second();
+  }
+  MZ_RETURN_IF_ERROR(second());
+  return first();
+}
+
+// Every scenario a.reps times, the two engines alternated (order flipped every rep).
+Status MeasurePeers(PeersRun* R, Context& ctx, PeersCell* c) {
+  const PeersArgs& a = R->a;
+  for (int rep = 0; rep < a.reps; ++rep) {
+    std::fprintf(stderr, " rep %d/%d\n", rep + 1, a.reps);
+    const bool flip = rep % 2 == 1;
+    MZ_RETURN_IF_ERROR(InOrder(flip, [&] { return NewProcessRun(R, c, "llama.cpp state load", "llama-state", c->state); },
+                               [&] { return NewProcessRun(R, c, "mzcache session load", "mz-session", c->sess); }));
+    if (!a.no_cold)
+      MZ_RETURN_IF_ERROR(InOrder(flip, [&] { return NewProcessRun(R, c, "llama.cpp cold re-prefill", "llama-cold", ""); },
+                                 [&] { return NewProcessRun(R, c, "mzcache cold re-prefill", "mz-cold", ""); }));
+    for (int lv : a.levels)
+      MZ_RETURN_IF_ERROR(InOrder(flip, [&] { return LlamaLevelRun(R, c, lv); }, [&] { return MzLevelRun(c, ctx, lv); }));
+  }
+  return Status::Ok();
+}
+
+std::vector<double> Ttfts(PeersCell& c, const std::string& sys) {
+  std::vector<double> v;
+  for (auto& r : c.res[sys]) v.push_back(r.value("ttft_s", 0.0));
+  return v;
+}
+double Part(PeersCell& c, const std::string& sys, const char* key) {
+  std::vector<double> v;
+  for (auto& r : c.res[sys]) v.push_back(r.value(key, 0.0));
+  return Med(v);
+}
+std::vector<double> MzTtfts(PeersCell& c, int lv) {
+  std::vector<double> v;
+  for (auto& r : c.mz_lv[lv]) v.push_back(r.ttft);
+  return v;
+}
+std::vector<double> LlamaTtfts(PeersCell& c, int lv) {
+  std::vector<double> v;
+  for (auto& r : c.ll_lv[lv]) v.push_back(r.result.value("ttft_s", 0.0));
+  return v;
+}
+
+// A scenario's row: markdown and JSON.
+void AddScenario(PeersRun* R, nlohmann::json* rows, const std::string& scen, const std::string& peer_what,
+                 const std::vector<double>& peer, const std::string& mz_what, const std::vector<double>& mz) {
+  const double ratio = peer.empty() || mz.empty() ? 0 : Med(mz) / Med(peer);
+  R->md += "| " + scen + " | " + peer_what + " | " + Cell(peer) + " | " + mz_what + " | " + Cell(mz) + " | " +
+           (ratio > 0 ? Sprintf("%.2f", ratio) : std::string("-")) + " |\n";
+  rows->push_back({{"scenario", scen}, {"peer", peer_what}, {"mzcache", mz_what}, {"peer_ttft", JStats(peer)},
+                   {"mzcache_ttft", JStats(mz)}, {"ratio_mzcache_over_peer", ratio}});
+}
+
+// What llama.cpp did at level lv (under pressure, or not measured and why).
+std::string PeerUnderPressure(const PeersRun& R, PeersCell& c, int lv) {
+  std::string peer_what = "llama.cpp, mmap'd weights, all resident (no pressure)";
+  std::vector<double> rem, zc;
+  bool reached = true, limit_ok = true;
+  for (auto& r : c.ll_lv[lv])
+    rem.push_back(r.remaining), zc.push_back(r.zram_compressed / 1048576.0), reached = reached && r.reached,
+        limit_ok = limit_ok && r.limit_ok;
+  if (c.ll_lv[lv].empty()) {
+    peer_what = "llama.cpp mmap: not measured (" + R.os_reason + ")";
+  } else if (lv < 100) {
+    if (reached)
+      peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%% then lifted (reached %.0f%%)", lv, 100 * Med(rem));
+    else if (!limit_ok)
+      peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%%: the kernel could NOT reclaim down to it; "
+                          "stopped at %.0f%% remaining", lv, 100 * Med(rem));
+    else
+      peer_what = Sprintf("llama.cpp mmap, cgroup limit to %d%%: level NOT reached, zram still holds %.0f MiB of "
+                          "poorly compressed KV in RAM (%.0f%% remaining)", lv, Med(zc), 100 * Med(rem));
+  }
+  return peer_what;
+}
+
+// The scenario table (restart, cold start, each level of memory pressure); *dat gets the levels'
+// plot rows.
+void ReportScenarios(PeersRun* R, PeersCell& c, nlohmann::json* rows, std::string* dat) {
+  const PeersArgs& a = R->a;
+  double max_cached = 0;
+  for (double x : c.cached_after_drop) max_cached = std::max(max_cached, x);
+  R->md += "\n## " + R->stem + ", context " + std::to_string(c.n) + " tokens\n\n";
+  R->md += Sprintf("llama.cpp state file %.0f MiB (`%s`), mzcache session file %.0f MiB (raw fp16 KV); after each "
+                   "page-cache drop at most %.1f%% of a dropped file was still cached (mincore).\n\n",
+                   c.state_bytes / 1048576.0, c.state.c_str(), c.sess_bytes / 1048576.0, 100 * max_cached);
+  R->md += "| scenario | peer: what it does | peer TTFT s | mzcache: what it does | mzcache TTFT s | mzcache / peer |\n"
+           "|---|---|---|---|---|---|\n";
+  AddScenario(R, rows, "process restarted, context saved", "llama.cpp: new process, load model, llama_state_seq_load_file, decode query",
+              Ttfts(c, "llama.cpp state load"), "new process, load model, load session file, restore_generate query",
+              Ttfts(c, "mzcache session load"));
+  if (!a.no_cold) {
+    AddScenario(R, rows, "process restarted, nothing saved (cold start)", "llama.cpp: new process, load model, re-prefill context + query",
+                Ttfts(c, "llama.cpp cold re-prefill"), "new process, load model, re-prefill context + query (same work)",
+                Ttfts(c, "mzcache cold re-prefill"));
+    AddScenario(R, rows, "process restarted: each engine's best", "llama.cpp cold re-prefill", Ttfts(c, "llama.cpp cold re-prefill"),
+                "new process, load model + session file", Ttfts(c, "mzcache session load"));
+  }
+  for (int lv : a.levels) {
+    std::vector<double> mrem;
+    for (auto& r : c.mz_lv[lv]) mrem.push_back(r.remaining);
+    const std::string mz_what =
+        lv >= 100 ? "all in memory" : Sprintf("restore_generate from %d%% remaining (reached %.1f%%)", lv, 100 * Med(mrem));
+    AddScenario(R, rows, lv >= 100 ? "memory pressure: none" : Sprintf("memory pressure, %d%% remaining", lv),
+                PeerUnderPressure(*R, c, lv), LlamaTtfts(c, lv), mz_what, MzTtfts(c, lv));
+    const auto lv_l = LlamaTtfts(c, lv), lv_m = MzTtfts(c, lv);
+    *dat += Sprintf("\"%d%%\\nremaining\" %.4f %s\n", lv, Med(lv_m), lv_l.empty() ? "NaN" : Sprintf("%.4f", Med(lv_l)).c_str());
+  }
+  if (std::find(a.levels.begin(), a.levels.end(), 0) != a.levels.end())
+    AddScenario(R, rows, "killed (llama.cpp) vs fully evicted (mzcache)", "llama.cpp state file load in a new process",
+                Ttfts(c, "llama.cpp state load"), "restore_generate from 0% (weights and KV off RAM, process alive)", MzTtfts(c, 0));
+}
+
+// The parts of the new-process runs (medians) and llama.cpp's load mode.
+void ReportParts(PeersRun* R, PeersCell& c) {
+  std::string& md = R->md;
+  md += "\nParts of the new-process runs (medians, s):\n\n| system | model load | context create | state/session load | "
+        "prefill | query | TTFT | first token (top-1) |\n|---|---|---|---|---|---|---|---|\n";
+  std::vector<std::string> syss{"llama.cpp state load", "mzcache session load"};
+  if (!R->a.no_cold) syss.insert(syss.end(), {"llama.cpp cold re-prefill", "mzcache cold re-prefill"});
+  for (const auto& s : syss) {
+    md += Sprintf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %d |\n", s.c_str(), Part(c, s, "model_load_s"),
+                  Part(c, s, "context_s"), Part(c, s, "state_load_s"), Part(c, s, "prefill_s"), Part(c, s, "query_s"),
+                  Med(Ttfts(c, s)), c.res[s].empty() ? -1 : c.res[s].front().value("top1", -1));
+  }
+  if (!c.res["llama.cpp state load"].empty())
+    md += "\nllama.cpp load mode: " + c.res["llama.cpp state load"].front().value("llama_load_mode", std::string("?")) +
+          ", flash attention: " + c.res["llama.cpp state load"].front().value("flash_attn", std::string("?")) +
+          " (library defaults).\n";
+}
+
+// Probability of the top-1 token (its id in *top) and of the runner-up.
+std::pair<double, double> TopTwo(const std::vector<float>& l, int* top) {
+  std::vector<float> lp(l.size());
+  LogSoftmax(l.data(), int(l.size()), lp.data());
+  double p1 = 0, p2 = 0;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const double p = std::exp(double(lp[i]));
+    if (p > p1) p2 = p1, p1 = p, *top = int(i);
+    else if (p > p2) p2 = p;
+  }
+  return std::make_pair(p1, p2);
+}
+
+// Do the engines agree on the first token's distribution? (A check that both restored the same
+// context; the synthesized model's distributions are flat, so top-1 can differ at near-ties.) The
+// logits files are removed.
+nlohmann::json ReportAgreement(PeersRun* R, PeersCell& c) {
+  const int nv = int(R->model->hparams().n_vocab);
+  nlohmann::json agreement;
+  std::map<std::string, std::vector<float>> lg;
+  for (auto& [sys, f] : c.logits_files) {
+    std::ifstream in(f, std::ios::binary);
+    std::vector<float> v(static_cast<size_t>(nv));
+    if (in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4))) lg[sys] = std::move(v);
+    std::remove(f.c_str());
+  }
+  std::string line;
+  for (auto& [sys, l] : lg) {
+    int top = -1;
+    auto [p1, p2] = TopTwo(l, &top);
+    line += Sprintf("%s%s: top-1 %d (p %.3f, next %.3f)", line.empty() ? "" : "; ", sys.c_str(), top, p1, p2);
+    agreement[sys] = {{"top1", top}, {"p_top1", p1}, {"p_top2", p2}};
+  }
+  auto pairkl = [&](const std::string& x, const std::string& y) {
+    if (!lg.count(x) || !lg.count(y)) return;
+    const double kl = KlFromLogits(lg[x].data(), lg[y].data(), nv);
+    line += Sprintf("; KL(%s || %s) = %.2e", x.c_str(), y.c_str(), kl);
+    agreement["kl"][x + " || " + y] = kl;
+  };
+  pairkl("llama.cpp state load", "llama.cpp cold re-prefill");
+  pairkl("mzcache session load", "mzcache cold re-prefill");
+  pairkl("llama.cpp state load", "mzcache session load");
+  pairkl("llama.cpp cold re-prefill", "mzcache cold re-prefill");
+  if (!line.empty())
+    R->md += "\nFirst token's distribution (first run of each; KL in nats; the synthesized model's distributions are flat, "
+             "so top-1 may differ between engines at a near-tie while KL stays small): " + line + ".\n";
+  return agreement;
+}
+
+// llama.cpp under memory pressure: what each level reached.
+void ReportPressure(PeersRun* R, PeersCell& c) {
+  bool any_mmap = false;
+  for (auto& [lv, v] : c.ll_lv) any_mmap = any_mmap || !v.empty();
+  if (!any_mmap) return;
+  R->md += "\nllama.cpp under memory pressure (medians): footprint = weights + KV cells allocated; remaining = (cgroup "
+           "usage - the process's other memory + zram's compressed bytes) / footprint.\n\n"
+           "| level | reached remaining | cgroup limit reclaimed | level reached | swapped MiB | zram holds MiB | TTFT s |\n"
+           "|---|---|---|---|---|---|---|\n";
+  for (int lv : R->a.levels) {
+    if (c.ll_lv[lv].empty()) continue;
+    std::vector<double> rem, sw, zc;
+    bool reached = true, limit_ok = true;
+    for (auto& r : c.ll_lv[lv])
+      rem.push_back(r.remaining), sw.push_back(r.swapped / 1048576.0), zc.push_back(r.zram_compressed / 1048576.0),
+          reached = reached && r.reached, limit_ok = limit_ok && r.limit_ok;
+    R->md += Sprintf("| %d%% | %.1f%% | %s | %s | %.0f | %.0f | %s |\n", lv, 100 * Med(rem),
+                     lv >= 100 ? "-" : limit_ok ? "yes" : "NO", lv >= 100 ? "-" : reached ? "yes" : "NO", Med(sw),
+                     Med(zc), Cell(LlamaTtfts(c, lv)).c_str());
+  }
+}
+
+// peers-<stem>-<n>.{dat,png}: TTFT per scenario, both engines (levels_dat: the levels' rows).
+void PlotPeers(PeersRun* R, PeersCell& c, const std::string& levels_dat) {
+  const PeersArgs& a = R->a;
+  const std::string tag = R->stem + "-" + std::to_string(c.n);
+  const std::string dat =
+      Sprintf("\"restart\\n(saved)\" %.4f %.4f\n", Med(Ttfts(c, "mzcache session load")), Med(Ttfts(c, "llama.cpp state load"))) +
+      (a.no_cold ? std::string()
+                 : Sprintf("\"cold\\nre-prefill\" %.4f %.4f\n", Med(Ttfts(c, "mzcache cold re-prefill")),
+                           Med(Ttfts(c, "llama.cpp cold re-prefill")))) +
+      levels_dat;
+  WriteFile(a.out, "peers-" + tag + ".dat", dat);
+  const std::string png = PlotPng(
+      a.out, "peers-" + tag,
+      "set terminal pngcairo noenhanced size 900,500\nset output 'peers-" + tag + ".png'\nset title 'TTFT, " + R->stem + ", " +
+          std::to_string(c.n) + "-token context, " + std::to_string(a.query) +
+          "-token query'\nset style data histogram\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
+          "set ylabel 'TTFT (s)'\nset xlabel 'scenario (restart, or remaining in memory under pressure)' offset 0,-1\nset bmargin 5\n"
+          "set logscale y\nset yrange [0.01:*]\nset key top right\nplot 'peers-" + tag +
+          ".dat' u 2:xtic(1) t 'mzcache', '' u 3 t 'peer (llama.cpp)'\n");
+  if (!png.empty()) R->md += "\n![TTFT vs peers " + tag + "](" + png + ")\n";
+}
+
+nlohmann::json CellJson(PeersCell& c, const nlohmann::json& rows, const nlohmann::json& agreement) {
+  double max_cached = 0;
+  for (double x : c.cached_after_drop) max_cached = std::max(max_cached, x);
+  nlohmann::json mz_levels, ll_levels;
+  for (auto& [lv, v] : c.mz_lv)
+    for (auto& r : v)
+      mz_levels[std::to_string(lv)].push_back({{"ttft", r.ttft}, {"remaining", r.remaining},
+                                               {"bytes_from_storage", r.bytes_from_storage},
+                                               {"bytes_decoded", r.bytes_decoded}, {"top1", r.top1}});
+  for (auto& [lv, v] : c.ll_lv)
+    for (auto& r : v)
+      ll_levels[std::to_string(lv)].push_back({{"result", r.result}, {"remaining", r.remaining},
+                                               {"reached", r.reached}, {"limit_ok", r.limit_ok}, {"swapped", r.swapped},
+                                               {"zram_compressed", r.zram_compressed},
+                                               {"footprint", r.footprint}, {"overhead", r.overhead}});
+  return {{"ctx", c.n},
+          {"state_file", c.state},
+          {"state_bytes", c.state_bytes},
+          {"session_bytes", c.sess_bytes},
+          {"max_cached_fraction_after_drop", max_cached},
+          {"rows", rows},
+          {"first_token_agreement", agreement},
+          {"new_process_runs", c.res},
+          {"mzcache_levels", mz_levels},
+          {"llama_mmap_levels", ll_levels}};
+}
+
+// One context length: inputs, both engines' saved contexts, every scenario, the report sections.
+Status RunPeersCell(PeersRun* R, int n) {
+  const PeersArgs& a = R->a;
+  std::fprintf(stderr, "== %s, context %d, query %d ==\n", R->stem.c_str(), n, a.query);
+  PeersCell c;
+  c.n = n;
+  MZ_RETURN_IF_ERROR(RealTokens(R->path, n + a.query, &c.toks));
+  c.query.assign(c.toks.begin() + n, c.toks.end());
+  c.tok_file = a.swap_dir + "/mzcache-peers-" + std::to_string(getpid()) + ".tokens";
+  if (!WriteFile(a.swap_dir, c.tok_file.substr(c.tok_file.find_last_of('/') + 1),
+                 std::string(reinterpret_cast<const char*>(c.toks.data()), c.toks.size() * 4)))
+    return Status::IOError("cannot write " + c.tok_file);
+  struct RmTok {
+    std::string p;
+    ~RmTok() { std::remove(p.c_str()); }
+  } rm_tok{c.tok_file};
+  c.n_ctx = n + a.query + 64;
+  ContextOptions co;
+  co.n_ctx = c.n_ctx;
+  co.n_threads = a.threads;
+  co.swap_path = a.swap_dir + "/mzcache-peers-" + std::to_string(getpid()) + ".swap";
+  Context ctx(R->model.get(), co);
+  MZ_RETURN_IF_ERROR(ctx.Init());
+  MZ_RETURN_IF_ERROR(EnsureSessionContext(ctx, R->path, c.toks, n, &c.sess));
+  WorkerArgs& w = c.w;
+  w.model = R->path;
+  w.tokens = c.tok_file;
+  w.n = n;
+  w.q = a.query;
+  w.threads = a.threads;
+  w.llama_fa = a.llama_fa;
+  w.n_ctx = c.n_ctx;
+  w.kv_bytes_per_token = R->model->hparams().kv_bytes_per_token();
+  MZ_RETURN_IF_ERROR(EnsureLlamaState(R, &c));
+  MZ_RETURN_IF_ERROR(MeasurePeers(R, ctx, &c));
+  nlohmann::json rows = nlohmann::json::array();
+  std::string levels_dat;
+  ReportScenarios(R, c, &rows, &levels_dat);
+  ReportParts(R, c);
+  const nlohmann::json agreement = ReportAgreement(R, c);
+  ReportPressure(R, c);
+  PlotPeers(R, c, levels_dat);
+  R->jctx.push_back(CellJson(c, rows, agreement));
+  return Status::Ok();
+}
+
+// bench peers: every context length, then the report.
+Status RunPeers(PeersArgs& a) {
+  PeersRun R(a);
+  MZ_RETURN_IF_ERROR(OpenBenchModel(a.model, a.type, &R.path, &R.model));
+  R.stem = ModelStem(R.path);
+  ProbePressure(&R);
+  struct Teardown {
+    OsPagingEnv* e;
+    ~Teardown() { OsPagingTeardown(e); }
+  } teardown{&R.ose};
+  g_env = &R.ose;
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  PeersHeader(&R);
+  for (int n : a.ctxs) MZ_RETURN_IF_ERROR(RunPeersCell(&R, n));
+  R.md += "\nmzcache / peer < 1: mzcache is faster. Memory pressure on llama.cpp: " +
+          (R.os_reason.empty() ? R.doc["memory_pressure"].get<std::string>() : "not measured: " + R.os_reason) + ".\n";
+  R.doc["contexts"] = R.jctx;
+  WriteReport(a.out, "bench-peers", R.md, R.doc);
+  std::fputs(R.md.c_str(), stdout);
   std::fprintf(stderr, "wrote %s/bench-peers.{md,json} and plots\n", a.out.c_str());
-  return 0;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -856,7 +937,8 @@ void AddPeersBench(CLI::App* bench, Runners& runners) {
       if (c->count("--ctx") == 0) a->ctxs = {2048};
       if (c->count("--reps") == 0) a->reps = 1;
     }
-    return RunPeers(*a);
+    Status st = RunPeers(*a);
+    return st.ok() ? 0 : Fail(st);
   });
 
   auto w = std::make_shared<WorkerArgs>();

@@ -20,16 +20,6 @@
 
 namespace mz::cli {
 
-Status ResolveModelPath(const std::string& model, const std::string& type, std::string* path) {
-  if (model.find('/') != std::string::npos || model.find(".gguf") != std::string::npos) {
-    *path = model;
-    FileInfo fi;
-    if (!Env::Default()->StatPath(model, &fi).ok()) return Status::InvalidArgument("no such model file: " + model);
-    return Status::Ok();
-  }
-  return EnsureDefaultModel(path, model, type);
-}
-
 std::string ModelStem(const std::string& model_path) {
   std::string stem = model_path.substr(model_path.find_last_of('/') + 1);
   const size_t dot = stem.rfind(".gguf");
@@ -142,13 +132,6 @@ double DropFileCache(const std::string& path) {
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
   return FileCachedFraction(path);
-}
-
-std::string PlotPng(const std::string& dir, const std::string& name, const std::string& script) {
-  WriteFile(dir, name + ".gp", script);
-  int rc = 0;
-  RunCapture("cd '" + dir + "' && gnuplot '" + name + ".gp' 2>&1", &rc);
-  return rc == 0 ? name + ".png" : "";
 }
 
 std::string Sprintf(const char* fmt, ...) {

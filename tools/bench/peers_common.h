@@ -1,7 +1,7 @@
 // Helpers shared by `bench peers` and `bench accuracy`: real-text token streams, contexts built once
 // by prefill and kept as session files (the same files `bench ttft` uses:
 // <cache>/contexts/<model-stem>-<n>.sess), one restore_generate measurement from a remaining-memory
-// level, page-cache control for files that must come from storage, and gnuplot output.
+// level, page-cache control for files that must come from storage, and printf into strings (the report helpers are in report.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "restore/restore_pipeline.h"
+#include "tools/bench/report.h"
 
 namespace mz {
 class Context;
@@ -16,9 +17,6 @@ class Context;
 
 namespace mz::cli {
 
-// A GGUF path as given (contains '/' or ends in .gguf), else a synthesized shape (`qwen3-0.6b`) of
-// `type` in <cache>/models, made on first use.
-Status ResolveModelPath(const std::string& model, const std::string& type, std::string* path);
 // File name without folder and ".gguf" ("qwen3-0.6b-q8_0").
 std::string ModelStem(const std::string& model_path);
 // The first n tokens of the real text (tools/bench/real_text.h) under the model's tokenizer, with BOS. The
@@ -54,8 +52,6 @@ double DropFileCache(const std::string& path);
 // Fraction of the file's pages in the page cache now (mincore on a fresh mapping), -1 on error.
 double FileCachedFraction(const std::string& path);
 
-// Writes dir/name.gp and runs gnuplot in dir; returns "name.png" on success, "" otherwise.
-std::string PlotPng(const std::string& dir, const std::string& name, const std::string& script);
 // printf into a std::string.
 std::string Sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
