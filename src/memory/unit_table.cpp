@@ -10,22 +10,6 @@
 
 namespace mz {
 
-const char* UnitStateName(UnitState s) {
-  switch (s) {
-    case UnitState::kResident: return "resident";
-    case UnitState::kKvMemCompressed: return "kv-mem-compressed";
-    case UnitState::kKvStorageRaw: return "kv-storage-raw";
-    case UnitState::kKvStorageCompressed: return "kv-storage-compressed";
-    case UnitState::kWeightsDropped: return "weights-dropped";
-  }
-  return "?";
-}
-
-std::string UnitName(const UnitRef& u) {
-  if (u.kind == UnitRef::kWeights) return u.layer < 0 ? "weights[base]" : "weights[" + std::to_string(u.layer) + "]";
-  return "kv[" + std::to_string(u.layer) + "," + std::to_string(u.chunk) + "]";
-}
-
 double MemoryReport::remaining(bool exclude_base) const {
   double num = double(in_memory()), den = double(footprint());
   if (exclude_base) num -= double(base_resident), den -= double(base_total);

@@ -34,38 +34,14 @@
 #include "core/status.h"
 #include "memory/kv_cache.h"
 #include "model/model.h"
+#include "policy/unit_plan.h"
 #include "store/kv_codec.h"
 #include "store/compressed_stack.h"
 #include "store/swap_file.h"
 
 namespace mz {
 
-enum class UnitState : uint8_t {
-  kResident = 0,
-  kKvMemCompressed = 1,
-  kKvStorageRaw = 2,
-  kKvStorageCompressed = 3,
-  kWeightsDropped = 4,
-};
-constexpr int kNumUnitStates = 5;
-const char* UnitStateName(UnitState s);
-
-struct UnitRef {
-  enum Kind : uint8_t { kWeights = 0, kKv = 1 };
-  Kind kind = kWeights;
-  int layer = 0;  // weights: -1 = base unit
-  int chunk = 0;  // KV only
-  static UnitRef Weights(int layer) { return {kWeights, layer, 0}; }
-  static UnitRef Kv(int layer, int chunk) { return {kKv, layer, chunk}; }
-  bool operator==(const UnitRef& o) const { return kind == o.kind && layer == o.layer && chunk == o.chunk; }
-};
-std::string UnitName(const UnitRef& u);
-
-struct Placement {
-  UnitRef unit;
-  UnitState target = UnitState::kResident;
-};
-using Plan = std::vector<Placement>;
+// UnitState, UnitRef, Placement, Plan: policy/unit_plan.h (the policies' vocabulary).
 
 struct MemoryReport {
   uint64_t weights_total = 0, weights_resident = 0, weights_dropped = 0;  // region bytes

@@ -20,8 +20,8 @@
 #include <functional>
 #include <vector>
 
-#include "memory/unit_table.h"
 #include "policy/device_profile.h"
+#include "policy/unit_plan.h"
 
 namespace mz {
 
