@@ -8,8 +8,10 @@
 #include "tools/common.h"
 
 namespace mz::cli {
+namespace {
 
-void AddModelCommands(CLI::App& app, Runners& runners) {
+// make-model: a synthesized GGUF (no C API equivalent: synthesis is a tool, not part of the runtime).
+void AddMakeModel(CLI::App& app, Runners& runners) {
   struct MakeArgs {
     std::string shape = "qwen3-0.6b", type = "q8_0", out, vocab_dir;
     uint64_t seed = 1;
@@ -54,7 +56,11 @@ void AddModelCommands(CLI::App& app, Runners& runners) {
     std::printf("%s\n", out.c_str());
     return 0;
   });
+}
 
+// info: shapes and unit sizes. Needs what the C API does not expose (rope, the weight units and
+// their mappings, a model parsed without its weights), so it reads the internal Model.
+void AddInfo(CLI::App& app, Runners& runners) {
   auto model_path = std::make_shared<std::string>();
   auto* info = app.add_subcommand("info", "model shapes, unit sizes, KV bytes per token and per chunk");
   info->add_option("-m,--model", *model_path, "GGUF path (default: the synthesized Qwen3-0.6B q8_0)");
@@ -94,6 +100,13 @@ void AddModelCommands(CLI::App& app, Runners& runners) {
     }
     return 0;
   });
+}
+
+}  // namespace
+
+void AddModelCommands(CLI::App& app, Runners& runners) {
+  AddMakeModel(app, runners);
+  AddInfo(app, runners);
 }
 
 }  // namespace mz::cli
