@@ -11,6 +11,7 @@
 #include "model/synth.h"
 #include "runtime/context.h"
 #include "test_util.h"
+#include "env/fault_env.h"
 #include "policy/profiler.h"
 #include "tools/bench/accuracy_metrics.h"
 #include "tools/bench/bench_util.h"
@@ -159,6 +160,80 @@ TEST(StorageProbe, MeasuresRepeatedlyAndCleansUp) {
   EXPECT_FALSE(Env::Default()->StatPath(dir + "/mzcache-read-test.bin", &fi).ok());
   const std::vector<double> none = MeasureDirectReads(env, dir + "/no/such/dir", size_t(8) << 20, size_t(4) << 20, {1});
   EXPECT_EQ(none[0], 0.0);
+}
+
+// The device profiler (policy/profiler.h) on a synthetic KV sample, through the Env only: every
+// figure the policy reads is filled, progress reaches its total, and the read-test file is removed
+// on success and on every failure (storage full, a missing folder, a failing read).
+KvSample SyntheticKv() {
+  KvSample kv;
+  kv.shape = ChunkShape{2, 256, 64, 256, 0, 2};
+  kv.n_head = 4;
+  std::mt19937 rng(3);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<uint16_t> c(kv.shape.raw_bytes() / 2);
+    for (auto& x : c) x = uint16_t(0x3800 + rng() % 0x400);  // finite fp16 values in [0.5, 1)
+    kv.chunks.push_back(std::move(c));
+  }
+  return kv;
+}
+
+TEST(Profiler, FillsTheProfileQuicklyAndCleansUp) {
+  const std::string dir = test::TempDir();
+  ProfileOptions o;
+  o.dir = dir;
+  o.file_bytes = size_t(8) << 20;
+  o.quick = true;
+  int last_done = 0, last_total = -1;
+  o.progress = [&](const std::string&, int done, int total) { last_done = done, last_total = total; };
+  std::string report;
+  o.report = [&](const std::string& t) { report += t; };
+  DeviceProfile prof;
+  Status st = ProfileDevice(Env::Default(), SyntheticKv(), ProfileModel{"synthetic", uint64_t(1) << 20}, o, &prof);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(last_done, last_total);
+  for (const std::string& c : KvCodecNames()) {
+    EXPECT_GT(prof.DecodeBps(c), 0.0) << c;
+    EXPECT_GT(prof.ratio.at(c), 0.0) << c;
+  }
+  EXPECT_EQ(prof.attend_in_place_s_per_MiB.count("q8"), 1u);
+  EXPECT_EQ(prof.read_Bps.size(), 6u);
+  EXPECT_EQ(prof.mapped_read_by_request.size(), 4u);
+  EXPECT_GT(prof.mapped_read_Bps, 0.0);
+  EXPECT_GT(prof.alloc_s_per_MiB, 0.0);
+  EXPECT_FALSE(prof.device.empty());
+  EXPECT_NE(report.find("| q8 |"), std::string::npos);
+  EXPECT_NE(report.find("unit times for synthetic"), std::string::npos);
+  FileInfo fi;
+  EXPECT_FALSE(Env::Default()->StatPath(dir + "/mzcache-profile.bin", &fi).ok());
+}
+
+TEST(Profiler, FailsCleanlyAndRemovesItsFile) {
+  const std::string dir = test::TempDir();
+  ProfileOptions o;
+  o.dir = dir;
+  o.file_bytes = size_t(8) << 20;
+  o.quick = true;
+  DeviceProfile prof;
+  FileInfo fi;
+  {
+    FaultEnv env(Env::Default());
+    env.write_budget = int64_t(4) << 20;  // the test file does not fit
+    const Status st = ProfileDevice(&env, SyntheticKv(), ProfileModel(), o, &prof);
+    EXPECT_EQ(st.code(), Status::kNoSpace) << st.ToString();
+    EXPECT_FALSE(Env::Default()->StatPath(dir + "/mzcache-profile.bin", &fi).ok());
+  }
+  {
+    FaultEnv env(Env::Default());
+    env.path_filter = "mzcache-profile.bin";
+    env.fail_reads_after = 3;  // a direct read of the test file fails
+    const Status st = ProfileDevice(&env, SyntheticKv(), ProfileModel(), o, &prof);
+    EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+    EXPECT_FALSE(Env::Default()->StatPath(dir + "/mzcache-profile.bin", &fi).ok());
+  }
+  o.dir = dir + "/no/such/dir";
+  EXPECT_EQ(ProfileDevice(Env::Default(), SyntheticKv(), ProfileModel(), o, &prof).code(), Status::kIOError);
+  EXPECT_EQ(ProfileDevice(Env::Default(), KvSample(), ProfileModel(), o, &prof).code(), Status::kInvalidArgument);
 }
 
 }  // namespace
