@@ -107,6 +107,152 @@ Status LlamaDecode(llama_context* ctx, const int32_t* toks, int n, int pos0, boo
 
 int Top1(const float* l, int nv) { return l ? int(std::max_element(l, l + nv) - l) : -1; }
 
+// Writes the first token's logits (nv floats at last) to a.logits_out, if asked.
+Status SaveLogits(const WorkerArgs& a, const float* last, int nv) {
+  if (a.logits_out.empty() || !last) return Status::Ok();
+  std::ofstream f(a.logits_out, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(last), std::streamsize(size_t(nv) * 4));
+  return f ? Status::Ok() : Status::IOError("cannot write " + a.logits_out);
+}
+
+// llama-mmap: touch every weight page once (a first inference would), forget that token, drop the
+// state file's page cache, say READY <footprint>, wait for GO, then time the query.
+Status LlamaMmapQuery(const WorkerArgs& a, const LlamaHandles& h, const int32_t* query, int nv, const float** last,
+                      nlohmann::json* out) {
+  MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, query, 1, a.n, true, false));
+  llama_memory_seq_rm(llama_get_memory(h.ctx), 0, a.n, -1);
+  // The state file was read with buffered I/O inside the cgroup: its page cache would be charged
+  // to the process's "other memory" and be the first thing reclaimed, so drop it now.
+  (*out)["state_file_cached_after_drop"] = DropFileCache(a.file);
+  const uint64_t foot = llama_model_size(h.model) + a.kv_bytes_per_token * llama_n_ctx(h.ctx);
+  std::printf("READY %llu\n", (unsigned long long)foot);
+  std::fflush(stdout);
+  std::string go;
+  if (!std::getline(std::cin, go)) return Status::Cancelled("no GO from the harness");
+  const double q0 = NowSeconds();
+  MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, query, a.q, a.n, true, false));
+  (*out)["top1"] = Top1(*last = llama_get_logits_ith(h.ctx, -1), nv);
+  (*out)["query_s"] = (*out)["ttft_s"] = NowSeconds() - q0;
+  return Status::Ok();
+}
+
+// The llama.cpp side of a worker: load, create a context, then the mode's work (build: prefill and
+// save the state; state / mmap: load the state and decode the query; cold: re-prefill + query).
+Status RunLlamaWorker(const WorkerArgs& a, const std::vector<int32_t>& toks, nlohmann::json* out) {
+  InitLibraryLogging();
+  llama_backend_init();
+  LlamaHandles h;
+  llama_model_params mp = llama_model_default_params();
+  if (a.mode == "llama-mmap") mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+  (*out)["llama_load_mode"] = llama_load_mode_name(mp.load_mode);
+  LogCapture cap;
+  const double t0 = NowSeconds();
+  h.model = llama_model_load_from_file(a.model.c_str(), mp);
+  if (!h.model) return Status::Internal("llama.cpp cannot load " + a.model + ": " + cap.text());
+  const double t1 = NowSeconds();
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = uint32_t(a.n_ctx);
+  cp.n_threads = cp.n_threads_batch = a.threads;
+  if (a.llama_fa == "on") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+  if (a.llama_fa == "off") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  h.ctx = llama_init_from_model(h.model, cp);
+  if (!h.ctx) return Status::Internal("llama.cpp cannot create a context: " + cap.text());
+  const double t2 = NowSeconds();
+  (*out)["model_load_s"] = t1 - t0;
+  (*out)["context_s"] = t2 - t1;
+  (*out)["flash_attn"] = llama_flash_attn_type_name(cp.flash_attn_type);
+  const int nv = llama_vocab_n_tokens(llama_model_get_vocab(h.model));
+  const int32_t* query = toks.data() + a.n;
+  const float* last = nullptr;  // first token's logits, valid until h is freed
+  if (a.mode == "llama-build") {
+    MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, toks.data(), a.n, 0, false, true));
+    const double t3 = NowSeconds();
+    const std::string tmp = a.file + ".tmp";
+    if (llama_state_seq_save_file(h.ctx, tmp.c_str(), 0, toks.data(), size_t(a.n)) == 0)
+      return Status::IOError("llama_state_seq_save_file failed: " + cap.text());
+    if (std::rename(tmp.c_str(), a.file.c_str()) != 0) return Status::FromErrno(errno, "rename " + tmp);
+    (*out)["prefill_s"] = t3 - t2;
+    (*out)["save_s"] = NowSeconds() - t3;
+  } else if (a.mode == "llama-state" || a.mode == "llama-mmap") {
+    std::vector<int32_t> got(size_t(a.n_ctx));
+    size_t n_got = 0;
+    if (llama_state_seq_load_file(h.ctx, a.file.c_str(), 0, got.data(), got.size(), &n_got) == 0)
+      return Status::Corruption("llama_state_seq_load_file failed on " + a.file + ": " + cap.text());
+    const double t3 = NowSeconds();
+    if (int(n_got) != a.n || !std::equal(got.begin(), got.begin() + a.n, toks.begin()))
+      return Status::Corruption(a.file + " holds other tokens than this context");
+    (*out)["state_load_s"] = t3 - t2;
+    if (a.mode == "llama-mmap") {
+      MZ_RETURN_IF_ERROR(LlamaMmapQuery(a, h, query, nv, &last, out));
+    } else {
+      MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, query, a.q, a.n, true, false));
+      (*out)["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
+      const double t4 = NowSeconds();
+      (*out)["query_s"] = t4 - t3;
+      (*out)["ttft_s"] = t4 - t0;
+    }
+  } else if (a.mode == "llama-cold") {
+    MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, toks.data(), a.n, 0, false, false));
+    const double t3 = NowSeconds();
+    MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, query, a.q, a.n, true, false));
+    (*out)["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
+    const double t4 = NowSeconds();
+    (*out)["prefill_s"] = t3 - t2;
+    (*out)["query_s"] = t4 - t3;
+    (*out)["ttft_s"] = t4 - t0;
+  } else {
+    return Status::InvalidArgument("unknown mode " + a.mode);
+  }
+  return SaveLogits(a, last, nv);
+}
+
+// The mzcache side of a worker: load, create a context, then load the session file and
+// restore_generate the query (mz-session) or re-prefill the context and decode the query
+// (mz-cold). Internal classes, not the C API: the session check compares the restored token
+// history, which the C API does not hand out.
+Status RunMzWorker(const WorkerArgs& a, const std::vector<int32_t>& toks, nlohmann::json* out) {
+  const int32_t* query = toks.data() + a.n;
+  const double t0 = NowSeconds();
+  std::unique_ptr<Model> model;
+  MZ_RETURN_IF_ERROR(Model::Load(Env::Default(), a.model, ModelOptions(), &model));
+  const double t1 = NowSeconds();
+  ContextOptions co;
+  co.n_ctx = a.n_ctx;
+  co.n_threads = a.threads;
+  Context ctx(model.get(), co);
+  MZ_RETURN_IF_ERROR(ctx.Init());
+  const double t2 = NowSeconds();
+  (*out)["model_load_s"] = t1 - t0;
+  (*out)["context_s"] = t2 - t1;
+  const int nv = int(model->hparams().n_vocab);
+  const float* last = nullptr;
+  if (a.mode == "mz-session") {
+    MZ_RETURN_IF_ERROR(LoadSession(ctx, a.file));
+    const double t3 = NowSeconds();
+    if (int(ctx.history().size()) != a.n || !std::equal(ctx.history().begin(), ctx.history().end(), toks.begin()))
+      return Status::Corruption(a.file + " holds other tokens than this context");
+    RestoreGenerateStats rs;
+    MZ_RETURN_IF_ERROR(ctx.RestoreGenerate(query, a.q, PipelineOptions(), &rs));
+    (*out)["top1"] = Top1(last = ctx.logits(ctx.n_logit_rows() - 1), nv);
+    const double t4 = NowSeconds();
+    (*out)["state_load_s"] = t3 - t2;
+    (*out)["query_s"] = t4 - t3;
+    (*out)["ttft_s"] = t4 - t0;
+  } else {
+    for (int off = 0; off < a.n; off += 512) MZ_RETURN_IF_ERROR(ctx.Decode(toks.data() + off, std::min(512, a.n - off), false));
+    const double t3 = NowSeconds();
+    MZ_RETURN_IF_ERROR(ctx.Decode(query, a.q, false));
+    (*out)["top1"] = Top1(last = ctx.logits(ctx.n_logit_rows() - 1), nv);
+    const double t4 = NowSeconds();
+    (*out)["prefill_s"] = t3 - t2;
+    (*out)["query_s"] = t4 - t3;
+    (*out)["ttft_s"] = t4 - t0;
+  }
+  return SaveLogits(a, last, nv);
+}
+
+// A worker process: joins its cgroup if given, reads the tokens, runs its mode and prints
+// "RESULT <json>" (or "ERROR <status>", exit code 1).
 int RunWorker(const WorkerArgs& a) {
   nlohmann::json out;
   out["mode"] = a.mode;
@@ -125,151 +271,11 @@ int RunWorker(const WorkerArgs& a) {
   Status st = ReadTokens(a.tokens, &toks);
   if (!st.ok()) return fail(st);
   if (int(toks.size()) < a.n + a.q) return fail(Status::InvalidArgument("token file shorter than n + q"));
-  const int32_t* query = toks.data() + a.n;
-  const bool llama = a.mode.rfind("llama-", 0) == 0;
-  const float* last = nullptr;  // first token's logits, valid until the engine below is freed
-  auto save_logits = [&](int nv) -> Status {
-    if (a.logits_out.empty() || !last) return Status::Ok();
-    std::ofstream f(a.logits_out, std::ios::binary);
-    f.write(reinterpret_cast<const char*>(last), std::streamsize(size_t(nv) * 4));
-    return f ? Status::Ok() : Status::IOError("cannot write " + a.logits_out);
-  };
-
-  if (llama) {
-    InitLibraryLogging();
-    llama_backend_init();
-    LlamaHandles h;
-    llama_model_params mp = llama_model_default_params();
-    if (a.mode == "llama-mmap") mp.load_mode = LLAMA_LOAD_MODE_MMAP;
-    out["llama_load_mode"] = llama_load_mode_name(mp.load_mode);
-    LogCapture cap;
-    const double t0 = NowSeconds();
-    h.model = llama_model_load_from_file(a.model.c_str(), mp);
-    if (!h.model) return fail(Status::Internal("llama.cpp cannot load " + a.model + ": " + cap.text()));
-    const double t1 = NowSeconds();
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = uint32_t(a.n_ctx);
-    cp.n_threads = cp.n_threads_batch = a.threads;
-    if (a.llama_fa == "on") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-    if (a.llama_fa == "off") cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    h.ctx = llama_init_from_model(h.model, cp);
-    if (!h.ctx) return fail(Status::Internal("llama.cpp cannot create a context: " + cap.text()));
-    const double t2 = NowSeconds();
-    out["model_load_s"] = t1 - t0;
-    out["context_s"] = t2 - t1;
-    out["flash_attn"] = llama_flash_attn_type_name(cp.flash_attn_type);
-    const int nv = llama_vocab_n_tokens(llama_model_get_vocab(h.model));
-
-    if (a.mode == "llama-build") {
-      st = LlamaDecode(h.ctx, toks.data(), a.n, 0, false, true);
-      if (!st.ok()) return fail(st);
-      const double t3 = NowSeconds();
-      const std::string tmp = a.file + ".tmp";
-      if (llama_state_seq_save_file(h.ctx, tmp.c_str(), 0, toks.data(), size_t(a.n)) == 0)
-        return fail(Status::IOError("llama_state_seq_save_file failed: " + cap.text()));
-      if (std::rename(tmp.c_str(), a.file.c_str()) != 0) return fail(Status::FromErrno(errno, "rename " + tmp));
-      out["prefill_s"] = t3 - t2;
-      out["save_s"] = NowSeconds() - t3;
-    } else if (a.mode == "llama-state" || a.mode == "llama-mmap") {
-      std::vector<int32_t> got(size_t(a.n_ctx));
-      size_t n_got = 0;
-      if (llama_state_seq_load_file(h.ctx, a.file.c_str(), 0, got.data(), got.size(), &n_got) == 0)
-        return fail(Status::Corruption("llama_state_seq_load_file failed on " + a.file + ": " + cap.text()));
-      const double t3 = NowSeconds();
-      if (int(n_got) != a.n || !std::equal(got.begin(), got.begin() + a.n, toks.begin()))
-        return fail(Status::Corruption(a.file + " holds other tokens than this context"));
-      out["state_load_s"] = t3 - t2;
-      if (a.mode == "llama-mmap") {
-        // Touch every weight page once (a first inference would), then forget that token.
-        st = LlamaDecode(h.ctx, query, 1, a.n, true, false);
-        if (!st.ok()) return fail(st);
-        llama_memory_seq_rm(llama_get_memory(h.ctx), 0, a.n, -1);
-        // The state file was read with buffered I/O inside the cgroup: its page cache would be charged
-        // to the process's "other memory" and be the first thing reclaimed, so drop it now.
-        out["state_file_cached_after_drop"] = DropFileCache(a.file);
-        const uint64_t foot = llama_model_size(h.model) + a.kv_bytes_per_token * llama_n_ctx(h.ctx);
-        std::printf("READY %llu\n", (unsigned long long)foot);
-        std::fflush(stdout);
-        std::string go;
-        if (!std::getline(std::cin, go)) return 1;
-        const double q0 = NowSeconds();
-        st = LlamaDecode(h.ctx, query, a.q, a.n, true, false);
-        if (!st.ok()) return fail(st);
-        out["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
-        out["query_s"] = out["ttft_s"] = NowSeconds() - q0;
-      } else {
-        st = LlamaDecode(h.ctx, query, a.q, a.n, true, false);
-        if (!st.ok()) return fail(st);
-        out["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
-        const double t4 = NowSeconds();
-        out["query_s"] = t4 - t3;
-        out["ttft_s"] = t4 - t0;
-      }
-    } else if (a.mode == "llama-cold") {
-      st = LlamaDecode(h.ctx, toks.data(), a.n, 0, false, false);
-      if (!st.ok()) return fail(st);
-      const double t3 = NowSeconds();
-      st = LlamaDecode(h.ctx, query, a.q, a.n, true, false);
-      if (!st.ok()) return fail(st);
-      out["top1"] = Top1(last = llama_get_logits_ith(h.ctx, -1), nv);
-      const double t4 = NowSeconds();
-      out["prefill_s"] = t3 - t2;
-      out["query_s"] = t4 - t3;
-      out["ttft_s"] = t4 - t0;
-    } else {
-      return fail(Status::InvalidArgument("unknown mode " + a.mode));
-    }
-    st = save_logits(nv);
-    if (!st.ok()) return fail(st);
-  } else if (a.mode == "mz-session" || a.mode == "mz-cold") {
-    const double t0 = NowSeconds();
-    std::unique_ptr<Model> model;
-    st = Model::Load(Env::Default(), a.model, ModelOptions(), &model);
-    if (!st.ok()) return fail(st);
-    const double t1 = NowSeconds();
-    ContextOptions co;
-    co.n_ctx = a.n_ctx;
-    co.n_threads = a.threads;
-    Context ctx(model.get(), co);
-    st = ctx.Init();
-    if (!st.ok()) return fail(st);
-    const double t2 = NowSeconds();
-    out["model_load_s"] = t1 - t0;
-    out["context_s"] = t2 - t1;
-    const int nv = int(model->hparams().n_vocab);
-    if (a.mode == "mz-session") {
-      st = LoadSession(ctx, a.file);
-      if (!st.ok()) return fail(st);
-      const double t3 = NowSeconds();
-      if (int(ctx.history().size()) != a.n || !std::equal(ctx.history().begin(), ctx.history().end(), toks.begin()))
-        return fail(Status::Corruption(a.file + " holds other tokens than this context"));
-      RestoreGenerateStats rs;
-      st = ctx.RestoreGenerate(query, a.q, PipelineOptions(), &rs);
-      if (!st.ok()) return fail(st);
-      out["top1"] = Top1(last = ctx.logits(ctx.n_logit_rows() - 1), nv);
-      const double t4 = NowSeconds();
-      out["state_load_s"] = t3 - t2;
-      out["query_s"] = t4 - t3;
-      out["ttft_s"] = t4 - t0;
-    } else {
-      for (int off = 0; off < a.n; off += 512) {
-        st = ctx.Decode(toks.data() + off, std::min(512, a.n - off), false);
-        if (!st.ok()) return fail(st);
-      }
-      const double t3 = NowSeconds();
-      st = ctx.Decode(query, a.q, false);
-      if (!st.ok()) return fail(st);
-      out["top1"] = Top1(last = ctx.logits(ctx.n_logit_rows() - 1), nv);
-      const double t4 = NowSeconds();
-      out["prefill_s"] = t3 - t2;
-      out["query_s"] = t4 - t3;
-      out["ttft_s"] = t4 - t0;
-    }
-    st = save_logits(nv);
-    if (!st.ok()) return fail(st);
-  } else {
-    return fail(Status::InvalidArgument("unknown mode " + a.mode));
-  }
+  if (a.mode.rfind("llama-", 0) == 0) st = RunLlamaWorker(a, toks, &out);
+  else if (a.mode == "mz-session" || a.mode == "mz-cold") st = RunMzWorker(a, toks, &out);
+  else st = Status::InvalidArgument("unknown mode " + a.mode);
+  if (st.code() == Status::kCancelled) return 1;  // the harness went away before GO
+  if (!st.ok()) return fail(st);
   std::printf("RESULT %s\n", out.dump().c_str());
   std::fflush(stdout);
   return 0;
