@@ -31,6 +31,7 @@
 #include "pressure/psi_source.h"
 #include "pressure/sysfs.h"
 #include "pressure/watermark_source.h"
+#include "pressure/wiring.h"
 #include "runtime/context.h"
 #include "runtime/tokenizer.h"
 #include "test_util.h"
@@ -59,9 +60,9 @@ class FakeClockEnv : public EnvWrapper {
 
 std::string SkipReasonForCgroup() {
   if (geteuid() != 0) return "needs root to create a memory cgroup";
-  const std::string mnt = sysfs::V1MemoryMount();
+  const std::string mnt = sysfs::V1MemoryMount(Env::Default());
   if (mnt.empty()) return "no cgroup v1 memory controller mounted";
-  if (!sysfs::Exists(mnt + "/cgroup.event_control")) return "v1 memory controller without cgroup.event_control";
+  if (!sysfs::Exists(Env::Default(), mnt + "/cgroup.event_control")) return "v1 memory controller without cgroup.event_control";
   return "";
 }
 
@@ -69,24 +70,25 @@ class TestCgroup {
  public:
   ~TestCgroup() {
     if (path_.empty()) return;
-    sysfs::WriteSmall(path_ + "/memory.limit_in_bytes", "-1");
+    Env::Default()->WriteSmallFile(path_ + "/memory.limit_in_bytes", "-1", /*create=*/false);
     std::string procs;
-    if (sysfs::ReadSmall(path_ + "/cgroup.procs", &procs).ok()) {
+    if (Env::Default()->ReadSmallFile(path_ + "/cgroup.procs", &procs).ok()) {
       std::istringstream ss(procs);
-      for (std::string pid; ss >> pid;) sysfs::WriteSmall(sysfs::V1MemoryMount() + "/cgroup.procs", pid);
+      for (std::string pid; ss >> pid;)
+        Env::Default()->WriteSmallFile(sysfs::V1MemoryMount(Env::Default()) + "/cgroup.procs", pid, /*create=*/false);
     }
     ::rmdir(path_.c_str());
   }
   Status Create(uint64_t limit) {
     static int n = 0;
-    path_ = sysfs::V1MemoryMount() + "/mzcache-test-" + std::to_string(getpid()) + "-" + std::to_string(n++);
+    path_ = sysfs::V1MemoryMount(Env::Default()) + "/mzcache-test-" + std::to_string(getpid()) + "-" + std::to_string(n++);
     if (::mkdir(path_.c_str(), 0755) != 0) {
       Status s = Status::FromErrno(errno, "mkdir " + path_);
       path_.clear();
       return s;
     }
-    sysfs::WriteSmall(path_ + "/memory.swappiness", "0");
-    return sysfs::WriteSmall(path_ + "/memory.limit_in_bytes", std::to_string(limit));
+    Env::Default()->WriteSmallFile(path_ + "/memory.swappiness", "0", /*create=*/false);
+    return Env::Default()->WriteSmallFile(path_ + "/memory.limit_in_bytes", std::to_string(limit), /*create=*/false);
   }
   const std::string& path() const { return path_; }
 
@@ -116,7 +118,7 @@ class Child {
     ::close(from[1]);
     cmd_ = to[1];
     ack_ = from[0];
-    MZ_RETURN_IF_ERROR(sysfs::WriteSmall(cgroup + "/cgroup.procs", std::to_string(pid_)));
+    MZ_RETURN_IF_ERROR(Env::Default()->WriteSmallFile(cgroup + "/cgroup.procs", std::to_string(pid_), /*create=*/false));
     char go = 'g';
     if (::write(cmd_, &go, 1) != 1) return Status::FromErrno(errno, "start child");
     return Status::Ok();
@@ -171,7 +173,7 @@ TEST(PressureDetection, SaysWhichSourceIsActiveAndWhy) {
   EXPECT_FALSE(why.empty());
   std::printf("auto: %s -> %s\n", src->name().c_str(), why.c_str());
   std::string psi_why;
-  const bool psi = PsiSource::Probe("/proc/pressure/memory", false, 150000, 2000000, &psi_why);
+  const bool psi = PsiSource::Probe(Env::Default(), "/proc/pressure/memory", false, 150000, 2000000, &psi_why);
   if (psi) {
     EXPECT_EQ(src->name().rfind("psi:", 0), 0u) << "PSI works here but auto chose " << src->name();
   } else {
@@ -255,7 +257,7 @@ TEST(PsiRules, ParseAndValidate) {
 
 TEST(PsiKernel, StartRefusesWhatTheKernelWouldAndStopWakesWait) {
   std::string why;
-  if (!PsiSource::Probe("/proc/pressure/memory", false, 150000, 2000000, &why))
+  if (!PsiSource::Probe(Env::Default(), "/proc/pressure/memory", false, 150000, 2000000, &why))
     GTEST_SKIP() << "PSI not available on this machine: " << why;
   // Invalid triggers are refused before the kernel sees them.
   PsiSource bad(Env::Default(), "/proc/pressure/memory", false, 0, 2000000);
@@ -278,7 +280,7 @@ TEST(PsiKernel, StartRefusesWhatTheKernelWouldAndStopWakesWait) {
 
 TEST(PsiKernel, TriggerFiresUnderRealMemoryStalls) {
   std::string why;
-  if (!PsiSource::Probe("/proc/pressure/memory", false, 20000, 2000000, &why))
+  if (!PsiSource::Probe(Env::Default(), "/proc/pressure/memory", false, 20000, 2000000, &why))
     GTEST_SKIP() << "PSI not available on this machine: " << why;
   const std::string skip = SkipReasonForCgroup();
   if (!skip.empty()) GTEST_SKIP() << "cannot create memory pressure: " << skip;
@@ -798,7 +800,7 @@ class FakeCgroupSource : public ManualSource {
 // True if the resident units form a prefix of the restore order (base, layer 0 weights, its KV
 // chunks, layer 1, ...): restore-ahead brings front layers back first.
 bool ResidentIsForwardPrefix(Context& c) {
-  UnitTable& e = c.elastic();
+  const UnitTable& e = c.units();
   std::vector<UnitRef> order{UnitRef::Weights(-1)};
   for (int l = 0; l < int(c.model()->hparams().n_layer); ++l) {
     order.push_back(UnitRef::Weights(l));
@@ -944,6 +946,65 @@ TEST(PressureMonitorPhases, RefusedThreadFailsStartCleanly) {
   mon.Stop();  // nothing to join
   EXPECT_TRUE(mon.actions().empty());
   ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 8, false).ok());
+}
+
+// The wiring the CLI and bench multitask's worker share: the chosen source (wrapped when asked),
+// the amount policy and the action callback are what the running monitor uses; a failure leaves
+// nothing running.
+TEST(PressureWiring, StartPressureMonitorBuildsWhatTheToolsUsed) {
+  Rig r = MakeRig("wiring");
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 160, false).ok());
+  FaultEnv env(Env::Default());
+  PressureWatchOptions w;
+  w.source.kind = "manual";
+  w.amount.step_points = 0.25;
+  ManualSource* manual = nullptr;
+  int wrapped = 0;
+  w.wrap_source = [&](std::unique_ptr<PressureSource> src) {
+    ++wrapped;
+    manual = dynamic_cast<ManualSource*>(src.get());
+    return src;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<PressureAction> seen;
+  w.on_action = [&](const PressureAction& a) {
+    std::lock_guard<std::mutex> lk(mu);
+    seen.push_back(a);
+    cv.notify_all();
+  };
+  std::unique_ptr<PressureMonitor> mon;
+  std::string why;
+  Status st = StartPressureMonitor(&env, r.ctx.get(), w, &mon, &why);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(mon);
+  EXPECT_EQ(wrapped, 1);
+  ASSERT_NE(manual, nullptr);
+  EXPECT_NE(why.find("manual"), std::string::npos) << why;
+  EXPECT_DOUBLE_EQ(mon->amount_options().step_points, 0.25);
+  EXPECT_EQ(env.threads_started.load(), 1);  // the monitor's thread came from the Env given
+  manual->Push(PressureLevel::kLow);
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::minutes(2), [&] { return !seen.empty(); }));  // hang guard
+  }
+  mon->Stop();
+  EXPECT_EQ(seen.at(0).event.level, PressureLevel::kLow);
+  EXPECT_GT(seen.at(0).requested, 0u);
+  mon.reset();
+
+  // An unknown kind: the factory's error, no monitor.
+  w.source.kind = "bogus";
+  st = StartPressureMonitor(&env, r.ctx.get(), w, &mon, &why);
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+  EXPECT_FALSE(mon);
+  // A refused thread: the monitor's Start error, no monitor.
+  w.source.kind = "manual";
+  env.fail_threads_after = 0;
+  st = StartPressureMonitor(&env, r.ctx.get(), w, &mon, &why);
+  env.fail_threads_after = -1;
+  EXPECT_EQ(st.code(), Status::kNoMemory) << st.ToString();
+  EXPECT_FALSE(mon);
 }
 
 }  // namespace

@@ -11,9 +11,10 @@
 namespace mz::cli {
 
 std::string CacheDir() {
-  if (const char* d = std::getenv("MZ_CACHE_DIR"); d && *d) return d;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/tmp") + "/.cache/mzcache";
+  std::string dir;
+  // The library's rule (mz::CacheDir); the POSIX Env's GetEnvVar does not fail.
+  (void)mz::CacheDir(Env::Default(), &dir);
+  return dir;
 }
 
 std::string VocabDir() {

@@ -7,7 +7,7 @@
 
 namespace mz::cli {
 
-// ~/.cache/mzcache (or $MZ_CACHE_DIR).
+// ~/.cache/mzcache (or $MZ_CACHE_DIR): mz::CacheDir (env/env.h) on the default Env.
 std::string CacheDir();
 // Folder with llama.cpp's ggml-vocab-*.gguf ($MZ_VOCAB_DIR, else the pinned deps install).
 std::string VocabDir();

@@ -1,7 +1,7 @@
 #include "core/ggml_log.h"
 
+#include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 
 #include "ggml.h"
@@ -11,6 +11,7 @@ namespace mz {
 namespace {
 
 thread_local std::string* t_capture = nullptr;
+std::atomic<bool> g_verbose{false};
 
 void LogCallback(ggml_log_level level, const char* text, void*) {
   if (t_capture) {
@@ -18,14 +19,12 @@ void LogCallback(ggml_log_level level, const char* text, void*) {
       t_capture->append(text);
     return;
   }
-  static const bool verbose = [] {
-    const char* v = std::getenv("MZ_VERBOSE");
-    return v && *v && *v != '0';
-  }();
-  if (verbose || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+  if (g_verbose.load(std::memory_order_relaxed) || level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
 }
 
 }  // namespace
+
+void SetLibraryLogVerbose(bool on) { g_verbose.store(on, std::memory_order_relaxed); }
 
 void InitLibraryLogging() {
   static std::once_flag once;

@@ -1,7 +1,10 @@
 // Env: the one seam between mzcache and the operating system (files, anonymous memory, threads,
-// clock).
-// Everything that touches the OS goes through an Env so tests can inject faults (see FaultEnv) and
-// count I/O. Thread-safety: Env and File methods are safe for concurrent use unless noted.
+// clocks, small kernel interface files (procfs, sysfs, cgroupfs), environment variables, and the
+// wake-up handles the pressure sources wait on (eventfd, poll)).
+// Everything that touches the OS goes through an Env so tests can inject faults and fake kernel
+// files (see FaultEnv) and count I/O. src/env/ is the only place that calls the OS directly
+// (tests/check_os_calls.sh checks it). Thread-safety: Env and File methods are safe for concurrent
+// use unless noted.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -64,6 +67,43 @@ class File {
   // The OS descriptor (what Env's mapping and page-cache calls act on); -1 if the file has none.
   // Owned by the File: valid until it is destroyed.
   virtual int native_handle() const = 0;
+};
+
+// A descriptor the pressure sources wait on with Env::Poll: an event counter (Env::NewEventCounter,
+// an eventfd) or a kernel notification file (Env::OpenNotifyFile: a PSI trigger file, a cgroup v1
+// memory.pressure_level). Owns its descriptor: the destructor closes it (which also removes a PSI
+// trigger or a cgroup v1 registration made through it).
+// Thread-safety: WriteOnce on an event counter (a wake-up) from any thread; the rest from the one
+// thread that polls it.
+class WaitHandle {
+ public:
+  virtual ~WaitHandle() = default;
+  // Exactly one write(2) of [data, data+n) (EINTR retried): a kernel interface file takes one
+  // command per write; on an event counter an 8-byte count is added to it. The OS error otherwise
+  // (EINVAL: the kernel refused the command, kIOError; EOPNOTSUPP: the feature is disabled,
+  // kUnsupported); a short write is kIOError.
+  virtual Status WriteOnce(const void* data, size_t n) = 0;
+  // One non-blocking read(2) of at most n bytes; *got is the count (0 with OK when nothing is
+  // ready: EAGAIN is not an error). On an event counter: 8 bytes, the count, which is reset to 0.
+  virtual Status ReadOnce(void* buf, size_t n, size_t* got) = 0;
+  // The descriptor number (cgroup.event_control wants it written as text). Valid while this lives.
+  virtual int native_handle() const = 0;
+  // What it is, for messages: the path, or "eventfd".
+  virtual const std::string& name() const = 0;
+};
+
+// Adds 1 to an event counter (wakes a Poll waiting on it). The OS error of the write otherwise.
+Status SignalEvent(WaitHandle* h);
+// Reads and resets an event counter: its count, 0 if nothing was signalled (or on an error).
+uint64_t DrainEvent(WaitHandle* h);
+
+// One entry of Env::Poll.
+struct PollEntry {
+  WaitHandle* handle = nullptr;
+  bool priority = false;  // wait for POLLPRI (a PSI trigger fired) instead of readable (POLLIN)
+  // Out: what Poll saw on this handle.
+  bool ready = false;     // the awaited event is there
+  bool error = false;     // POLLERR / POLLHUP / POLLNVAL (e.g. the cgroup of a PSI trigger was removed)
 };
 
 enum class OpenMode {
@@ -132,11 +172,51 @@ class Env {
   // (RunOnThreads) instead of failing the operation.
   virtual Status StartThread(std::function<void()> fn, std::thread* out) = 0;
 
+  // Monotonic clock (steady, not wall time), in ns since an arbitrary origin.
   virtual uint64_t NowNs() = 0;
+  // CPU time used so far by the whole process, all threads (CLOCK_PROCESS_CPUTIME_ID), in ns.
+  virtual uint64_t ProcessCpuNs() = 0;
   // The size of a memory page (what MapFileAt offsets and addresses must be aligned to).
   virtual size_t PageSize() = 0;
 
-  // The process-wide POSIX Env. Never freed.
+  // ---- Small files: kernel interfaces (procfs, sysfs, cgroupfs) and small settings files ----
+  // The whole content of path into *out, read with read(2) until end of file (kernel files report
+  // size 0, so the size is not asked first). Meant for files of a few KiB to a few MiB. Failure:
+  // the OS error naming the path (kIOError; ENOENT for a missing file), *out then empty.
+  virtual Status ReadSmallFile(const std::string& path, std::string* out) = 0;
+  // Writes data to path. create = false: a kernel interface file that must already exist, written
+  // with exactly one write(2) (a kernel file takes one command per write; a short write is
+  // kIOError). create = true: a regular file, created or truncated, written fully; not synced and
+  // not atomic (a crash can leave it partial). Failure: the OS error naming the path and, for a
+  // kernel file, the value.
+  virtual Status WriteSmallFile(const std::string& path, const std::string& data, bool create) = 0;
+  // OK if path exists and, with write = true, this process may write it (access(2)); else the OS
+  // error (ENOENT, EACCES) naming the path.
+  virtual Status CheckAccess(const std::string& path, bool write) = 0;
+
+  // The value of environment variable `name` into *value, "" when it is unset (every mzcache
+  // setting treats unset and empty alike). The POSIX Env never fails; a FaultEnv can inject a
+  // failure (kIOError naming the variable), which callers report rather than guess a value.
+  virtual Status GetEnvVar(const std::string& name, std::string* value) = 0;
+
+  // ---- Wake-ups for the pressure sources ----
+  // A new event counter (eventfd, non-blocking, close-on-exec) starting at 0: Poll sees it
+  // readable while its count is above 0. Failure: the OS error (EMFILE, ENOMEM), *out empty.
+  virtual Status NewEventCounter(std::unique_ptr<WaitHandle>* out) = 0;
+  // Opens a kernel notification file, non-blocking, close-on-exec, read-only or (write) read-write:
+  // a PSI trigger file (write the trigger with WriteOnce, then Poll it with priority) or cgroup v1
+  // memory.pressure_level (its descriptor is registered through cgroup.event_control). Failure: the
+  // OS error naming the path (EOPNOTSUPP, PSI disabled: kUnsupported), *out empty.
+  virtual Status OpenNotifyFile(const std::string& path, bool write, std::unique_ptr<WaitHandle>* out) = 0;
+  // Waits until at least one entry's event is there, an entry has an error, or timeout_ms passes
+  // (< 0: no limit; 0: no wait). Fills every entry's ready / error and *n_ready (the count of
+  // entries with either; 0: the timeout passed). EINTR is retried with the whole timeout again.
+  // Failure: the OS error of poll(2) (every entry's ready / error false).
+  virtual Status Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) = 0;
+
+  // The process-wide POSIX Env. Never freed. Created on first use, which also applies the
+  // MZ_VERBOSE setting (non-empty and not "0": everything ggml and llama.cpp log reaches stderr) to
+  // the library logger (core/ggml_log.h).
   static Env* Default();
 };
 
@@ -168,7 +248,21 @@ class EnvWrapper : public Env {
     return target_->StartThread(std::move(fn), out);
   }
   uint64_t NowNs() override { return target_->NowNs(); }
+  uint64_t ProcessCpuNs() override { return target_->ProcessCpuNs(); }
   size_t PageSize() override { return target_->PageSize(); }
+  Status ReadSmallFile(const std::string& p, std::string* out) override { return target_->ReadSmallFile(p, out); }
+  Status WriteSmallFile(const std::string& p, const std::string& d, bool create) override {
+    return target_->WriteSmallFile(p, d, create);
+  }
+  Status CheckAccess(const std::string& p, bool write) override { return target_->CheckAccess(p, write); }
+  Status GetEnvVar(const std::string& name, std::string* value) override { return target_->GetEnvVar(name, value); }
+  Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override { return target_->NewEventCounter(out); }
+  Status OpenNotifyFile(const std::string& p, bool write, std::unique_ptr<WaitHandle>* out) override {
+    return target_->OpenNotifyFile(p, write, out);
+  }
+  Status Poll(PollEntry* e, int n, int timeout_ms, int* n_ready) override {
+    return target_->Poll(e, n, timeout_ms, n_ready);
+  }
   Env* target() const { return target_; }
 
  private:
@@ -181,6 +275,12 @@ class EnvWrapper : public Env {
 // is), and the items get done by the threads that did start. Returns the number of threads that
 // ran work (1..n); n <= 1 runs work(0) alone.
 int RunOnThreads(Env* env, int n, const std::function<void(int)>& work);
+
+// The directory mzcache keeps its files in (models, profile.json, contexts): $MZ_CACHE_DIR when
+// set and not empty, else $HOME/.cache/mzcache ($HOME unset or empty: /tmp/.cache/mzcache). Read
+// through env->GetEnvVar; its failure is returned (naming the variable) and *dir is then empty.
+// Nothing is created.
+Status CacheDir(Env* env, std::string* dir);
 
 // Reads [off, off+n) fully; a short read (EOF inside the range) is a kCorruption error naming what.
 Status ReadFully(File* f, void* buf, size_t n, uint64_t off, const std::string& what);

@@ -1,4 +1,6 @@
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/resource.h>
@@ -11,17 +13,58 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <system_error>
 #include <vector>
 
+#include "core/ggml_log.h"
 #include "env/env.h"
 
 namespace mz {
 namespace {
+
+// EOPNOTSUPP from a kernel notification file (PSI disabled: psi=0) is kUnsupported.
+Status NotifyError(int err, const std::string& what) {
+  if (err == EOPNOTSUPP) return Status::Unsupported(what + ": " + std::strerror(err));
+  return Status::FromErrno(err, what);
+}
+
+class PosixWaitHandle final : public WaitHandle {
+ public:
+  PosixWaitHandle(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
+  ~PosixWaitHandle() override { ::close(fd_); }
+  Status WriteOnce(const void* data, size_t n) override {
+    ssize_t r;
+    do r = ::write(fd_, data, n);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) return NotifyError(errno, "write to " + name_);
+    if (size_t(r) != n) return Status::IOError("short write to " + name_);
+    return Status::Ok();
+  }
+  Status ReadOnce(void* buf, size_t n, size_t* got) override {
+    *got = 0;
+    ssize_t r;
+    do r = ::read(fd_, buf, n);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+      return Status::FromErrno(errno, "read " + name_);
+    }
+    *got = size_t(r);
+    return Status::Ok();
+  }
+  int native_handle() const override { return fd_; }
+  const std::string& name() const override { return name_; }
+
+ private:
+  int fd_;
+  std::string name_;
+};
 
 #ifdef MADV_POPULATE_READ
 constexpr int kMadvPopulateRead = MADV_POPULATE_READ;
@@ -308,6 +351,91 @@ class PosixEnv final : public Env {
                         std::chrono::steady_clock::now().time_since_epoch())
                         .count());
   }
+  uint64_t ProcessCpuNs() override {
+    timespec ts{};
+    if (::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+  }
+  Status ReadSmallFile(const std::string& path, std::string* out) override {
+    out->clear();
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    char buf[4096];
+    while (true) {
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int e = errno;
+        ::close(fd);
+        out->clear();
+        return Status::FromErrno(e, "read " + path);
+      }
+      if (n == 0) break;
+      out->append(buf, size_t(n));
+    }
+    ::close(fd);
+    return Status::Ok();
+  }
+  Status WriteSmallFile(const std::string& path, const std::string& data, bool create) override {
+    if (create) {
+      std::unique_ptr<File> f;
+      MZ_RETURN_IF_ERROR(Open(path, OpenMode::kCreateTrunc, /*direct=*/false, &f));
+      return f->Write(data.data(), data.size(), 0);
+    }
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open " + path);
+    ssize_t n;
+    do n = ::write(fd, data.data(), data.size());
+    while (n < 0 && errno == EINTR);
+    const int e = errno;
+    ::close(fd);
+    if (n < 0) return Status::FromErrno(e, "write '" + data + "' to " + path);
+    if (size_t(n) != data.size()) return Status::IOError("short write of '" + data + "' to " + path);
+    return Status::Ok();
+  }
+  Status CheckAccess(const std::string& path, bool write) override {
+    if (::access(path.c_str(), write ? W_OK : F_OK) != 0) return Status::FromErrno(errno, "access " + path);
+    return Status::Ok();
+  }
+  Status GetEnvVar(const std::string& name, std::string* value) override {
+    const char* v = std::getenv(name.c_str());
+    *value = v ? v : "";
+    return Status::Ok();
+  }
+  Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override {
+    out->reset();
+    const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) return Status::FromErrno(errno, "eventfd");
+    out->reset(new PosixWaitHandle(fd, "eventfd"));
+    return Status::Ok();
+  }
+  Status OpenNotifyFile(const std::string& path, bool write, std::unique_ptr<WaitHandle>* out) override {
+    out->reset();
+    const int fd = ::open(path.c_str(), (write ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return NotifyError(errno, "open " + path);
+    out->reset(new PosixWaitHandle(fd, path));
+    return Status::Ok();
+  }
+  Status Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) override {
+    *n_ready = 0;
+    std::vector<pollfd> p(size_t(std::max(n, 0)));
+    for (int i = 0; i < n; ++i) {
+      entries[i].ready = entries[i].error = false;
+      p[size_t(i)] = {entries[i].handle ? entries[i].handle->native_handle() : -1,
+                      short(entries[i].priority ? POLLPRI : POLLIN), 0};
+    }
+    int r;
+    do r = ::poll(p.data(), nfds_t(p.size()), timeout_ms < 0 ? -1 : timeout_ms);
+    while (r < 0 && errno == EINTR);
+    if (r < 0) return Status::FromErrno(errno, "poll");
+    for (int i = 0; i < n; ++i) {
+      const short re = p[size_t(i)].revents;
+      entries[i].ready = (re & p[size_t(i)].events) != 0;
+      entries[i].error = (re & (POLLERR | POLLHUP | POLLNVAL)) != 0;
+      *n_ready += entries[i].ready || entries[i].error;
+    }
+    return Status::Ok();
+  }
   size_t PageSize() override {
     const long n = ::sysconf(_SC_PAGESIZE);
     return n > 0 ? size_t(n) : kDirectIoAlign;
@@ -317,8 +445,39 @@ class PosixEnv final : public Env {
 }  // namespace
 
 Env* Env::Default() {
-  static PosixEnv* env = new PosixEnv();
+  static PosixEnv* env = [] {
+    auto* e = new PosixEnv();
+    std::string v;
+    (void)e->GetEnvVar("MZ_VERBOSE", &v);  // the POSIX Env never fails here
+    SetLibraryLogVerbose(!v.empty() && v != "0");
+    return e;
+  }();
   return env;
+}
+
+Status SignalEvent(WaitHandle* h) {
+  const uint64_t one = 1;
+  return h->WriteOnce(&one, sizeof one);
+}
+
+uint64_t DrainEvent(WaitHandle* h) {
+  uint64_t cnt = 0;
+  size_t got = 0;
+  if (!h->ReadOnce(&cnt, sizeof cnt, &got).ok() || got != sizeof cnt) return 0;
+  return cnt;
+}
+
+Status CacheDir(Env* env, std::string* dir) {
+  dir->clear();
+  std::string cache, home;
+  MZ_RETURN_IF_ERROR(env->GetEnvVar("MZ_CACHE_DIR", &cache).With("reading MZ_CACHE_DIR"));
+  if (!cache.empty()) {
+    *dir = cache;
+    return Status::Ok();
+  }
+  MZ_RETURN_IF_ERROR(env->GetEnvVar("HOME", &home).With("reading HOME"));
+  *dir = (home.empty() ? std::string("/tmp") : home) + "/.cache/mzcache";
+  return Status::Ok();
 }
 
 int RunOnThreads(Env* env, int n, const std::function<void(int)>& work) {

@@ -146,4 +146,124 @@ Status FaultEnv::PopulateMapped(File* f, void* p, size_t bytes) {
   return st;
 }
 
+// ---- Fakes and faults of the small-file, environment and wake-up calls ----
+
+void FaultEnv::SetFakeFile(const std::string& path, std::string content) {
+  std::lock_guard<std::mutex> lk(fake_mu_);
+  fake_files_[path] = std::move(content);
+}
+
+void FaultEnv::RemoveFakeFile(const std::string& path) {
+  std::lock_guard<std::mutex> lk(fake_mu_);
+  fake_files_.erase(path);
+}
+
+bool FaultEnv::FakeFile(const std::string& path, std::string* content) const {
+  std::lock_guard<std::mutex> lk(fake_mu_);
+  auto it = fake_files_.find(path);
+  if (it == fake_files_.end()) return false;
+  *content = it->second;
+  return true;
+}
+
+void FaultEnv::HideRealFilesUnder(const std::string& prefix) {
+  std::lock_guard<std::mutex> lk(fake_mu_);
+  hidden_prefixes_.push_back(prefix);
+}
+
+void FaultEnv::SetEnvVar(const std::string& name, std::string value) {
+  std::lock_guard<std::mutex> lk(fake_mu_);
+  fake_env_[name] = std::move(value);
+}
+
+int FaultEnv::Fake(const std::string& path, std::string* content) const {
+  std::lock_guard<std::mutex> lk(fake_mu_);
+  auto it = fake_files_.find(path);
+  if (it != fake_files_.end()) {
+    if (content) *content = it->second;
+    return 1;
+  }
+  for (const std::string& p : hidden_prefixes_)
+    if (path.compare(0, p.size(), p) == 0) return -1;
+  return 0;
+}
+
+Status FaultEnv::StatPath(const std::string& path, FileInfo* info) {
+  std::string c;
+  const int f = Fake(path, &c);
+  if (f < 0) return Status::FromErrno(ENOENT, "stat " + path + " (hidden by a fake tree)");
+  if (f > 0) {
+    *info = FileInfo();
+    info->size = c.size();
+    return Status::Ok();
+  }
+  return target()->StatPath(path, info);
+}
+
+Status FaultEnv::ReadSmallFile(const std::string& path, std::string* out) {
+  out->clear();
+  ++n_small_reads;
+  if (Filtered(path) && Fire(fail_small_reads_after)) return Status::FromErrno(EIO, "read " + path + " (injected)");
+  const int f = Fake(path, out);
+  if (f < 0) return Status::FromErrno(ENOENT, "open " + path + " (hidden by a fake tree)");
+  if (f > 0) return Status::Ok();
+  return target()->ReadSmallFile(path, out);
+}
+
+Status FaultEnv::WriteSmallFile(const std::string& path, const std::string& data, bool create) {
+  ++n_small_writes;
+  if (Filtered(path) && Fire(fail_small_writes_after))
+    return Status::FromErrno(EIO, "write '" + data + "' to " + path + " (injected)");
+  const int f = Fake(path, nullptr);
+  if (f < 0 && !create) return Status::FromErrno(ENOENT, "open " + path + " (hidden by a fake tree)");
+  if (f != 0) {
+    SetFakeFile(path, data);
+    return Status::Ok();
+  }
+  return target()->WriteSmallFile(path, data, create);
+}
+
+Status FaultEnv::CheckAccess(const std::string& path, bool write) {
+  const int f = Fake(path, nullptr);
+  if (f < 0) return Status::FromErrno(ENOENT, "access " + path + " (hidden by a fake tree)");
+  if (f > 0) return Status::Ok();
+  return target()->CheckAccess(path, write);
+}
+
+Status FaultEnv::GetEnvVar(const std::string& name, std::string* value) {
+  value->clear();
+  if (Fire(fail_env_vars_after)) return Status::IOError("getenv " + name + " (injected)");
+  {
+    std::lock_guard<std::mutex> lk(fake_mu_);
+    auto it = fake_env_.find(name);
+    if (it != fake_env_.end()) {
+      *value = it->second;
+      return Status::Ok();
+    }
+  }
+  return target()->GetEnvVar(name, value);
+}
+
+Status FaultEnv::NewEventCounter(std::unique_ptr<WaitHandle>* out) {
+  out->reset();
+  if (Fire(fail_events_after)) return Status::FromErrno(EMFILE, "eventfd (injected)");
+  return target()->NewEventCounter(out);
+}
+
+Status FaultEnv::OpenNotifyFile(const std::string& path, bool write, std::unique_ptr<WaitHandle>* out) {
+  out->reset();
+  if (Fire(fail_events_after)) return Status::FromErrno(EMFILE, "open " + path + " (injected)");
+  if (Fake(path, nullptr) < 0) return Status::FromErrno(ENOENT, "open " + path + " (hidden by a fake tree)");
+  return target()->OpenNotifyFile(path, write, out);
+}
+
+Status FaultEnv::Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) {
+  if (Fire(fail_polls_after)) {
+    *n_ready = 0;
+    for (int i = 0; i < n; ++i) entries[i].ready = entries[i].error = false;
+    return Status::FromErrno(EIO, "poll (injected)");
+  }
+  return target()->Poll(entries, n, timeout_ms, n_ready);
+}
+
 }  // namespace mz

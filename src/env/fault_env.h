@@ -1,12 +1,20 @@
 // FaultEnv: an Env that injects the faults a swap file on a phone meets: EIO on reads or writes,
 // short reads, ENOSPC after a byte budget, bit flips in data read back, failing allocations.
 // Faults apply to files whose path contains `path_filter` (empty: all files). Deterministic: each
-// fault is armed explicitly and counts down. Thread-safe (atomics).
+// fault is armed explicitly and counts down. Thread-safe (atomics; the fake maps under a mutex).
+//
+// It also fakes what the library reads of the machine, so code that watches procfs / sysfs /
+// cgroupfs can be tested anywhere: fake files (a map path -> content, e.g. /proc/meminfo, a cgroup's
+// memory.max, later a sysfs CPU topology tree) served by ReadSmallFile, StatPath and CheckAccess
+// (and replaced by WriteSmallFile), optionally hiding every real file under a prefix; and fake
+// environment variables for GetEnvVar. The new OS calls (small files, environment variables,
+// event counters, poll) can be made to fail.
 #pragma once
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "env/env.h"
 
@@ -29,6 +37,27 @@ class FaultEnv : public EnvWrapper {
   std::atomic<bool> refuse_nice{false};          // SetThreadNice fails as without CAP_SYS_NICE
   std::atomic<int> nice_calls{0};                 // SetThreadNice calls (granted or not)
   std::atomic<int64_t> n_reads{0}, n_writes{0}, bytes_read{0}, bytes_written{0};
+  // Small files, environment, wake-ups (path_filter applies to the small-file faults):
+  std::atomic<int64_t> fail_small_reads_after{-1};   // >= 0: ReadSmallFile fails with EIO after this many more
+  std::atomic<int64_t> fail_small_writes_after{-1};  // >= 0: WriteSmallFile fails with EIO after this many more
+  std::atomic<int64_t> fail_env_vars_after{-1};      // >= 0: GetEnvVar fails (kIOError) after this many more
+  std::atomic<int64_t> fail_events_after{-1};        // >= 0: NewEventCounter / OpenNotifyFile fail with EMFILE after this many more
+  std::atomic<int64_t> fail_polls_after{-1};         // >= 0: Poll fails with EIO after this many more
+  std::atomic<int> n_small_reads{0}, n_small_writes{0};
+
+  // Fake files: ReadSmallFile returns `content`, StatPath reports its size, CheckAccess succeeds,
+  // WriteSmallFile replaces it (a kernel file: the last command written). Fake files never fail
+  // unless a fault above fires.
+  void SetFakeFile(const std::string& path, std::string content);
+  void RemoveFakeFile(const std::string& path);
+  // Content of a fake file; false if there is none.
+  bool FakeFile(const std::string& path, std::string* content) const;
+  // Paths starting with prefix (e.g. "/proc/", "/sys/") that are not fake files do not exist
+  // (ENOENT) for ReadSmallFile, WriteSmallFile, StatPath, CheckAccess and OpenNotifyFile, so a test
+  // sees only its fake tree, never the real machine's.
+  void HideRealFilesUnder(const std::string& prefix);
+  // Fake environment variables: GetEnvVar returns `value` ("" = unset) instead of the real one.
+  void SetEnvVar(const std::string& name, std::string value);
 
   Status Open(const std::string& path, OpenMode mode, bool direct, std::unique_ptr<File>* out) override;
   void* MapAnon(size_t bytes) override;
@@ -61,12 +90,31 @@ class FaultEnv : public EnvWrapper {
     return st;
   }
 
+  Status StatPath(const std::string& path, FileInfo* info) override;
+  Status ReadSmallFile(const std::string& path, std::string* out) override;
+  Status WriteSmallFile(const std::string& path, const std::string& data, bool create) override;
+  Status CheckAccess(const std::string& path, bool write) override;
+  Status GetEnvVar(const std::string& name, std::string* value) override;
+  Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override;
+  Status OpenNotifyFile(const std::string& path, bool write, std::unique_ptr<WaitHandle>* out) override;
+  Status Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) override;
+
   // True (and disarms) when a countdown reaches zero.
   static bool Fire(std::atomic<int64_t>& countdown);
 
  private:
   std::mutex mu_;
   std::map<uintptr_t, size_t> writable_;  // start -> length of writable file mappings
+  // Fakes (fake_mu_): what a real path lookup would see. Fake() is 1 for a fake file (content in
+  // *content), -1 for a hidden real path, 0 for a real one.
+  int Fake(const std::string& path, std::string* content) const;
+  bool Filtered(const std::string& path) const {
+    return path_filter.empty() || path.find(path_filter) != std::string::npos;
+  }
+  mutable std::mutex fake_mu_;
+  std::map<std::string, std::string> fake_files_;
+  std::vector<std::string> hidden_prefixes_;
+  std::map<std::string, std::string> fake_env_;
 };
 
 }  // namespace mz

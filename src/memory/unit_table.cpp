@@ -16,7 +16,7 @@ double MemoryReport::remaining(bool exclude_base) const {
   return den > 0 ? num / den : 1.0;
 }
 
-UnitTable::UnitTable(Model* model, KvCache* kv, const ElasticOptions& opts)
+UnitTable::UnitTable(Model* model, KvCache* kv, const UnitTableOptions& opts)
     : model_(model), kv_(kv), opts_(opts), slots_(size_t(kv->geometry().n_layer)) {
   stack_ = std::make_unique<CompressedStack>(model->env());
 }
@@ -27,8 +27,9 @@ Status UnitTable::Init() {
   codec_ = MakeKvCodec(opts_.codec);
   if (!codec_) return Status::InvalidArgument("unknown KV codec '" + opts_.codec + "'");
   if (opts_.swap_path.empty()) {
-    const char* t = std::getenv("TMPDIR");
-    opts_.swap_path = std::string(t && *t ? t : "/var/tmp") + "/mzcache-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
+    std::string t;
+    MZ_RETURN_IF_ERROR(model_->env()->GetEnvVar("TMPDIR", &t).With("choosing the swap file's folder"));
+    opts_.swap_path = (t.empty() ? std::string("/var/tmp") : t) + "/mzcache-" + std::to_string(reinterpret_cast<uintptr_t>(this)) +
                       ".swap";
   }
   return Status::Ok();
@@ -385,7 +386,6 @@ Status UnitTable::Apply(const Plan& plan, uint64_t bytes, uint64_t* freed) {
   return st;
 }
 
-Status UnitTable::Restore(const UnitRef& u) { return Move(Placement{u, UnitState::kResident}); }
 
 size_t UnitTable::RestoreBytes(const UnitRef& u) const {
   return u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : kv_->geometry().chunk_bytes();
@@ -418,13 +418,6 @@ bool UnitTable::AllResident() const {
   return true;
 }
 
-Status UnitTable::RestoreAll() { return RestoreUpTo(UINT64_MAX, nullptr); }
-
-Status UnitTable::RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
-                                  bool* stopped) {
-  return RestoreSelected(max_bytes, restored, stop, stopped, -1);
-}
-
 std::vector<std::vector<int>> UnitTable::LoadRuns(int layer, const std::vector<int>& chunks,
                                                       uint64_t max_bytes) const {
   struct E {
@@ -450,139 +443,6 @@ std::vector<std::vector<int>> UnitTable::LoadRuns(int layer, const std::vector<i
     bytes += ext[i].len;
   }
   return runs;
-}
-
-Status UnitTable::RestoreForCompute(int first_write_chunk) {
-  if (codec_readable_in_place()) {
-    // Compressed chunks on storage come into the in-memory swap as they are (read in place), one
-    // LoadCompressedRun per run of back-to-back extents (LoadRuns). Every room is reserved here,
-    // before any worker reads (as the pipeline does: no mapping while they populate).
-    struct Group {
-      int layer;
-      std::vector<int> chunks;
-    };
-    std::vector<Group> groups;
-    for (int l = 0; l < int(slots_.size()); ++l) {
-      std::vector<int> on_storage;
-      for (int c = 0; c < std::min(first_write_chunk, int(slots_[size_t(l)].size())); ++c)
-        if (slots_[size_t(l)][size_t(c)].state == UnitState::kKvStorageCompressed) on_storage.push_back(c);
-      for (auto& run : LoadRuns(l, on_storage, kLoadRunBytes)) groups.push_back({l, std::move(run)});
-    }
-    if (!groups.empty()) {
-      std::vector<std::vector<LoadSlot>> rooms(groups.size());
-      for (size_t g = 0; g < groups.size(); ++g) {
-        rooms[g].resize(groups[g].chunks.size());
-        for (size_t i = 0; i < groups[g].chunks.size(); ++i)
-          (void)ReserveLoad(groups[g].layer, groups[g].chunks[i], &rooms[g][i]);  // a failure: the load reserves again
-      }
-      std::atomic<size_t> next{0};
-      const int nt = std::max(1, std::min(opts_.restore_threads, int(groups.size())));
-      std::vector<Status> errs(static_cast<size_t>(nt));
-      RunOnThreads(kv_->env(), nt, [&](int t) {
-        for (size_t g; (g = next.fetch_add(1)) < groups.size();) {
-          std::vector<LoadSlot*> ptrs;
-          for (auto& r : rooms[g]) ptrs.push_back(&r);
-          const Status st = LoadCompressedRun(groups[g].layer, groups[g].chunks.data(), ptrs.data(), int(ptrs.size()));
-          if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
-        }
-      });
-      for (const auto& e : errs)
-        if (!e.ok()) return e;
-    }
-  }
-  return RestoreSelected(UINT64_MAX, nullptr, nullptr, nullptr, first_write_chunk);
-}
-
-Status UnitTable::RestoreSelected(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop,
-                                      bool* stopped, int keep_compressed_below) {
-  if (restored) *restored = 0;
-  if (stopped) *stopped = false;
-  if (AllResident()) return Status::Ok();
-  std::vector<UnitRef> todo;
-  uint64_t budget_used = 0;
-  bool full = false;  // the budget is spent: later units wait (forward-order prefix only)
-  auto add = [&](const UnitRef& u, uint64_t bytes) {
-    if (full) return;
-    if (bytes > max_bytes - budget_used) {
-      full = true;
-      return;
-    }
-    budget_used += bytes;
-    todo.push_back(u);
-  };
-  const uint64_t chunk_bytes = kv_->geometry().chunk_bytes();
-  auto add_w = [&](int layer) {
-    const int wu = weight_unit(layer);
-    if (!model_->unit(wu).resident()) add(UnitRef::Weights(layer), model_->unit(wu).region_bytes);
-  };
-  add_w(-1);
-  for (int l = 0; l < kv_->geometry().n_layer && !full; ++l) {
-    add_w(l);
-    for (int c = 0; c < int(slots_[size_t(l)].size()); ++c)
-      if (slots_[size_t(l)][size_t(c)].state != UnitState::kResident && !(c < keep_compressed_below && readable_compressed(l, c)))
-        add(UnitRef::Kv(l, c), chunk_bytes);
-  }
-  if (todo.empty()) return Status::Ok();
-  if (stop && stop()) {  // before any setup cost (identity check, mapping)
-    if (stopped) *stopped = true;
-    return Status::Ok();
-  }
-  bool any_weights = false;
-  for (const auto& u : todo) any_weights |= u.kind == UnitRef::kWeights;
-  if (any_weights) MZ_RETURN_IF_ERROR(model_->VerifyIdentity());
-  // One mapping for every unit of this call, carved into page-aligned slices (as the restore
-  // pipeline's allocation ahead: per-unit mmaps serialize page population on the address-space
-  // lock). Each worker populates the slice of the unit it takes; slices of units not taken (a stop
-  // request: always a tail, as indices are handed out in order) are unmapped again. Weight units
-  // of a model whose weights are file mappings are not populated (the file mapping replaces the
-  // slice). If the one mapping fails, units are mapped one by one.
-  constexpr size_t kPage = 4096;
-  std::vector<size_t> off(todo.size());
-  size_t total = 0;
-  for (size_t i = 0; i < todo.size(); ++i) {
-    off[i] = total;
-    total += (RestoreBytes(todo[i]) + kPage - 1) / kPage * kPage;
-  }
-  Env* env = kv_->env();
-  char* region = static_cast<char*>(env->MapAnon(total));
-  std::atomic<bool> halt{false};
-  std::atomic<size_t> next{0};
-  const int nt = std::max(1, std::min(opts_.restore_threads, int(todo.size())));
-  std::vector<Status> errs(static_cast<size_t>(nt));
-  auto worker = [&](int t) {
-    for (;;) {
-      if (halt.load(std::memory_order_relaxed)) return;
-      if (stop && stop()) {
-        halt = true;
-        return;
-      }
-      const size_t i = next.fetch_add(1);
-      if (i >= todo.size()) return;
-      MZ_SYNC_POINT("elastic:restore_unit", int(i));
-      Status st;
-      if (region) {
-        void* mem = region + off[i];
-        if ((todo[i].kind != UnitRef::kWeights || !model_->file_backed()) && !RestoresByMapping(todo[i]))
-          env->Prefault(mem, RestoreBytes(todo[i]));
-        st = RestoreInto(todo[i], mem);  // owns the slice from here (unmaps it on failure)
-      } else {
-        st = Restore(todo[i]);
-      }
-      if (!st.ok() && errs[size_t(t)].ok()) errs[size_t(t)] = st;
-    }
-  };
-  RunOnThreads(env, nt, worker);  // a thread the OS refuses: the others restore its units
-  const size_t n_taken = std::min(next.load(), todo.size());
-  if (region && n_taken < todo.size()) env->Unmap(region + off[n_taken], total - off[n_taken]);
-  if (stopped) *stopped = halt.load();
-  if (restored) {
-    for (const UnitRef& u : todo)
-      if (state(u) == UnitState::kResident)
-        *restored += u.kind == UnitRef::kWeights ? model_->unit(weight_unit(u.layer)).region_bytes : chunk_bytes;
-  }
-  for (const auto& e : errs)
-    if (!e.ok()) return e;
-  return Status::Ok();
 }
 
 bool UnitTable::CanMapSwap() const { return swap_ && MapsSwapWith(swap_->direct()); }
@@ -656,6 +516,37 @@ void UnitTable::ForgetChunksFrom(int first_chunk) {
     }
     if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));
   }
+}
+
+Status UnitTable::ReplaceKv(int n_tokens, std::vector<uint16_t*> chunks) {
+  Env* env = kv_->env();
+  const size_t cb = kv_->geometry().chunk_bytes();
+  const int n_layer = kv_->geometry().n_layer;
+  const int n = n_tokens < 0 ? -1 : kv_->n_chunks_for(n_tokens);
+  auto free_all = [&] {
+    for (uint16_t* p : chunks)
+      if (p) env->Unmap(p, cb);
+  };
+  if (n < 0 || chunks.size() != size_t(n_layer) * size_t(n)) {
+    free_all();
+    return Status::InvalidArgument("ReplaceKv: " + std::to_string(chunks.size()) + " chunks for " +
+                                   std::to_string(n_tokens) + " tokens of " + std::to_string(n_layer) + " layers");
+  }
+  ForgetChunksFrom(0);
+  kv_->Truncate(0);
+  Status st = kv_->Reserve(n_tokens);
+  if (!st.ok()) {
+    kv_->Truncate(0);
+    free_all();
+    return st;
+  }
+  for (int l = 0; l < n_layer; ++l)
+    for (int c = 0; c < n; ++c) {
+      env->Unmap(kv_->ReleaseChunk(l, c), cb);
+      kv_->SetChunk(l, c, chunks[size_t(l) * size_t(n) + size_t(c)]);
+    }
+  kv_->SetTokens(n_tokens);
+  return Status::Ok();
 }
 
 MemoryReport UnitTable::Report() const {

@@ -4,7 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
+
+#include "env/env.h"
 
 namespace mz {
 
@@ -73,7 +74,7 @@ double DeviceProfile::Ratio(const std::string& codec) const {
   return codec == "q8" ? 0.52 : codec == "q4" ? 0.3 : codec == "cachegen" ? 0.3 : 1.0;
 }
 
-Status DeviceProfile::Save(const std::string& path) const {
+Status DeviceProfile::Save(const std::string& path, Env* env) const {
   nlohmann::json j;
   j["device"] = device;
   j["decode_Bps"] = decode_Bps;
@@ -85,17 +86,17 @@ Status DeviceProfile::Save(const std::string& path) const {
   j["mapped_read_Bps"] = mapped_read_Bps;
   j["attend_in_place_s_per_MiB"] = attend_in_place_s_per_MiB;
   j["threads"] = threads;
-  std::ofstream f(path);
-  f << j.dump(2) << "\n";
-  if (!f) return Status::IOError("cannot write profile " + path);
+  Status st = (env ? env : Env::Default())->WriteSmallFile(path, j.dump(2) + "\n", /*create=*/true);
+  if (!st.ok()) return Status::IOError("cannot write profile " + path + ": " + st.message());
   return Status::Ok();
 }
 
-Status DeviceProfile::Load(const std::string& path, DeviceProfile* out) {
-  std::ifstream f(path);
-  if (!f) return Status::IOError("cannot read profile " + path);
+Status DeviceProfile::Load(const std::string& path, DeviceProfile* out, Env* env) {
+  std::string text;
+  Status rd = (env ? env : Env::Default())->ReadSmallFile(path, &text);
+  if (!rd.ok()) return Status::IOError("cannot read profile " + path + ": " + rd.message());
   try {
-    nlohmann::json j = nlohmann::json::parse(f);
+    nlohmann::json j = nlohmann::json::parse(text);
     DeviceProfile p;
     p.device = j.value("device", "");
     p.decode_Bps = j.at("decode_Bps").get<std::map<std::string, double>>();

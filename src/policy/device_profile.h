@@ -11,6 +11,10 @@
 #include "core/status.h"
 
 namespace mz {
+class Env;
+}
+
+namespace mz {
 
 struct DeviceProfile {
   std::string device;                          // machine description
@@ -44,8 +48,11 @@ struct DeviceProfile {
   double DecodeBps(const std::string& codec) const;
   double Ratio(const std::string& codec) const;
 
-  Status Save(const std::string& path) const;
-  static Status Load(const std::string& path, DeviceProfile* out);
+  // JSON at path, written / read through env (nullptr: Env::Default()) with Env::WriteSmallFile
+  // (created or truncated, not atomic) / ReadSmallFile. Failure: kIOError naming the path (and the
+  // OS error); Load also kCorruption naming the bad field, *out then unchanged.
+  Status Save(const std::string& path, Env* env = nullptr) const;
+  static Status Load(const std::string& path, DeviceProfile* out, Env* env = nullptr);
   // Conservative stand-in when no profile was measured (documented in docs/design.md).
   static DeviceProfile Default();
 };

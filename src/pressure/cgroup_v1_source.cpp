@@ -1,12 +1,5 @@
 #include "pressure/cgroup_v1_source.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
-#include <cerrno>
-
 #include "env/env.h"
 #include "pressure/sysfs.h"
 
@@ -16,40 +9,38 @@ constexpr const char* kLevelNames[3] = {"low", "medium", "critical"};
 }
 
 CgroupV1Source::CgroupV1Source(Env* env, std::string cgroup_dir)
-    : env_(env ? env : Env::Default()), dir_(cgroup_dir.empty() ? sysfs::OwnV1MemoryCgroup() : std::move(cgroup_dir)) {
+    : env_(env ? env : Env::Default()),
+      dir_(cgroup_dir.empty() ? sysfs::OwnV1MemoryCgroup(env_) : std::move(cgroup_dir)) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-  stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  stop_status_ = env_->NewEventCounter(&stop_);
 }
 
 Status CgroupV1Source::Headroom(uint64_t* available, uint64_t* limit) {
   if (!headroom_) {
     std::string what;
-    headroom_ = WatermarkSource::DefaultSampler(dir_, &what);
+    headroom_ = WatermarkSource::DefaultSampler(env_, dir_, &what);
   }
   return headroom_(available, limit);
 }
 
-CgroupV1Source::~CgroupV1Source() {
-  CloseAll();
-  if (stop_fd_ >= 0) ::close(stop_fd_);
-}
+CgroupV1Source::~CgroupV1Source() { CloseAll(); }
 
 void CgroupV1Source::CloseAll() {
-  for (int& fd : efd_)
-    if (fd >= 0) ::close(fd), fd = -1;
-  if (level_fd_ >= 0) ::close(level_fd_), level_fd_ = -1;
+  for (auto& h : efd_) h.reset();
+  level_.reset();
 }
 
-bool CgroupV1Source::Probe(const std::string& dir, std::string* why) {
+bool CgroupV1Source::Probe(Env* env, const std::string& dir, std::string* why) {
+  if (!env) env = Env::Default();
   if (dir.empty()) {
     *why = "no cgroup v1 memory controller for this process";
     return false;
   }
-  if (!sysfs::IsV1MemoryCgroup(dir)) {
+  if (!sysfs::IsV1MemoryCgroup(env, dir)) {
     *why = dir + " is not a cgroup v1 memory cgroup (no memory.pressure_level / cgroup.event_control)";
     return false;
   }
-  if (::access((dir + "/cgroup.event_control").c_str(), W_OK) != 0) {
+  if (!env->CheckAccess(dir + "/cgroup.event_control", /*write=*/true).ok()) {
     *why = dir + "/cgroup.event_control is not writable (needs root or delegation)";
     return false;
   }
@@ -57,23 +48,21 @@ bool CgroupV1Source::Probe(const std::string& dir, std::string* why) {
 }
 
 Status CgroupV1Source::Start() {
-  if (stop_fd_ < 0) return Status::FromErrno(errno, "eventfd");
+  if (!stop_) return stop_status_;
   if (stopped_.load()) return Status::Cancelled("cgroup-v1 source was stopped");
   std::string why;
-  if (!Probe(dir_, &why)) return Status::Unsupported(why);
+  if (!Probe(env_, dir_, &why)) return Status::Unsupported(why);
   CloseAll();
-  const std::string pl = dir_ + "/memory.pressure_level";
-  level_fd_ = ::open(pl.c_str(), O_RDONLY | O_CLOEXEC);
-  if (level_fd_ < 0) return Status::FromErrno(errno, "open " + pl);
+  MZ_RETURN_IF_ERROR(env_->OpenNotifyFile(dir_ + "/memory.pressure_level", /*write=*/false, &level_));
   for (int i = 0; i < 3; ++i) {
-    efd_[i] = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (efd_[i] < 0) {
-      Status s = Status::FromErrno(errno, "eventfd");
+    Status s = env_->NewEventCounter(&efd_[i]);
+    if (!s.ok()) {
       CloseAll();
       return s;
     }
-    const std::string line = std::to_string(efd_[i]) + " " + std::to_string(level_fd_) + " " + kLevelNames[i];
-    Status s = sysfs::WriteSmall(dir_ + "/cgroup.event_control", line);
+    const std::string line = std::to_string(efd_[i]->native_handle()) + " " + std::to_string(level_->native_handle()) +
+                             " " + kLevelNames[i];
+    s = env_->WriteSmallFile(dir_ + "/cgroup.event_control", line, /*create=*/false);
     if (!s.ok()) {
       CloseAll();
       return s.With("registering memory.pressure_level " + std::string(kLevelNames[i]));
@@ -84,21 +73,18 @@ Status CgroupV1Source::Start() {
 
 Status CgroupV1Source::Wait(int timeout_ms, PressureEvent* ev) {
   if (stopped_.load()) return Status::Cancelled("pressure source stopped");
-  if (efd_[0] < 0) return Status::InvalidArgument("cgroup-v1 source not started");
-  pollfd p[4];
-  for (int i = 0; i < 3; ++i) p[i] = {efd_[i], POLLIN, 0};
-  p[3] = {stop_fd_, POLLIN, 0};
-  int n;
-  do n = ::poll(p, 4, timeout_ms < 0 ? -1 : timeout_ms);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return Status::FromErrno(errno, "poll " + dir_ + " pressure eventfds");
-  if (stopped_.load() || (p[3].revents & POLLIN)) return Status::Cancelled("pressure source stopped");
+  if (!efd_[0]) return Status::InvalidArgument("cgroup-v1 source not started");
+  PollEntry p[4];
+  for (int i = 0; i < 3; ++i) p[i].handle = efd_[i].get();
+  p[3].handle = stop_.get();
+  int n = 0;
+  MZ_RETURN_IF_ERROR(env_->Poll(p, 4, timeout_ms, &n).With("waiting on " + dir_ + " pressure eventfds"));
+  if (stopped_.load() || p[3].ready) return Status::Cancelled("pressure source stopped");
   if (n == 0) return Status::Timeout("no pressure event");
   int highest = -1;
   for (int i = 0; i < 3; ++i) {
-    uint64_t cnt = 0;
     // Drain every counter (a medium event also signals the low listener): the highest wins.
-    if (::read(efd_[i], &cnt, sizeof cnt) == sizeof cnt && cnt > 0) highest = i;
+    if (DrainEvent(efd_[i].get()) > 0) highest = i;
   }
   if (highest < 0) return Status::Timeout("spurious wake-up");
   ev->level = PressureLevel(highest + 1);
@@ -110,8 +96,7 @@ Status CgroupV1Source::Wait(int timeout_ms, PressureEvent* ev) {
 
 void CgroupV1Source::Stop() {
   stopped_.store(true);
-  uint64_t one = 1;
-  if (stop_fd_ >= 0) (void)!::write(stop_fd_, &one, sizeof one);
+  if (stop_) (void)SignalEvent(stop_.get());  // a full counter (never here) still leaves stopped_ set
 }
 
 }  // namespace mz

@@ -12,10 +12,13 @@
 // Failure: Start() fails with kUnsupported if the directory is not a v1 memory cgroup, or with the
 // OS error (EACCES without root, ...). Registrations are removed by the kernel when the eventfds are
 // closed (the destructor) or when the cgroup is removed; Wait() then never fires again.
+// Every OS call (the files, the eventfds, poll) goes through the Env.
 // Thread-safety: Stop() from any thread; the rest from the monitor's thread.
 #pragma once
 #include <atomic>
+#include <memory>
 
+#include "env/env.h"
 #include "pressure/pressure_source.h"
 #include "pressure/watermark_source.h"
 
@@ -34,17 +37,18 @@ class CgroupV1Source : public PressureSource {
   // Limit minus usage (less inactive file pages) of the watched cgroup (WatermarkSource's sampler).
   Status Headroom(uint64_t* available, uint64_t* limit) override;
   const std::string& dir() const { return dir_; }
-  // Checks that `dir` can be watched (exists, is a v1 memory cgroup, the control file is
-  // writable); *why says why not.
-  static bool Probe(const std::string& dir, std::string* why);
+  // Checks through env (nullptr: the default) that `dir` can be watched (exists, is a v1 memory
+  // cgroup, the control file is writable); *why says why not.
+  static bool Probe(Env* env, const std::string& dir, std::string* why);
 
  private:
   void CloseAll();
   Env* env_;
   std::string dir_;
-  int level_fd_ = -1;
-  int efd_[3] = {-1, -1, -1};  // low, medium, critical
-  int stop_fd_ = -1;
+  std::unique_ptr<WaitHandle> level_;   // memory.pressure_level (Start)
+  std::unique_ptr<WaitHandle> efd_[3];  // event counters: low, medium, critical (Start)
+  std::unique_ptr<WaitHandle> stop_;    // signalled by Stop(); null if it could not be made
+  Status stop_status_;                  // why stop_ could not be made (Start returns it)
   std::atomic<bool> stopped_{false};
   WatermarkSource::Sampler headroom_;  // created lazily by Headroom()
 };

@@ -1,6 +1,7 @@
 // PressureLevelName and the factory: detection of what the machine supports.
 #include "pressure/pressure_source.h"
 
+#include "env/env.h"
 #include "pressure/cgroup_v1_source.h"
 #include "pressure/manual_source.h"
 #include "pressure/psi_source.h"
@@ -22,9 +23,9 @@ const char* PressureLevelName(PressureLevel l) {
 namespace {
 
 // The PSI file for opts: <cgroup_dir>/memory.pressure if it exists, else the system-wide one.
-std::string PsiPath(const PressureSourceOptions& opts, std::string* note) {
+std::string PsiPath(Env* env, const PressureSourceOptions& opts, std::string* note) {
   if (!opts.cgroup_dir.empty()) {
-    if (sysfs::Exists(opts.cgroup_dir + "/memory.pressure")) return opts.cgroup_dir + "/memory.pressure";
+    if (sysfs::Exists(env, opts.cgroup_dir + "/memory.pressure")) return opts.cgroup_dir + "/memory.pressure";
     *note = opts.cgroup_dir + " has no memory.pressure (not cgroup v2): using the system-wide file; ";
   }
   return "/proc/pressure/memory";
@@ -34,16 +35,16 @@ std::string PsiPath(const PressureSourceOptions& opts, std::string* note) {
 bool TryPsi(Env* env, const PressureSourceOptions& opts, std::unique_ptr<PressureSource>* out, std::string* why,
             std::string* why_not) {
   std::string note;
-  const std::string path = PsiPath(opts, &note);
+  const std::string path = PsiPath(env, opts, &note);
   uint32_t stall = opts.psi_stall_us, window = opts.psi_window_us;
-  if (!sysfs::HasCapSysResource() && ValidatePsiTrigger(stall, window, true).ok() &&
+  if (!sysfs::HasCapSysResource(env) && ValidatePsiTrigger(stall, window, true).ok() &&
       !ValidatePsiTrigger(stall, window, false).ok()) {
     MakePsiTriggerUnprivileged(&stall, &window);
     note += "no CAP_SYS_RESOURCE: trigger rounded to " + std::to_string(stall) + "/" + std::to_string(window) +
             " us (unprivileged windows are multiples of 2 s); ";
   }
   std::string probe;
-  if (!PsiSource::Probe(path, opts.psi_full, stall, window, &probe)) {
+  if (!PsiSource::Probe(env, path, opts.psi_full, stall, window, &probe)) {
     *why_not = note + "PSI unusable: " + probe;
     return false;
   }
@@ -57,6 +58,7 @@ bool TryPsi(Env* env, const PressureSourceOptions& opts, std::unique_ptr<Pressur
 Status CreatePressureSource(Env* env, const PressureSourceOptions& opts, std::unique_ptr<PressureSource>* out,
                             std::string* why) {
   out->reset();
+  if (!env) env = Env::Default();
   std::string local_why;
   if (!why) why = &local_why;
   why->clear();
@@ -67,9 +69,9 @@ Status CreatePressureSource(Env* env, const PressureSourceOptions& opts, std::un
     return Status::Ok();
   }
   if (k == "cgroup-v1" || k == "auto") {
-    const std::string dir = opts.cgroup_dir.empty() && k == "cgroup-v1" ? sysfs::OwnV1MemoryCgroup() : opts.cgroup_dir;
+    const std::string dir = opts.cgroup_dir.empty() && k == "cgroup-v1" ? sysfs::OwnV1MemoryCgroup(env) : opts.cgroup_dir;
     std::string why_not;
-    if (!dir.empty() && CgroupV1Source::Probe(dir, &why_not)) {
+    if (!dir.empty() && CgroupV1Source::Probe(env, dir, &why_not)) {
       *out = std::make_unique<CgroupV1Source>(env, dir);
       *why = "cgroup v1 memory.pressure_level notifications on " + dir;
       return Status::Ok();

@@ -1,12 +1,8 @@
 #include "pressure/psi_source.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "env/env.h"
@@ -86,7 +82,7 @@ void MakePsiTriggerUnprivileged(uint32_t* stall_us, uint32_t* window_us) {
 
 PsiSource::PsiSource(Env* env, std::string path, bool full, uint32_t stall_us, uint32_t window_us)
     : env_(env ? env : Env::Default()), path_(std::move(path)), full_(full), stall_us_(stall_us), window_us_(window_us) {
-  stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  stop_status_ = env_->NewEventCounter(&stop_);
 }
 
 Status PsiSource::Headroom(uint64_t* available, uint64_t* limit) {
@@ -96,15 +92,12 @@ Status PsiSource::Headroom(uint64_t* available, uint64_t* limit) {
     if (path_.size() > file.size() && path_.compare(path_.size() - file.size(), file.size(), file) == 0)
       dir = path_.substr(0, path_.size() - file.size());
     std::string what;
-    headroom_ = WatermarkSource::DefaultSampler(dir, &what);
+    headroom_ = WatermarkSource::DefaultSampler(env_, dir, &what);
   }
   return headroom_(available, limit);
 }
 
-PsiSource::~PsiSource() {
-  if (fd_ >= 0) ::close(fd_);
-  if (stop_fd_ >= 0) ::close(stop_fd_);
-}
+PsiSource::~PsiSource() = default;
 
 std::string PsiSource::name() const {
   return "psi:" + path_ + " " + (full_ ? "full " : "some ") + std::to_string(stall_us_) + "/" +
@@ -112,60 +105,58 @@ std::string PsiSource::name() const {
 }
 
 namespace {
-Status Arm(const std::string& path, bool full, uint32_t stall, uint32_t window, int* fd_out) {
-  if (!sysfs::Exists(path)) return Status::Unsupported(path + " does not exist (kernel without PSI or psi=0)");
-  MZ_RETURN_IF_ERROR(ValidatePsiTrigger(stall, window, sysfs::HasCapSysResource()));
-  int fd = ::open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == EOPNOTSUPP) return Status::Unsupported("PSI disabled (" + path + ": " + std::to_string(e) + ")");
-    return Status::FromErrno(e, "open " + path);
+Status Arm(Env* env, const std::string& path, bool full, uint32_t stall, uint32_t window,
+           std::unique_ptr<WaitHandle>* out) {
+  if (!sysfs::Exists(env, path)) return Status::Unsupported(path + " does not exist (kernel without PSI or psi=0)");
+  MZ_RETURN_IF_ERROR(ValidatePsiTrigger(stall, window, sysfs::HasCapSysResource(env)));
+  std::unique_ptr<WaitHandle> h;
+  Status s = env->OpenNotifyFile(path, /*write=*/true, &h);
+  if (!s.ok()) {
+    if (s.code() == Status::kUnsupported) return Status::Unsupported("PSI disabled (" + s.message() + ")");
+    return s;
   }
   const std::string trig = FormatPsiTrigger(full, stall, window);
-  ssize_t n;
-  do n = ::write(fd, trig.data(), trig.size());
-  while (n < 0 && errno == EINTR);
-  if (n < 0) {
-    int e = errno;
-    ::close(fd);
-    if (e == EOPNOTSUPP) return Status::Unsupported("PSI disabled in this kernel (psi=0)");
-    return Status::FromErrno(e, "PSI trigger '" + trig.substr(0, trig.size() - 1) + "' on " + path);
+  s = h->WriteOnce(trig.data(), trig.size());
+  if (!s.ok()) {
+    if (s.code() == Status::kUnsupported) return Status::Unsupported("PSI disabled in this kernel (psi=0)");
+    return s.With("PSI trigger '" + trig.substr(0, trig.size() - 1) + "' on " + path);
   }
-  *fd_out = fd;
+  *out = std::move(h);
   return Status::Ok();
 }
 }  // namespace
 
-bool PsiSource::Probe(const std::string& path, bool full, uint32_t stall_us, uint32_t window_us, std::string* why) {
-  int fd = -1;
-  Status s = Arm(path, full, stall_us, window_us, &fd);
+bool PsiSource::Probe(Env* env, const std::string& path, bool full, uint32_t stall_us, uint32_t window_us,
+                      std::string* why) {
+  std::unique_ptr<WaitHandle> h;
+  Status s = Arm(env ? env : Env::Default(), path, full, stall_us, window_us, &h);
   if (!s.ok()) {
     *why = s.message();
     return false;
   }
-  ::close(fd);
-  return true;
+  return true;  // h closes the probe's trigger
 }
 
 Status PsiSource::Start() {
-  if (stop_fd_ < 0) return Status::FromErrno(errno, "eventfd");
+  if (!stop_) return stop_status_;
   if (stopped_.load()) return Status::Cancelled("PSI source was stopped");
-  if (fd_ >= 0) ::close(fd_), fd_ = -1;
-  return Arm(path_, full_, stall_us_, window_us_, &fd_);
+  trigger_.reset();
+  return Arm(env_, path_, full_, stall_us_, window_us_, &trigger_);
 }
 
 Status PsiSource::Wait(int timeout_ms, PressureEvent* ev) {
   if (stopped_.load()) return Status::Cancelled("pressure source stopped");
-  if (fd_ < 0) return Status::InvalidArgument("PSI source not started");
-  pollfd p[2] = {{fd_, POLLPRI, 0}, {stop_fd_, POLLIN, 0}};
-  int n;
-  do n = ::poll(p, 2, timeout_ms < 0 ? -1 : timeout_ms);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) return Status::FromErrno(errno, "poll " + path_);
-  if (stopped_.load() || (p[1].revents & POLLIN)) return Status::Cancelled("pressure source stopped");
+  if (!trigger_) return Status::InvalidArgument("PSI source not started");
+  PollEntry p[2];
+  p[0].handle = trigger_.get();
+  p[0].priority = true;
+  p[1].handle = stop_.get();
+  int n = 0;
+  MZ_RETURN_IF_ERROR(env_->Poll(p, 2, timeout_ms, &n).With("waiting on " + path_));
+  if (stopped_.load() || p[1].ready) return Status::Cancelled("pressure source stopped");
   if (n == 0) return Status::Timeout("no pressure event");
-  if (p[0].revents & (POLLERR | POLLNVAL)) return Status::IOError("PSI trigger on " + path_ + " is gone (cgroup removed?)");
-  if (!(p[0].revents & POLLPRI)) return Status::Timeout("spurious wake-up");
+  if (p[0].error) return Status::IOError("PSI trigger on " + path_ + " is gone (cgroup removed?)");
+  if (!p[0].ready) return Status::Timeout("spurious wake-up");
   ev->level = full_ ? PressureLevel::kCritical : PressureLevel::kLow;
   ev->time_ns = env_->NowNs();
   ev->bytes_hint = 0;
@@ -175,8 +166,7 @@ Status PsiSource::Wait(int timeout_ms, PressureEvent* ev) {
 
 void PsiSource::Stop() {
   stopped_.store(true);
-  uint64_t one = 1;
-  if (stop_fd_ >= 0) (void)!::write(stop_fd_, &one, sizeof one);
+  if (stop_) (void)SignalEvent(stop_.get());  // a full counter (never here) still leaves stopped_ set
 }
 
 }  // namespace mz

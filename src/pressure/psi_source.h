@@ -13,10 +13,13 @@
 // Failure: Start() returns kUnsupported if the kernel has no PSI (file missing, or "psi=0"), the
 // OS error of the write otherwise (EINVAL: the kernel refused the trigger). POLLERR (the cgroup was
 // removed) ends Wait() with kIOError.
+// Every OS call (the file, the trigger write, poll, the stop event) goes through the Env.
 // Thread-safety: Stop() from any thread; the rest from the monitor's thread.
 #pragma once
 #include <atomic>
+#include <memory>
 
+#include "env/env.h"
 #include "pressure/pressure_source.h"
 #include "pressure/watermark_source.h"
 
@@ -53,17 +56,19 @@ class PsiSource : public PressureSource {
   // The cgroup of a <cgroup>/memory.pressure path (if it has a limit), else /proc/meminfo.
   Status Headroom(uint64_t* available, uint64_t* limit) override;
   const std::string& path() const { return path_; }
-  // Opens `path` and arms the trigger once (then closes it): the real check that this kernel and
-  // this process can use PSI triggers. *why says why not.
-  static bool Probe(const std::string& path, bool full, uint32_t stall_us, uint32_t window_us, std::string* why);
+  // Opens `path` and arms the trigger once (then closes it) through env (nullptr: the default):
+  // the real check that this kernel and this process can use PSI triggers. *why says why not.
+  static bool Probe(Env* env, const std::string& path, bool full, uint32_t stall_us, uint32_t window_us,
+                    std::string* why);
 
  private:
   Env* env_;
   std::string path_;
   bool full_;
   uint32_t stall_us_, window_us_;
-  int fd_ = -1;
-  int stop_fd_ = -1;
+  std::unique_ptr<WaitHandle> trigger_;  // the armed pressure file (Start)
+  std::unique_ptr<WaitHandle> stop_;     // signalled by Stop(); null if it could not be made
+  Status stop_status_;                   // why stop_ could not be made (Start returns it)
   std::atomic<bool> stopped_{false};
   WatermarkSource::Sampler headroom_;  // created lazily by Headroom()
 };

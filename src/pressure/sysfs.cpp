@@ -1,56 +1,21 @@
 #include "pressure/sysfs.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
 
+#include "env/env.h"
+
 namespace mz::sysfs {
 
-Status ReadSmall(const std::string& path, std::string* out) {
-  out->clear();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path);
-  char buf[4096];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      return Status::FromErrno(e, "read " + path);
-    }
-    if (n == 0) break;
-    out->append(buf, size_t(n));
-  }
-  ::close(fd);
-  return Status::Ok();
+bool Exists(Env* env, const std::string& path) {
+  FileInfo fi;
+  return env->StatPath(path, &fi).ok();
 }
 
-Status WriteSmall(const std::string& path, const std::string& value) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "open " + path);
-  ssize_t n;
-  do n = ::write(fd, value.data(), value.size());
-  while (n < 0 && errno == EINTR);
-  int e = errno;
-  ::close(fd);
-  if (n < 0) return Status::FromErrno(e, "write '" + value + "' to " + path);
-  if (size_t(n) != value.size()) return Status::IOError("short write of '" + value + "' to " + path);
-  return Status::Ok();
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-bool ReadU64(const std::string& path, uint64_t* v) {
+bool ReadU64(Env* env, const std::string& path, uint64_t* v) {
   std::string s;
-  if (!ReadSmall(path, &s).ok()) return false;
+  if (!env->ReadSmallFile(path, &s).ok()) return false;
   char* end = nullptr;
   errno = 0;
   unsigned long long x = std::strtoull(s.c_str(), &end, 10);
@@ -77,11 +42,19 @@ bool ParseField(const std::string& content, const std::string& key, uint64_t* v)
   return false;
 }
 
+Status ReadFields(Env* env, const std::string& path, const char* key1, uint64_t* v1, const char* key2, uint64_t* v2) {
+  std::string m;
+  MZ_RETURN_IF_ERROR(env->ReadSmallFile(path, &m));
+  if (!ParseField(m, key1, v1)) return Status::Unsupported(path + " has no " + key1);
+  if (!ParseField(m, key2, v2)) return Status::Unsupported(path + " has no " + key2);
+  return Status::Ok();
+}
+
 namespace {
 // Mount point of the cgroup filesystem whose options contain `opt` (v1) or of type cgroup2.
-std::string FindMount(bool v2, const std::string& opt) {
+std::string FindMount(Env* env, bool v2, const std::string& opt) {
   std::string m;
-  if (!ReadSmall("/proc/self/mounts", &m).ok()) return "";
+  if (!env->ReadSmallFile("/proc/self/mounts", &m).ok()) return "";
   std::istringstream ss(m);
   for (std::string line; std::getline(ss, line);) {
     std::istringstream ls(line);
@@ -98,9 +71,9 @@ std::string FindMount(bool v2, const std::string& opt) {
 }
 
 // The path of this process in the hierarchy whose controller list contains `ctrl` ("" = v2 line).
-bool OwnPath(const std::string& ctrl, std::string* path) {
+bool OwnPath(Env* env, const std::string& ctrl, std::string* path) {
   std::string c;
-  if (!ReadSmall("/proc/self/cgroup", &c).ok()) return false;
+  if (!env->ReadSmallFile("/proc/self/cgroup", &c).ok()) return false;
   std::istringstream ss(c);
   for (std::string line; std::getline(ss, line);) {
     size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
@@ -122,30 +95,30 @@ bool OwnPath(const std::string& ctrl, std::string* path) {
 }
 }  // namespace
 
-std::string V1MemoryMount() { return FindMount(false, "memory"); }
-std::string V2Mount() { return FindMount(true, ""); }
+std::string V1MemoryMount(Env* env) { return FindMount(env, false, "memory"); }
+std::string V2Mount(Env* env) { return FindMount(env, true, ""); }
 
-std::string OwnV1MemoryCgroup() {
-  std::string mnt = V1MemoryMount(), p;
-  if (mnt.empty() || !OwnPath("memory", &p)) return "";
+std::string OwnV1MemoryCgroup(Env* env) {
+  std::string mnt = V1MemoryMount(env), p;
+  if (mnt.empty() || !OwnPath(env, "memory", &p)) return "";
   std::string dir = p == "/" ? mnt : mnt + p;
-  return IsV1MemoryCgroup(dir) ? dir : "";
+  return IsV1MemoryCgroup(env, dir) ? dir : "";
 }
 
-std::string OwnV2Cgroup() {
-  std::string mnt = V2Mount(), p;
-  if (mnt.empty() || !OwnPath("", &p)) return "";
+std::string OwnV2Cgroup(Env* env) {
+  std::string mnt = V2Mount(env), p;
+  if (mnt.empty() || !OwnPath(env, "", &p)) return "";
   return p == "/" ? mnt : mnt + p;
 }
 
-bool IsV1MemoryCgroup(const std::string& dir) {
-  return !dir.empty() && Exists(dir + "/memory.pressure_level") && Exists(dir + "/cgroup.event_control");
+bool IsV1MemoryCgroup(Env* env, const std::string& dir) {
+  return !dir.empty() && Exists(env, dir + "/memory.pressure_level") && Exists(env, dir + "/cgroup.event_control");
 }
 
-bool HasCapSysResource() {
+bool HasCapSysResource(Env* env) {
   std::string s;
   uint64_t eff = 0;
-  if (!ReadSmall("/proc/self/status", &s).ok()) return false;
+  if (!env->ReadSmallFile("/proc/self/status", &s).ok()) return false;
   size_t p = s.find("CapEff:");
   if (p == std::string::npos) return false;
   eff = std::strtoull(s.c_str() + p + 7, nullptr, 16);

@@ -1,38 +1,42 @@
-// Small helpers for the pressure sources: reading and writing kernel interface files (procfs,
-// cgroupfs), the process's own cgroups, and capability checks. Linux only; every function reports
-// failure through Status or an empty result, never throws.
-// Thread-safety: all functions are stateless and safe to call concurrently.
+// Small helpers for the pressure sources: reading kernel interface files (procfs, cgroupfs)
+// through an Env, the process's own cgroups, and capability checks. Linux only; every function
+// reports failure through Status or an empty / false result, never throws. The reads go through
+// env (Env::ReadSmallFile, StatPath, ...), so a FaultEnv can serve a fake /proc and cgroup tree.
+// Thread-safety: all functions are stateless and safe to call concurrently (as env is).
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include "core/status.h"
 
+namespace mz {
+class Env;
+}
+
 namespace mz::sysfs {
 
-// Whole content of a small kernel file (procfs, sysfs, cgroupfs). kIOError (with errno) if it
-// cannot be opened or read.
-Status ReadSmall(const std::string& path, std::string* out);
-// Writes `value` to a kernel file with one write(2) (kernel interfaces want a single write).
-Status WriteSmall(const std::string& path, const std::string& value);
-bool Exists(const std::string& path);
-// The first unsigned integer in the file, or false.
-bool ReadU64(const std::string& path, uint64_t* v);
-// A "key value [kB]" field of /proc/meminfo-like content (memory.stat too); kB scaled to bytes
-// when the line says kB. False if absent.
+// True if path exists (env->StatPath succeeds).
+bool Exists(Env* env, const std::string& path);
+// The first unsigned integer in the file, or false (unreadable, or no number: "max").
+bool ReadU64(Env* env, const std::string& path, uint64_t* v);
+// A "key value [kB]" field of /proc/meminfo-like content (memory.stat, /proc/<pid>/status too);
+// kB scaled to bytes when the line says kB. False if absent.
 bool ParseField(const std::string& content, const std::string& key, uint64_t* v);
+// ReadSmallFile of /proc/meminfo-like `path`, then ParseField of each key in turn into the
+// matching output. Failure: the read's error, or kUnsupported naming the first key missing.
+Status ReadFields(Env* env, const std::string& path, const char* key1, uint64_t* v1, const char* key2, uint64_t* v2);
 
 // Mount point of the cgroup v1 memory controller ("" if none), e.g. /sys/fs/cgroup/memory.
-std::string V1MemoryMount();
+std::string V1MemoryMount(Env* env);
 // Mount point of the unified (v2) hierarchy ("" if none).
-std::string V2Mount();
+std::string V2Mount(Env* env);
 // This process's v1 memory cgroup directory ("" if there is none), from /proc/self/cgroup.
-std::string OwnV1MemoryCgroup();
+std::string OwnV1MemoryCgroup(Env* env);
 // This process's v2 cgroup directory ("" if none or not mounted).
-std::string OwnV2Cgroup();
+std::string OwnV2Cgroup(Env* env);
 // True if `dir` is a v1 memory cgroup directory (has memory.pressure_level).
-bool IsV1MemoryCgroup(const std::string& dir);
+bool IsV1MemoryCgroup(Env* env, const std::string& dir);
 // True if the process has CAP_SYS_RESOURCE (PSI triggers: privileged windows and rtpoll).
-bool HasCapSysResource();
+bool HasCapSysResource(Env* env);
 
 }  // namespace mz::sysfs

@@ -44,43 +44,42 @@ bool WatermarkLevels::Update(double headroom, uint64_t now_ns, PressureLevel* le
   return emit;
 }
 
-WatermarkSource::Sampler WatermarkSource::DefaultSampler(const std::string& cgroup_dir, std::string* what) {
+WatermarkSource::Sampler WatermarkSource::DefaultSampler(Env* env, const std::string& cgroup_dir, std::string* what) {
+  if (!env) env = Env::Default();
+  auto meminfo = [env](uint64_t* avail, uint64_t* lim) -> Status {
+    return sysfs::ReadFields(env, "/proc/meminfo", "MemTotal", lim, "MemAvailable", avail);
+  };
   uint64_t mem_total = 0;
   std::string mi;
-  if (sysfs::ReadSmall("/proc/meminfo", &mi).ok()) sysfs::ParseField(mi, "MemTotal", &mem_total);
+  if (env->ReadSmallFile("/proc/meminfo", &mi).ok()) sysfs::ParseField(mi, "MemTotal", &mem_total);
   uint64_t limit = 0;
-  if (!cgroup_dir.empty() && sysfs::ReadU64(cgroup_dir + "/memory.max", &limit) &&  // v2 ("max" does not parse)
+  if (!cgroup_dir.empty() && sysfs::ReadU64(env, cgroup_dir + "/memory.max", &limit) &&  // v2 ("max" does not parse)
       (mem_total == 0 || limit < mem_total)) {
     *what = cgroup_dir;
-    return [cgroup_dir](uint64_t* avail, uint64_t* lim) -> Status {
+    return [env, cgroup_dir, meminfo](uint64_t* avail, uint64_t* lim) -> Status {
       uint64_t cur = 0, l = 0, inactive = 0;
-      if (!sysfs::ReadU64(cgroup_dir + "/memory.max", &l)) {  // limit lifted ("max"): the system's headroom
-        std::string m;
-        MZ_RETURN_IF_ERROR(sysfs::ReadSmall("/proc/meminfo", &m));
-        if (!sysfs::ParseField(m, "MemTotal", lim) || !sysfs::ParseField(m, "MemAvailable", avail))
-          return Status::Unsupported("/proc/meminfo has no MemTotal/MemAvailable");
-        return Status::Ok();
-      }
-      if (!sysfs::ReadU64(cgroup_dir + "/memory.current", &cur))
+      // Limit lifted ("max"): the system's headroom.
+      if (!sysfs::ReadU64(env, cgroup_dir + "/memory.max", &l)) return meminfo(avail, lim);
+      if (!sysfs::ReadU64(env, cgroup_dir + "/memory.current", &cur))
         return Status::IOError("cannot read memory.current of " + cgroup_dir);
       std::string stat;
-      if (sysfs::ReadSmall(cgroup_dir + "/memory.stat", &stat).ok()) sysfs::ParseField(stat, "inactive_file", &inactive);
+      if (env->ReadSmallFile(cgroup_dir + "/memory.stat", &stat).ok()) sysfs::ParseField(stat, "inactive_file", &inactive);
       const uint64_t used = cur > inactive ? cur - inactive : 0;
       *lim = l;
       *avail = l > used ? l - used : 0;
       return Status::Ok();
     };
   }
-  if (!cgroup_dir.empty() && sysfs::ReadU64(cgroup_dir + "/memory.limit_in_bytes", &limit) &&
+  if (!cgroup_dir.empty() && sysfs::ReadU64(env, cgroup_dir + "/memory.limit_in_bytes", &limit) &&
       (mem_total == 0 || limit < mem_total)) {
     *what = cgroup_dir;
-    return [cgroup_dir](uint64_t* avail, uint64_t* lim) -> Status {
+    return [env, cgroup_dir](uint64_t* avail, uint64_t* lim) -> Status {
       uint64_t usage = 0, l = 0, inactive = 0;
-      if (!sysfs::ReadU64(cgroup_dir + "/memory.limit_in_bytes", &l) ||
-          !sysfs::ReadU64(cgroup_dir + "/memory.usage_in_bytes", &usage))
+      if (!sysfs::ReadU64(env, cgroup_dir + "/memory.limit_in_bytes", &l) ||
+          !sysfs::ReadU64(env, cgroup_dir + "/memory.usage_in_bytes", &usage))
         return Status::IOError("cannot read memory.usage_in_bytes / memory.limit_in_bytes of " + cgroup_dir);
       std::string stat;
-      if (sysfs::ReadSmall(cgroup_dir + "/memory.stat", &stat).ok() &&
+      if (env->ReadSmallFile(cgroup_dir + "/memory.stat", &stat).ok() &&
           !sysfs::ParseField(stat, "total_inactive_file", &inactive))
         sysfs::ParseField(stat, "inactive_file", &inactive);
       const uint64_t used = usage > inactive ? usage - inactive : 0;
@@ -90,18 +89,12 @@ WatermarkSource::Sampler WatermarkSource::DefaultSampler(const std::string& cgro
     };
   }
   *what = cgroup_dir.empty() ? "/proc/meminfo" : "/proc/meminfo (" + cgroup_dir + " has no limit)";
-  return [](uint64_t* avail, uint64_t* lim) -> Status {
-    std::string m;
-    MZ_RETURN_IF_ERROR(sysfs::ReadSmall("/proc/meminfo", &m));
-    if (!sysfs::ParseField(m, "MemTotal", lim) || !sysfs::ParseField(m, "MemAvailable", avail))
-      return Status::Unsupported("/proc/meminfo has no MemTotal/MemAvailable");
-    return Status::Ok();
-  };
+  return meminfo;
 }
 
 WatermarkSource::WatermarkSource(Env* env, const PressureSourceOptions& opts)
     : env_(env ? env : Env::Default()), o_(opts), levels_(opts) {
-  sampler_ = DefaultSampler(opts.cgroup_dir, &what_);
+  sampler_ = DefaultSampler(env_, opts.cgroup_dir, &what_);
 }
 
 WatermarkSource::WatermarkSource(Env* env, const PressureSourceOptions& opts, Sampler sampler, std::string what)
@@ -122,7 +115,9 @@ Status WatermarkSource::Start() {
 
 Status WatermarkSource::Wait(int timeout_ms, PressureEvent* ev) {
   const uint64_t start = env_->NowNs();
-  const auto real_start = std::chrono::steady_clock::now();  // bounds the wait if the Env clock is a frozen fake
+  // Real time slept so far: bounds the wait if the Env clock is a frozen fake. (A sleep the
+  // condition variable ends early, spuriously, still counts whole: the wait can end that early.)
+  uint64_t slept_ms = 0;
   while (true) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -145,14 +140,14 @@ Status WatermarkSource::Wait(int timeout_ms, PressureEvent* ev) {
       ev->source = name();
       return Status::Ok();
     }
-    const uint64_t real_ms = uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          std::chrono::steady_clock::now() - real_start).count());
-    const uint64_t elapsed_ms = std::max<uint64_t>((now - start) / 1000000ull, real_ms);
+    const uint64_t elapsed_ms = std::max<uint64_t>((now - start) / 1000000ull, slept_ms);
     if (timeout_ms >= 0 && elapsed_ms >= uint64_t(timeout_ms)) return Status::Timeout("no pressure event");
     int64_t sleep_ms = o_.poll_ms;
     if (timeout_ms >= 0) sleep_ms = std::min<int64_t>(sleep_ms, int64_t(timeout_ms) - int64_t(elapsed_ms));
+    sleep_ms = std::max<int64_t>(1, sleep_ms);
     std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait_for(lk, std::chrono::milliseconds(std::max<int64_t>(1, sleep_ms)), [&] { return stopped_; });
+    cv_.wait_for(lk, std::chrono::milliseconds(sleep_ms), [&] { return stopped_; });
+    slept_ms += uint64_t(sleep_ms);
   }
 }
 

@@ -14,7 +14,9 @@
 // repeat_ms (so a monitor can give back more if the first step did not help).
 //
 // Time: polls every poll_ms; deadlines are computed on the Env clock (a fake clock in tests drives
-// the hysteresis and repeat logic), sleeps are real and end early on Stop().
+// the hysteresis and repeat logic), sleeps are real and end early on Stop(); a wait also ends once
+// the real time it slept reaches timeout_ms (a frozen fake clock cannot make it hang).
+// The counters are read through the Env (ReadSmallFile), so a FaultEnv can serve fake ones.
 // Thread-safety: Stop() from any thread; the rest from the monitor's thread.
 #pragma once
 #include <condition_variable>
@@ -60,7 +62,8 @@ class WatermarkSource : public PressureSource {
   // Headroom (available / limit) of the last sample.
   double last_headroom() const;
   // The default sampler for a cgroup dir ("" or unlimited: /proc/meminfo); *what describes it.
-  static Sampler DefaultSampler(const std::string& cgroup_dir, std::string* what);
+  // Reads through env (nullptr: Env::Default()), which must outlive the sampler.
+  static Sampler DefaultSampler(Env* env, const std::string& cgroup_dir, std::string* what);
 
  private:
   Env* env_;

@@ -1,6 +1,7 @@
 #include "runtime/context.h"
 
 #include "policy/partial_offload.h"
+#include "restore/executor.h"
 #include "core/sync_point.h"
 
 #include <chrono>
@@ -21,28 +22,26 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   fo.n_threads = opts.n_threads;
   fo.n_ubatch = opts.n_ubatch;
   fwd_ = std::make_unique<Forward>(model, kv_.get(), fo);
-  ElasticOptions eo;
+  UnitTableOptions eo;
   eo.codec = opts.kv_codec;
   eo.swap_path = opts.swap_path;
   eo.direct_io = opts.direct_io;
   eo.map_swap = opts.map_swap;
   eo.restore_threads = opts.restore_threads;
-  elastic_ = std::make_unique<UnitTable>(model, kv_.get(), eo);
+  units_ = std::make_unique<UnitTable>(model, kv_.get(), eo);
 }
 
 Status Context::Init() {
-  MZ_RETURN_IF_ERROR(elastic_->Init());
+  MZ_RETURN_IF_ERROR(units_->Init());
   profile_ = DeviceProfile::Default();
   std::string path = opts_.profile_path;
   if (path.empty()) {
-    const char* home = std::getenv("HOME");
-    const char* cache = std::getenv("MZ_CACHE_DIR");
-    path = cache && *cache ? std::string(cache) + "/profile.json"
-                           : std::string(home ? home : "/tmp") + "/.cache/mzcache/profile.json";
+    MZ_RETURN_IF_ERROR(CacheDir(model_->env(), &path));
+    path += "/profile.json";
     FileInfo fi;
-    if (!Env::Default()->StatPath(path, &fi).ok()) return Status::Ok();
+    if (!model_->env()->StatPath(path, &fi).ok()) return Status::Ok();
   }
-  return DeviceProfile::Load(path, &profile_);
+  return DeviceProfile::Load(path, &profile_, model_->env());
 }
 
 PolicyInput Context::MakePolicyInput(uint64_t bytes) {
@@ -58,11 +57,11 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   RestorePaths paths;
   if (opts_.cost_restore_paths) {
     paths.weights_file_backed = model_->file_backed();
-    paths.kv_mapped = elastic_->KvStorageMapped();
-    paths.kv_in_place = opts_.attend_compressed && elastic_->codec_readable_in_place();
+    paths.kv_mapped = units_->KvStorageMapped();
+    paths.kv_in_place = opts_.attend_compressed && units_->codec_readable_in_place();
   }
   in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer, paths);
-  UnitTable* e = elastic_.get();
+  UnitTable* e = units_.get();
   in.state = [e](const UnitRef& u) { return e->state(u); };
   in.bytes = bytes;
   in.order = opts_.evict_order;
@@ -81,7 +80,7 @@ Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_p
     PolicyOutput plan = opts_.partial_offload ? PlanPartialOffload(in) : PlanHybridSwap(in);
     if (plan.plan.empty()) break;
     uint64_t f = 0;
-    Status st = elastic_->Apply(plan.plan, bytes - total, &f);
+    Status st = units_->Apply(plan.plan, bytes - total, &f);
     total += f;
     if (last_plan) *last_plan = plan;
     if (!st.ok()) {
@@ -97,17 +96,49 @@ Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_p
 Status Context::Evict(const Plan& plan, uint64_t bytes, uint64_t* freed) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: eviction refused (retry when it finishes)");
-  return elastic_->Apply(plan, bytes, freed);
+  return units_->Apply(plan, bytes, freed);
+}
+
+Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16_t*)>& fill) {
+  ForegroundLock lk(this);
+  if (n_tokens < 0 || n_tokens > kv_->n_ctx_max())
+    return Status::ContextFull("ImportKv: " + std::to_string(n_tokens) + " tokens, n_ctx " +
+                               std::to_string(kv_->n_ctx_max()));
+  const KvGeometry& g = kv_->geometry();
+  const int n = kv_->n_chunks_for(n_tokens);
+  Env* env = kv_->env();
+  std::vector<uint16_t*> chunks(size_t(g.n_layer) * size_t(n), nullptr);
+  for (int l = 0; l < g.n_layer; ++l)
+    for (int c = 0; c < n; ++c) {
+      uint16_t*& p = chunks[size_t(l) * size_t(n) + size_t(c)];
+      p = static_cast<uint16_t*>(env->MapAnon(g.chunk_bytes()));
+      if (!p) {
+        for (uint16_t* q : chunks)
+          if (q) env->Unmap(q, g.chunk_bytes());
+        return Status::NoMemory("ImportKv: a KV chunk");
+      }
+      fill(l, c, p);
+    }
+  history_.assign(size_t(n_tokens), 0);
+  logits_.clear();
+  Status st = units_->ReplaceKv(n_tokens, std::move(chunks));
+  if (!st.ok()) history_.clear();
+  return st;
+}
+
+void Context::set_map_swap(bool on) {
+  std::lock_guard<std::mutex> lk(mu_);
+  units_->set_map_swap(on);
 }
 
 Status Context::Restore() {
   ForegroundLock lk(this);
-  return elastic_->RestoreAll();
+  return RunRestore(units_.get(), RestoreRequest());
 }
 
 MemoryReport Context::Report() {
   std::lock_guard<std::mutex> lk(mu_);
-  return elastic_->Report();
+  return units_->Report();
 }
 
 Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
@@ -117,7 +148,12 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
   // Chunks this call writes must be resident; earlier ones may stay compressed if compute reads
   // them in place (opts_.attend_compressed).
   const int first_write = int(history_.size()) / kv_->geometry().chunk_tokens;
-  MZ_RETURN_IF_ERROR(opts_.attend_compressed ? elastic_->RestoreForCompute(first_write) : elastic_->RestoreAll());
+  RestoreRequest req;
+  if (opts_.attend_compressed) {
+    req.mode = RestoreMode::kForCompute;
+    req.attend_compressed_below = first_write;
+  }
+  MZ_RETURN_IF_ERROR(RunRestore(units_.get(), req));
   MZ_RETURN_IF_ERROR(fwd_->Decode(tokens, n, all_logits, &logits_));
   history_.insert(history_.end(), tokens, tokens + n);
   return Status::Ok();
@@ -138,10 +174,10 @@ void Context::Truncate(int n_keep) {
   if (n_keep < 0) n_keep = 0;
   if (n_keep >= int(history_.size())) return;
   history_.resize(size_t(n_keep));
-  elastic_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
+  units_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
   // Rows from n_keep on will be written again: a chunk mapped from the swap that holds them is no
   // longer a copy of its extent once they are.
-  if (n_keep % kv_->geometry().chunk_tokens != 0) elastic_->WillRewriteChunk(n_keep / kv_->geometry().chunk_tokens);
+  if (n_keep % kv_->geometry().chunk_tokens != 0) units_->WillRewriteChunk(n_keep / kv_->geometry().chunk_tokens);
   kv_->Truncate(n_keep);
   logits_.clear();
 }
@@ -150,26 +186,22 @@ void Context::Truncate(int n_keep) {
 
 namespace mz {
 
-static double CpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
-}
+static double CpuSeconds(Env* env) { return double(env->ProcessCpuNs()) * 1e-9; }
 
 Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats) {
   SafePointOnExit safe_point{this};
   ForegroundLock lk(this);
   MZ_SYNC_POINT("context:decode_locked", n);
-  const auto t0 = std::chrono::steady_clock::now();
-  const double c0 = CpuSeconds();
+  const uint64_t t0 = model_->env()->NowNs();
+  const double c0 = CpuSeconds(model_->env());
   const int start = int(history_.size());
-  if (stats) stats->remaining_at_start = elastic_->Report().remaining(true);
+  if (stats) stats->remaining_at_start = units_->Report().remaining(true);
   // Chunks for the new tokens exist before workers run (the chunk table must not grow under them).
   MZ_RETURN_IF_ERROR(kv_->Reserve(start + n));
   PipelineOptions pipe_opts = po;
   pipe_opts.attend_compressed_below =
       po.attend_compressed && opts_.attend_compressed ? start / kv_->geometry().chunk_tokens : 0;
-  RestorePipeline pipe(elastic_.get(), int(model_->hparams().n_layer), pipe_opts);
+  RestorePipeline pipe(units_.get(), int(model_->hparams().n_layer), pipe_opts);
   Status st = pipe.Start();
   const int full = opts_.n_threads;
   // Restoration threads that run ahead of compute (restore_nice granted) need no core kept free.
@@ -183,7 +215,7 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   });
   if (st.ok()) st = fwd_->Decode(tokens, n, false, &logits_);
   const double wait = fwd_->timing().wait_s;
-  const auto t1 = std::chrono::steady_clock::now();
+  const uint64_t t1 = model_->env()->NowNs();
   fwd_->set_wait(nullptr);
   fwd_->set_n_threads(full);
   Status fin = pipe.Finish();
@@ -195,9 +227,9 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   history_.insert(history_.end(), tokens, tokens + n);
   if (stats) {
     stats->pipeline = pipe.stats();
-    stats->ttft_s = std::chrono::duration<double>(t1 - t0).count();
+    stats->ttft_s = double(t1 - t0) * 1e-9;
     stats->wait_s = wait;
-    stats->cpu_s = CpuSeconds() - c0;
+    stats->cpu_s = CpuSeconds(model_->env()) - c0;
     stats->compute_threads_during_restore = during;
   }
   return Status::Ok();
@@ -210,14 +242,8 @@ namespace mz {
 bool Context::TryReport(MemoryReport* out) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return false;
-  *out = elastic_->Report();
+  *out = units_->Report();
   return true;
-}
-
-Status Context::TryRestore() {
-  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
-  if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
-  return elastic_->RestoreAll();
 }
 
 Status Context::TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored, bool yield) {
@@ -225,13 +251,14 @@ Status Context::TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored, bool yiel
   if (yield && fg_waiting_.load() > 0) return Status::Busy("restore-ahead yields to a foreground call");
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
-  bool yielded = false;
-  uint64_t got = 0;
-  std::function<bool()> stop;
-  if (yield) stop = [this] { return fg_waiting_.load() > 0; };
-  Status st = elastic_->RestoreUpTo(max_bytes, &got, stop, &yielded);
-  if (restored) *restored = got;
-  if (st.ok() && yielded && got == 0) return Status::Busy("restore-ahead yielded to a foreground call");
+  RestoreRequest req;
+  req.mode = RestoreMode::kUpTo;
+  req.max_bytes = max_bytes;
+  if (yield) req.stop = [this] { return fg_waiting_.load() > 0; };
+  RestoreResult res;
+  Status st = RunRestore(units_.get(), req, &res);
+  if (restored) *restored = res.restored;
+  if (st.ok() && res.stopped && res.restored == 0) return Status::Busy("restore-ahead yielded to a foreground call");
   return st;
 }
 

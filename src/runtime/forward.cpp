@@ -12,9 +12,8 @@
 namespace mz {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+// Seconds on env's monotonic clock.
+double Now(Env* env) { return double(env->NowNs()) * 1e-9; }
 
 // Shared by the two custom ops of one layer graph; lives on the stack of RunUbatch.
 struct LayerOpData {
@@ -98,9 +97,9 @@ void Forward::set_n_threads(int n) {
 
 Status Forward::Wait(int unit) {
   if (wait_) {
-    double t0 = Now();
+    double t0 = Now(model_->env());
     Status st = wait_(unit);
-    timing_.wait_s += Now() - t0;
+    timing_.wait_s += Now(model_->env()) - t0;
     MZ_RETURN_IF_ERROR(st);
   }
   if (!model_->unit(unit).resident())
@@ -155,7 +154,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
   ggml_init_params ip{meta_buf_.size(), meta_buf_.data(), /*no_alloc=*/true};
 
   // Embedding.
-  double t0 = Now();
+  double t0 = Now(model_->env());
   MZ_RETURN_IF_ERROR(Wait(base));
   {
     ggml_context* ctx = ggml_init(ip);
@@ -171,7 +170,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
     ggml_free(ctx);
     MZ_RETURN_IF_ERROR(st);
   }
-  double t1 = Now();
+  double t1 = Now(model_->env());
   timing_.embed_s += t1 - t0;
 
   const float scale = 1.0f / std::sqrt(float(D));
@@ -231,7 +230,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
     ggml_free(ctx);
     MZ_RETURN_IF_ERROR(st.With("layer " + std::to_string(il)));
   }
-  double t2 = Now();
+  double t2 = Now(model_->env());
   timing_.layers_s += t2 - t1;
 
   if (logits) {
@@ -252,7 +251,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
     Status st = Compute(gf);
     ggml_free(ctx);
     MZ_RETURN_IF_ERROR(st);
-    timing_.head_s += Now() - t2;
+    timing_.head_s += Now(model_->env()) - t2;
   }
   return Status::Ok();
 }

@@ -21,6 +21,7 @@
 #include "model/model.h"
 #include "pressure/monitor.h"
 #include "pressure/pressure_source.h"
+#include "pressure/wiring.h"
 #include "runtime/context.h"
 #include "runtime/session_file.h"
 #include "tools/bench/bench_util.h"
@@ -130,24 +131,21 @@ int RunWorker(const WorkerArgs& a) {
   const MemoryReport r0 = ctx.Report();
   std::unique_ptr<PressureMonitor> mon;
   if (mz) {
-    PressureSourceOptions so;
-    so.kind = a.source;
-    so.cgroup_dir = a.cgroup;
-    std::unique_ptr<PressureSource> src;
-    std::string why;
-    st = CreatePressureSource(Env::Default(), so, &src, &why);
-    if (!st.ok()) return Fail(st);
-    AmountOptions ao;
-    ao.step_points = a.step;
+    PressureWatchOptions w;
+    w.source.kind = a.source;
+    w.source.cgroup_dir = a.cgroup;
+    w.amount.step_points = a.step;
     if (a.restore_ahead) {
-      ao.restore_ahead = AmountOptions::RestoreAhead::kBackground;
-      ao.calm_ns = uint64_t(std::max(0, a.calm_ms)) * 1000000ull;
-      ao.restore_margin = a.restore_margin;
+      w.amount.restore_ahead = AmountOptions::RestoreAhead::kBackground;
+      w.amount.calm_ns = uint64_t(std::max(0, a.calm_ms)) * 1000000ull;
+      w.amount.restore_margin = a.restore_margin;
     }
-    ao.critical_to_floor = !a.critical_step;
-    ao.restore_yields = !a.no_yield;
-    mon = std::make_unique<PressureMonitor>(&ctx, std::make_unique<ReportingSource>(std::move(src)), ao);
-    mon->set_on_action([](const PressureAction& x) {
+    w.amount.critical_to_floor = !a.critical_step;
+    w.amount.restore_yields = !a.no_yield;
+    w.wrap_source = [](std::unique_ptr<PressureSource> src) -> std::unique_ptr<PressureSource> {
+      return std::make_unique<ReportingSource>(std::move(src));
+    };
+    w.on_action = [](const PressureAction& x) {
       Out("action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d restored_bytes=%" PRIu64
           " ok=%d step=%.3f delay_ms=%.1f msg=%s",
           PressureLevelName(x.event.level), x.requested, x.freed, x.remaining, int(x.deferred), int(x.restored),
@@ -155,8 +153,9 @@ int RunWorker(const WorkerArgs& a) {
           int(x.status.ok()), x.step_points,
           x.applied_ns > x.event.time_ns ? double(x.applied_ns - x.event.time_ns) / 1e6 : 0.0,
           OneLine(x.note.empty() ? x.status.ToString() : x.note).c_str());
-    });
-    st = mon->Start();
+    };
+    std::string why;
+    st = StartPressureMonitor(Env::Default(), &ctx, w, &mon, &why);
     if (!st.ok()) return Fail(st);
     std::fprintf(stderr, "multitask-worker: pressure source: %s; step %.0f points\n", why.c_str(), 100 * a.step);
   }

@@ -5,28 +5,25 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 
+#include "env/env.h"
+#include "pressure/sysfs.h"
 #include "tools/bench/bench_util.h"
 
 namespace mz::cli {
 namespace {
 
+// Kernel files through the library's Env (one write(2) per command, as kernel interfaces want).
 Status WriteSys(const std::string& path, const std::string& value) {
-  std::ofstream f(path);
-  if (!f) return Status::FromErrno(errno, "open " + path);
-  f << value;
-  f.flush();
-  if (!f) return Status::FromErrno(errno == 0 ? EIO : errno, "write '" + value + "' to " + path);
-  return Status::Ok();
+  return Env::Default()->WriteSmallFile(path, value, /*create=*/false);
 }
 
+// The content of a kernel file, "" if it cannot be read.
 std::string ReadSys(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::string s;
+  if (!Env::Default()->ReadSmallFile(path, &s).ok()) return "";
+  return s;
 }
 
 }  // namespace
@@ -40,8 +37,7 @@ Status ZramSwap::Ensure(uint64_t bytes) {
     return Status::Ok();
   }
   if (geteuid() != 0) return Status::Unsupported("no swap active and not root: cannot enable zram");
-  struct stat st;
-  if (::stat("/sys/block/zram0", &st) != 0) return Status::Unsupported("no swap active and no /dev/zram0 on this machine");
+  if (!sysfs::Exists(Env::Default(), "/sys/block/zram0")) return Status::Unsupported("no swap active and no /dev/zram0 on this machine");
   WriteSys("/sys/block/zram0/reset", "1");
   if (ReadSys("/sys/block/zram0/comp_algorithm").find("zstd") != std::string::npos)
     WriteSys("/sys/block/zram0/comp_algorithm", "zstd");
@@ -76,8 +72,7 @@ ZramSwap::~ZramSwap() {
 Status MemCgroup::Create(const std::string& name) {
   if (geteuid() != 0) return Status::Unsupported("creating a memory cgroup needs root");
   const std::string root = "/sys/fs/cgroup/memory";
-  struct stat st;
-  if (::stat((root + "/memory.limit_in_bytes").c_str(), &st) != 0)
+  if (!sysfs::Exists(Env::Default(), root + "/memory.limit_in_bytes"))
     return Status::Unsupported("no cgroup v1 memory controller at " + root);
   path_ = root + "/" + name;
   if (::mkdir(path_.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -100,8 +95,8 @@ Status MemCgroup::SetLimit(uint64_t bytes) {
 Status MemCgroup::Unlimit() { return WriteSys(path_ + "/memory.limit_in_bytes", "-1"); }
 
 uint64_t MemCgroup::Usage() const {
-  std::string s = ReadSys(path_ + "/memory.usage_in_bytes");
-  return s.empty() ? 0 : std::stoull(s);
+  uint64_t v = 0;
+  return sysfs::ReadU64(Env::Default(), path_ + "/memory.usage_in_bytes", &v) ? v : 0;
 }
 
 MemCgroup::~MemCgroup() {
@@ -117,11 +112,9 @@ MemCgroup::~MemCgroup() {
 
 void ProcMemory(int pid, uint64_t* rss, uint64_t* swap) {
   *rss = *swap = 0;
-  std::istringstream ss(ReadSys("/proc/" + std::to_string(pid) + "/status"));
-  for (std::string line; std::getline(ss, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) *rss = std::stoull(line.substr(6)) * 1024;
-    if (line.rfind("VmSwap:", 0) == 0) *swap = std::stoull(line.substr(7)) * 1024;
-  }
+  const std::string status = ReadSys("/proc/" + std::to_string(pid) + "/status");
+  sysfs::ParseField(status, "VmRSS", rss);  // "VmRSS:  1234 kB", in bytes
+  sysfs::ParseField(status, "VmSwap", swap);
 }
 
 Status DropPageCache() {

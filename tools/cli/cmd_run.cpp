@@ -7,6 +7,7 @@
 
 #include "model/model.h"
 #include "pressure/monitor.h"
+#include "pressure/wiring.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -132,7 +133,7 @@ Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, 
   double t0 = Now();
   // With a pressure monitor evicting from its own thread, the state may change under an unlocked
   // AllResident(): always prefill through restore_generate (a no-op restore when all is resident).
-  if (!pressure_watched && s.ctx->elastic().AllResident()) {
+  if (!pressure_watched && s.ctx->units().AllResident()) {
     MZ_RETURN_IF_ERROR(s.ctx->Decode(toks.data(), int(toks.size()), false));
   } else {
     RestoreGenerateStats st;
@@ -220,21 +221,18 @@ void PrintPressureAction(const PressureAction& a) {
 
 // Starts the monitor per the options; prints which source is active and why.
 Status StartPressureWatch(const PressureArgs& p, Context* ctx, std::unique_ptr<PressureMonitor>* out) {
-  PressureSourceOptions so;
-  so.kind = p.kind.empty() ? "auto" : p.kind;
-  so.cgroup_dir = p.cgroup;
-  std::unique_ptr<PressureSource> src;
+  PressureWatchOptions w;
+  w.source.kind = p.kind.empty() ? "auto" : p.kind;
+  w.source.cgroup_dir = p.cgroup;
+  w.amount.step_points = p.step / 100.0;
+  w.amount.floor_points = p.floor / 100.0;
+  w.amount.restore_ahead = p.restore_ahead == "background" ? AmountOptions::RestoreAhead::kBackground
+                                                           : AmountOptions::RestoreAhead::kOnRequest;
+  w.amount.calm_ns = uint64_t(p.calm_s * 1e9);
+  w.on_action = PrintPressureAction;
+  std::unique_ptr<PressureMonitor> mon;
   std::string why;
-  MZ_RETURN_IF_ERROR(CreatePressureSource(Env::Default(), so, &src, &why));
-  AmountOptions ao;
-  ao.step_points = p.step / 100.0;
-  ao.floor_points = p.floor / 100.0;
-  ao.restore_ahead = p.restore_ahead == "background" ? AmountOptions::RestoreAhead::kBackground
-                                                     : AmountOptions::RestoreAhead::kOnRequest;
-  ao.calm_ns = uint64_t(p.calm_s * 1e9);
-  auto mon = std::make_unique<PressureMonitor>(ctx, std::move(src), ao);
-  mon->set_on_action(PrintPressureAction);
-  MZ_RETURN_IF_ERROR(mon->Start());
+  MZ_RETURN_IF_ERROR(StartPressureMonitor(Env::Default(), ctx, w, &mon, &why));
   std::fprintf(stderr, "[pressure: watching %s\n  (%s)\n  step %.0f points of LLM memory, floor %.0f, restore %s]\n",
                mon->source().name().c_str(), why.c_str(), p.step, p.floor,
                p.restore_ahead == "background" ? ("in the background after " + std::to_string(int(p.calm_s)) + " s calm").c_str()
