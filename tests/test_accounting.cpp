@@ -37,6 +37,12 @@
 #include "test_util.h"
 
 namespace mz {
+// Model::LoadUnit/DropUnit are the UnitTable's alone (the sole mutator of unit state); this test
+// exercises them directly.
+struct ModelTestPeer {
+  static Status LoadUnit(Model& m, int u) { return m.LoadUnit(u); }
+  static void DropUnit(Model& m, int u) { m.DropUnit(u); }
+};
 namespace {
 
 struct GgufFile {
@@ -315,16 +321,16 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
       ASSERT_LE(e.file_off + e.bytes, file.size());
       EXPECT_EQ(before[i], XXH64(file.data() + e.file_off, e.bytes, 0)) << ggml_get_name(e.tensor);
     }
-    m->DropUnit(u);
+    ModelTestPeer::DropUnit(*m, u);
     EXPECT_FALSE(w.resident());
     for (const TensorExtent& e : w.tensors) EXPECT_EQ(e.tensor->data, nullptr) << "dropped tensor still points at memory";
-    st = m->LoadUnit(u);
+    st = ModelTestPeer::LoadUnit(*m, u);
     ASSERT_TRUE(st.ok()) << st.ToString();
     ASSERT_TRUE(w.resident());
     for (const TensorExtent& e : w.tensors)
       EXPECT_EQ(e.tensor->data, static_cast<char*>(w.region) + e.region_off) << ggml_get_name(e.tensor);
     EXPECT_EQ(UnitHashes(*m, u), before) << "reloaded bytes differ";
-    EXPECT_TRUE(m->LoadUnit(u).ok()) << "LoadUnit of a resident unit is a no-op";
+    EXPECT_TRUE(ModelTestPeer::LoadUnit(*m, u).ok()) << "LoadUnit of a resident unit is a no-op";
   }
 
   // An I/O error while reading a unit: refused with the error, the unit stays dropped (no tensor
@@ -332,14 +338,14 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
   {
     const int u = m->n_units() / 2;
     const std::vector<uint64_t> before = UnitHashes(*m, u);
-    m->DropUnit(u);
+    ModelTestPeer::DropUnit(*m, u);
     env.fail_reads_after = 0;
-    st = m->LoadUnit(u);
+    st = ModelTestPeer::LoadUnit(*m, u);
     EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
     EXPECT_FALSE(m->unit(u).resident());
     for (const TensorExtent& e : m->unit(u).tensors) EXPECT_EQ(e.tensor->data, nullptr);
     env.fail_reads_after = -1;
-    st = m->LoadUnit(u);
+    st = ModelTestPeer::LoadUnit(*m, u);
     ASSERT_TRUE(st.ok()) << st.ToString();
     EXPECT_EQ(UnitHashes(*m, u), before) << "bytes reloaded after an I/O error differ";
   }
@@ -352,9 +358,9 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
     ASSERT_TRUE(Env::Default()->Open(path_, OpenMode::kRead, false, &file).ok());
     ASSERT_TRUE(Env::Default()->CachedBytes(file.get(), r0.file_off, r0.len, &cached).ok());
     EXPECT_EQ(cached, r0.len) << "a resident unit's pages should be the file's cached pages";
-    for (int u = 0; u < m->n_units(); ++u) m->DropUnit(u);
+    for (int u = 0; u < m->n_units(); ++u) ModelTestPeer::DropUnit(*m, u);
     EXPECT_EQ(m->DroppedBytesCached(), 0u) << "dropped weights still held in the page cache";
-    for (int u = 0; u < m->n_units(); ++u) ASSERT_TRUE(m->LoadUnit(u).ok());
+    for (int u = 0; u < m->n_units(); ++u) ASSERT_TRUE(ModelTestPeer::LoadUnit(*m, u).ok());
   }
 
   // mtime changed (content identical): refused, the unit stays dropped and consistent.
@@ -364,13 +370,13 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
   timespec later[2] = {sb.st_atim, sb.st_mtim};
   later[1].tv_sec += 10;
   ASSERT_EQ(utimensat(AT_FDCWD, path_.c_str(), later, 0), 0);
-  m->DropUnit(0);
-  st = m->LoadUnit(0);
+  ModelTestPeer::DropUnit(*m, 0);
+  st = ModelTestPeer::LoadUnit(*m, 0);
   EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
   EXPECT_FALSE(m->unit(0).resident());
   // The original mtime back: the same identity, so the unit loads again.
   ASSERT_EQ(utimensat(AT_FDCWD, path_.c_str(), orig, 0), 0);
-  st = m->LoadUnit(0);
+  st = ModelTestPeer::LoadUnit(*m, 0);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(UnitHashes(*m, 0).size(), m->unit(0).tensors.size());
 
@@ -386,8 +392,8 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
     }
     ASSERT_EQ(utimensat(AT_FDCWD, copy.c_str(), orig, 0), 0);
     ASSERT_EQ(std::rename(copy.c_str(), path_.c_str()), 0);
-    m->DropUnit(0);
-    st = m->LoadUnit(0);
+    ModelTestPeer::DropUnit(*m, 0);
+    st = ModelTestPeer::LoadUnit(*m, 0);
     EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
     EXPECT_NE(st.message().find("replaced"), std::string::npos) << st.ToString();
     EXPECT_FALSE(m->unit(0).resident());
@@ -399,8 +405,8 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
     f.put('x');
   }
   ASSERT_EQ(utimensat(AT_FDCWD, path_.c_str(), orig, 0), 0);
-  m->DropUnit(m->base_unit());
-  st = m->LoadUnit(m->base_unit());
+  ModelTestPeer::DropUnit(*m, m->base_unit());
+  st = ModelTestPeer::LoadUnit(*m, m->base_unit());
   EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
   EXPECT_NE(st.message().find(path_), std::string::npos) << "the message should name the file: " << st.ToString();
   EXPECT_FALSE(m->unit(m->base_unit()).resident());

@@ -23,6 +23,10 @@
 #include "test_util.h"
 
 namespace mz {
+// The pipeline and the unit table's loads driven directly, below the context's operations.
+struct ContextTestPeer {
+  static UnitTable& units(Context& c) { return *c.units_; }
+};
 namespace {
 
 constexpr int kPrompt = 160;
@@ -112,13 +116,13 @@ TEST_P(RestoreGenerate, MatchesNeverEvicted) {
   const MemoryReport after = s.ctx->Report();
   EXPECT_EQ(after.weights_dropped, 0u);
   EXPECT_EQ(after.n_kv_chunks[int(UnitState::kKvStorageRaw)] + after.n_kv_chunks[int(UnitState::kKvStorageCompressed)], 0);
-  if (c.codec != "q8") EXPECT_TRUE(s.ctx->elastic().AllResident());
+  if (c.codec != "q8") EXPECT_TRUE(s.ctx->units().AllResident());
   for (int l = 0; l < int(s.model->hparams().n_layer); ++l)
-    for (int ch = 0; s.ctx->elastic().has_chunk(l, ch); ++ch)
-      if (s.ctx->elastic().state(UnitRef::Kv(l, ch)) != UnitState::kResident)
-        EXPECT_TRUE(s.ctx->elastic().readable_compressed(l, ch)) << UnitName(UnitRef::Kv(l, ch));
+    for (int ch = 0; s.ctx->units().has_chunk(l, ch); ++ch)
+      if (s.ctx->units().state(UnitRef::Kv(l, ch)) != UnitState::kResident)
+        EXPECT_TRUE(s.ctx->units().readable_compressed(l, ch)) << UnitName(UnitRef::Kv(l, ch));
   const auto got = Logits(*s.ctx);
-  const bool lossless = s.ctx->elastic().codec().lossless();
+  const bool lossless = s.ctx->units().codec().lossless();
   if (lossless) {
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "logits differ";
   } else {
@@ -196,7 +200,7 @@ TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem)
     ASSERT_TRUE(on.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_on, &st_on).ok());
     ASSERT_TRUE(off.ctx->RestoreGenerate(toks.data() + kPrompt, 4, po_off, &st_off).ok());
     EXPECT_EQ(0, std::memcmp(Logits(*on.ctx).data(), Logits(*off.ctx).data(), Logits(*off.ctx).size() * 4));
-    EXPECT_TRUE(off.ctx->elastic().AllResident());
+    EXPECT_TRUE(off.ctx->units().AllResident());
     EXPECT_EQ(st_off.pipeline.bytes_read_compressed, 0u);
     const MemoryReport r_on = on.ctx->Report();
     EXPECT_EQ(r_on.n_kv_chunks[int(UnitState::kKvMemCompressed)], in_mem_compressed);
@@ -210,7 +214,7 @@ TEST(RestoreGenerateCompressed, ReadsQ8ChunksInPlaceBitIdenticalToRestoringThem)
     EXPECT_EQ(on.ctx->Report().n_kv_chunks[int(UnitState::kKvMemCompressed)], in_mem_compressed);
     // Restored, they give the same logits again (one more token on both).
     ASSERT_TRUE(on.ctx->Restore().ok());
-    EXPECT_TRUE(on.ctx->elastic().AllResident());
+    EXPECT_TRUE(on.ctx->units().AllResident());
     on.ctx->Truncate(kPrompt + 4);
     off.ctx->Truncate(kPrompt + 4);
     ASSERT_TRUE(on.ctx->Decode(toks.data() + kPrompt + 4, 4, false).ok());
@@ -303,7 +307,7 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     EXPECT_EQ(m.n_kv_chunks[int(UnitState::kKvMemCompressed)], 3 * n_chunks - 1);
     int lost_chunk = -1;
     for (int c = 0; c < n_chunks; ++c)
-      if (f.ctx->elastic().lost(1, c)) lost_chunk = c;
+      if (f.ctx->units().lost(1, c)) lost_chunk = c;
     ASSERT_GE(lost_chunk, 0) << "the first run read was layer 1's";
     // Layer 1's other chunks go back to storage; loading the layer's chunks again as one run
     // that includes the lost chunk fails that one alone and loads every other.
@@ -317,12 +321,12 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     for (int c = 0; c < n_chunks; ++c) {
       uint64_t off = 0, len = 0;
       if (c != lost_chunk) {
-        ASSERT_TRUE(f.ctx->elastic().StoredExtent(1, c, &off, &len));
+        ASSERT_TRUE(f.ctx->units().StoredExtent(1, c, &off, &len));
         by_off.push_back({off, c});
       }
     }
     uint64_t off = 0, len = 0;
-    EXPECT_FALSE(f.ctx->elastic().StoredExtent(1, lost_chunk, &off, &len)) << "a lost chunk is never coalesced";
+    EXPECT_FALSE(f.ctx->units().StoredExtent(1, lost_chunk, &off, &len)) << "a lost chunk is never coalesced";
     std::sort(by_off.begin(), by_off.end());
     std::vector<int> chunks;
     for (const auto& x : by_off) chunks.push_back(x.second);
@@ -331,12 +335,12 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     std::vector<UnitTable::LoadSlot*> rooms;
     for (int c = 0; c < n_chunks; ++c) rooms.push_back(&room[size_t(c)]);
     const int64_t reads0 = env.n_reads.load();
-    s = f.ctx->elastic().LoadCompressedRun(1, chunks.data(), rooms.data(), n_chunks);
+    s = ContextTestPeer::units(*f.ctx).LoadCompressedRun(1, chunks.data(), rooms.data(), n_chunks);
     EXPECT_EQ(s.code(), Status::kCorruption) << s.ToString();
     // Skipped, the lost chunk does not split the others, whose extents are back to back.
     EXPECT_EQ(env.n_reads.load() - reads0, 1) << "one read for the chunks on both sides of the lost one";
     for (int c = 0; c < n_chunks; ++c)
-      EXPECT_EQ(f.ctx->elastic().state(UnitRef::Kv(1, c)),
+      EXPECT_EQ(f.ctx->units().state(UnitRef::Kv(1, c)),
                 c == lost_chunk ? UnitState::kKvStorageCompressed : UnitState::kKvMemCompressed)
           << "chunk " << c;
     EXPECT_EQ(f.ctx->Report().n_kv_lost, 1);
@@ -344,7 +348,7 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     ASSERT_TRUE(f.ctx->Evict(back, 0, nullptr).ok());
     std::vector<std::pair<uint64_t, int>> rev;
     for (int c = 0; c < n_chunks; ++c)
-      if (c != lost_chunk && f.ctx->elastic().StoredExtent(1, c, &off, &len)) rev.push_back({off, c});
+      if (c != lost_chunk && f.ctx->units().StoredExtent(1, c, &off, &len)) rev.push_back({off, c});
     ASSERT_EQ(int(rev.size()), n_chunks - 1);
     std::sort(rev.rbegin(), rev.rend());
     std::vector<int> rchunks;
@@ -353,10 +357,10 @@ TEST(RestoreGenerateCompressed, CoalescedLoadsMatchOneReadPerChunkAndFailCleanly
     std::vector<UnitTable::LoadSlot*> rrooms;
     for (auto& r : rroom) rrooms.push_back(&r);
     const int64_t reads1 = env.n_reads.load();
-    s = f.ctx->elastic().LoadCompressedRun(1, rchunks.data(), rrooms.data(), int(rchunks.size()));
+    s = ContextTestPeer::units(*f.ctx).LoadCompressedRun(1, rchunks.data(), rrooms.data(), int(rchunks.size()));
     EXPECT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(env.n_reads.load() - reads1, int64_t(rchunks.size()));
-    for (int c : rchunks) EXPECT_EQ(f.ctx->elastic().state(UnitRef::Kv(1, c)), UnitState::kKvMemCompressed) << c;
+    for (int c : rchunks) EXPECT_EQ(f.ctx->units().state(UnitRef::Kv(1, c)), UnitState::kKvMemCompressed) << c;
   }
 }
 
@@ -421,7 +425,7 @@ TEST(RestoreGenerateSync, ComputeWaitsForALayerStillBeingRestored) {
   ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
   MemoryReport r = s.ctx->Report();
   ASSERT_TRUE(s.ctx->EvictBytes(r.in_memory() / 2, nullptr).ok());  // layers 2, 3 evicted (rear half)
-  ASSERT_NE(s.ctx->elastic().state(UnitRef::Weights(3)), UnitState::kResident);
+  ASSERT_NE(s.ctx->units().state(UnitRef::Weights(3)), UnitState::kResident);
 
   std::mutex mu;
   std::condition_variable cv;
@@ -469,11 +473,11 @@ TEST(RestoreGenerateSync, PageCacheReadsCountAsCpuWork) {
     SCOPED_TRACE(mapped ? "mapped" : "direct I/O");
     Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, mapped ? "cpuw-map" : "cpuw-dio");
     ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
-    s.ctx->elastic().set_map_swap(mapped);
+    s.ctx->set_map_swap(mapped);
     Plan p;
     for (int c = kPrompt / 16 - 1; c >= 0; --c) p.push_back({UnitRef::Kv(3, c), UnitState::kKvStorageRaw});
     ASSERT_TRUE(s.ctx->Evict(p, 0, nullptr).ok());
-    ASSERT_EQ(s.ctx->elastic().RestoresByMapping(UnitRef::Kv(3, 0)), mapped);
+    ASSERT_EQ(s.ctx->units().RestoresByMapping(UnitRef::Kv(3, 0)), mapped);
     std::mutex mu;
     std::condition_variable cv;
     bool release = false;
@@ -483,7 +487,7 @@ TEST(RestoreGenerateSync, PageCacheReadsCountAsCpuWork) {
     });
     PipelineOptions po;
     po.compute_helps = false;
-    RestorePipeline pipe(&s.ctx->elastic(), int(s.model->hparams().n_layer), po);
+    RestorePipeline pipe(&ContextTestPeer::units(*s.ctx), int(s.model->hparams().n_layer), po);
     ASSERT_TRUE(pipe.Start().ok());
     bool cpu_done = false;
     if (mapped) {
@@ -501,7 +505,7 @@ TEST(RestoreGenerateSync, PageCacheReadsCountAsCpuWork) {
     ASSERT_TRUE(pipe.Finish().ok());
     SyncPoints::ClearAll();
     EXPECT_TRUE(pipe.cpu_work_done());
-    EXPECT_TRUE(s.ctx->elastic().AllResident());
+    EXPECT_TRUE(s.ctx->units().AllResident());
     EXPECT_EQ(s.ctx->Report().kv_resident_mapped > 0, mapped);
   }
 }
@@ -609,7 +613,7 @@ TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
     Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr", &env);
     ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
     ASSERT_TRUE(s.ctx->EvictBytes(s.ctx->Report().in_memory() * 3 / 4, nullptr).ok());
-    ASSERT_FALSE(s.ctx->elastic().AllResident());
+    ASSERT_FALSE(s.ctx->units().AllResident());
     const int before = env.threads_started.load();  // the model's load started its own
     env.fail_threads_after = c.starts;
     PipelineOptions po;
@@ -620,13 +624,13 @@ TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
     Status status = s.ctx->RestoreGenerate(toks.data() + kPrompt, 8, po, &st);
     env.fail_threads_after = -1;
     ASSERT_TRUE(status.ok()) << status.ToString();
-    EXPECT_TRUE(s.ctx->elastic().AllResident());
+    EXPECT_TRUE(s.ctx->units().AllResident());
     EXPECT_GT(st.pipeline.threads_refused, 0);
     EXPECT_EQ(st.pipeline.threads_refused, env.threads_refused.load());
     EXPECT_LE(env.threads_started.load() - before, c.starts);
     EXPECT_EQ(0, std::memcmp(Logits(*s.ctx).data(), want.data(), want.size() * 4)) << "logits differ";
   }
-  // mz_restore (UnitTable::RestoreAll on several threads) with none of its helpers started.
+  // mz_restore (the restore executor's kAll mode on several threads) with none of its helpers started.
   FaultEnv env(Env::Default());
   Rig s = MakeCtx(path, "none", EvictOrder::kBackwardOut, false, "thr-all", &env);
   ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
@@ -636,7 +640,7 @@ TEST(RestoreGenerateSync, RefusedThreadsRestoreOnFewerThreads) {
   Status st = s.ctx->Restore();
   env.fail_threads_after = -1;
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_TRUE(s.ctx->elastic().AllResident());
+  EXPECT_TRUE(s.ctx->units().AllResident());
   EXPECT_EQ(env.threads_started.load(), before);
   EXPECT_GT(env.threads_refused.load(), 0) << "mz_restore's helpers were never asked for";
   ASSERT_TRUE(s.ctx->Decode(toks.data() + kPrompt, 8, false).ok());
@@ -669,7 +673,7 @@ TEST(PolicyInputFromContext, UnitTimesFollowTheRestorePaths) {
 
   // Mapped KV: from the options before any swap file exists, from the file afterwards (a file
   // system refusing direct I/O, such as tmpfs, turns it off).
-  EXPECT_TRUE(s.ctx->elastic().KvStorageMapped());
+  EXPECT_TRUE(s.ctx->units().KvStorageMapped());
   EXPECT_NEAR(s.ctx->MakePolicyInput(1).t.t_r_kv, chunk_mib * 1048576.0 / p.mapped_read_Bps, 1e-12);
   const auto toks = Prompt(path);
   ASSERT_TRUE(s.ctx->Decode(toks.data(), kPrompt, false).ok());
@@ -678,7 +682,7 @@ TEST(PolicyInputFromContext, UnitTimesFollowTheRestorePaths) {
   struct statfs fs;
   ASSERT_EQ(statfs(test::TempDir().c_str(), &fs), 0);
   const bool tmpfs = fs.f_type == 0x01021994;  // TMPFS_MAGIC: no O_DIRECT, so no mapping
-  EXPECT_EQ(s.ctx->elastic().KvStorageMapped(), !tmpfs);
+  EXPECT_EQ(s.ctx->units().KvStorageMapped(), !tmpfs);
 }
 
 }  // namespace

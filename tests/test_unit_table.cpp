@@ -121,11 +121,11 @@ TEST_P(ElasticStates, EvictRestoreMatchesNeverEvicted) {
   EXPECT_LT(r.remaining(), 1.0);
   st = f.ctx->Restore();
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_TRUE(f.ctx->elastic().AllResident());
+  EXPECT_TRUE(f.ctx->units().AllResident());
   const auto got = NextLogits(*f.ctx, next);
   ASSERT_EQ(got.size(), want.size());
 
-  const bool lossless = kv_state == UnitState::kKvStorageRaw || f.ctx->elastic().codec().lossless();
+  const bool lossless = kv_state == UnitState::kKvStorageRaw || f.ctx->units().codec().lossless();
   // Continue both contexts over a generated stretch (32 greedy tokens of the reference, fed to both)
   // and compare every step's next-token distribution.
   double kl_sum = 0, kl_max = KL(want, got);
@@ -192,7 +192,7 @@ TEST(Elastic, RestoreAheadYieldsToAForegroundCall) {
   std::atomic<int> units{0};
   std::atomic<bool> fg_waiting{false};
   SyncPoints::SetCallback("context:foreground_waiting", [&](int) { fg_waiting = true; });
-  SyncPoints::SetCallback("elastic:restore_unit", [&](int i) {
+  SyncPoints::SetCallback("restore:unit", [&](int i) {
     units.fetch_add(1);
     if (i >= 2)
       while (!fg_waiting.load()) std::this_thread::yield();
@@ -217,7 +217,7 @@ TEST(Elastic, RestoreAheadYieldsToAForegroundCall) {
   ASSERT_TRUE(ahead.ok()) << ahead.ToString();
   EXPECT_GT(got_bytes, 0u);  // (units counts the query's own restoration too: the bytes tell)
   EXPECT_LT(got_bytes, freed) << "restore-ahead did not yield: it restored everything";
-  EXPECT_TRUE(f.ctx->elastic().AllResident());
+  EXPECT_TRUE(f.ctx->units().AllResident());
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
 }
@@ -231,7 +231,7 @@ TEST(Elastic, RestoreAheadDoesNotYieldToAReport) {
   ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 0, false), 0, &freed).ok());
   std::atomic<bool> reporting{false};
   std::atomic<int> units{0};
-  SyncPoints::SetCallback("elastic:restore_unit", [&](int i) {
+  SyncPoints::SetCallback("restore:unit", [&](int i) {
     units.fetch_add(1);
     if (i == 2)  // the report below is issued while the slice holds the context
       while (!reporting.load()) std::this_thread::yield();
@@ -246,7 +246,7 @@ TEST(Elastic, RestoreAheadDoesNotYieldToAReport) {
   SyncPoints::ClearAll();
   ASSERT_TRUE(ahead.ok()) << ahead.ToString();
   EXPECT_EQ(got_bytes, freed);
-  EXPECT_TRUE(f.ctx->elastic().AllResident());
+  EXPECT_TRUE(f.ctx->units().AllResident());
   EXPECT_DOUBLE_EQ(mid.remaining(), 1.0);
 }
 
@@ -286,7 +286,7 @@ TEST(Elastic, RandomSequencesKeepInvariants) {
       } else {
         UnitRef u = UnitRef::Kv(int(rng() % L), int(rng() % C));
         UnitState to = kv_states[rng() % 4];
-        const UnitState from = f.ctx->elastic().state(u);
+        const UnitState from = f.ctx->units().state(u);
         // Only resident -> any, compressed-in-memory -> compressed-on-storage and any -> resident
         // are transitions; an invalid one must be refused without changing anything.
         const bool valid = from == UnitState::kResident || to == UnitState::kResident || from == to ||
@@ -294,7 +294,7 @@ TEST(Elastic, RandomSequencesKeepInvariants) {
         Status st = f.ctx->Evict({{u, to}}, 0, nullptr);
         if (!valid) {
           ASSERT_EQ(st.code(), Status::kInvalidArgument) << UnitName(u);
-          ASSERT_EQ(f.ctx->elastic().state(u), from);
+          ASSERT_EQ(f.ctx->units().state(u), from);
           continue;
         }
         ASSERT_TRUE(st.ok()) << "cycle " << cycle << ": " << st.ToString();
@@ -323,6 +323,80 @@ TEST(Elastic, RandomSequencesKeepInvariants) {
   EXPECT_LT(KL(want, got), 5e-3);
 }
 
+// What the unit table says of each chunk and what the KvCache shows compute always agree: resident
+// <=> the chunk has memory; held compressed in memory by a codec read in place (and not lost) <=>
+// a compressed view; any other state: neither. (The table is the only code that changes either.)
+void ExpectTableAndKvAgree(const Context& c, const std::string& when) {
+  const UnitTable& t = c.units();
+  const KvCache& kv = c.kv();
+  for (int l = 0; l < kv.geometry().n_layer; ++l)
+    for (int ch = 0; ch < kv.n_chunks(); ++ch) {
+      const UnitState st = t.state(UnitRef::Kv(l, ch));
+      ASSERT_EQ(kv.chunk_resident(l, ch), st == UnitState::kResident) << when << " " << UnitName(UnitRef::Kv(l, ch));
+      const bool view = st == UnitState::kKvMemCompressed && t.codec_readable_in_place() && !t.lost(l, ch);
+      ASSERT_EQ(kv.chunk_compressed_view(l, ch), view) << when << " " << UnitName(UnitRef::Kv(l, ch));
+      ASSERT_EQ(t.readable_compressed(l, ch), view) << when;
+    }
+  for (int u = -1; u < kv.geometry().n_layer; ++u) {
+    const int wu = u < 0 ? c.model()->base_unit() : u;
+    ASSERT_EQ(c.model()->unit(wu).resident(), t.state(UnitRef::Weights(u)) == UnitState::kResident) << when;
+  }
+}
+
+TEST(UnitTableAgreement, TableAndKvViewAgreeAcrossEvictRestoreDecodeTruncate) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = PromptTokens(path, 400);
+  for (const char* codec : {"q8", "q4"}) {
+    SCOPED_TRACE(codec);
+    Fixture f = Make(Env::Default(), path, codec, std::vector<int32_t>(toks.begin(), toks.begin() + kPrompt),
+                     std::string("agree-") + codec);
+    std::mt19937 rng(20261202);
+    const int L = 4;
+    const UnitState kv_states[] = {UnitState::kKvMemCompressed, UnitState::kKvStorageRaw,
+                                   UnitState::kKvStorageCompressed};
+    ExpectTableAndKvAgree(*f.ctx, "start");
+    for (int cycle = 0; cycle < 120; ++cycle) {
+      const std::string when = "cycle " + std::to_string(cycle);
+      const int C = f.ctx->kv().n_chunks();
+      switch (rng() % 6) {
+        case 0:
+        case 1: {  // a random plan (invalid placements refused, the table unchanged)
+          Plan p;
+          for (int i = 0, n = 1 + int(rng() % 10); i < n; ++i) {
+            if (rng() % 5 == 0) p.push_back({UnitRef::Weights(int(rng() % (L + 1)) - 1), UnitState::kWeightsDropped});
+            else p.push_back({UnitRef::Kv(int(rng() % L), int(rng() % C)), kv_states[rng() % 3]});
+          }
+          const Status st = f.ctx->Evict(p, 0, nullptr);
+          ASSERT_TRUE(st.ok() || st.code() == Status::kInvalidArgument) << when << ": " << st.ToString();
+          break;
+        }
+        case 2: {  // decode one token: restores what compute needs, q8 chunks stay compressed
+          const int32_t t = toks[f.ctx->history().size() % toks.size()];
+          const Status st = f.ctx->Decode(&t, 1, false);
+          ASSERT_TRUE(st.ok()) << when << ": " << st.ToString();
+          break;
+        }
+        case 3: {  // restore-ahead of a slice
+          uint64_t got = 0;
+          const Status st = f.ctx->TryRestoreUpTo(uint64_t(rng() % 8) * f.ctx->kv().geometry().chunk_bytes(), &got);
+          ASSERT_TRUE(st.ok()) << when << ": " << st.ToString();
+          break;
+        }
+        case 4: {  // truncate inside or at the end of a chunk
+          const int n = int(f.ctx->history().size());
+          f.ctx->Truncate(std::max(1, n - int(rng() % 80)));
+          break;
+        }
+        default: ASSERT_TRUE(f.ctx->Restore().ok()) << when; break;
+      }
+      ExpectTableAndKvAgree(*f.ctx, when);
+    }
+    ASSERT_TRUE(f.ctx->Restore().ok());
+    ExpectTableAndKvAgree(*f.ctx, "end");
+    EXPECT_TRUE(f.ctx->units().AllResident());
+  }
+}
+
 // Full KV chunks restored from the storage swap are mappings of their extents: bit-identical,
 // evicting them again writes nothing and leaves none of their pages cached, a truncation inside one
 // makes its next eviction write it anew, and a flipped bit or a read error is caught as for a read.
@@ -341,7 +415,7 @@ TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
   ASSERT_EQ(r.kv_resident_mapped, uint64_t(2 * full) * cb) << "every full chunk of layers 2-3 maps its extent";
   EXPECT_EQ(r.swap_file_used, r.kv_resident_mapped) << "a mapped chunk keeps its extent, the partial one does not";
   uint64_t cached = 1;
-  ASSERT_TRUE(f.ctx->elastic().SwapBytesCached(&cached).ok());
+  ASSERT_TRUE(f.ctx->units().SwapBytesCached(&cached).ok());
   EXPECT_EQ(cached, 0u);
 
   // Clean: evicting to storage again writes nothing, frees the RAM and drops the pages.
@@ -356,7 +430,7 @@ TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
   r = f.ctx->Report();
   EXPECT_EQ(r.kv_resident_mapped, 0u);
   EXPECT_EQ(r.n_kv_chunks[int(UnitState::kKvStorageRaw)], 2 * full);
-  ASSERT_TRUE(f.ctx->elastic().SwapBytesCached(&cached).ok());
+  ASSERT_TRUE(f.ctx->units().SwapBytesCached(&cached).ok());
   EXPECT_EQ(cached, 0u) << "evicted chunks' pages must leave the page cache";
   EXPECT_EQ(NextLogits(*f.ctx, 3), NextLogits(*ref.ctx, 3)) << "restored by mapping, bit for bit";
 
@@ -378,12 +452,12 @@ TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
   // Faults on the mapped read: EIO leaves the chunk on storage; a flipped bit loses it.
   Plan layer3 = {{UnitRef::Kv(3, 2), UnitState::kKvStorageRaw}, {UnitRef::Kv(3, 1), UnitState::kKvStorageRaw}};
   ASSERT_TRUE(f.ctx->Evict(layer3, 0, nullptr).ok());
-  ASSERT_TRUE(f.ctx->elastic().RestoresByMapping(UnitRef::Kv(3, 1)));
-  ASSERT_TRUE(f.ctx->elastic().RestoresByMapping(UnitRef::Kv(3, 2)));
+  ASSERT_TRUE(f.ctx->units().RestoresByMapping(UnitRef::Kv(3, 1)));
+  ASSERT_TRUE(f.ctx->units().RestoresByMapping(UnitRef::Kv(3, 2)));
   env.fail_reads_after = 0;
   Status st = f.ctx->Restore();
   EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
-  EXPECT_FALSE(f.ctx->elastic().AllResident());
+  EXPECT_FALSE(f.ctx->units().AllResident());
   env.flip_bit_read_after = 0;
   st = f.ctx->Restore();
   EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
@@ -397,7 +471,7 @@ TEST(ElasticMappedSwap, OffReadsIntoAnonymousMemory) {
   const auto toks = PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "q8", toks, "nomap-ref");
   Fixture f = Make(Env::Default(), path, "q8", toks, "nomap");
-  f.ctx->elastic().set_map_swap(false);
+  f.ctx->set_map_swap(false);
   ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
   ASSERT_TRUE(f.ctx->Restore().ok());
   const MemoryReport r = f.ctx->Report();
@@ -442,7 +516,7 @@ TEST(ElasticFaults, ReadErrorsFailRestoreThenRecover) {
   env.fail_reads_after = 0;
   Status st = f.ctx->Restore();
   EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
-  EXPECT_FALSE(f.ctx->elastic().AllResident());
+  EXPECT_FALSE(f.ctx->units().AllResident());
   env.short_reads_after = 0;
   st = f.ctx->Restore();
   EXPECT_FALSE(st.ok()) << "a short read must not pass as a restore";
@@ -536,7 +610,7 @@ TEST(ElasticFaults, ChangedModelFileIsRefused) {
   ASSERT_EQ(0, utimensat(AT_FDCWD, path.c_str(), ts, 0));
   Status st = f.ctx->Restore();
   EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
-  EXPECT_FALSE(f.ctx->elastic().AllResident());
+  EXPECT_FALSE(f.ctx->units().AllResident());
   // restore_generate refuses too, with chunks compressed on storage that it would load into the
   // in-memory swap: nothing is reserved or moved (the in-memory swap holds what it held).
   Plan to_storage;
@@ -580,15 +654,11 @@ TEST(ElasticRss, ReportAgreesWithTheKernel) {
   co.kv_chunk_tokens = 256;
   Context ctx(model.get(), co);
   ASSERT_TRUE(ctx.Init().ok());
-  ASSERT_TRUE(ctx.kv().Reserve(co.n_ctx).ok());
   std::mt19937 rng(7);
   const KvGeometry& g = ctx.kv().geometry();
-  for (int l = 0; l < g.n_layer; ++l)
-    for (int c = 0; c < ctx.kv().n_chunks(); ++c) {
-      uint16_t* p = ctx.kv().chunk(l, c);
-      for (uint64_t i = 0; i < 2 * g.block_elems(); ++i) p[i] = uint16_t(0x3000 + (rng() & 0x0fff));  // |x| < 2
-    }
-  ctx.kv().SetTokens(co.n_ctx);
+  ASSERT_TRUE(ctx.ImportKv(co.n_ctx, [&](int, int, uint16_t* p) {
+                   for (uint64_t i = 0; i < 2 * g.block_elems(); ++i) p[i] = uint16_t(0x3000 + (rng() & 0x0fff));  // |x| < 2
+                 }).ok());
   const uint64_t mem1 = ctx.Report().in_memory(), rss1 = RssBytes();
   std::printf("resident per report: %.1f MiB (weights %.1f, KV %.1f)\n", mem1 / 1048576.0,
               ctx.Report().weights_resident / 1048576.0, ctx.Report().kv_resident / 1048576.0);

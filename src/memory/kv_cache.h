@@ -49,22 +49,16 @@ class KvCache {
   // Drops tokens >= tokens and frees chunks no longer needed.
   void Truncate(int tokens);
 
-  uint16_t* chunk(int layer, int c) const { return chunks_[layer][c]; }
+  // A resident chunk's memory (nullptr while evicted). Through a const KvCache (what Context
+  // hands out) it is read-only; the forward pass writes rows of resident chunks through its own
+  // non-const pointer.
+  const uint16_t* chunk(int layer, int c) const { return chunks_[layer][c]; }
+  uint16_t* chunk(int layer, int c) { return chunks_[layer][c]; }
   uint16_t* k_block(int layer, int c) const { return chunks_[layer][c]; }
   uint16_t* v_block(int layer, int c) const { return chunks_[layer][c] + g_.block_elems(); }
-  // Installs / removes a chunk's memory (used by eviction). Set takes ownership of an Env mapping
-  // of chunk_bytes(); Release returns the pointer (caller frees or keeps it).
-  void SetChunk(int layer, int c, uint16_t* p) { chunks_[layer][c] = p; RefreshView(layer, c); }
-  uint16_t* ReleaseChunk(int layer, int c);
   bool chunk_resident(int layer, int c) const { return chunks_[layer][c] != nullptr; }
-  // Compressed view of an evicted chunk (UnitTable keeps q8 chunks of its in-memory swap here):
-  // the attention kernel then reads the chunk in its compressed form (KvLayerView::q8_chunks).
-  // payload: the q8 codec payload (past the header), owned by the caller and valid until cleared;
-  // rows: encoded token rows. SetCompressedView(l, c, nullptr, 0) clears it; SetChunk clears it too.
-  void SetCompressedView(int layer, int c, const uint8_t* payload, int rows) {
-    qptr_[layer][c] = payload;
-    qrows_[layer][c] = payload ? rows : 0;
-  }
+  // The chunk is evicted but held compressed in memory in a form the attention kernel reads in
+  // place (KvLayerView::q8_chunks). Set and cleared by the UnitTable only.
   bool chunk_compressed_view(int layer, int c) const { return qptr_[layer][c] != nullptr; }
   // Compute can read chunk c of layer (resident, or a compressed view).
   bool chunk_readable(int layer, int c) const { return chunk_resident(layer, c) || chunk_compressed_view(layer, c); }
@@ -75,6 +69,20 @@ class KvCache {
   Env* env() const { return env_; }
 
  private:
+  // A chunk's residency and its compressed view are unit state: only the UnitTable (the sole
+  // mutator of unit state, memory/unit_table.h) changes them, under the Context's lock.
+  friend class UnitTable;
+  // Installs / removes a chunk's memory. Set takes ownership of an Env mapping of chunk_bytes()
+  // (and clears a compressed view); Release returns the pointer (caller frees or keeps it).
+  void SetChunk(int layer, int c, uint16_t* p) { chunks_[layer][c] = p; RefreshView(layer, c); }
+  uint16_t* ReleaseChunk(int layer, int c);
+  // Compressed view of an evicted chunk (the q8 chunks of the UnitTable's in-memory swap): payload
+  // is the q8 codec payload (past the header), owned by the caller and valid until cleared; rows:
+  // encoded token rows. SetCompressedView(l, c, nullptr, 0) clears it; SetChunk clears it too.
+  void SetCompressedView(int layer, int c, const uint8_t* payload, int rows) {
+    qptr_[layer][c] = payload;
+    qrows_[layer][c] = payload ? rows : 0;
+  }
   void RefreshView(int layer, int c);
   Env* env_;
   KvGeometry g_;

@@ -21,8 +21,15 @@
 // A KV chunk whose stored copy fails its checksum is marked lost: the context reports kCorruption
 // for it until truncated before it (never silently wrong).
 //
-// Thread-safety: Apply / RestoreAll / Report must be externally serialized with compute (the
-// Context does this); RestoreAll itself fans out over worker threads.
+// The sole mutator: KvCache's chunk pointers and compressed views and Model's weight units are
+// changed by this class alone (their setters are private, this class their friend). Restoring
+// many units at once (which, in what order, on which threads) is the restore executor's
+// (src/restore/executor.h, restore_pipeline.h): it calls the per-unit transitions below
+// (RestoreInto, LoadCompressedRun), each of which commits one unit.
+//
+// Thread-safety: Apply / Report and every state change must be externally serialized with compute
+// (the Context does this); the per-unit transitions of distinct units may run concurrently (the
+// executor's workers).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -65,7 +72,7 @@ struct MemoryReport {
   double remaining(bool exclude_base = false) const;
 };
 
-struct ElasticOptions {
+struct UnitTableOptions {
   std::string codec = "q8";
   std::string swap_path;      // file for the storage swap (created on first use)
   bool direct_io = true;
@@ -79,7 +86,7 @@ struct ElasticOptions {
 
 class UnitTable {
  public:
-  UnitTable(Model* model, KvCache* kv, const ElasticOptions& opts);
+  UnitTable(Model* model, KvCache* kv, const UnitTableOptions& opts);
   ~UnitTable();
 
   // Validates options (codec name). Call once before use.
@@ -89,33 +96,11 @@ class UnitTable {
   // all). *freed receives the RAM released (in_memory() before - after). On error, placements
   // already applied stay applied.
   Status Apply(const Plan& plan, uint64_t bytes, uint64_t* freed);
+  // One placement (Apply's step): an eviction, or a restore of one unit (target kResident).
   Status Move(const Placement& p);
-  Status Restore(const UnitRef& u);
-  // Restores every evicted unit, forward order (base, then layer 0: weights, KV chunks, layer 1...),
-  // over opts.restore_threads workers. Verifies the model file's identity first if any weight unit
-  // is dropped. Returns the first error; other units are still restored.
-  Status RestoreAll();
-  // Restores the longest forward-order prefix of the evicted units (same order as RestoreAll)
-  // whose restored RAM fits in max_bytes (at least nothing; a unit larger than the budget stops
-  // the prefix). *restored (optional) receives the RAM the restored units now occupy. Same error
-  // contract as RestoreAll; units before a failed one stay restored.
-  // stop (optional) is polled before each unit, from the worker threads: once it returns true no
-  // further unit starts, units in flight finish, and *stopped (optional) is set. Every unit is
-  // either fully restored or untouched in its evicted state: stopping never tears one.
-  Status RestoreUpTo(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop = nullptr,
-                     bool* stopped = nullptr);
-  // What compute needs before a forward pass that writes chunks >= first_write_chunk: every
-  // evicted unit is restored (as RestoreAll) except KV chunks below first_write_chunk that compute
-  // can read compressed (readable_compressed). Those compressed on storage are first loaded into
-  // the in-memory swap as they are, as restore_generate does: per layer, extents that lie back to
-  // back in the swap file are read with one request of up to kLoadRunBytes (LoadCompressedRun),
-  // layers over opts.restore_threads workers. Same error contract as RestoreAll; a load that fails
-  // leaves its chunk on storage (a checksum mismatch: lost) and the others of its run loaded.
-  Status RestoreForCompute(int first_write_chunk);
-  static constexpr uint64_t kLoadRunBytes = uint64_t(4) << 20;  // as PipelineOptions::coalesce_bytes
   // KV chunk (layer, chunk) is held compressed in memory in a form the attention kernel reads in
   // place (the q8 codec): compute does not need it restored. Such chunks stay in state
-  // kKvMemCompressed until restored (RestoreAll, RestoreUpTo, Restore).
+  // kKvMemCompressed until restored (restore/executor.h: kAll, kUpTo; a kResident placement).
   bool readable_compressed(int layer, int chunk) const {
     return has_chunk(layer, chunk) && !kv_->chunk_resident(layer, chunk) && kv_->chunk_compressed_view(layer, chunk) &&
            !lost(layer, chunk);
@@ -170,7 +155,7 @@ class UnitTable {
   // Chunks of one layer (compressed on storage) in swap-file order, cut into runs whose extents
   // lie back to back, each of at most max_bytes (a chunk alone may exceed it): what one
   // LoadCompressedRun reads with one request. A chunk with no extent (lost) is a run of its own.
-  // The restore pipeline (coalesce_bytes) and RestoreForCompute plan their loads with it.
+  // The restore executor's kForCompute mode and the pipeline (coalesce_bytes) plan their loads with it.
   std::vector<std::vector<int>> LoadRuns(int layer, const std::vector<int>& chunks, uint64_t max_bytes) const;
   // The swap-file extent of a KV chunk on storage (raw or compressed): false if it has none or
   // is lost (never to be read again).
@@ -189,6 +174,13 @@ class UnitTable {
   Status RestoreInto(const UnitRef& u, void* mem);
   // Forget chunks >= first_chunk (context truncation): frees their swap copies.
   void ForgetChunksFrom(int first_chunk);
+  // Replaces the whole KV cache (session load; benches and tests that fill a context directly):
+  // forgets every chunk (evicted copies freed), then installs chunks[l * n + c] (n =
+  // n_chunks_for(n_tokens); each an Env mapping of chunk_bytes(), ownership taken in every case) as
+  // the resident chunks of n_tokens valid tokens. kInvalidArgument if chunks.size() is not
+  // n_layer * n (nothing changed); kContextFull / kNoMemory from KvCache::Reserve (the cache is then
+  // empty). Weight units are untouched.
+  Status ReplaceKv(int n_tokens, std::vector<uint16_t*> chunks);
 
   // Copies KV chunk (layer, chunk) in raw form into dst (chunk_bytes()) whatever its state, without
   // changing it (decoding a compressed copy). Used to save sessions.
@@ -198,11 +190,12 @@ class UnitTable {
 
   UnitState state(const UnitRef& u) const;
   // True if chunk c of layer exists in the context (resident or not).
+  int n_layer() const { return kv_->geometry().n_layer; }
   bool has_chunk(int layer, int chunk) const { return chunk >= 0 && chunk < kv_->n_chunks() && layer >= 0 && layer < kv_->geometry().n_layer; }
   bool lost(int layer, int chunk) const;
   MemoryReport Report() const;
   const KvCodec& codec() const { return *codec_; }
-  const ElasticOptions& options() const { return opts_; }
+  const UnitTableOptions& options() const { return opts_; }
 
  private:
   struct KvSlot {
@@ -228,9 +221,6 @@ class UnitTable {
   KvSlot& slot(int layer, int chunk);
   const KvSlot* find_slot(int layer, int chunk) const;
   Status EnsureSwap();
-  // RestoreUpTo, skipping chunks < keep_compressed_below that are readable_compressed.
-  Status RestoreSelected(uint64_t max_bytes, uint64_t* restored, const std::function<bool()>& stop, bool* stopped,
-                         int keep_compressed_below);
   Status EvictKv(int layer, int chunk, UnitState target);
   // LoadCompressed's two halves: checks the chunk and makes *reserved its room (prefaulted);
   // then installs the chunk from the room once read (read_st: the read's outcome; on failure the
@@ -242,7 +232,7 @@ class UnitTable {
 
   Model* model_;
   KvCache* kv_;
-  ElasticOptions opts_;
+  UnitTableOptions opts_;
   std::unique_ptr<KvCodec> codec_;
   std::unique_ptr<CompressedStack> stack_;
   std::unique_ptr<SwapFile> swap_;

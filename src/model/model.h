@@ -146,6 +146,24 @@ class Model {
   const FileIdentity& identity() const { return identity_; }
   Env* env() const { return env_; }
 
+  // Bytes of dropped units' runs still in the page cache (whatever backing they had): a page-cache
+  // reload reads the rest from the disk. A folio (up to 2 MiB) shared with a resident neighbour
+  // stays cached, so after DropUnit this is at most about 2 MiB per boundary between a resident and
+  // a dropped unit. A range that cannot be checked counts as cached. which (optional) receives the
+  // units concerned. Not thread-safe against concurrent LoadUnit/DropUnit.
+  uint64_t DroppedBytesCached(std::vector<int>* which = nullptr) const;
+  // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
+  // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
+  Status VerifyIdentity() const;
+
+ private:
+  // A weight unit's residency is unit state: only the UnitTable (memory/unit_table.h, the sole
+  // mutator of unit state) loads and drops units once a context exists; tests reach them through
+  // ModelTestPeer.
+  friend class UnitTable;
+  friend struct ModelTestPeer;
+  // Loads every dropped unit (parallel over options.io_threads).
+  Status LoadAll();
   // Makes unit u resident: reads it from the model file (kAnonymous: into a fresh anonymous region
   // with direct I/O; kPageCache: maps its runs and populates them from the page cache; kOsPaging:
   // maps them only). Before reading, the file is checked against the identity recorded at load
@@ -158,19 +176,6 @@ class Model {
   // Releases unit u's memory to the OS (kPageCache: unmaps it and, with drop_cached, drops its file
   // range from the page cache). No-op if not resident.
   void DropUnit(int u, bool drop_cached = true);
-  // Bytes of dropped units' runs still in the page cache (whatever backing they had): a page-cache
-  // reload reads the rest from the disk. A folio (up to 2 MiB) shared with a resident neighbour
-  // stays cached, so after DropUnit this is at most about 2 MiB per boundary between a resident and
-  // a dropped unit. A range that cannot be checked counts as cached. which (optional) receives the
-  // units concerned. Not thread-safe against concurrent LoadUnit/DropUnit.
-  uint64_t DroppedBytesCached(std::vector<int>* which = nullptr) const;
-  // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
-  // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
-  Status VerifyIdentity() const;
-  // Loads every dropped unit (parallel over options.io_threads).
-  Status LoadAll();
-
- private:
   Model() = default;
   Status Parse(gguf_context* g, uint64_t file_size);
   // f: the open model file (kAnonymous only; nullptr otherwise).

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/sync_point.h"
+#include "restore/executor.h"
 
 namespace mz {
 namespace {
@@ -262,15 +263,11 @@ Status RestorePipeline::Start() {
   }
   if (opts_.alloc_ahead) {
     // One mapping, carved into page-aligned slices in task order (forward order).
-    constexpr size_t kPage = 4096;
-    std::vector<size_t> off(tasks_.size());
+    std::vector<size_t> bytes(tasks_.size()), off;
+    for (size_t i = 0; i < tasks_.size(); ++i)
+      bytes[i] = tasks_[i].bytes = tasks_[i].no_slice ? 0 : e_->RestoreBytes(tasks_[i].u);
     size_t total = 0;
-    for (size_t i = 0; i < tasks_.size(); ++i) {
-      tasks_[i].bytes = tasks_[i].no_slice ? 0 : e_->RestoreBytes(tasks_[i].u);
-      off[i] = total;
-      total += (tasks_[i].bytes + kPage - 1) / kPage * kPage;
-    }
-    region_ = total > 0 ? static_cast<char*>(e_->env()->MapAnon(total)) : nullptr;
+    region_ = MapSlices(e_->env(), bytes, &off, &total);
     if (region_) {
       alloc_state_ = std::make_unique<std::atomic<uint8_t>[]>(tasks_.size());
       for (size_t i = 0; i < tasks_.size(); ++i) {

@@ -1,5 +1,6 @@
-// RestorePipeline: restores evicted units in forward order (base unit, then layer 0, 1, ...) on
-// worker threads while prefill consumes them: each layer has a readiness signal, and compute of
+// RestorePipeline: the restore executor's overlapped mode (restore/executor.h holds the others:
+// everything, up to N bytes, for this compute). It restores evicted units in forward order (base
+// unit, then layer 0, 1, ...) on worker threads while prefill consumes them: each layer has a readiness signal, and compute of
 // layer l starts as soon as weight unit l and every KV chunk of layer l are resident (paper §4.4,
 // Fig. 8b). Two paths run in parallel: storage reads (weights, KV on storage; through the page
 // cache where the unit is a file mapping, else direct I/O) and
@@ -31,6 +32,7 @@
 
 #include "core/status.h"
 #include "memory/unit_table.h"
+#include "restore/executor.h"
 
 namespace mz {
 
@@ -97,7 +99,7 @@ struct PipelineOptions {
   // request per chunk: a q8 chunk is 0.27-0.53 MiB (Llama-3.2-1B, Qwen3-0.6B), below the request
   // size where the profile's direct reads saturate (the chunk-size rule of the paper's §4.3).
   // 0: one request per chunk.
-  size_t coalesce_bytes = size_t(4) << 20;
+  size_t coalesce_bytes = size_t(kLoadRunBytes);
 };
 
 struct PipelineStats {

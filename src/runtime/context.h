@@ -40,7 +40,7 @@ struct ContextOptions {
   std::string kv_codec = "q8";   // codec for compressed KV placements
   std::string swap_path;         // storage swap file (default: $TMPDIR or /var/tmp)
   bool direct_io = true;
-  // KV chunks come back from the storage swap as mappings of it (ElasticOptions::map_swap).
+  // KV chunks come back from the storage swap as mappings of it (UnitTableOptions::map_swap).
   bool map_swap = true;
   int restore_threads = 2;
   std::string profile_path;      // device profile (default: <cache>/profile.json if present)
@@ -102,15 +102,22 @@ class Context {
   // Brings every unit back (multi-threaded).
   Status Restore();
   MemoryReport Report();
-  UnitTable& elastic() { return *elastic_; }
+  // Replaces the conversation with n_tokens tokens whose KV is written by fill(layer, chunk, dst)
+  // (dst: chunk_bytes() of fp16 K then V, head-major) instead of computed: benches and tests that
+  // need a large filled context fast. history() becomes n_tokens copies of token 0 (the KV stands
+  // for no real tokens). Chunks are filled before the context is touched; on failure (kNoMemory,
+  // kContextFull past n_ctx) the conversation is empty. Serialized with every other call.
+  Status ImportKv(int n_tokens, const std::function<void(int layer, int chunk, uint16_t* dst)>& fill);
+  // Restored KV chunks map their swap extents (UnitTableOptions::map_swap; ablation switch).
+  void set_map_swap(bool on);
 
   // ---- memory pressure (src/pressure) ----
-  // Like Report() / Restore(), but return false / kBusy at once instead of waiting while a
-  // generation (or any other call) holds the context: for a pressure monitor's thread.
+  // Like Report(), but returns false at once instead of waiting while a generation (or any other
+  // call) holds the context: for a pressure monitor's thread.
   bool TryReport(MemoryReport* out);
-  Status TryRestore();
-  // TryRestore of at most max_bytes of RAM: the forward-order prefix of the evicted units that
-  // fits (UnitTable::RestoreUpTo); *restored (optional) receives what it restored. For
+  // Restores at most max_bytes of RAM, or returns kBusy at once while a generation (or any other
+  // call) holds the context: the forward-order prefix of the evicted units that fits
+  // (restore/executor.h, RestoreMode::kUpTo); *restored (optional) receives what it restored. For
   // restore-ahead in slices that fit the memory the system has free. Yields to foreground calls:
   // if one starts waiting for the context, no further unit is started and the call returns what
   // it restored so far (kBusy if that is nothing).
@@ -139,19 +146,23 @@ class Context {
   void SetSafePointHook(std::function<void()> hook);
 
   Model* model() const { return model_; }
-  KvCache& kv() { return *kv_; }
-  Forward& forward() { return *fwd_; }
+  // Read-only views of the unit state. Every change goes through this class's operations (which
+  // take its lock) and, below them, the UnitTable: the sole mutator of unit state.
+  const KvCache& kv() const { return *kv_; }
+  const UnitTable& units() const { return *units_; }
+  const Forward& forward() const { return *fwd_; }
   const std::vector<int32_t>& history() const { return history_; }
   const ContextOptions& options() const { return opts_; }
 
  private:
   friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*);
   friend Status LoadSession(Context&, const std::string&, struct SessionInfo*);
+  friend struct ContextTestPeer;  // tests that drive the unit table or the pipeline directly
   Model* model_;
   ContextOptions opts_;
   std::unique_ptr<KvCache> kv_;
   std::unique_ptr<Forward> fwd_;
-  std::unique_ptr<UnitTable> elastic_;
+  std::unique_ptr<UnitTable> units_;
   DeviceProfile profile_;
   std::mutex mu_;
   // Foreground calls (Decode, RestoreGenerate, Restore, session save/load) waiting for mu_: while

@@ -49,7 +49,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   auto codec = MakeKvCodec(codec_name);
   if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
   Env* env = ctx.model_->env();
-  KvCache& kv = *ctx.kv_;
+  const KvCache& kv = *ctx.kv_;
   const KvGeometry& g = kv.geometry();
   const int n_tokens = int(ctx.history_.size());
   const int n_chunks = kv.n_chunks_for(n_tokens);
@@ -87,9 +87,9 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   uint64_t off = h.data_offset;
   for (int l = 0; l < g.n_layer; ++l) {
     for (int c = 0; c < n_chunks; ++c) {
-      Status st = ctx.elastic_->ReadChunk(l, c, reinterpret_cast<uint16_t*>(raw.p));
+      Status st = ctx.units_->ReadChunk(l, c, reinterpret_cast<uint16_t*>(raw.p));
       if (!st.ok()) return fail(st);
-      ChunkShape sh = ctx.elastic_->shape(l, c);
+      ChunkShape sh = ctx.units_->shape(l, c);
       size_t n = 0;
       st = codec->Encode(sh, reinterpret_cast<uint16_t*>(raw.p), enc.p, enc.n, &n);
       if (!st.ok()) return fail(st);
@@ -135,7 +135,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
 Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   Context::ForegroundLock lk(&ctx);
   Env* env = ctx.model_->env();
-  KvCache& kv = *ctx.kv_;
+  const KvCache& kv = *ctx.kv_;
   const KvGeometry& g = kv.geometry();
   std::unique_ptr<File> f;
   MZ_RETURN_IF_ERROR(env->Open(path, OpenMode::kRead, /*direct=*/true, &f));
@@ -210,20 +210,8 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
       return st;
     }
   }
-  // Commit: replace the conversation.
-  ctx.elastic_->ForgetChunksFrom(0);
-  kv.Truncate(0);
-  Status st = kv.Reserve(int(h.n_tokens));
-  if (!st.ok()) {
-    free_all();
-    return st;
-  }
-  for (size_t i = 0; i < recs.size(); ++i) {
-    const int l = int(i / h.n_chunks), c = int(i % h.n_chunks);
-    env->Unmap(kv.ReleaseChunk(l, c), cb);
-    kv.SetChunk(l, c, chunks[i]);
-  }
-  kv.SetTokens(int(h.n_tokens));
+  // Commit: replace the conversation (the unit table takes the chunks, freeing them on failure).
+  MZ_RETURN_IF_ERROR(ctx.units_->ReplaceKv(int(h.n_tokens), std::move(chunks)));
   ctx.history_ = std::move(tokens);
   ctx.logits_.clear();
   if (info) {

@@ -79,7 +79,7 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
     struct Case {
       UnitState state;
       std::string codec;
-      bool mapped = false;  // storage raw: restored chunks map their extents (ElasticOptions::map_swap)
+      bool mapped = false;  // storage raw: restored chunks map their extents (UnitTableOptions::map_swap)
     };
     // Storage raw twice: read into anonymous memory, and mapped from the swap (the default), where a
     // restored chunk keeps its extent: evicting it again writes nothing. Its "evict s" is then the
@@ -98,13 +98,14 @@ void AddEvictBench(CLI::App* bench, Runners& runners) {
       co.map_swap = cs.mapped;
       Context ctx(model.get(), co);
       st = ctx.Init();
-      if (st.ok()) st = ctx.kv().Reserve(tokens);
+      // The context's KV from real chunks (two per layer, alternating), through the context's own
+      // operation: no prefill of `tokens` tokens needed to measure eviction and restoration.
+      if (st.ok())
+        st = ctx.ImportKv(tokens, [&](int l, int ch, uint16_t* dst) {
+          std::memcpy(dst, real[size_t(l * 2 + ch % 2)].data(), ctx.kv().geometry().chunk_bytes());
+        });
       if (!st.ok()) return Fail(st);
       const int C = ctx.kv().n_chunks();
-      for (int l = 0; l < int(hp.n_layer); ++l)
-        for (int ch = 0; ch < C; ++ch)
-          std::memcpy(ctx.kv().chunk(l, ch), real[size_t(l * 2 + ch % 2)].data(), ctx.kv().geometry().chunk_bytes());
-      ctx.kv().SetTokens(tokens);
       Plan plan;
       for (int l = int(hp.n_layer) - 1; l >= 0; --l)
         for (int ch = C - 1; ch >= 0; --ch) plan.push_back({UnitRef::Kv(l, ch), cs.state});
