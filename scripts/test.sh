@@ -9,6 +9,17 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
+# Wall time of each stage, printed as it ends and again at the end (the README quotes these).
+T_START=$(date +%s); STAGE=; STAGE_T0=$T_START; TIMES=
+stage() {  # stage NAME: ends the current stage (printing its time) and starts NAME
+  local now; now=$(date +%s)
+  if [ -n "$STAGE" ]; then
+    echo "[test] $STAGE: $((now - STAGE_T0)) s"
+    TIMES="$TIMES $STAGE=$((now - STAGE_T0))s"
+  fi
+  STAGE=$1; STAGE_T0=$now
+}
+stage deps
 PREFIX=$(scripts/deps.sh | tail -n 1)
 echo "[test] deps: $PREFIX"
 # Compiler cache (ccache, installed by deps.sh), shared by every clone on this machine: CI builds a
@@ -27,12 +38,16 @@ build() {  # build DIR SANITIZE [TARGET...]: the sanitizer stages build only the
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "[test] build failed: $dir"; exit 1; }
 }
 
+stage build
 build build ""
+stage tests
 echo "[test] running tests (normal build)"
 (cd build && ctest --output-on-failure -j "$JOBS" --timeout 1200) | tee -a "$LOG"
 [ "${MZ_TEST_QUICK:-0}" = 1 ] && exit 0
 
+stage build-asan
 build build-asan "address,undefined" tests
+stage tests-asan
 echo "[test] running tests under ASan+UBSan"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:suppressions=$PWD/tests/asan.supp
 export LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp
@@ -41,15 +56,20 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export MZ_TEST_MODEL_DIR_OVERRIDE=$PWD/build/test-models
 (cd build-asan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -LE "slow|install") | tee -a "$LOG"
 
+stage build-tsan
 build build-tsan "thread" tests_concurrency
+stage tests-tsan
 echo "[test] running concurrency tests under TSan"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 (cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency) | tee -a "$LOG"
+stage arm64
 echo "[test] NEON attention path: AArch64 cross build under qemu"
 scripts/test-arm64.sh | tee -a "$LOG"
 # One closing line over all stages (each stage above already stopped the script on any failure).
 passed=$(sed -n -e 's/.*tests failed out of \([0-9]*\).*/\1/p' -e 's/^\[  PASSED  \] \([0-9]*\) tests\?\.$/\1/p' "$LOG" |
   awk '{s += $1} END {print s + 0}')
 [ -n "${MZ_CCACHE:-}" ] && ccache --show-stats 2>/dev/null | grep -E '^(Cacheable calls|  Hits|  Misses)' | head -3 | sed 's/^/[test] ccache: /' || true
+stage done
+echo "[test] stage times:$TIMES; total $(( $(date +%s) - T_START )) s"
 echo "[test] all test stages passed"
 echo "tests: $passed passed, 0 failed"
