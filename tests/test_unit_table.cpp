@@ -397,6 +397,53 @@ TEST(UnitTableAgreement, TableAndKvViewAgreeAcrossEvictRestoreDecodeTruncate) {
   }
 }
 
+// Context::ImportKv replaces the conversation through the unit table (evicted copies of the old one
+// freed), the KV it wrote is what the context then holds and evicts, and a request past n_ctx is
+// refused without changing anything.
+TEST(UnitTableAgreement, ImportKvReplacesTheConversationThroughTheTable) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = PromptTokens(path, kPrompt);
+  Fixture f = Make(Env::Default(), path, "none", toks, "import");
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  ASSERT_GT(f.ctx->Report().swap_file_used, 0u);
+  const KvGeometry& g = f.ctx->kv().geometry();
+  auto pattern = [](int l, int c, uint64_t i) { return uint16_t(0x3000 + ((l * 131 + c * 17 + int(i)) & 0x0fff)); };
+  const int n = 3 * kChunk + 5;
+  ASSERT_TRUE(f.ctx->ImportKv(n, [&](int l, int c, uint16_t* p) {
+                     for (uint64_t i = 0; i < 2 * g.block_elems(); ++i) p[i] = pattern(l, c, i);
+                   }).ok());
+  EXPECT_EQ(int(f.ctx->history().size()), n);
+  EXPECT_EQ(f.ctx->kv().n_tokens(), n);
+  EXPECT_EQ(f.ctx->kv().n_chunks(), 4);
+  MemoryReport r = f.ctx->Report();
+  EXPECT_EQ(r.swap_file_used, 0u) << "the old conversation's stored chunks are freed";
+  EXPECT_EQ(r.n_kv_chunks[int(UnitState::kResident)], g.n_layer * 4);
+  ExpectTableAndKvAgree(*f.ctx, "after import");
+  // Evicted and restored, the imported bytes come back as written.
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  ExpectTableAndKvAgree(*f.ctx, "after evict");
+  ASSERT_TRUE(f.ctx->Restore().ok());
+  ExpectTableAndKvAgree(*f.ctx, "after restore");
+  for (int l = 0; l < g.n_layer; ++l)
+    for (int c = 0; c < 4; ++c) {
+      const uint16_t* p = f.ctx->kv().chunk(l, c);
+      ASSERT_NE(p, nullptr);
+      for (uint64_t i = 0; i < 2 * g.block_elems(); ++i) ASSERT_EQ(p[i], pattern(l, c, i)) << l << "," << c << "," << i;
+    }
+  // Past n_ctx: refused, nothing changed (fill never called).
+  bool called = false;
+  const Status st = f.ctx->ImportKv(f.ctx->kv().n_ctx_max() + 1, [&](int, int, uint16_t*) { called = true; });
+  EXPECT_EQ(st.code(), Status::kContextFull) << st.ToString();
+  EXPECT_FALSE(called);
+  EXPECT_EQ(int(f.ctx->history().size()), n);
+  EXPECT_EQ(f.ctx->kv().n_tokens(), n);
+  // The conversation continues from the imported tokens.
+  const int32_t next = toks[0];
+  EXPECT_TRUE(f.ctx->Decode(&next, 1, false).ok());
+  EXPECT_EQ(int(f.ctx->history().size()), n + 1);
+  ExpectTableAndKvAgree(*f.ctx, "after decode");
+}
+
 // Full KV chunks restored from the storage swap are mappings of their extents: bit-identical,
 // evicting them again writes nothing and leaves none of their pages cached, a truncation inside one
 // makes its next eviction write it anew, and a flipped bit or a read error is caught as for a read.

@@ -105,8 +105,9 @@ class Context {
   // Replaces the conversation with n_tokens tokens whose KV is written by fill(layer, chunk, dst)
   // (dst: chunk_bytes() of fp16 K then V, head-major) instead of computed: benches and tests that
   // need a large filled context fast. history() becomes n_tokens copies of token 0 (the KV stands
-  // for no real tokens). Chunks are filled before the context is touched; on failure (kNoMemory,
-  // kContextFull past n_ctx) the conversation is empty. Serialized with every other call.
+  // for no real tokens). Chunks are filled before the context is touched: kContextFull past n_ctx
+  // and kNoMemory for a chunk that cannot be mapped change nothing; a failure once the old
+  // conversation is gone (KvCache::Reserve) leaves it empty. Serialized with every other call.
   Status ImportKv(int n_tokens, const std::function<void(int layer, int chunk, uint16_t* dst)>& fill);
   // Restored KV chunks map their swap extents (UnitTableOptions::map_swap; ablation switch).
   void set_map_swap(bool on);
