@@ -15,22 +15,12 @@ constexpr size_t kPage = 4096;
 std::vector<UnitRef> PlanUnits(const UnitTable& t, uint64_t max_bytes, int attend_compressed_below) {
   std::vector<UnitRef> todo;
   uint64_t used = 0;
-  bool full = false;  // the budget is spent: later units wait
-  auto add = [&](const UnitRef& u) {
-    if (full || t.state(u) == UnitState::kResident) return;
+  for (const UnitRef& u : EvictedInForwardOrder(t)) {
+    if (u.kind == UnitRef::kKv && u.chunk < attend_compressed_below && t.readable_compressed(u.layer, u.chunk)) continue;
     const uint64_t bytes = t.RestoreBytes(u);
-    if (bytes > max_bytes - used) {
-      full = true;
-      return;
-    }
+    if (bytes > max_bytes - used) break;  // the budget is spent: later units wait
     used += bytes;
     todo.push_back(u);
-  };
-  add(UnitRef::Weights(-1));
-  for (int l = 0; l < t.n_layer() && !full; ++l) {
-    add(UnitRef::Weights(l));
-    for (int c = 0; t.has_chunk(l, c); ++c)
-      if (!(c < attend_compressed_below && t.readable_compressed(l, c))) add(UnitRef::Kv(l, c));
   }
   return todo;
 }
@@ -125,6 +115,19 @@ Status RestoreUnits(UnitTable* t, const std::vector<UnitRef>& todo, const std::f
 }
 
 }  // namespace
+
+std::vector<UnitRef> EvictedInForwardOrder(const UnitTable& t) {
+  std::vector<UnitRef> out;
+  auto add = [&](const UnitRef& u) {
+    if (t.state(u) != UnitState::kResident) out.push_back(u);
+  };
+  add(UnitRef::Weights(-1));
+  for (int l = 0; l < t.n_layer(); ++l) {
+    add(UnitRef::Weights(l));
+    for (int c = 0; t.has_chunk(l, c); ++c) add(UnitRef::Kv(l, c));
+  }
+  return out;
+}
 
 char* MapSlices(Env* env, const std::vector<size_t>& bytes, std::vector<size_t>* off, size_t* total) {
   off->assign(bytes.size(), 0);

@@ -57,6 +57,10 @@ struct RestoreResult {
 // (as PipelineOptions::coalesce_bytes).
 constexpr uint64_t kLoadRunBytes = uint64_t(4) << 20;
 
+// Every evicted unit in forward order (base unit, then per layer its weights and its KV chunks):
+// the order every mode plans in.
+std::vector<UnitRef> EvictedInForwardOrder(const UnitTable& table);
+
 // Runs one restore in the request's mode over table->options().restore_threads workers.
 // out (optional) receives what was restored.
 Status RunRestore(UnitTable* table, const RestoreRequest& req, RestoreResult* out = nullptr);

@@ -190,15 +190,8 @@ Status RestorePipeline::Start() {
     tasks_.push_back(t);
     ++pending_[size_t(key)];
   };
-  add(UnitRef::Weights(-1), n_layer_);
-  for (int l = 0; l < n_layer_; ++l) {
-    add(UnitRef::Weights(l), l);
-    for (int c = 0;; ++c) {
-      UnitRef u = UnitRef::Kv(l, c);
-      if (!e_->has_chunk(l, c)) break;
-      add(u, l);
-    }
-  }
+  for (const UnitRef& u : EvictedInForwardOrder(*e_))
+    add(u, u.kind == UnitRef::kWeights && u.layer < 0 ? n_layer_ : u.layer);  // key: the base unit is n_layer
   for (const auto& t : tasks_)
     if (t.u.kind == UnitRef::kWeights) {
       // Dropped weights are re-read from the model file: make sure it is the file that was loaded.
