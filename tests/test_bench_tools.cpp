@@ -236,5 +236,20 @@ TEST(Profiler, FailsCleanlyAndRemovesItsFile) {
   EXPECT_EQ(ProfileDevice(Env::Default(), KvSample(), ProfileModel(), o, &prof).code(), Status::kInvalidArgument);
 }
 
+// The machine line comes from /proc through the Env: faked files give it, missing ones give the
+// documented stand-ins.
+TEST(Profiler, DescribesTheMachineFromProcThroughTheEnv) {
+  FaultEnv env(Env::Default());
+  env.HideRealFilesUnder("/proc/");
+  env.SetFakeFile("/proc/cpuinfo", "processor\t: 0\nmodel name\t: Test CPU 9000\n\nprocessor\t: 1\nmodel name\t: Test CPU 9000\n");
+  env.SetFakeFile("/proc/meminfo", "MemTotal:        8388608 kB\nMemFree:         1 kB\n");
+  env.SetFakeFile("/proc/sys/kernel/ostype", "Linux\n");
+  env.SetFakeFile("/proc/sys/kernel/osrelease", "6.1.0-test\n");
+  EXPECT_EQ(MachineDescription(&env), "Test CPU 9000, 2 cores, 8 GiB RAM, Linux 6.1.0-test");
+  env.RemoveFakeFile("/proc/cpuinfo");
+  env.RemoveFakeFile("/proc/sys/kernel/ostype");
+  EXPECT_EQ(MachineDescription(&env), "unknown CPU, 0 cores, 8 GiB RAM, unknown 6.1.0-test");
+}
+
 }  // namespace
 }  // namespace mz

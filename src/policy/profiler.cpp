@@ -101,21 +101,6 @@ struct Steps {
   }
 };
 
-// Reads a small (procfs) file whole; false if it cannot be opened or read.
-bool ReadSmallFile(Env* env, const std::string& path, std::string* out) {
-  std::unique_ptr<File> f;
-  if (!env->Open(path, OpenMode::kRead, false, &f).ok()) return false;
-  out->clear();
-  char buf[16384];
-  for (uint64_t off = 0;;) {
-    size_t got = 0;
-    if (!f->Read(buf, sizeof buf, off, &got).ok()) return false;
-    out->append(buf, got);
-    off += got;
-    if (got < sizeof buf) return true;
-  }
-}
-
 std::string FirstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // Writes a `bytes` test file of pseudo-random bytes at path with O_DIRECT (4 MiB writes) and syncs
@@ -248,7 +233,7 @@ double MeasurePopulateCost(Env* env, size_t bytes, int reps) {
 std::string MachineDescription(Env* env) {
   std::string cpu = "unknown CPU", text;
   long cores = 0;
-  if (ReadSmallFile(env, "/proc/cpuinfo", &text)) {
+  if (env->ReadSmallFile("/proc/cpuinfo", &text).ok()) {
     size_t pos = 0;
     while (pos < text.size()) {
       const size_t end = std::min(text.find('\n', pos), text.size());
@@ -260,13 +245,13 @@ std::string MachineDescription(Env* env) {
     }
   }
   double mem_gib = 0;
-  if (ReadSmallFile(env, "/proc/meminfo", &text)) {
+  if (env->ReadSmallFile("/proc/meminfo", &text).ok()) {
     unsigned long long kib = 0;
     if (std::sscanf(text.c_str(), "MemTotal: %llu kB", &kib) == 1) mem_gib = double(kib) * 1024.0 / double(1 << 30);
   }
   std::string os = "unknown", release;
-  if (ReadSmallFile(env, "/proc/sys/kernel/ostype", &text)) os = FirstLine(text);
-  if (ReadSmallFile(env, "/proc/sys/kernel/osrelease", &text)) release = FirstLine(text);
+  if (env->ReadSmallFile("/proc/sys/kernel/ostype", &text).ok()) os = FirstLine(text);
+  if (env->ReadSmallFile("/proc/sys/kernel/osrelease", &text).ok()) release = FirstLine(text);
   char buf[512];
   std::snprintf(buf, sizeof buf, "%s, %ld cores, %.0f GiB RAM, %s %s", cpu.c_str(), cores, mem_gib, os.c_str(),
                 release.c_str());

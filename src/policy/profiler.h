@@ -66,8 +66,9 @@ struct ProfileModel {
 Status ProfileDevice(Env* env, const KvSample& kv, const ProfileModel& model, const ProfileOptions& o,
                      DeviceProfile* out);
 
-// "CPU model, N cores, M GiB RAM, OS release" from /proc (read through env); "unknown ..." parts
-// where a file cannot be read.
+// "CPU model, N cores, M GiB RAM, OS release" from /proc/cpuinfo, /proc/meminfo and
+// /proc/sys/kernel/{ostype,osrelease} (Env::ReadSmallFile, so a FaultEnv can fake them); "unknown
+// CPU", 0 cores / GiB or "unknown" OS for what cannot be read.
 std::string MachineDescription(Env* env);
 
 // Page-cache read bandwidth of the existing file `path` ([0, bytes)), read the way file-backed weight
