@@ -118,15 +118,7 @@ void qk_tile(const float* q, int R, const float* k, int n, int D, float* s, Pref
       {qk_block<2, 1>, qk_block<2, 2>, qk_block<2, 3>, qk_block<2, 4>},
       {qk_block<3, 1>, qk_block<3, 2>, qk_block<3, 3>, qk_block<3, 4>},
   };
-  for (int r0 = 0, nr; r0 < R; r0 += nr) {
-    nr = block_len(R - r0, kQkRows);
-    for (int j0 = 0; j0 < n; j0 += kQkKeys) {
-      const int nk = std::min(kQkKeys, n - j0);
-      tbl[nr - 1][nk - 1](q + static_cast<size_t>(r0) * D, k + static_cast<size_t>(j0) * D, D,
-                          s + r0 * kTile + j0);
-      pf.step();
-    }
-  }
+  qk_tile_blocks(tbl, q, R, k, n, D, s, pf);
 }
 
 // acc[r][0..8*NV) = acc*alpha[r] + sum_{t<n} p[r][t] * v[t][0..8*NV), r < NR. 12 acc + 3 v + 1 p = 16 ymm.
@@ -162,15 +154,7 @@ void pv_tile(const float* p, const float* alpha, const float* v, int n, int R, i
       {pv_block<3, 1>, pv_block<3, 2>, pv_block<3, 3>},
       {pv_block<4, 1>, pv_block<4, 2>, pv_block<4, 3>},
   };
-  const int nvec = D / 8;
-  for (int r0 = 0, nr; r0 < R; r0 += nr) {
-    nr = block_len(R - r0, kPvRows);
-    for (int c0 = 0, nv; c0 < nvec; c0 += nv) {
-      nv = block_len(nvec - c0, kPvVecs);
-      tbl[nr - 1][nv - 1](p + r0 * kTile, alpha + r0, v + 8 * c0, n, D, acc + static_cast<size_t>(r0) * D + 8 * c0);
-      pf.step();
-    }
-  }
+  pv_tile_blocks<8>(tbl, p, alpha, v, n, R, D, acc, pf);
 }
 
 void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
@@ -191,16 +175,15 @@ void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
     const int k0 = t.k0, n = t.n;
     // The next tile's K streams in during this tile's QK, its V during this tile's PV.
     const size_t next_bytes = next.bytes(D);
-    Prefetcher pf_k(next.k_bytes(), next_bytes, ((R + kQkRows - 1) / kQkRows) * ((n + kQkKeys - 1) / kQkKeys));
-    Prefetcher pf_v(next.v_bytes(), next_bytes, ((R + kPvRows - 1) / kPvRows) * ((D / 8 + kPvVecs - 1) / kPvVecs));
+    Prefetcher pf_k(next.k_bytes(), next_bytes, blocks_of(R, kQkRows) * blocks_of(n, kQkKeys));
+    Prefetcher pf_v(next.v_bytes(), next_bytes, blocks_of(R, kPvRows) * blocks_of(D / 8, kPvVecs));
     if (t.kq) cvt_tile_q8(t.kq, t.ka, n, D, sc.kv);
     else cvt_tile(t.k, static_cast<size_t>(n) * D, sc.kv);
     qk_tile(sc.q, R, sc.kv, n, D, sc.s, pf_k);
     const int n8 = (n + 7) & ~7;
     for (int r = 0; r < R; ++r) {
       float* s = sc.s + r * kTile;
-      int lim = n;
-      if (k0 + n > kall) lim = std::max(0, std::min(n, a.pos0 + it.t0 + r / it.gn - k0 + 1));  // causal
+      const int lim = visible_keys(a, it, r, k0, n, kall);
       if (lim == 0) {  // nothing visible in this tile: P = 0, state unchanged
         sc.alpha[r] = 1.0f;
         for (int j = 0; j < n8; j += 8) _mm256_store_ps(s + j, _mm256_setzero_ps());
@@ -217,10 +200,7 @@ void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
         _mm256_store_ps(s + j, pj);
         vsum = _mm256_add_ps(vsum, pj);
       }
-      const float al = std::exp2(sc.m[r] - m_new);  // 0 on the first tile (m = -inf)
-      sc.alpha[r] = al;
-      sc.m[r] = m_new;
-      sc.l[r] = sc.l[r] * al + hsum(vsum);
+      update_row_state(sc, r, m_new, hsum(vsum));
     }
     if (t.vq) cvt_tile_q8(t.vq, t.va, n, D, sc.kv);
     else cvt_tile(t.v, static_cast<size_t>(n) * D, sc.kv);

@@ -245,6 +245,58 @@ inline int block_len(int left, int max) {
   return std::min(left, max);
 }
 
+// Number of register blocks of at most `max` that cover `n` items (the Prefetcher's step count).
+inline int blocks_of(int n, int max) { return (n + max - 1) / max; }
+
+// Scores for all R rows against the n keys of the tile: s[r][j], r < R, j < n. tbl[nr-1][nk-1] is
+// the register block for nr rows and nk keys (the ISA's qk_block<nr, nk>). pf advances once per block call.
+template <int kRows, int kKeys, class BlockFn>
+inline void qk_tile_blocks(const BlockFn (&tbl)[kRows][kKeys], const float* q, int R, const float* k, int n, int D,
+                           float* s, Prefetcher& pf) {
+  for (int r0 = 0, nr; r0 < R; r0 += nr) {
+    nr = block_len(R - r0, kRows);
+    for (int j0 = 0; j0 < n; j0 += kKeys) {
+      const int nk = std::min(kKeys, n - j0);
+      tbl[nr - 1][nk - 1](q + static_cast<size_t>(r0) * D, k + static_cast<size_t>(j0) * D, D, s + r0 * kTile + j0);
+      pf.step();
+    }
+  }
+}
+
+// acc[r][0..D) = acc*alpha[r] + sum_{t<n} p[r][t] * v[t][0..D) for r < R, in register blocks of
+// tbl[nr-1][nv-1] (the ISA's pv_block<nr, nv>, nv vectors of kW floats). D % kW == 0. pf advances
+// once per block call.
+template <int kW, int kRows, int kVecs, class BlockFn>
+inline void pv_tile_blocks(const BlockFn (&tbl)[kRows][kVecs], const float* p, const float* alpha, const float* v,
+                           int n, int R, int D, float* acc, Prefetcher& pf) {
+  const int nvec = D / kW;
+  for (int r0 = 0, nr; r0 < R; r0 += nr) {
+    nr = block_len(R - r0, kRows);
+    for (int c0 = 0, nv; c0 < nvec; c0 += nv) {
+      nv = block_len(nvec - c0, kVecs);
+      tbl[nr - 1][nv - 1](p + r0 * kTile, alpha + r0, v + kW * c0, n, D,
+                          acc + static_cast<size_t>(r0) * D + kW * c0);
+      pf.step();
+    }
+  }
+}
+
+// How many of the tile's n keys (from k0) query row r of the item sees under the causal mask: n when
+// the whole tile lies below kall (keys every row sees), else 0..n.
+inline int visible_keys(const AttnArgs& a, const Item& it, int r, int k0, int n, int kall) {
+  if (k0 + n <= kall) return n;
+  return std::max(0, std::min(n, a.pos0 + it.t0 + r / it.gn - k0 + 1));  // causal
+}
+
+// Online-softmax step for row r after a tile whose scores were exponentiated against m_new (the new
+// running max, finite) and summed to tile_sum: rescale factor alpha, running max and denominator.
+inline void update_row_state(const Scratch& sc, int r, float m_new, float tile_sum) {
+  const float al = std::exp2(sc.m[r] - m_new);  // 0 on the first tile (m = -inf)
+  sc.alpha[r] = al;
+  sc.m[r] = m_new;
+  sc.l[r] = sc.l[r] * al + tile_sum;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Driver (shared by all paths).
 

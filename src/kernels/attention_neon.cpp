@@ -81,15 +81,7 @@ void qk_tile_neon(const float* q, int R, const float* k, int n, int D, float* s,
       {qk_block_neon<3, 1>, qk_block_neon<3, 2>, qk_block_neon<3, 3>, qk_block_neon<3, 4>},
       {qk_block_neon<4, 1>, qk_block_neon<4, 2>, qk_block_neon<4, 3>, qk_block_neon<4, 4>},
   };
-  for (int r0 = 0, nr; r0 < R; r0 += nr) {
-    nr = block_len(R - r0, kQkRowsNeon);
-    for (int j0 = 0; j0 < n; j0 += kQkKeysNeon) {
-      const int nk = std::min(kQkKeysNeon, n - j0);
-      tbl[nr - 1][nk - 1](q + static_cast<size_t>(r0) * D, k + static_cast<size_t>(j0) * D, D,
-                          s + r0 * kTile + j0);
-      pf.step();
-    }
-  }
+  qk_tile_blocks(tbl, q, R, k, n, D, s, pf);
 }
 
 // acc[r][0..4*NV) = acc*alpha[r] + sum_{t<n} p[r][t] * v[t][0..4*NV), r < NR. 16 acc + 4 v + 4 p = 24 regs.
@@ -125,15 +117,7 @@ void pv_tile_neon(const float* p, const float* alpha, const float* v, int n, int
       {pv_block_neon<3, 1>, pv_block_neon<3, 2>, pv_block_neon<3, 3>, pv_block_neon<3, 4>},
       {pv_block_neon<4, 1>, pv_block_neon<4, 2>, pv_block_neon<4, 3>, pv_block_neon<4, 4>},
   };
-  const int nvec = D / 4;
-  for (int r0 = 0, nr; r0 < R; r0 += nr) {
-    nr = block_len(R - r0, kPvRowsNeon);
-    for (int c0 = 0, nv; c0 < nvec; c0 += nv) {
-      nv = block_len(nvec - c0, kPvVecsNeon);
-      tbl[nr - 1][nv - 1](p + r0 * kTile, alpha + r0, v + 4 * c0, n, D, acc + static_cast<size_t>(r0) * D + 4 * c0);
-      pf.step();
-    }
-  }
+  pv_tile_blocks<4>(tbl, p, alpha, v, n, R, D, acc, pf);
 }
 
 void item_neon(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
@@ -154,18 +138,15 @@ void item_neon(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
     const int k0 = t.k0, n = t.n;
     // The next tile's K streams in during this tile's QK, its V during this tile's PV.
     const size_t next_bytes = next.bytes(D);
-    Prefetcher pf_k(next.k_bytes(), next_bytes,
-                    ((R + kQkRowsNeon - 1) / kQkRowsNeon) * ((n + kQkKeysNeon - 1) / kQkKeysNeon));
-    Prefetcher pf_v(next.v_bytes(), next_bytes,
-                    ((R + kPvRowsNeon - 1) / kPvRowsNeon) * ((D / 4 + kPvVecsNeon - 1) / kPvVecsNeon));
+    Prefetcher pf_k(next.k_bytes(), next_bytes, blocks_of(R, kQkRowsNeon) * blocks_of(n, kQkKeysNeon));
+    Prefetcher pf_v(next.v_bytes(), next_bytes, blocks_of(R, kPvRowsNeon) * blocks_of(D / 4, kPvVecsNeon));
     if (t.kq) q8_dequantize_rows_f32(t.kq, t.ka, n, D, sc.kv);
     else cvt_tile_neon(t.k, static_cast<size_t>(n) * D, sc.kv);
     qk_tile_neon(sc.q, R, sc.kv, n, D, sc.s, pf_k);
     const int n4 = (n + 3) & ~3;
     for (int r = 0; r < R; ++r) {
       float* s = sc.s + r * kTile;
-      int lim = n;
-      if (k0 + n > kall) lim = std::max(0, std::min(n, a.pos0 + it.t0 + r / it.gn - k0 + 1));  // causal
+      const int lim = visible_keys(a, it, r, k0, n, kall);
       if (lim == 0) {  // nothing visible in this tile: P = 0, state unchanged
         sc.alpha[r] = 1.0f;
         for (int j = 0; j < n4; j += 4) vst1q_f32(s + j, vdupq_n_f32(0.0f));
@@ -182,10 +163,7 @@ void item_neon(const AttnArgs& a, const KvLayerView& kv, const Item& it, const S
         vst1q_f32(s + j, pj);
         vsum = vaddq_f32(vsum, pj);
       }
-      const float al = std::exp2(sc.m[r] - m_new);  // 0 on the first tile (m = -inf)
-      sc.alpha[r] = al;
-      sc.m[r] = m_new;
-      sc.l[r] = sc.l[r] * al + vaddvq_f32(vsum);
+      update_row_state(sc, r, m_new, vaddvq_f32(vsum));
     }
     if (t.vq) q8_dequantize_rows_f32(t.vq, t.va, n, D, sc.kv);
     else cvt_tile_neon(t.v, static_cast<size_t>(n) * D, sc.kv);
