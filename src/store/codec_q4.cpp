@@ -62,9 +62,8 @@ class Q4Codec final : public KvCodec {
   }
 
   Status Encode(const ChunkShape& s, const uint16_t* src, uint8_t* dst, size_t cap, size_t* written) const override {
-    MZ_RETURN_IF_ERROR(ValidateShape(s));
-    const size_t need = MaxEncodedSize(s);
-    if (cap < need) return Status::InvalidArgument("kv codec q4: output buffer too small");
+    size_t need = 0;
+    MZ_RETURN_IF_ERROR(CheckEncodeArgs(*this, s, cap, &need));
     const int n = s.n_tokens, d = s.head_dim, r = (d + 1) / 2;
     // scratch: x[kGroup][d] floats, mn[d], mx[d], q[d] bytes
     float* x = reinterpret_cast<float*>(Scratch(0, (size_t(kGroup) + 2) * d * sizeof(float) + size_t(d)));

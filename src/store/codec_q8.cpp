@@ -139,9 +139,8 @@ class Q8Codec final : public KvCodec {
     return ValidateShape(s).ok() ? kKvCodecHeaderBytes + Q8PayloadBytes(s) : 0;
   }
   Status Encode(const ChunkShape& s, const uint16_t* src, uint8_t* dst, size_t cap, size_t* written) const override {
-    MZ_RETURN_IF_ERROR(ValidateShape(s));
-    const size_t need = MaxEncodedSize(s);
-    if (cap < need) return Status::InvalidArgument("kv codec q8: output buffer too small");
+    size_t need = 0;
+    MZ_RETURN_IF_ERROR(CheckEncodeArgs(*this, s, cap, &need));
     const int n = s.n_tokens, d = s.head_dim;
     float* x = reinterpret_cast<float*>(Scratch(0, size_t(d) * sizeof(float)));
     if (!x) return Status::NoMemory("kv codec q8: scratch allocation failed");

@@ -27,6 +27,15 @@ std::unique_ptr<KvCodec> MakeCacheGenCodec();
 // ---- header ----
 // InvalidArgument unless 1 <= dims <= 65535, 1 <= n_tokens <= chunk_tokens, raw_bytes() <= 1 GiB.
 Status ValidateShape(const ChunkShape& s);
+
+// The shared start of Encode: ValidateShape(s), then cap >= codec.MaxEncodedSize(s) (else
+// InvalidArgument "kv codec <name>: output buffer too small"). On Ok, *need = MaxEncodedSize(s).
+inline Status CheckEncodeArgs(const KvCodec& codec, const ChunkShape& s, size_t cap, size_t* need) {
+  MZ_RETURN_IF_ERROR(ValidateShape(s));
+  *need = codec.MaxEncodedSize(s);
+  if (cap < *need) return Status::InvalidArgument(std::string("kv codec ") + codec.name() + ": output buffer too small");
+  return Status::Ok();
+}
 // Writes the 16-byte header (see kv_codec.h).
 void WriteHeader(uint8_t* dst, uint8_t id, uint8_t param, const ChunkShape& s, uint32_t payload);
 // Checks size >= 16, id, version, param (== expect_param), reserved, shape fields, and that
