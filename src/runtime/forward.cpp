@@ -107,10 +107,14 @@ Status Forward::Wait(int unit) {
   return Status::Ok();
 }
 
-Status Forward::Compute(ggml_cgraph* gf) {
-  if (!ggml_gallocr_alloc_graph(galloc_, gf)) return Status::NoMemory("allocating compute buffers");
-  if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) return Status::Internal("graph compute failed");
-  return Status::Ok();
+Status Forward::ComputeAndFree(ggml_context* ctx, ggml_tensor* out) {
+  ggml_cgraph* gf = ggml_new_graph(ctx);
+  ggml_build_forward_expand(gf, out);
+  Status st = Status::Ok();
+  if (!ggml_gallocr_alloc_graph(galloc_, gf)) st = Status::NoMemory("allocating compute buffers");
+  else if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) st = Status::Internal("graph compute failed");
+  ggml_free(ctx);
+  return st;
 }
 
 Status Forward::Decode(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
@@ -163,12 +167,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
     ggml_tensor* out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
     out->data = act_.data();
     ggml_tensor* x = ggml_get_rows(ctx, B.tok_embd, ids);
-    ggml_tensor* cp = ggml_cpy(ctx, x, out);
-    ggml_cgraph* gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, cp);
-    Status st = Compute(gf);
-    ggml_free(ctx);
-    MZ_RETURN_IF_ERROR(st);
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, x, out)));
   }
   double t1 = Now(model_->env());
   timing_.embed_s += t1 - t0;
@@ -223,12 +222,8 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
     cur = ggml_swiglu_split(ctx, gate, up);
     cur = ggml_mul_mat(ctx, L.ffn_down, cur);
     cur = ggml_add(ctx, cur, h);
-    ggml_tensor* out = ggml_cpy(ctx, cur, x);  // residual written back in place (x read earlier)
-    ggml_cgraph* gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, out);
-    Status st = Compute(gf);
-    ggml_free(ctx);
-    MZ_RETURN_IF_ERROR(st.With("layer " + std::to_string(il)));
+    // The residual is written back in place (x read earlier).
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, cur, x)).With("layer " + std::to_string(il)));
   }
   double t2 = Now(model_->env());
   timing_.layers_s += t2 - t1;
@@ -245,12 +240,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
     dst->data = logits->data() + before;
     ggml_tensor* cur = Norm(ctx, x, B.output_norm, hp.rms_eps);
     cur = ggml_mul_mat(ctx, B.output, cur);
-    ggml_tensor* cp = ggml_cpy(ctx, cur, dst);
-    ggml_cgraph* gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, cp);
-    Status st = Compute(gf);
-    ggml_free(ctx);
-    MZ_RETURN_IF_ERROR(st);
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, cur, dst)));
     timing_.head_s += Now(model_->env()) - t2;
   }
   return Status::Ok();

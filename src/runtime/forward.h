@@ -27,6 +27,8 @@
 struct ggml_backend;
 struct ggml_gallocr;
 struct ggml_cgraph;
+struct ggml_context;
+struct ggml_tensor;
 
 namespace mz {
 
@@ -61,7 +63,9 @@ class Forward {
  private:
   Status RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logits, std::vector<float>* logits);
   Status Wait(int unit);
-  Status Compute(ggml_cgraph* gf);
+  // Builds the graph that ends in `out`, allocates and computes it, then frees ctx (always, also on
+  // failure). NoMemory when the compute buffers cannot be allocated, Internal when compute fails.
+  Status ComputeAndFree(ggml_context* ctx, ggml_tensor* out);
 
   Model* model_;
   KvCache* kv_;
