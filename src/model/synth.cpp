@@ -108,15 +108,12 @@ std::vector<float> Llama3RopeFactors(int head_dim, float base) {
   return f;
 }
 
-}  // namespace
-
-Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, const std::string& path) {
-  InitLibraryLogging();
-  bool type_ok = true;
-  MatrixType(o.type, 256, &type_ok);
-  if (!type_ok) return Status::InvalidArgument("weight type '" + o.type + "' (use f16, q8_0, q4_0 or q4_k)");
-
-  const std::string vocab_path = o.vocab_dir + "/ggml-vocab-" + s.vocab + ".gguf";
+// Reads the vocabulary file of spec s and returns, in *out, a new gguf context holding only its
+// tokenizer keys (plus a chat template when the vocabulary has none); *n_vocab is its token count.
+// IOError when the file cannot be read, Corruption when it has no token list; *out is then null.
+// The caller owns *out (gguf_free).
+Status OpenVocabulary(const ModelSpec& s, const std::string& vocab_path, gguf_context** out, int64_t* n_vocab) {
+  *out = nullptr;
   gguf_init_params vp{true, nullptr};
   gguf_context* vocab = nullptr;
   {
@@ -129,7 +126,7 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
     gguf_free(vocab);
     return Status::Corruption(vocab_path + " has no tokenizer.ggml.tokens");
   }
-  const int64_t n_vocab = int64_t(gguf_get_arr_n(vocab, tok_key));
+  *n_vocab = int64_t(gguf_get_arr_n(vocab, tok_key));
 
   gguf_context* g = gguf_init_empty();
   gguf_set_kv(g, vocab);
@@ -141,7 +138,12 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
   }
   if (gguf_find_key(g, "tokenizer.chat_template") < 0)
     gguf_set_val_str(g, "tokenizer.chat_template", s.vocab == "llama-bpe" ? kLlama3Template : kChatmlTemplate);
+  *out = g;
+  return Status::Ok();
+}
 
+// The general.* and <arch>.* keys of spec s, in the order llama.cpp's converter writes them.
+void SetHyperParams(gguf_context* g, const ModelSpec& s, const SynthOptions& o, int64_t n_vocab) {
   const std::string a = s.arch + ".";
   gguf_set_val_str(g, "general.architecture", s.arch.c_str());
   gguf_set_val_str(g, "general.name", (s.real_name + " (mzcache synthetic, random weights)").c_str());
@@ -159,8 +161,10 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
   gguf_set_val_f32(g, (a + "rope.freq_base").c_str(), s.rope_base);
   gguf_set_val_f32(g, (a + "attention.layer_norm_rms_epsilon").c_str(), s.rms_eps);
   if (s.arch == "llama") gguf_set_val_u32(g, (a + "vocab_size").c_str(), uint32_t(n_vocab));
+}
 
-  // Tensor plan, in the order llama.cpp's converter writes them (base tensors, then layer by layer).
+// Tensor plan, in the order llama.cpp's converter writes them (base tensors, then layer by layer).
+std::vector<TensorPlan> PlanTensors(const ModelSpec& s, const SynthOptions& o, int64_t n_vocab) {
   const int64_t E = s.n_embd, Q = int64_t(s.n_head) * s.head_dim, KV = int64_t(s.n_head_kv) * s.head_dim,
                 F = s.n_ff, D = s.head_dim;
   std::vector<TensorPlan> plan;
@@ -200,6 +204,77 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
     mat(p + "ffn_up.weight", E, F, 1.0f / std::sqrt(float(E)));
     mat(p + "ffn_down.weight", F, E, 1.0f / std::sqrt(float(F)));
   }
+  return plan;
+}
+
+// Rows [a0, a1) of tensor t as f32 into buf ((a1 - a0) * ne0 floats), each row from its own seed
+// (tseed and the row index), so the values do not depend on how rows are split among threads.
+void FillRows(const TensorPlan& t, uint64_t tseed, int64_t ne0, int64_t a0, int64_t a1, float* buf) {
+  for (int64_t r = a0; r < a1; ++r) {
+    uint64_t rs = tseed + uint64_t(r) * 0x2545f4914f6cdd1dull;
+    float* row = buf + (r - a0) * ne0;
+    for (int64_t i = 0; i < ne0; ++i) {
+      float u = float(SplitMix(rs) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
+      switch (t.init) {
+        case Init::kUniform: row[i] = u * t.scale; break;
+        case Init::kNorm: row[i] = 1.0f + u * t.scale; break;
+        case Init::kConst: row[i] = t.values[size_t(i)]; break;
+      }
+    }
+  }
+}
+
+// Fills, converts to t.type and writes tensor x (plan entry t) at file offset off, in batches of
+// block_rows rows per thread over o.threads threads. Adds the bytes written to *written and reports
+// o.progress(*written, total) after each batch. Stops at the first failing write and returns it.
+Status WriteTensor(Env* env, File* f, const TensorPlan& t, const ggml_tensor* x, uint64_t off, uint64_t tseed,
+                   const SynthOptions& o, uint64_t total, uint64_t* written) {
+  const int nthreads = std::max(1, o.threads);
+  const int64_t ne0 = t.ne[0], nrows = ggml_nrows(x);
+  const int64_t block_rows = std::max<int64_t>(1, (int64_t(4) << 20) / (ne0 * 4));
+  const size_t row_bytes = ggml_row_size(t.type, ne0);
+  std::vector<uint8_t> out;
+  Status st = Status::Ok();
+  for (int64_t r0 = 0; st.ok() && r0 < nrows; r0 += block_rows * nthreads) {
+    const int64_t r1 = std::min(nrows, r0 + block_rows * nthreads);
+    out.resize(size_t(r1 - r0) * row_bytes);
+    auto slice = [&](int th) {
+      std::vector<float> buf(size_t(block_rows * ne0));
+      const int64_t a0 = r0 + th * block_rows, a1 = std::min(r1, a0 + block_rows);
+      if (a0 >= a1) return;
+      FillRows(t, tseed, ne0, a0, a1, buf.data());
+      uint8_t* dst = out.data() + size_t(a0 - r0) * row_bytes;
+      if (t.type == GGML_TYPE_F32) std::memcpy(dst, buf.data(), size_t(a1 - a0) * ne0 * 4);
+      else if (t.type == GGML_TYPE_F16)
+        ggml_fp32_to_fp16_row(buf.data(), reinterpret_cast<ggml_fp16_t*>(dst), (a1 - a0) * ne0);
+      else ggml_quantize_chunk(t.type, buf.data(), dst, 0, a1 - a0, ne0, nullptr);
+    };
+    ggml_quantize_init(t.type);
+    // Slices are pulled from a counter, so a thread the OS refuses leaves none undone.
+    std::atomic<int> next_slice{0};
+    RunOnThreads(env, nthreads, [&](int) {
+      for (int th; (th = next_slice.fetch_add(1)) < nthreads;) slice(th);
+    });
+    st = f->Write(out.data(), out.size(), off + uint64_t(r0) * row_bytes);
+    *written += out.size();
+    if (o.progress) o.progress(*written, total);
+  }
+  return st;
+}
+
+}  // namespace
+
+Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, const std::string& path) {
+  InitLibraryLogging();
+  bool type_ok = true;
+  MatrixType(o.type, 256, &type_ok);
+  if (!type_ok) return Status::InvalidArgument("weight type '" + o.type + "' (use f16, q8_0, q4_0 or q4_k)");
+
+  gguf_context* g = nullptr;
+  int64_t n_vocab = 0;
+  MZ_RETURN_IF_ERROR(OpenVocabulary(s, o.vocab_dir + "/ggml-vocab-" + s.vocab + ".gguf", &g, &n_vocab));
+  SetHyperParams(g, s, o, n_vocab);
+  const std::vector<TensorPlan> plan = PlanTensors(s, o, n_vocab);
 
   ggml_init_params ip{(plan.size() + 4) * ggml_tensor_overhead(), nullptr, true};
   ggml_context* meta = ggml_init(ip);
@@ -222,51 +297,10 @@ Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, cons
   const uint64_t data_off = header.size();
 
   uint64_t written = 0;
-  const int nthreads = std::max(1, o.threads);
   for (size_t ti = 0; st.ok() && ti < plan.size(); ++ti) {
-    const TensorPlan& t = plan[ti];
-    ggml_tensor* x = tensors[ti];
-    const int64_t ne0 = t.ne[0], nrows = ggml_nrows(x);
     const uint64_t off = data_off + gguf_get_tensor_offset(g, int64_t(ti));
-    const uint64_t tseed = o.seed * 0x9e3779b97f4a7c15ull ^ HashName(t.name);
-    const int64_t block_rows = std::max<int64_t>(1, (int64_t(4) << 20) / (ne0 * 4));
-    const size_t row_bytes = ggml_row_size(t.type, ne0);
-    std::vector<uint8_t> out;
-    for (int64_t r0 = 0; st.ok() && r0 < nrows; r0 += block_rows * nthreads) {
-      const int64_t r1 = std::min(nrows, r0 + block_rows * nthreads);
-      out.resize(size_t(r1 - r0) * row_bytes);
-      auto slice = [&](int th) {
-        std::vector<float> buf(size_t(block_rows * ne0));
-        const int64_t a0 = r0 + th * block_rows, a1 = std::min(r1, a0 + block_rows);
-        if (a0 >= a1) return;
-        for (int64_t r = a0; r < a1; ++r) {
-          uint64_t rs = tseed + uint64_t(r) * 0x2545f4914f6cdd1dull;
-          float* row = buf.data() + (r - a0) * ne0;
-          for (int64_t i = 0; i < ne0; ++i) {
-            float u = float(SplitMix(rs) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;  // [-1, 1)
-            switch (t.init) {
-              case Init::kUniform: row[i] = u * t.scale; break;
-              case Init::kNorm: row[i] = 1.0f + u * t.scale; break;
-              case Init::kConst: row[i] = t.values[size_t(i)]; break;
-            }
-          }
-        }
-        uint8_t* dst = out.data() + size_t(a0 - r0) * row_bytes;
-        if (t.type == GGML_TYPE_F32) std::memcpy(dst, buf.data(), size_t(a1 - a0) * ne0 * 4);
-        else if (t.type == GGML_TYPE_F16)
-          ggml_fp32_to_fp16_row(buf.data(), reinterpret_cast<ggml_fp16_t*>(dst), (a1 - a0) * ne0);
-        else ggml_quantize_chunk(t.type, buf.data(), dst, 0, a1 - a0, ne0, nullptr);
-      };
-      ggml_quantize_init(t.type);
-      // Slices are pulled from a counter, so a thread the OS refuses leaves none undone.
-      std::atomic<int> next_slice{0};
-      RunOnThreads(env, nthreads, [&](int) {
-        for (int th; (th = next_slice.fetch_add(1)) < nthreads;) slice(th);
-      });
-      st = f->Write(out.data(), out.size(), off + uint64_t(r0) * row_bytes);
-      written += out.size();
-      if (o.progress) o.progress(written, total);
-    }
+    const uint64_t tseed = o.seed * 0x9e3779b97f4a7c15ull ^ HashName(plan[ti].name);
+    st = WriteTensor(env, f.get(), plan[ti], tensors[ti], off, tseed, o, total, &written);
   }
   if (st.ok()) {
     // Pad to the alignment so every tensor's padded extent lies inside the file.
