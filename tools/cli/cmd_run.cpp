@@ -241,6 +241,183 @@ Status StartPressureWatch(const PressureArgs& p, Context* ctx, std::unique_ptr<P
   return Status::Ok();
 }
 
+// `run`: opens the model, prefills the prompt (through the chat template unless --raw), generates
+// n_predict tokens and saves the session when asked. Exit code 0, or Fail's.
+int RunOnce(GenArgs& ra) {  // Open resolves ra.model in place
+  Session s;
+  Status st = Open(ra, &s);
+  if (!st.ok()) return Fail(st);
+  std::string text = ra.prompt;
+  if (!ra.raw) {
+    st = s.tok->ApplyChat({{"user", ra.prompt}}, true, &text);
+    if (!st.ok()) return Fail(st);
+  }
+  std::vector<int32_t> toks;
+  st = s.tok->Tokenize(text, s.ctx->history().empty(), true, &toks);
+  if (!st.ok()) return Fail(st);
+  std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %d threads]\n", ra.model.c_str(),
+               s.model->hparams().name.c_str(), s.load_s, ra.threads);
+  Sampler sampler({ra.temp, ra.top_k, ra.top_p, ra.seed});
+  st = Generate(s, sampler, toks, ra.n_predict, true, nullptr);
+  if (st.ok() && !ra.session.empty()) {
+    SessionInfo si;
+    st = SaveSession(*s.ctx, ra.session, ra.session_codec, &si);
+    if (st.ok())
+      std::fprintf(stderr, "[session saved: %s, %d tokens, %s]\n", ra.session.c_str(), si.n_tokens,
+                   Mib(si.file_bytes).c_str());
+  }
+  return st.ok() ? 0 : Fail(st);
+}
+
+// /evict AMOUNT or /remaining AMOUNT (a percentage of the footprint or a size).
+void ChatEvict(Session& s, const std::string& verb, const std::string& arg, const MemoryReport& r) {
+  uint64_t amount = 0;
+  if (!ParseAmount(arg, r.footprint(), &amount)) {
+    std::fprintf(stderr, "usage: %s 40%% | 300MiB\n", verb.c_str());
+    return;
+  }
+  if (verb == "/remaining") amount = r.in_memory() > amount ? r.in_memory() - amount : 0;
+  uint64_t freed = 0;
+  double t0 = Now();
+  Status est = s.ctx->EvictBytes(amount, &freed);
+  std::fprintf(stderr, "  released %s in %.3f s%s%s\n", Mib(freed).c_str(), Now() - t0, est.ok() ? "" : ": ",
+               est.ok() ? "" : est.ToString().c_str());
+  PrintReport(s.ctx->Report());
+}
+
+// /pressure LEVEL: submits a pressure event to the monitor (which prints the action it takes).
+void ChatPressure(PressureMonitor* mon, const std::string& arg) {
+  PressureEvent ev;
+  if (arg == "low") ev.level = PressureLevel::kLow;
+  else if (arg == "medium") ev.level = PressureLevel::kMedium;
+  else if (arg == "critical") ev.level = PressureLevel::kCritical;
+  else if (arg != "none") {
+    std::fprintf(stderr, "usage: /pressure low|medium|critical|none\n");
+    return;
+  }
+  ev.time_ns = Env::Default()->NowNs();
+  ev.source = "/pressure";
+  mon->Submit(ev);  // the action is printed by the monitor's callback
+}
+
+// One chat line that starts with '/' (other than /quit and /exit). Errors are printed, never fatal.
+void ChatCommand(Session& s, const GenArgs& ca, PressureMonitor* mon, const std::string& line) {
+  std::istringstream cmd(line);
+  std::string verb, arg;
+  cmd >> verb >> arg;
+  MemoryReport r = s.ctx->Report();
+  if (verb == "/memory") {
+    PrintReport(r);
+  } else if (verb == "/evict" || verb == "/remaining") {
+    ChatEvict(s, verb, arg, r);
+  } else if (verb == "/restore") {
+    double t0 = Now();
+    Status rst = s.ctx->Restore();
+    std::fprintf(stderr, "  restore %s in %.3f s\n", rst.ok() ? "done" : rst.ToString().c_str(), Now() - t0);
+    PrintReport(s.ctx->Report());
+  } else if (verb == "/pressure" && mon) {
+    ChatPressure(mon, arg);
+  } else if (verb == "/save") {
+    SessionInfo si;
+    Status sst = SaveSession(*s.ctx, arg.empty() ? ca.session : arg, ca.session_codec, &si);
+    std::fprintf(stderr, "  %s\n", sst.ok() ? ("saved " + std::to_string(si.n_tokens) + " tokens").c_str()
+                                             : sst.ToString().c_str());
+  } else {
+    std::fprintf(stderr, "unknown command %s\n", verb.c_str());
+  }
+}
+
+// The conversation so far: its messages and the templated text the KV cache holds.
+struct ChatState {
+  std::vector<std::pair<std::string, std::string>> msgs;
+  std::string prev_text;
+};
+
+// A reply is one generation: non-critical pressure during it is applied when it ends.
+struct GenerationPhase {
+  PressureMonitor* m;
+  explicit GenerationPhase(PressureMonitor* mm) : m(mm) {
+    if (m) m->BeginGeneration();
+  }
+  ~GenerationPhase() {
+    if (m) m->EndGeneration();
+  }
+};
+
+// One user turn: prefills only the new suffix of the templated conversation, generates the reply,
+// then feeds the template's end-of-turn tokens so the cache matches the text. A failed generation is
+// printed and the turn dropped (Ok, conversation kept up to the previous turn); a failing template,
+// tokenizer or end-of-turn decode is returned (the caller exits).
+Status ChatTurn(Session& s, Sampler& sampler, const GenArgs& ca, PressureMonitor* mon, const std::string& line,
+                ChatState* cs) {
+  cs->msgs.push_back({"user", line});
+  std::string full;
+  MZ_RETURN_IF_ERROR(s.tok->ApplyChat(cs->msgs, true, &full));
+  // Only the new suffix is prefilled: the KV cache holds everything before it.
+  std::string delta = full.substr(std::min(cs->prev_text.size(), full.size()));
+  std::vector<int32_t> toks;
+  MZ_RETURN_IF_ERROR(s.tok->Tokenize(delta, s.ctx->history().empty(), true, &toks));
+  std::string reply;
+  GenerationPhase phase(mon);  // until the turn (and its session save) is done
+  const MemoryReport before = s.ctx->Report();
+  Status st = Generate(s, sampler, toks, ca.n_predict, true, &reply, mon != nullptr);
+  const uint64_t given_back = before.footprint() - (before.weights_resident + before.kv_resident);
+  if (mon && st.ok() && given_back > 0)
+    std::fprintf(stderr, "[this turn restored the %s given back under pressure (see TTFT above)]\n",
+                 Mib(given_back).c_str());
+  if (!st.ok()) {
+    std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", st.ToString().c_str());
+    cs->msgs.pop_back();
+    return Status::Ok();
+  }
+  cs->msgs.push_back({"assistant", reply});
+  std::string closed;
+  MZ_RETURN_IF_ERROR(s.tok->ApplyChat(cs->msgs, false, &closed));
+  // Feed the end-of-turn tokens the template adds after the reply so the cache matches the text.
+  std::string tail = closed.substr(std::min(full.size() + reply.size(), closed.size()));
+  std::vector<int32_t> tail_toks;
+  if (!tail.empty() && s.tok->Tokenize(tail, false, true, &tail_toks).ok() && !tail_toks.empty())
+    MZ_RETURN_IF_ERROR(s.ctx->Decode(tail_toks.data(), int(tail_toks.size()), false));
+  cs->prev_text = closed;
+  if (!ca.session.empty()) {
+    Status sst = SaveSession(*s.ctx, ca.session, ca.session_codec);
+    if (!sst.ok()) std::fprintf(stderr, "warning: session not saved: %s\n", sst.ToString().c_str());
+  }
+  return Status::Ok();
+}
+
+// `chat`: the interactive loop over stdin until EOF, /quit or /exit. Exit code 0, or Fail's.
+int RunChat(GenArgs& ca, const PressureArgs& pa) {  // Open resolves ca.model in place
+  Session s;
+  Status st = Open(ca, &s);
+  if (!st.ok()) return Fail(st);
+  std::unique_ptr<PressureMonitor> mon;  // declared after s: stopped before the context goes
+  if (pa.watch->count() > 0) {
+    st = StartPressureWatch(pa, s.ctx.get(), &mon);
+    if (!st.ok()) return Fail(st);
+  }
+  std::fprintf(stderr,
+               "[model %s loaded in %.2f s; type a message. Commands: /memory, /evict 40%% | 300MiB, "
+               "/remaining 50%%, /restore, /save FILE, %s/quit]\n",
+               ca.model.c_str(), s.load_s, mon ? "/pressure low|medium|critical|none, " : "");
+  Sampler sampler({ca.temp, ca.top_k, ca.top_p, ca.seed});
+  ChatState cs;
+  std::string line;
+  while (true) {
+    std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/quit" || line == "/exit") break;
+    if (line.empty()) continue;
+    if (line[0] == '/') {
+      ChatCommand(s, ca, mon.get(), line);
+      continue;
+    }
+    st = ChatTurn(s, sampler, ca, mon.get(), line, &cs);
+    if (!st.ok()) return Fail(st);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void AddRunCommands(CLI::App& app, Runners& runners) {
@@ -252,29 +429,7 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   run->add_flag("--raw", ra->raw, "do not apply the chat template");
   runners.push_back([run, ra]() -> int {
     if (!run->parsed()) return -1;
-    Session s;
-    Status st = Open(*ra, &s);
-    if (!st.ok()) return Fail(st);
-    std::string text = ra->prompt;
-    if (!ra->raw) {
-      st = s.tok->ApplyChat({{"user", ra->prompt}}, true, &text);
-      if (!st.ok()) return Fail(st);
-    }
-    std::vector<int32_t> toks;
-    st = s.tok->Tokenize(text, s.ctx->history().empty(), true, &toks);
-    if (!st.ok()) return Fail(st);
-    std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %d threads]\n", ra->model.c_str(),
-                 s.model->hparams().name.c_str(), s.load_s, ra->threads);
-    Sampler sampler({ra->temp, ra->top_k, ra->top_p, ra->seed});
-    st = Generate(s, sampler, toks, ra->n_predict, true, nullptr);
-    if (st.ok() && !ra->session.empty()) {
-      SessionInfo si;
-      st = SaveSession(*s.ctx, ra->session, ra->session_codec, &si);
-      if (st.ok())
-        std::fprintf(stderr, "[session saved: %s, %d tokens, %s]\n", ra->session.c_str(), si.n_tokens,
-                     Mib(si.file_bytes).c_str());
-    }
-    return st.ok() ? 0 : Fail(st);
+    return RunOnce(*ra);
   });
 
   auto ca = std::make_shared<GenArgs>();
@@ -286,123 +441,7 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   AddPressureOptions(chat, *pa);
   runners.push_back([chat, ca, pa]() -> int {
     if (!chat->parsed()) return -1;
-    Session s;
-    Status st = Open(*ca, &s);
-    if (!st.ok()) return Fail(st);
-    std::unique_ptr<PressureMonitor> mon;  // declared after s: stopped before the context goes
-    if (pa->watch->count() > 0) {
-      st = StartPressureWatch(*pa, s.ctx.get(), &mon);
-      if (!st.ok()) return Fail(st);
-    }
-    std::fprintf(stderr,
-                 "[model %s loaded in %.2f s; type a message. Commands: /memory, /evict 40%% | 300MiB, "
-                 "/remaining 50%%, /restore, /save FILE, %s/quit]\n",
-                 ca->model.c_str(), s.load_s, mon ? "/pressure low|medium|critical|none, " : "");
-    Sampler sampler({ca->temp, ca->top_k, ca->top_p, ca->seed});
-    std::vector<std::pair<std::string, std::string>> msgs;
-    std::string prev_text;
-    std::string line;
-    while (true) {
-      std::fprintf(stderr, "> ");
-      if (!std::getline(std::cin, line)) break;
-      if (line == "/quit" || line == "/exit") break;
-      if (line.empty()) continue;
-      if (line[0] == '/') {
-        std::istringstream cmd(line);
-        std::string verb, arg;
-        cmd >> verb >> arg;
-        MemoryReport r = s.ctx->Report();
-        if (verb == "/memory") {
-          PrintReport(r);
-        } else if (verb == "/evict" || verb == "/remaining") {
-          uint64_t amount = 0;
-          if (!ParseAmount(arg, r.footprint(), &amount)) {
-            std::fprintf(stderr, "usage: %s 40%% | 300MiB\n", verb.c_str());
-            continue;
-          }
-          if (verb == "/remaining") amount = r.in_memory() > amount ? r.in_memory() - amount : 0;
-          uint64_t freed = 0;
-          double t0 = Now();
-          Status est = s.ctx->EvictBytes(amount, &freed);
-          std::fprintf(stderr, "  released %s in %.3f s%s%s\n", Mib(freed).c_str(), Now() - t0,
-                       est.ok() ? "" : ": ", est.ok() ? "" : est.ToString().c_str());
-          PrintReport(s.ctx->Report());
-        } else if (verb == "/restore") {
-          double t0 = Now();
-          Status rst = s.ctx->Restore();
-          std::fprintf(stderr, "  restore %s in %.3f s\n", rst.ok() ? "done" : rst.ToString().c_str(), Now() - t0);
-          PrintReport(s.ctx->Report());
-        } else if (verb == "/pressure" && mon) {
-          PressureEvent ev;
-          if (arg == "low") ev.level = PressureLevel::kLow;
-          else if (arg == "medium") ev.level = PressureLevel::kMedium;
-          else if (arg == "critical") ev.level = PressureLevel::kCritical;
-          else if (arg != "none") {
-            std::fprintf(stderr, "usage: /pressure low|medium|critical|none\n");
-            continue;
-          }
-          ev.time_ns = Env::Default()->NowNs();
-          ev.source = "/pressure";
-          mon->Submit(ev);  // the action is printed by the monitor's callback
-        } else if (verb == "/save") {
-          SessionInfo si;
-          Status sst = SaveSession(*s.ctx, arg.empty() ? ca->session : arg, ca->session_codec, &si);
-          std::fprintf(stderr, "  %s\n", sst.ok() ? ("saved " + std::to_string(si.n_tokens) + " tokens").c_str()
-                                                   : sst.ToString().c_str());
-        } else {
-          std::fprintf(stderr, "unknown command %s\n", verb.c_str());
-        }
-        continue;
-      }
-      msgs.push_back({"user", line});
-      std::string full;
-      st = s.tok->ApplyChat(msgs, true, &full);
-      if (!st.ok()) return Fail(st);
-      // Only the new suffix is prefilled: the KV cache holds everything before it.
-      std::string delta = full.substr(std::min(prev_text.size(), full.size()));
-      std::vector<int32_t> toks;
-      st = s.tok->Tokenize(delta, s.ctx->history().empty(), true, &toks);
-      if (!st.ok()) return Fail(st);
-      std::string reply;
-      // A reply is one generation: non-critical pressure during it is applied when it ends.
-      struct GenerationPhase {
-        PressureMonitor* m;
-        explicit GenerationPhase(PressureMonitor* mm) : m(mm) {
-          if (m) m->BeginGeneration();
-        }
-        ~GenerationPhase() {
-          if (m) m->EndGeneration();
-        }
-      } phase(mon.get());
-      const MemoryReport before = s.ctx->Report();
-      st = Generate(s, sampler, toks, ca->n_predict, true, &reply, mon != nullptr);
-      const uint64_t given_back = before.footprint() - (before.weights_resident + before.kv_resident);
-      if (mon && st.ok() && given_back > 0)
-        std::fprintf(stderr, "[this turn restored the %s given back under pressure (see TTFT above)]\n",
-                     Mib(given_back).c_str());
-      if (!st.ok()) {
-        std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", st.ToString().c_str());
-        msgs.pop_back();
-        continue;
-      }
-      msgs.push_back({"assistant", reply});
-      std::string closed;
-      st = s.tok->ApplyChat(msgs, false, &closed);
-      if (!st.ok()) return Fail(st);
-      // Feed the end-of-turn tokens the template adds after the reply so the cache matches the text.
-      std::string tail = closed.substr(std::min(full.size() + reply.size(), closed.size()));
-      std::vector<int32_t> tail_toks;
-      if (!tail.empty() && s.tok->Tokenize(tail, false, true, &tail_toks).ok() && !tail_toks.empty()) {
-        st = s.ctx->Decode(tail_toks.data(), int(tail_toks.size()), false);
-        if (!st.ok()) return Fail(st);
-      }
-      prev_text = closed;
-      if (!ca->session.empty()) {
-        Status sst = SaveSession(*s.ctx, ca->session, ca->session_codec);
-        if (!sst.ok()) std::fprintf(stderr, "warning: session not saved: %s\n", sst.ToString().c_str());
-      }
-    }
-    return 0;
+    return RunChat(*ca, *pa);
   });
 }
 
