@@ -157,66 +157,55 @@ void pv_tile(const float* p, const float* alpha, const float* v, int n, int R, i
   pv_tile_blocks<8>(tbl, p, alpha, v, n, R, D, acc, pf);
 }
 
-void item_avx2(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
-  const int D = kv.head_dim, R = it.rows();
-  const __m256 qs = _mm256_set1_ps(a.scale * kLog2e);  // scores in log2 units -> exp2
-  for (int r = 0; r < R; ++r) {
-    const float* src = a.q + q_offset(a, D, it, r);
+// The AVX2 steps of simd_item (attention_impl.h).
+struct Avx2 {
+  static constexpr int kW = 8;
+  static constexpr int kQkRows = mz::attn::kQkRows, kQkKeys = mz::attn::kQkKeys;
+  static constexpr int kPvRows = mz::attn::kPvRows, kPvVecs = mz::attn::kPvVecs;
+  static void load_row(const float* src, float qs, int D, float* q, float* acc) {
+    const __m256 vqs = _mm256_set1_ps(qs);
     for (int d = 0; d < D; d += 8) {
-      _mm256_store_ps(sc.q + r * D + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), qs));
-      _mm256_store_ps(sc.acc + r * D + d, _mm256_setzero_ps());
+      _mm256_store_ps(q + d, _mm256_mul_ps(_mm256_loadu_ps(src + d), vqs));
+      _mm256_store_ps(acc + d, _mm256_setzero_ps());
     }
-    sc.m[r] = kNegInf;
-    sc.l[r] = 0.0f;
   }
-  const int kend = a.pos0 + it.t0 + it.tn;  // keys [0, kend) are visible to at least one row
-  const int kall = a.pos0 + it.t0 + 1;      // keys [0, kall) are visible to every row
-  for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile& next) {
-    const int k0 = t.k0, n = t.n;
-    // The next tile's K streams in during this tile's QK, its V during this tile's PV.
-    const size_t next_bytes = next.bytes(D);
-    Prefetcher pf_k(next.k_bytes(), next_bytes, blocks_of(R, kQkRows) * blocks_of(n, kQkKeys));
-    Prefetcher pf_v(next.v_bytes(), next_bytes, blocks_of(R, kPvRows) * blocks_of(D / 8, kPvVecs));
-    if (t.kq) cvt_tile_q8(t.kq, t.ka, n, D, sc.kv);
-    else cvt_tile(t.k, static_cast<size_t>(n) * D, sc.kv);
-    qk_tile(sc.q, R, sc.kv, n, D, sc.s, pf_k);
-    const int n8 = (n + 7) & ~7;
-    for (int r = 0; r < R; ++r) {
-      float* s = sc.s + r * kTile;
-      const int lim = visible_keys(a, it, r, k0, n, kall);
-      if (lim == 0) {  // nothing visible in this tile: P = 0, state unchanged
-        sc.alpha[r] = 1.0f;
-        for (int j = 0; j < n8; j += 8) _mm256_store_ps(s + j, _mm256_setzero_ps());
-        continue;
-      }
-      for (int j = lim; j < n8; ++j) s[j] = kNegInf;
-      __m256 vmx = _mm256_load_ps(s);
-      for (int j = 8; j < n8; j += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(s + j));
-      const float m_new = std::max(sc.m[r], hmax(vmx));  // finite: s[0] is visible
-      const __m256 mv = _mm256_set1_ps(m_new);
-      __m256 vsum = _mm256_setzero_ps();
-      for (int j = 0; j < n8; j += 8) {
-        const __m256 pj = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + j), mv));
-        _mm256_store_ps(s + j, pj);
-        vsum = _mm256_add_ps(vsum, pj);
-      }
-      update_row_state(sc, r, m_new, hsum(vsum));
+  static void to_f32(const int8_t* codes, const uint8_t* amax, const uint16_t* half, int n, int D, float* dst) {
+    if (codes) cvt_tile_q8(codes, amax, n, D, dst);
+    else cvt_tile(half, static_cast<size_t>(n) * D, dst);
+  }
+  static void qk_tile(const float* q, int R, const float* k, int n, int D, float* s, Prefetcher& pf) {
+    mz::attn::qk_tile(q, R, k, n, D, s, pf);
+  }
+  static void pv_tile(const float* p, const float* alpha, const float* v, int n, int R, int D, float* acc,
+                      Prefetcher& pf) {
+    mz::attn::pv_tile(p, alpha, v, n, R, D, acc, pf);
+  }
+  static void zero(float* s, int nw) {
+    for (int j = 0; j < nw; j += 8) _mm256_store_ps(s + j, _mm256_setzero_ps());
+  }
+  static float exp_row(float* s, int nw, float m_old, float* m_new) {
+    __m256 vmx = _mm256_load_ps(s);
+    for (int j = 8; j < nw; j += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(s + j));
+    *m_new = std::max(m_old, hmax(vmx));
+    const __m256 mv = _mm256_set1_ps(*m_new);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int j = 0; j < nw; j += 8) {
+      const __m256 pj = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + j), mv));
+      _mm256_store_ps(s + j, pj);
+      vsum = _mm256_add_ps(vsum, pj);
     }
-    if (t.vq) cvt_tile_q8(t.vq, t.va, n, D, sc.kv);
-    else cvt_tile(t.v, static_cast<size_t>(n) * D, sc.kv);
-    pv_tile(sc.s, sc.alpha, sc.kv, n, R, D, sc.acc, pf_v);
-  });
-  for (int r = 0; r < R; ++r) {
-    float* dst = a.out + q_offset(a, D, it, r);
-    const __m256 inv = _mm256_set1_ps(1.0f / sc.l[r]);
-    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_load_ps(sc.acc + r * D + d), inv));
+    return hsum(vsum);
   }
-}
+  static void store_row(const float* acc, float inv, int D, float* dst) {
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int d = 0; d < D; d += 8) _mm256_storeu_ps(dst + d, _mm256_mul_ps(_mm256_load_ps(acc + d), vinv));
+  }
+};
 
 }  // namespace
 
 void attention_chunked_avx2(const AttnArgs& a, const KvLayerView& kv, int ith, int nth) {
-  run_items(a, kv, ith, nth, item_avx2);
+  run_items(a, kv, ith, nth, simd_item<Avx2>);
 }
 
 }  // namespace mz::attn

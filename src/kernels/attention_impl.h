@@ -297,6 +297,55 @@ inline void update_row_state(const Scratch& sc, int r, float m_new, float tile_s
   sc.l[r] = sc.l[r] * al + tile_sum;
 }
 
+// One work item of a SIMD path: pre-scaled queries, then per tile QK, causal mask, online softmax and
+// PV, then the normalised output. The ISA supplies the vector steps as static members of Isa:
+//   kW (floats per vector), kQkRows/kQkKeys and kPvRows/kPvVecs (register block limits);
+//   load_row(src, qs, D, q, acc): q[0..D) = src * qs, acc[0..D) = 0;
+//   to_f32(codes, amax, half, n, D, dst): n rows of a K or V tile to f32 (q8 when codes, else fp16 half);
+//   qk_tile / pv_tile (the register-blocked tiles, same arguments as qk_tile_blocks / pv_tile_blocks);
+//   zero(s, nw): s[0..nw) = 0;
+//   exp_row(s, nw, m_old, *m_new): m_new = max(m_old, max s[0..nw)); s = 2^(s - m_new); returns sum s;
+//   store_row(acc, inv, D, dst): dst[0..D) = acc * inv.
+template <class Isa>
+void simd_item(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
+  constexpr int W = Isa::kW;
+  const int D = kv.head_dim, R = it.rows();
+  const float qs = a.scale * kLog2e;  // scores in log2 units -> exp2
+  for (int r = 0; r < R; ++r) {
+    Isa::load_row(a.q + q_offset(a, D, it, r), qs, D, sc.q + r * D, sc.acc + r * D);
+    sc.m[r] = kNegInf;
+    sc.l[r] = 0.0f;
+  }
+  const int kend = a.pos0 + it.t0 + it.tn;  // keys [0, kend) are visible to at least one row
+  const int kall = a.pos0 + it.t0 + 1;      // keys [0, kall) are visible to every row
+  for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile& next) {
+    const int k0 = t.k0, n = t.n;
+    // The next tile's K streams in during this tile's QK, its V during this tile's PV.
+    const size_t next_bytes = next.bytes(D);
+    Prefetcher pf_k(next.k_bytes(), next_bytes, blocks_of(R, Isa::kQkRows) * blocks_of(n, Isa::kQkKeys));
+    Prefetcher pf_v(next.v_bytes(), next_bytes, blocks_of(R, Isa::kPvRows) * blocks_of(D / W, Isa::kPvVecs));
+    Isa::to_f32(t.kq, t.ka, t.k, n, D, sc.kv);
+    Isa::qk_tile(sc.q, R, sc.kv, n, D, sc.s, pf_k);
+    const int nw = (n + W - 1) & ~(W - 1);
+    for (int r = 0; r < R; ++r) {
+      float* s = sc.s + r * kTile;
+      const int lim = visible_keys(a, it, r, k0, n, kall);
+      if (lim == 0) {  // nothing visible in this tile: P = 0, state unchanged
+        sc.alpha[r] = 1.0f;
+        Isa::zero(s, nw);
+        continue;
+      }
+      for (int j = lim; j < nw; ++j) s[j] = kNegInf;
+      float m_new;
+      const float sum = Isa::exp_row(s, nw, sc.m[r], &m_new);  // m_new finite: s[0] is visible
+      update_row_state(sc, r, m_new, sum);
+    }
+    Isa::to_f32(t.vq, t.va, t.v, n, D, sc.kv);
+    Isa::pv_tile(sc.s, sc.alpha, sc.kv, n, R, D, sc.acc, pf_v);
+  });
+  for (int r = 0; r < R; ++r) Isa::store_row(sc.acc + r * D, 1.0f / sc.l[r], D, a.out + q_offset(a, D, it, r));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Driver (shared by all paths).
 

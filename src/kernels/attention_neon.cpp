@@ -120,66 +120,53 @@ void pv_tile_neon(const float* p, const float* alpha, const float* v, int n, int
   pv_tile_blocks<4>(tbl, p, alpha, v, n, R, D, acc, pf);
 }
 
-void item_neon(const AttnArgs& a, const KvLayerView& kv, const Item& it, const Scratch& sc) {
-  const int D = kv.head_dim, R = it.rows();
-  const float qs = a.scale * kLog2e;  // scores in log2 units -> exp2
-  for (int r = 0; r < R; ++r) {
-    const float* src = a.q + q_offset(a, D, it, r);
+// The NEON steps of simd_item (attention_impl.h).
+struct Neon {
+  static constexpr int kW = 4;
+  static constexpr int kQkRows = kQkRowsNeon, kQkKeys = kQkKeysNeon;
+  static constexpr int kPvRows = kPvRowsNeon, kPvVecs = kPvVecsNeon;
+  static void load_row(const float* src, float qs, int D, float* q, float* acc) {
     for (int d = 0; d < D; d += 4) {
-      vst1q_f32(sc.q + r * D + d, vmulq_n_f32(vld1q_f32(src + d), qs));
-      vst1q_f32(sc.acc + r * D + d, vdupq_n_f32(0.0f));
+      vst1q_f32(q + d, vmulq_n_f32(vld1q_f32(src + d), qs));
+      vst1q_f32(acc + d, vdupq_n_f32(0.0f));
     }
-    sc.m[r] = kNegInf;
-    sc.l[r] = 0.0f;
   }
-  const int kend = a.pos0 + it.t0 + it.tn;  // keys [0, kend) are visible to at least one row
-  const int kall = a.pos0 + it.t0 + 1;      // keys [0, kall) are visible to every row
-  for_each_tile(kv, it.kvh, kend, [&](const Tile& t, const Tile& next) {
-    const int k0 = t.k0, n = t.n;
-    // The next tile's K streams in during this tile's QK, its V during this tile's PV.
-    const size_t next_bytes = next.bytes(D);
-    Prefetcher pf_k(next.k_bytes(), next_bytes, blocks_of(R, kQkRowsNeon) * blocks_of(n, kQkKeysNeon));
-    Prefetcher pf_v(next.v_bytes(), next_bytes, blocks_of(R, kPvRowsNeon) * blocks_of(D / 4, kPvVecsNeon));
-    if (t.kq) q8_dequantize_rows_f32(t.kq, t.ka, n, D, sc.kv);
-    else cvt_tile_neon(t.k, static_cast<size_t>(n) * D, sc.kv);
-    qk_tile_neon(sc.q, R, sc.kv, n, D, sc.s, pf_k);
-    const int n4 = (n + 3) & ~3;
-    for (int r = 0; r < R; ++r) {
-      float* s = sc.s + r * kTile;
-      const int lim = visible_keys(a, it, r, k0, n, kall);
-      if (lim == 0) {  // nothing visible in this tile: P = 0, state unchanged
-        sc.alpha[r] = 1.0f;
-        for (int j = 0; j < n4; j += 4) vst1q_f32(s + j, vdupq_n_f32(0.0f));
-        continue;
-      }
-      for (int j = lim; j < n4; ++j) s[j] = kNegInf;
-      float32x4_t vmx = vld1q_f32(s);
-      for (int j = 4; j < n4; j += 4) vmx = vmaxq_f32(vmx, vld1q_f32(s + j));
-      const float m_new = std::max(sc.m[r], vmaxvq_f32(vmx));  // finite: s[0] is visible
-      const float32x4_t mv = vdupq_n_f32(m_new);
-      float32x4_t vsum = vdupq_n_f32(0.0f);
-      for (int j = 0; j < n4; j += 4) {
-        const float32x4_t pj = exp2_f32x4(vsubq_f32(vld1q_f32(s + j), mv));
-        vst1q_f32(s + j, pj);
-        vsum = vaddq_f32(vsum, pj);
-      }
-      update_row_state(sc, r, m_new, vaddvq_f32(vsum));
+  static void to_f32(const int8_t* codes, const uint8_t* amax, const uint16_t* half, int n, int D, float* dst) {
+    if (codes) q8_dequantize_rows_f32(codes, amax, n, D, dst);
+    else cvt_tile_neon(half, static_cast<size_t>(n) * D, dst);
+  }
+  static void qk_tile(const float* q, int R, const float* k, int n, int D, float* s, Prefetcher& pf) {
+    qk_tile_neon(q, R, k, n, D, s, pf);
+  }
+  static void pv_tile(const float* p, const float* alpha, const float* v, int n, int R, int D, float* acc,
+                      Prefetcher& pf) {
+    pv_tile_neon(p, alpha, v, n, R, D, acc, pf);
+  }
+  static void zero(float* s, int nw) {
+    for (int j = 0; j < nw; j += 4) vst1q_f32(s + j, vdupq_n_f32(0.0f));
+  }
+  static float exp_row(float* s, int nw, float m_old, float* m_new) {
+    float32x4_t vmx = vld1q_f32(s);
+    for (int j = 4; j < nw; j += 4) vmx = vmaxq_f32(vmx, vld1q_f32(s + j));
+    *m_new = std::max(m_old, vmaxvq_f32(vmx));
+    const float32x4_t mv = vdupq_n_f32(*m_new);
+    float32x4_t vsum = vdupq_n_f32(0.0f);
+    for (int j = 0; j < nw; j += 4) {
+      const float32x4_t pj = exp2_f32x4(vsubq_f32(vld1q_f32(s + j), mv));
+      vst1q_f32(s + j, pj);
+      vsum = vaddq_f32(vsum, pj);
     }
-    if (t.vq) q8_dequantize_rows_f32(t.vq, t.va, n, D, sc.kv);
-    else cvt_tile_neon(t.v, static_cast<size_t>(n) * D, sc.kv);
-    pv_tile_neon(sc.s, sc.alpha, sc.kv, n, R, D, sc.acc, pf_v);
-  });
-  for (int r = 0; r < R; ++r) {
-    float* dst = a.out + q_offset(a, D, it, r);
-    const float inv = 1.0f / sc.l[r];
-    for (int d = 0; d < D; d += 4) vst1q_f32(dst + d, vmulq_n_f32(vld1q_f32(sc.acc + r * D + d), inv));
+    return vaddvq_f32(vsum);
   }
-}
+  static void store_row(const float* acc, float inv, int D, float* dst) {
+    for (int d = 0; d < D; d += 4) vst1q_f32(dst + d, vmulq_n_f32(vld1q_f32(acc + d), inv));
+  }
+};
 
 }  // namespace
 
 void attention_chunked_neon(const AttnArgs& a, const KvLayerView& kv, int ith, int nth) {
-  run_items(a, kv, ith, nth, item_neon);
+  run_items(a, kv, ith, nth, simd_item<Neon>);
 }
 
 }  // namespace mz::attn
