@@ -322,7 +322,8 @@ int mz_pressure_get_stats(mz_context* ctx, struct mz_pressure_stats* out);
 struct mz_profile_params {
   uint32_t struct_size; /* set by mz_profile_default_params(): see "Params structs" above */
   const char* dir;      /* folder on the storage to profile, where swap files live (default NULL:
-                           /var/tmp); a read-test file is written there and removed before return */
+                           /var/tmp; "" is refused); a read-test file is written there and removed
+                           before return */
   uint32_t file_mib;    /* size of that file in MiB (default 512; reads use its first 256 MiB) */
   int32_t threads;      /* most decode threads measured, for the report (default 2; 1..256) */
   bool quick;           /* small and fast, for tests and a first look (default false): fewer
@@ -344,7 +345,8 @@ struct mz_profile_params mz_profile_default_params(void);
  * bad params struct or value); the model's load error (MZ_ERR_IO, MZ_ERR_CORRUPT,
  * MZ_ERR_UNSUPPORTED); MZ_ERR_IO or MZ_ERR_NO_SPACE (the read-test file could not be written or
  * read in dir, or out_path could not be written); MZ_ERR_NO_MEMORY (the allocation test could not
- * map memory). On an error out_path is not written; the read-test file is removed on every path. */
+ * map memory). out_path is replaced crash-safely (written beside it, synced, renamed): on an error
+ * or a crash it keeps its previous content; the read-test file is removed on every path. */
 int mz_profile_device(const char* model_path, const struct mz_profile_params* params, const char* out_path);
 
 #ifdef __cplusplus

@@ -337,6 +337,9 @@ static int check_profile(const char* path) {
   CHECK(mz_profile_device(NULL, &pp, out) == MZ_ERR_INVALID_ARG, "NULL model path accepted");
   pp.threads = 0;
   CHECK(mz_profile_device(path, &pp, out) == MZ_ERR_INVALID_ARG, "threads 0 accepted");
+  pp = mz_profile_default_params();
+  pp.dir = ""; /* not "the root folder": refused */
+  CHECK(mz_profile_device(path, &pp, out) == MZ_ERR_INVALID_ARG, "an empty dir accepted");
   CHECK(access(out, F_OK) != 0, "a refused call wrote the profile");
 
   struct profile_seen seen = {0, 0, 0, 0};

@@ -224,9 +224,15 @@ TEST(EnvFaults, DeviceProfileIoGoesThroughTheEnv) {
   ASSERT_TRUE(DeviceProfile::Load(path, &q, &m.env).ok());
   EXPECT_EQ(q.threads, 3);
   m.env.fail_small_writes_after = 0;
+  p.threads = 5;
   Status st = p.Save(path, &m.env);
   EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
   EXPECT_NE(st.message().find(path), std::string::npos) << st.ToString();
+  // A failed save leaves the previous profile whole and no temporary file behind.
+  std::string after;
+  ASSERT_TRUE(m.env.FakeFile(path, &after));
+  EXPECT_EQ(after, text);
+  EXPECT_FALSE(m.env.FakeFile(path + ".tmp", &after));
   m.env.fail_small_reads_after = 0;
   st = DeviceProfile::Load(path, &q, &m.env);
   EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();

@@ -610,6 +610,7 @@ int mz_profile_device(const char* model_path, const mz_profile_params* params, c
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_profile_default_params(), kProfileParamsV1, "mz_profile_params", &p));
     if (p.file_mib == 0 || p.file_mib > (1u << 20)) return mz::Status::InvalidArgument("file_mib out of range");
     if (p.threads <= 0 || p.threads > 256) return mz::Status::InvalidArgument("threads out of range");
+    if (p.dir && !*p.dir) return mz::Status::InvalidArgument("dir is empty (NULL means /var/tmp)");
     mz::Env* env = mz::Env::Default();
     std::unique_ptr<mz::Model> model;
     MZ_RETURN_IF_ERROR(mz::Model::Load(env, model_path, mz::ModelOptions(), &model));

@@ -186,9 +186,9 @@ class Env {
   virtual Status ReadSmallFile(const std::string& path, std::string* out) = 0;
   // Writes data to path. create = false: a kernel interface file that must already exist, written
   // with exactly one write(2) (a kernel file takes one command per write; a short write is
-  // kIOError). create = true: a regular file, created or truncated, written fully; not synced and
-  // not atomic (a crash can leave it partial). Failure: the OS error naming the path and, for a
-  // kernel file, the value.
+  // kIOError). create = true: a regular file, created or truncated, written fully and fsynced; not
+  // atomic (a crash can leave it partial: write a temporary path and Rename it). Failure: the OS
+  // error naming the path (ENOSPC -> kNoSpace) and, for a kernel file, the value.
   virtual Status WriteSmallFile(const std::string& path, const std::string& data, bool create) = 0;
   // OK if path exists and, with write = true, this process may write it (access(2)); else the OS
   // error (ENOENT, EACCES) naming the path.

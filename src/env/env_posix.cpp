@@ -380,7 +380,8 @@ class PosixEnv final : public Env {
     if (create) {
       std::unique_ptr<File> f;
       MZ_RETURN_IF_ERROR(Open(path, OpenMode::kCreateTrunc, /*direct=*/false, &f));
-      return f->Write(data.data(), data.size(), 0);
+      MZ_RETURN_IF_ERROR(f->Write(data.data(), data.size(), 0));
+      return f->Sync();
     }
     int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, "open " + path);

@@ -158,6 +158,31 @@ void FaultEnv::RemoveFakeFile(const std::string& path) {
   fake_files_.erase(path);
 }
 
+Status FaultEnv::Rename(const std::string& from, const std::string& to) {
+  std::string c;
+  const int f = Fake(from, &c);
+  if (f < 0) return Status::FromErrno(ENOENT, "rename " + from + " (hidden by a fake tree)");
+  if (f == 0) return target()->Rename(from, to);
+  RemoveFakeFile(from);
+  SetFakeFile(to, std::move(c));
+  return Status::Ok();
+}
+
+Status FaultEnv::Remove(const std::string& path) {
+  const int f = Fake(path, nullptr);
+  if (f < 0) return Status::FromErrno(ENOENT, "remove " + path + " (hidden by a fake tree)");
+  if (f > 0) {
+    RemoveFakeFile(path);
+    return Status::Ok();
+  }
+  return target()->Remove(path);
+}
+
+Status FaultEnv::SyncDir(const std::string& path) {
+  if (Fake(path, nullptr) != 0) return Status::Ok();
+  return target()->SyncDir(path);
+}
+
 bool FaultEnv::FakeFile(const std::string& path, std::string* content) const {
   std::lock_guard<std::mutex> lk(fake_mu_);
   auto it = fake_files_.find(path);

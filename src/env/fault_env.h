@@ -50,6 +50,11 @@ class FaultEnv : public EnvWrapper {
   // unless a fault above fires.
   void SetFakeFile(const std::string& path, std::string content);
   void RemoveFakeFile(const std::string& path);
+  // Fake files take part in Rename (from a fake file: the entry moves), Remove (a fake file: the
+  // entry goes) and SyncDir (a fake or hidden path: nothing to sync); real paths are forwarded.
+  Status Rename(const std::string& from, const std::string& to) override;
+  Status Remove(const std::string& path) override;
+  Status SyncDir(const std::string& path) override;
   // Content of a fake file; false if there is none.
   bool FakeFile(const std::string& path, std::string* content) const;
   // Paths starting with prefix (e.g. "/proc/", "/sys/") that are not fake files do not exist

@@ -86,8 +86,18 @@ Status DeviceProfile::Save(const std::string& path, Env* env) const {
   j["mapped_read_Bps"] = mapped_read_Bps;
   j["attend_in_place_s_per_MiB"] = attend_in_place_s_per_MiB;
   j["threads"] = threads;
-  Status st = (env ? env : Env::Default())->WriteSmallFile(path, j.dump(2) + "\n", /*create=*/true);
-  if (!st.ok()) return Status::IOError("cannot write profile " + path + ": " + st.message());
+  // Crash-safe and all-or-nothing: written whole and synced to path.tmp, renamed over path, the
+  // folder synced. On any failure path keeps its previous content (a context reads it at creation:
+  // a partial profile would refuse every later context) and path.tmp is removed.
+  Env* e = env ? env : Env::Default();
+  const std::string tmp = path + ".tmp";
+  Status st = e->WriteSmallFile(tmp, j.dump(2) + "\n", /*create=*/true);
+  if (st.ok()) st = e->Rename(tmp, path);
+  if (st.ok()) st = e->SyncDir(path);
+  if (!st.ok()) {
+    e->Remove(tmp);  // best effort: it may not exist
+    return st.With("cannot write profile " + path);  // keeps the code: a full disk is kNoSpace
+  }
   return Status::Ok();
 }
 

@@ -51,6 +51,8 @@ struct DeviceProfile {
   // JSON at path, written / read through env (nullptr: Env::Default()) with Env::WriteSmallFile
   // (created or truncated, not atomic) / ReadSmallFile. Failure: kIOError naming the path (and the
   // OS error); Load also kCorruption naming the bad field, *out then unchanged.
+  // Writes the profile as JSON crash-safely (path.tmp, sync, rename, folder sync): on failure path
+  // keeps its previous content and the error keeps its code (kNoSpace for a full disk).
   Status Save(const std::string& path, Env* env = nullptr) const;
   static Status Load(const std::string& path, DeviceProfile* out, Env* env = nullptr);
   // Conservative stand-in when no profile was measured (documented in docs/design.md).
