@@ -1,10 +1,10 @@
 // CgroupV1Source: cgroup v1 memory.pressure_level notifications (the kernel's vmpressure), the
 // pressure signal of the machines this project runs on and of Android's lmkd before PSI.
 //
-// Start() creates one eventfd per level (low, medium, critical) and registers each by writing
-// "<eventfd> <fd of memory.pressure_level> <level>" to <cgroup>/cgroup.event_control (default
+// Start() creates one event counter per level (low, medium, critical; through the Env) and registers each by writing
+// "<counter fd> <fd of memory.pressure_level> <level>" to <cgroup>/cgroup.event_control (default
 // hierarchy mode: an event in a child cgroup without listeners is passed to its ancestors). The
-// kernel signals a level's eventfd for that level and every higher one, so on each wake-up Wait()
+// kernel signals a level's counter for that level and every higher one, so on each wake-up Wait()
 // drains all three counters and reports the highest level fired. Levels mean (kernel docs):
 // low = reclaiming to make room for new allocations, medium = swapping / dropping the active page
 // cache, critical = about to OOM or reclaim failing.

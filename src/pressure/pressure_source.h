@@ -6,7 +6,7 @@
 //     "some|full <stall us> <window us>" written to the file, POLLPRI on the fd; the kernel's rules
 //     (window 500 ms..10 s, threshold <= window) are validated before writing.
 //   - CgroupV1Source: memory.pressure_level notifications through cgroup.event_control and an
-//     eventfd (one eventfd per level: low, medium, critical).
+//     event counter (one per level: low, medium, critical; made through the Env).
 //   - WatermarkSource: polls MemAvailable (/proc/meminfo) or a cgroup's usage vs limit and maps
 //     the headroom to a level (the fallback that works everywhere).
 //   - ManualSource: events pushed by the host app: Android's onTrimMemory levels via
