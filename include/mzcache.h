@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 5
+#define MZ_VERSION_MINOR 6
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -110,6 +110,14 @@ struct mz_context_params {
   const char* swap_path;     /* storage swap file (default NULL: $TMPDIR or /var/tmp, one file per context) */
   bool direct_io;            /* O_DIRECT for swap and weight reloads (default true) */
   int32_t restore_threads;   /* threads restoring units (default 2) */
+  /* "Resident" means resident (since 0.6): before every mz_restore_generate, restore-ahead slice
+   * and mz_evict by the policy, the context asks the kernel (mincore) which units it counts
+   * resident are really in RAM. A unit of which at least this many bytes were reclaimed (the clean
+   * page-cache pages of file-backed weights and of KV chunks mapped from the swap file, which a
+   * memory cgroup or the OS takes under pressure) is counted evicted and restored front layers
+   * first, overlapped with prefill, instead of being faulted back a page at a time during compute.
+   * Default 256 KiB; 0 turns the check off (the context trusts its own count). */
+  uint64_t reconcile_min_missing;
 };
 struct mz_context_params mz_context_default_params(void);
 
@@ -207,6 +215,13 @@ struct mz_memory_report {
   int32_t n_kv_lost;          /* chunks whose stored copy failed verification */
 };
 int mz_get_memory_report(mz_context* ctx, struct mz_memory_report* out);
+/* What the kernel holds of the memory the context counts resident (mincore over every resident
+ * weight unit and KV chunk; the in-memory swap is not included): *counted (optional) receives the
+ * bytes counted resident, *in_ram (optional) the part of them in RAM now. in_ram < counted means
+ * the kernel reclaimed pages behind the context's back (the next mz_restore_generate restores
+ * them, see mz_context_params.reconcile_min_missing). About 1 ms per GiB. Waits for a running
+ * decode. */
+int mz_kernel_residency(mz_context* ctx, uint64_t* counted, uint64_t* in_ram);
 
 /* ---- sessions: a conversation saved to a file and loaded in another process ---- */
 /* Writes tokens + KV (codec "none" is lossless; default q8 when NULL) crash-safely. */

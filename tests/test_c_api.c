@@ -170,6 +170,14 @@ static int check_pressure(mz_model* model, const mz_token* toks, int32_t n) {
         "after COMPLETE: events %u level %d pending %d", (unsigned)st.events, (int)st.last_level, (int)st.pending);
   struct mz_memory_report r;
   CHECK(mz_get_memory_report(ctx, &r) == MZ_OK, "report");
+  {
+    uint64_t counted = 0, in_ram = 0;
+    CHECK(mz_kernel_residency(ctx, &counted, &in_ram) == MZ_OK, "kernel residency: %s", mz_last_error());
+    CHECK(counted > 0 && counted <= r.weights_resident + r.kv_resident && in_ram <= counted,
+          "kernel residency: counted %llu, in RAM %llu, report %llu", (unsigned long long)counted,
+          (unsigned long long)in_ram, (unsigned long long)(r.weights_resident + r.kv_resident));
+    CHECK(mz_kernel_residency(NULL, &counted, &in_ram) == MZ_ERR_INVALID_ARG && counted == 0, "NULL ctx");
+  }
   CHECK(r.weights_dropped > 0 && r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED] > 0,
         "COMPLETE left every weight unit resident (dropped %llu)", (unsigned long long)r.weights_dropped);
   /* The conversation goes on (units come back on demand). */

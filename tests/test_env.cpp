@@ -152,6 +152,32 @@ TEST(EnvFakeFiles, AutoDetectionProbesThroughTheEnv) {
   EXPECT_EQ(st.code(), Status::kUnsupported) << st.ToString();
 }
 
+// A v1 cgroup with a limit: Headroom credits its inactive page cache as available (reclaimed
+// cheaply); FreeBeforeReclaim does not (what restore-ahead may fill without the kernel reclaiming,
+// which would itself raise a pressure event).
+TEST(EnvFakeFiles, FreeBeforeReclaimCountsNoPageCache) {
+  FakeMachine m;
+  m.env.SetFakeFile("/proc/meminfo", Meminfo(24000000, 20000000));
+  const std::string cg = "/fake/memory/llm";
+  m.env.SetFakeFile(cg + "/memory.limit_in_bytes", std::to_string(1000 << 20));
+  m.env.SetFakeFile(cg + "/memory.usage_in_bytes", std::to_string(900 << 20));
+  m.env.SetFakeFile(cg + "/memory.stat", "cache 400000000\ntotal_inactive_file " + std::to_string(300 << 20) + "\n");
+  PressureSourceOptions o;
+  o.kind = "watermark";
+  o.cgroup_dir = cg;
+  WatermarkSource w(&m.env, o);
+  uint64_t avail = 0, limit = 0;
+  ASSERT_TRUE(w.Headroom(&avail, &limit).ok());
+  EXPECT_EQ(limit, uint64_t(1000) << 20);
+  EXPECT_EQ(avail, uint64_t(400) << 20) << "limit - (usage - inactive file)";
+  ASSERT_TRUE(w.FreeBeforeReclaim(&avail, &limit).ok());
+  EXPECT_EQ(avail, uint64_t(100) << 20) << "limit - usage: no page cache counts as free";
+  // Without a limit below the machine's memory: both are MemAvailable.
+  WatermarkSource g(&m.env, PressureSourceOptions());
+  ASSERT_TRUE(g.FreeBeforeReclaim(&avail, &limit).ok());
+  EXPECT_EQ(avail, 20000000 * kKiB);
+}
+
 TEST(EnvFakeFiles, ParseFieldReadsProcStatusAndMeminfo) {
   uint64_t v = 0;
   const std::string status = "Name:\tx\nVmRSS:\t    1234 kB\nVmRSSx:\t1 kB\nVmSwap:\t       0 kB\n";

@@ -788,10 +788,19 @@ class FakeCgroupSource : public ManualSource {
     MemoryReport r;
     if (!ctx_->TryReport(&r)) return Status::Busy("context busy");
     *limit = limit_bytes.load();
-    *avail = *limit > r.in_memory() ? *limit - r.in_memory() : 0;
+    *avail = (*limit > r.in_memory() ? *limit - r.in_memory() : 0) + cache_credit.load();
+    return Status::Ok();
+  }
+  // Page cache the kernel would count as reclaimable (Headroom credits it, as the cgroup sources
+  // credit inactive file pages); FreeBeforeReclaim does not.
+  Status FreeBeforeReclaim(uint64_t* avail, uint64_t* limit) override {
+    MZ_RETURN_IF_ERROR(Headroom(avail, limit));
+    const uint64_t c = cache_credit.load();
+    *avail = *avail > c ? *avail - c : 0;
     return Status::Ok();
   }
   std::atomic<uint64_t> limit_bytes{0};
+  std::atomic<uint64_t> cache_credit{0};  // added to Headroom's available, not FreeBeforeReclaim's
 
  private:
   Context* ctx_;
@@ -904,6 +913,52 @@ TEST(PressureMonitorPhases, RestoreAheadRestoresWhatFitsFrontLayersFirst) {
   mon.Stop();
   ASSERT_TRUE(r.ctx->Decode(r.toks.data() + 120, 8, false).ok());
   EXPECT_EQ(Logits(*r.ctx), ref);
+}
+
+// Restore-ahead fills only what can be allocated before the cgroup reclaims: inactive page cache
+// (which includes the LLM's own units just restored) is not room, since filling it makes the
+// kernel reclaim, which raises the next pressure event by itself.
+TEST(PressureMonitorPhases, RestoreAheadDoesNotCountPageCacheAsRoom) {
+  Rig r = MakeRig("strict");
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 120, false).ok());
+  FakeClockEnv env;
+  auto owned = std::make_unique<FakeCgroupSource>(&env, r.ctx.get());
+  FakeCgroupSource* src = owned.get();
+  AmountOptions ao;
+  ao.step_points = 1.0;
+  ao.restore_ahead = AmountOptions::RestoreAhead::kBackground;
+  ao.calm_ns = 1 * kSec;
+  ao.restore_margin = 0.0;
+  ao.restore_slice_bytes = 0;
+  PressureMonitor mon(r.ctx.get(), std::move(owned), ao, &env);
+  mon.set_tick_ms(1);
+  PressureEvent e;
+  e.level = PressureLevel::kLow;
+  e.time_ns = env.now;
+  ASSERT_GT(mon.Submit(e).freed, 0u);
+  const MemoryReport evicted = r.ctx->Report();
+  const uint64_t llm = evicted.footprint() - evicted.base_total;
+  const uint64_t limit = evicted.in_memory() + llm * 2 / 5;
+  src->limit_bytes = limit;
+  src->cache_credit = llm;  // Headroom alone would say everything fits
+  ASSERT_TRUE(mon.Start().ok());
+  auto restored_any = [&] {
+    for (const PressureAction& a : mon.actions())
+      if (a.restored) return true;
+    return false;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+  while (!restored_any() && std::chrono::steady_clock::now() < until) {
+    env.now += kSec / 2;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(restored_any());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // more ticks: nothing more fits
+  mon.Stop();
+  const MemoryReport after = r.ctx->Report();
+  EXPECT_GT(after.in_memory(), evicted.in_memory());
+  EXPECT_LE(after.in_memory(), limit) << "restore-ahead filled page cache it counted as free";
+  EXPECT_LT(Remaining(*r.ctx), 1.0);
 }
 
 class FailingSource : public PressureSource {

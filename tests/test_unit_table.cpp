@@ -31,15 +31,6 @@ namespace {
 constexpr int kPrompt = 200;
 constexpr int kChunk = 32;
 
-std::vector<int32_t> PromptTokens(const std::string& path, int n) {
-  std::unique_ptr<Tokenizer> tok;
-  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
-  std::vector<int32_t> t;
-  EXPECT_TRUE(tok->Tokenize(test::LongText(), true, false, &t).ok());
-  t.resize(size_t(n));
-  return t;
-}
-
 struct Fixture {
   std::unique_ptr<Model> model;
   std::unique_ptr<Context> ctx;
@@ -104,7 +95,7 @@ class ElasticStates : public ::testing::TestWithParam<std::tuple<std::string, Un
 TEST_P(ElasticStates, EvictRestoreMatchesNeverEvicted) {
   const auto [codec, kv_state] = GetParam();
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, codec, toks, "ref");
   Fixture f = Make(Env::Default(), path, codec, toks, "evict");
   const int32_t next = toks[5];
@@ -178,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(
 // report, by contrast, does not stop the slice (a poller must not starve restore-ahead).
 TEST(Elastic, RestoreAheadYieldsToAForegroundCall) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "q8", toks, "yield-ref");
   Fixture f = Make(Env::Default(), path, "q8", toks, "yield");
   const int32_t next = toks[5];
@@ -225,7 +216,7 @@ TEST(Elastic, RestoreAheadYieldsToAForegroundCall) {
 // A memory report does not make restore-ahead yield: a slice started before a report completes.
 TEST(Elastic, RestoreAheadDoesNotYieldToAReport) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture f = Make(Env::Default(), path, "q8", toks, "yield-report");
   uint64_t freed = 0;
   ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 0, false), 0, &freed).ok());
@@ -252,7 +243,7 @@ TEST(Elastic, RestoreAheadDoesNotYieldToAReport) {
 
 TEST(Elastic, CompKvMovesCompressedChunksToStorage) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "none", toks, "ref-ck");
   Fixture f = Make(Env::Default(), path, "none", toks, "ck");
   ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvMemCompressed, 99, false), 0, nullptr).ok());
@@ -268,7 +259,7 @@ TEST(Elastic, CompKvMovesCompressedChunksToStorage) {
 
 TEST(Elastic, RandomSequencesKeepInvariants) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "q8", toks, "ref-rnd");
   Fixture f = Make(Env::Default(), path, "q8", toks, "rnd");
   const auto want = NextLogits(*ref.ctx, 11);
@@ -345,7 +336,7 @@ void ExpectTableAndKvAgree(const Context& c, const std::string& when) {
 
 TEST(UnitTableAgreement, TableAndKvViewAgreeAcrossEvictRestoreDecodeTruncate) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, 400);
+  const auto toks = test::PromptTokens(path, 400);
   for (const char* codec : {"q8", "q4"}) {
     SCOPED_TRACE(codec);
     Fixture f = Make(Env::Default(), path, codec, std::vector<int32_t>(toks.begin(), toks.begin() + kPrompt),
@@ -402,7 +393,7 @@ TEST(UnitTableAgreement, TableAndKvViewAgreeAcrossEvictRestoreDecodeTruncate) {
 // refused without changing anything.
 TEST(UnitTableAgreement, ImportKvReplacesTheConversationThroughTheTable) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture f = Make(Env::Default(), path, "none", toks, "import");
   ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 0, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
   ASSERT_GT(f.ctx->Report().swap_file_used, 0u);
@@ -449,7 +440,7 @@ TEST(UnitTableAgreement, ImportKvReplacesTheConversationThroughTheTable) {
 // makes its next eviction write it anew, and a flipped bit or a read error is caught as for a read.
 TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "q8", toks, "map-ref");
   FaultEnv env(Env::Default());
   env.path_filter = ".swap";
@@ -515,7 +506,7 @@ TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
 
 TEST(ElasticMappedSwap, OffReadsIntoAnonymousMemory) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "q8", toks, "nomap-ref");
   Fixture f = Make(Env::Default(), path, "q8", toks, "nomap");
   f.ctx->set_map_swap(false);
@@ -536,7 +527,7 @@ struct FaultFixture {
 
 TEST(ElasticFaults, NoSpaceKeepsTheUnitResidentAndTheContextIntact) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "none", toks, "ref-nospc");
   FaultEnv env(Env::Default());
   env.path_filter = ".swap";
@@ -554,7 +545,7 @@ TEST(ElasticFaults, NoSpaceKeepsTheUnitResidentAndTheContextIntact) {
 
 TEST(ElasticFaults, ReadErrorsFailRestoreThenRecover) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "none", toks, "ref-eio");
   FaultEnv env(Env::Default());
   env.path_filter = ".swap";
@@ -574,7 +565,7 @@ TEST(ElasticFaults, ReadErrorsFailRestoreThenRecover) {
 
 TEST(ElasticFaults, FlippedBitIsDetectedAndTheChunkIsNeverUsed) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   FaultEnv env(Env::Default());
   env.path_filter = ".swap";
   Fixture f = Make(&env, path, "q8", toks, "flip");
@@ -599,7 +590,7 @@ TEST(ElasticFaults, FlippedBitIsDetectedAndTheChunkIsNeverUsed) {
 // that read on storage.
 TEST(ElasticFaults, LoadCompressedIntoMemoryChecksAndFailsCleanly) {
   const std::string path = test::ModelPath("tiny-qwen3");
-  const auto toks = PromptTokens(path, kPrompt);
+  const auto toks = test::PromptTokens(path, kPrompt);
   Fixture ref = Make(Env::Default(), path, "q8", toks, "lc-ref");
   ASSERT_TRUE(ref.ctx->Evict(RearPlan(*ref.ctx, 2, UnitState::kKvStorageCompressed, 99, false), 0, nullptr).ok());
   ASSERT_TRUE(ref.ctx->Restore().ok());  // decoded: what reading in place must equal
@@ -644,7 +635,7 @@ TEST(ElasticFaults, ChangedModelFileIsRefused) {
   const std::string orig = test::ModelPath("tiny-qwen3");
   const std::string path = test::TempDir() + "/changing.gguf";
   ASSERT_EQ(0, std::system(("cp '" + orig + "' '" + path + "'").c_str()));
-  const auto toks = PromptTokens(path, 40);
+  const auto toks = test::PromptTokens(path, 40);
   Fixture f = Make(Env::Default(), path, "q8", toks, "chg");
   ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 99, UnitState::kKvMemCompressed, 2, false), 0, nullptr).ok());
   // Same size, new content and mtime.

@@ -9,6 +9,10 @@
 
 #include "env/env.h"
 #include "model/synth.h"
+#include "runtime/tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <memory>
 
 namespace mz::test {
 
@@ -46,6 +50,15 @@ std::string LongText() {
     s += "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
          "foolishness, it was the epoch of belief, it was the epoch of incredulity. ";
   return s;
+}
+
+std::vector<int32_t> PromptTokens(const std::string& path, int n) {
+  std::unique_ptr<Tokenizer> tok;
+  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
+  std::vector<int32_t> t;
+  if (tok) EXPECT_TRUE(tok->Tokenize(LongText(), true, false, &t).ok());
+  t.resize(size_t(n));
+  return t;
 }
 
 std::string TempDir() {

@@ -1,5 +1,6 @@
 // Shared test helpers: synthesized test models (made once per build tree, reused), real text.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,9 @@ namespace mz::test {
 std::string ModelPath(const std::string& shape, const std::string& type = "q8_0");
 // A long public-domain English text (the GPL text shipped by Debian, or a fallback).
 std::string LongText();
+// The first n tokens of LongText() tokenized with the model at `path` (a gtest failure if the
+// tokenizer cannot load).
+std::vector<int32_t> PromptTokens(const std::string& path, int n);
 // Scratch directory for this test process (created, not removed).
 std::string TempDir();
 

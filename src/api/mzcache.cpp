@@ -194,6 +194,7 @@ mz_context_params mz_context_default_params(void) {
   p.swap_path = nullptr;
   p.direct_io = true;
   p.restore_threads = 2;
+  p.reconcile_min_missing = mz::ContextOptions().reconcile_min_missing;
   return p;
 }
 
@@ -217,6 +218,7 @@ int mz_context_new(mz_model* model, const mz_context_params* params, mz_context*
     o.swap_path = p.swap_path ? p.swap_path : "";
     o.direct_io = p.direct_io;
     o.restore_threads = p.restore_threads > 0 ? p.restore_threads : 1;
+    o.reconcile_min_missing = p.reconcile_min_missing;
     auto c = std::make_unique<mz_context>();
     c->ctx = std::make_unique<mz::Context>(model->model.get(), o);
     MZ_RETURN_IF_ERROR(c->ctx->Init());
@@ -310,6 +312,19 @@ int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, cons
       stats->units_restored = st.pipeline.units;
       stats->bytes_read_compressed = st.pipeline.bytes_read_compressed;
     }
+    return mz::Status::Ok();
+  });
+}
+
+int mz_kernel_residency(mz_context* ctx, uint64_t* counted, uint64_t* in_ram) {
+  if (counted) *counted = 0;
+  if (in_ram) *in_ram = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("ctx must not be NULL");
+    mz::KernelResidency k;
+    MZ_RETURN_IF_ERROR(ctx->ctx->MeasureInRam(&k));
+    if (counted) *counted = k.counted();
+    if (in_ram) *in_ram = k.in_ram();
     return mz::Status::Ok();
   });
 }

@@ -154,6 +154,14 @@ class Env {
   // Bytes of [off, off+len) of f now in the page cache (whole pages; mincore), for checks that
   // the page cache is not what a measurement or a test sees.
   virtual Status CachedBytes(File* f, uint64_t off, uint64_t len, uint64_t* out) = 0;
+  // Bytes of [p, p+bytes) that are in RAM now (mincore over a mapping of this process, whole pages;
+  // p page aligned): what the kernel agrees is resident. A page of a file mapping the kernel
+  // reclaimed, or an anonymous page swapped out, is not counted. Errors: the OS error (ENOMEM for
+  // a range that is not mapped), *out then 0.
+  virtual Status ResidentBytes(const void* p, size_t bytes, uint64_t* out) = 0;
+  // Page faults taken by this process so far, all threads (getrusage): major (the page had to be
+  // read from storage or swap) and minor. Never fails on POSIX (zeros where unsupported).
+  virtual void ProcessFaults(uint64_t* major, uint64_t* minor) = 0;
   // Faults in every page of [p, p+bytes) for writing (allocation + zeroing done now, not on first
   // touch). Best effort.
   virtual void Prefault(void* p, size_t bytes) = 0;
@@ -241,6 +249,8 @@ class EnvWrapper : public Env {
   Status CachedBytes(File* f, uint64_t off, uint64_t len, uint64_t* out) override {
     return target_->CachedBytes(f, off, len, out);
   }
+  Status ResidentBytes(const void* p, size_t n, uint64_t* out) override { return target_->ResidentBytes(p, n, out); }
+  void ProcessFaults(uint64_t* major, uint64_t* minor) override { target_->ProcessFaults(major, minor); }
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   Status SetThreadNice(int nice) override { return target_->SetThreadNice(nice); }
   int ThreadNice() override { return target_->ThreadNice(); }

@@ -2,8 +2,8 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/uio.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -316,6 +316,26 @@ class PosixEnv final : public Env {
     if (rc != 0) return Status::FromErrno(err2, "mincore " + path);
     for (unsigned char c : v) *out += (c & 1) ? page : 0;
     return Status::Ok();
+  }
+  Status ResidentBytes(const void* p, size_t bytes, uint64_t* out) override {
+    *out = 0;
+    if (bytes == 0) return Status::Ok();
+    const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t a = AlignDown(uintptr_t(p), page);
+    const size_t n = size_t(AlignUp(uintptr_t(p) + bytes, page) - a);
+    std::vector<unsigned char> v(n / page);
+    if (::mincore(reinterpret_cast<void*>(a), n, v.data()) != 0) return Status::FromErrno(errno, "mincore");
+    for (unsigned char c : v) *out += (c & 1) ? page : 0;
+    return Status::Ok();
+  }
+  void ProcessFaults(uint64_t* major, uint64_t* minor) override {
+    struct rusage ru;
+    if (::getrusage(RUSAGE_SELF, &ru) != 0) {
+      *major = *minor = 0;
+      return;
+    }
+    *major = uint64_t(ru.ru_majflt);
+    *minor = uint64_t(ru.ru_minflt);
   }
   void Prefault(void* p, size_t bytes) override {
 #ifdef MADV_POPULATE_WRITE

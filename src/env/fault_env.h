@@ -11,6 +11,7 @@
 // event counters, poll) can be made to fail.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -93,6 +94,15 @@ class FaultEnv : public EnvWrapper {
     Status st = EnvWrapper::StartThread(std::move(fn), out);
     if (st.ok()) ++threads_started;
     return st;
+  }
+
+  // The kernel taking pages back (ResidentBytes): when set, called instead of the real mincore, so
+  // a test can play the kernel reclaiming part of a unit. Set it before the calls it should see
+  // (not synchronized with them).
+  std::function<Status(const void* p, size_t bytes, uint64_t* out)> resident_bytes;
+  Status ResidentBytes(const void* p, size_t bytes, uint64_t* out) override {
+    if (resident_bytes) return resident_bytes(p, bytes, out);
+    return EnvWrapper::ResidentBytes(p, bytes, out);
   }
 
   Status StatPath(const std::string& path, FileInfo* info) override;

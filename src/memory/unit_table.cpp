@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/sync_point.h"
+#include "core/touch.h"
 
 namespace mz {
 
@@ -183,6 +184,7 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
     s.state = UnitState::kResident;
     s.mapped = true;
     s.clean = true;  // the extent stays allocated while mapped
+    if (opts_.touch_restored) TouchPages(mem, raw);
     return Status::Ok();
   }
   if (!mem) mem = kv_->env()->MapAnon(raw);
@@ -218,6 +220,7 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
   s.ext = SwapExtent();
   s.enc_bytes = 0;
   s.state = UnitState::kResident;
+  if (opts_.touch_restored) TouchPages(dst, raw);
   return Status::Ok();
 }
 
@@ -271,6 +274,7 @@ Status UnitTable::FinishLoad(int layer, int chunk, LoadSlot* reserved, Status st
   s.ext = SwapExtent();
   s.state = UnitState::kKvMemCompressed;
   kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, s.enc_tokens);
+  if (opts_.touch_restored) TouchPages(p, s.enc_bytes);  // compute reads it in place
   return Status::Ok();
 }
 
@@ -355,7 +359,7 @@ Status UnitTable::Move(const Placement& p) {
   if (u.kind == UnitRef::kWeights) {
     if (u.layer < -1 || u.layer >= int(model_->hparams().n_layer))
       return Status::InvalidArgument("no weight unit for layer " + std::to_string(u.layer));
-    if (p.target == UnitState::kResident) return model_->LoadUnit(weight_unit(u.layer));
+    if (p.target == UnitState::kResident) return LoadWeights(weight_unit(u.layer), nullptr);
     if (p.target != UnitState::kWeightsDropped)
       return Status::InvalidArgument(UnitName(u) + ": weights can only be resident or dropped");
     model_->DropUnit(weight_unit(u.layer));
@@ -405,8 +409,18 @@ void* UnitTable::AllocateFor(const UnitRef& u, size_t* bytes) {
 }
 
 Status UnitTable::RestoreInto(const UnitRef& u, void* mem) {
-  if (u.kind == UnitRef::kWeights) return model_->LoadUnit(weight_unit(u.layer), mem);
+  if (u.kind == UnitRef::kWeights) return LoadWeights(weight_unit(u.layer), mem);
   return RestoreKv(u.layer, u.chunk, mem);
+}
+
+Status UnitTable::LoadWeights(int unit, void* mem) {
+  const bool was = model_->unit(unit).resident();
+  MZ_RETURN_IF_ERROR(model_->LoadUnit(unit, mem));
+  const WeightUnit& w = model_->unit(unit);
+  if (!was && opts_.touch_restored)
+    for (const ReadRun& r : w.runs)  // the mapped part of each run (a mapping past end of file faults)
+      TouchPages(static_cast<const char*>(w.region) + r.region_off, std::min<uint64_t>(r.need, r.len));
+  return Status::Ok();
 }
 
 bool UnitTable::AllResident() const {
@@ -465,12 +479,12 @@ bool UnitTable::RestoresByMapping(const UnitRef& u) const {
          s->ext.size == kv_->geometry().chunk_bytes();
 }
 
-void UnitTable::UnmapFromSwap(KvSlot& s, bool free_extent, void* data) {
+void UnitTable::UnmapFromSwap(KvSlot& s, bool free_extent, void* data, bool drop_cached) {
   Env* env = kv_->env();
   env->Unmap(data, kv_->geometry().chunk_bytes());
   // Pages written since the mapping were private copies, gone with the mapping; the file's pages
   // leave the page cache now (no other mapping holds them), so the RAM really goes back.
-  (void)env->DropCached(swap_->file(), s.ext.off, s.ext.len);
+  if (drop_cached) (void)env->DropCached(swap_->file(), s.ext.off, s.ext.len);
   if (free_extent) {
     swap_->Free(s.ext);
     s.ext = SwapExtent();
@@ -546,6 +560,70 @@ Status UnitTable::ReplaceKv(int n_tokens, std::vector<uint16_t*> chunks) {
       kv_->SetChunk(l, c, chunks[size_t(l) * size_t(n) + size_t(c)]);
     }
   kv_->SetTokens(n_tokens);
+  return Status::Ok();
+}
+
+Status UnitTable::MeasureInRam(KernelResidency* out) const {
+  *out = KernelResidency();
+  for (int u = 0; u < model_->n_units(); ++u) {
+    uint64_t in = 0, n = 0;
+    MZ_RETURN_IF_ERROR(model_->UnitInRam(u, &in, &n));
+    out->weights_counted += n;
+    out->weights_in_ram += in;
+  }
+  Env* env = kv_->env();
+  const uint64_t cb = kv_->geometry().chunk_bytes();
+  for (int l = 0; l < kv_->geometry().n_layer; ++l)
+    for (int c = 0; c < kv_->n_chunks(); ++c) {
+      const uint16_t* p = kv_->chunk(l, c);
+      if (!p) continue;
+      uint64_t in = 0;
+      MZ_RETURN_IF_ERROR(env->ResidentBytes(p, cb, &in).With(UnitName(UnitRef::Kv(l, c))));
+      out->kv_counted += cb;
+      out->kv_in_ram += in;
+    }
+  return Status::Ok();
+}
+
+Status UnitTable::Reconcile(uint64_t min_missing, ReconcileStats* out) {
+  *out = ReconcileStats();
+  min_missing = std::max<uint64_t>(min_missing, 1);
+  for (int u = 0; u < model_->n_units(); ++u) {
+    const WeightUnit& w = model_->unit(u);
+    if (!w.resident()) continue;
+    uint64_t in = 0, n = 0;
+    MZ_RETURN_IF_ERROR(model_->UnitInRam(u, &in, &n));
+    if (n - in < min_missing || w.backing != WeightMemory::kPageCache) {
+      out->unreconciled_missing += n - in;
+      continue;
+    }
+    out->weight_units++;
+    out->bytes += w.region_bytes;
+    out->missing += n - in;
+    model_->DropUnit(u, /*drop_cached=*/false);
+  }
+  Env* env = kv_->env();
+  const uint64_t cb = kv_->geometry().chunk_bytes();
+  for (int l = 0; l < kv_->geometry().n_layer; ++l)
+    for (int c = 0; c < kv_->n_chunks(); ++c) {
+      uint16_t* p = kv_->chunk(l, c);
+      if (!p) continue;
+      uint64_t in = 0;
+      MZ_RETURN_IF_ERROR(env->ResidentBytes(p, cb, &in).With(UnitName(UnitRef::Kv(l, c))));
+      const KvSlot* fs = find_slot(l, c);
+      if (cb - in < min_missing || !fs || !fs->mapped || !fs->clean || fs->lost) {
+        out->unreconciled_missing += cb - in;
+        continue;
+      }
+      KvSlot& s = slot(l, c);
+      kv_->ReleaseChunk(l, c);
+      UnmapFromSwap(s, /*free_extent=*/false, p, /*drop_cached=*/false);
+      s.state = UnitState::kKvStorageRaw;
+      s.enc_bytes = cb;
+      out->kv_chunks++;
+      out->bytes += cb;
+      out->missing += cb - in;
+    }
   return Status::Ok();
 }
 

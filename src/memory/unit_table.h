@@ -72,6 +72,24 @@ struct MemoryReport {
   double remaining(bool exclude_base = false) const;
 };
 
+// The kernel's view of the units a UnitTable counts as resident (UnitTable::MeasureInRam).
+struct KernelResidency {
+  uint64_t weights_counted = 0, weights_in_ram = 0;  // resident weight units' tensor bytes / of them in RAM
+  uint64_t kv_counted = 0, kv_in_ram = 0;            // resident KV chunks' bytes / of them in RAM
+  uint64_t counted() const { return weights_counted + kv_counted; }
+  uint64_t in_ram() const { return weights_in_ram + kv_in_ram; }
+  uint64_t missing() const { return counted() - in_ram(); }
+};
+
+// What UnitTable::Reconcile changed.
+struct ReconcileStats {
+  int weight_units = 0, kv_chunks = 0;  // units now counted evicted
+  uint64_t bytes = 0;                   // their RAM size (what a restore brings back)
+  uint64_t missing = 0;                 // of those bytes, what the kernel had taken
+  uint64_t unreconciled_missing = 0;    // taken from units that stay resident (anonymous: swapped
+                                        // out; below min_missing; a rewritten mapped chunk)
+};
+
 struct UnitTableOptions {
   std::string codec = "q8";
   std::string swap_path;      // file for the storage swap (created on first use)
@@ -82,6 +100,10 @@ struct UnitTableOptions {
   // (which the kernel zeroes first: CPU that competes with prefill). Only when the swap file is on
   // a file system with direct I/O (not tmpfs, where the page cache is the file) and pages are 4 KiB.
   bool map_swap = true;
+  // Every restored unit's pages are read once from user space by the thread that restored it
+  // (core/touch.h: the first-access cost of fresh page-table entries, 2.3 us per page under the
+  // shadow paging measured here, is paid there instead of by compute). false: the ablation.
+  bool touch_restored = true;
 };
 
 class UnitTable {
@@ -116,6 +138,7 @@ class UnitTable {
   // system that refuses direct I/O is only found when the file is created).
   bool KvStorageMapped() const;
   void set_map_swap(bool on) { opts_.map_swap = on; }
+  void set_touch_restored(bool on) { opts_.touch_restored = on; }
   // Bytes of the extents of KV chunks now on storage that the page cache holds (mincore), for
   // checks that a measured restore reads the disk. Errors if the swap file cannot be inspected.
   Status SwapBytesCached(uint64_t* out) const;
@@ -161,6 +184,22 @@ class UnitTable {
   // is lost (never to be read again).
   bool StoredExtent(int layer, int chunk, uint64_t* off, uint64_t* len) const;
   bool AllResident() const;
+  // "Resident" as the kernel sees it (Env::ResidentBytes: mincore) for every unit this table counts
+  // resident: weight units (their mapped runs or anonymous region) and KV chunks. The in-memory
+  // swap is not included. Costs one mincore per unit (about 1 ms per GiB measured, docs/design.md).
+  Status MeasureInRam(KernelResidency* out) const;
+  // Makes the table agree with the kernel: a resident unit whose clean file-backed pages the kernel
+  // reclaimed (at least min_missing bytes of it not in RAM) is counted evicted, so the restore
+  // executor brings it back front layers first (sequential readahead, overlapped with compute by
+  // the pipeline) instead of compute faulting it back a page at a time. Weight units of the page
+  // cache become kWeightsDropped (unmapped; the pages still cached stay cached and serve the
+  // reload); KV chunks mapped from their swap extent and still equal to it (clean) become
+  // kKvStorageRaw (the extent is kept, its cached pages too). Nothing is lost: the content of each
+  // unit moved is in the model file or the swap file. Anonymous units, weights mapped for OS Paging
+  // and rewritten chunks cannot move: what the kernel took of them is counted in
+  // unreconciled_missing. On an Env error the units checked so far stay moved and the error is
+  // returned. Serialized with compute like Apply.
+  Status Reconcile(uint64_t min_missing, ReconcileStats* out);
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
   // memory for u (nullptr if u is resident, is file-backed weights, or the mapping fails; *bytes
@@ -212,7 +251,9 @@ class UnitTable {
   };
   // Unmaps a chunk mapped from its extent (data: its memory, already released from the KvCache), drops the extent's pages from the page cache and,
   // free_extent, frees the extent. The slot's state is left to the caller.
-  void UnmapFromSwap(KvSlot& s, bool free_extent, void* data);
+  // drop_cached = false keeps the extent's pages in the page cache (Reconcile: they serve the
+  // restore).
+  void UnmapFromSwap(KvSlot& s, bool free_extent, void* data, bool drop_cached = true);
   // map_swap on, a swap file with direct I/O, 4 KiB pages, chunks a multiple of 4 KiB.
   bool CanMapSwap() const;
   // The same conditions for a swap file whose direct I/O is swap_direct (shared by CanMapSwap and
@@ -229,6 +270,8 @@ class UnitTable {
   Status FinishLoad(int layer, int chunk, LoadSlot* reserved, Status read_st);
   Status RestoreKv(int layer, int chunk, void* mem = nullptr);
   int weight_unit(int layer) const { return layer < 0 ? model_->base_unit() : layer; }
+  // Model::LoadUnit, then (touch_restored) the first user-space read of its mapped pages.
+  Status LoadWeights(int unit, void* mem);
 
   Model* model_;
   KvCache* kv_;

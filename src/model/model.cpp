@@ -375,6 +375,28 @@ void Model::DropUnit(int u, bool drop_cached) {
   if (drop_cached && (w.backing == WeightMemory::kPageCache || opts_.weights == WeightMemory::kPageCache)) DropRuns(w);
 }
 
+Status Model::UnitInRam(int u, uint64_t* in_ram, uint64_t* counted) const {
+  *in_ram = *counted = 0;
+  const WeightUnit& w = units_[u];
+  if (!w.resident()) return Status::Ok();
+  if (w.backing == WeightMemory::kAnonymous) {
+    *counted = w.region_bytes;
+    return env_->ResidentBytes(w.region, w.region_bytes, in_ram);
+  }
+  for (const ReadRun& r : w.runs) {  // the mapped part of each run (as LoadUnitFrom maps it)
+    const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
+    uint64_t got = 0;
+    Status st = env_->ResidentBytes(static_cast<const char*>(w.region) + r.region_off, len, &got);
+    if (!st.ok()) {
+      *in_ram = 0;
+      return st.With("weight unit " + std::to_string(u));
+    }
+    *counted += len;
+    *in_ram += got;
+  }
+  return Status::Ok();
+}
+
 void Model::DropRuns(const WeightUnit& w) const {
   // Best effort (a deleted file's pages go once the held file_ and the last mapping are closed). The page cache
   // holds a file in folios of up to 2 MiB, and the kernel only drops folios wholly inside the range:

@@ -152,6 +152,12 @@ class Model {
   // a dropped unit. A range that cannot be checked counts as cached. which (optional) receives the
   // units concerned. Not thread-safe against concurrent LoadUnit/DropUnit.
   uint64_t DroppedBytesCached(std::vector<int>* which = nullptr) const;
+  // Bytes of resident unit u that the kernel holds in RAM now (mincore: Env::ResidentBytes), out of
+  // *counted (the bytes that hold its tensors: its mapped file runs, or its whole anonymous region).
+  // A file-backed unit's clean pages may have been reclaimed by the kernel under pressure (compute
+  // would fault them back from storage); an anonymous one's pages swapped out. A dropped unit: 0 of
+  // 0. Errors: the Env's (then *in_ram is 0). Not thread-safe against LoadUnit/DropUnit of u.
+  Status UnitInRam(int u, uint64_t* in_ram, uint64_t* counted) const;
   // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
   // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
   Status VerifyIdentity() const;

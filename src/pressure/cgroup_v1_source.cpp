@@ -23,6 +23,14 @@ Status CgroupV1Source::Headroom(uint64_t* available, uint64_t* limit) {
   return headroom_(available, limit);
 }
 
+Status CgroupV1Source::FreeBeforeReclaim(uint64_t* available, uint64_t* limit) {
+  if (!strict_) {
+    std::string what;
+    strict_ = WatermarkSource::DefaultSampler(env_, dir_, &what, /*credit_inactive=*/false);
+  }
+  return strict_(available, limit);
+}
+
 CgroupV1Source::~CgroupV1Source() { CloseAll(); }
 
 void CgroupV1Source::CloseAll() {

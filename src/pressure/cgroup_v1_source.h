@@ -36,6 +36,7 @@ class CgroupV1Source : public PressureSource {
   void Stop() override;
   // Limit minus usage (less inactive file pages) of the watched cgroup (WatermarkSource's sampler).
   Status Headroom(uint64_t* available, uint64_t* limit) override;
+  Status FreeBeforeReclaim(uint64_t* available, uint64_t* limit) override;
   const std::string& dir() const { return dir_; }
   // Checks through env (nullptr: the default) that `dir` can be watched (exists, is a v1 memory
   // cgroup, the control file is writable); *why says why not.
@@ -50,7 +51,7 @@ class CgroupV1Source : public PressureSource {
   std::unique_ptr<WaitHandle> stop_;    // signalled by Stop(); null if it could not be made
   Status stop_status_;                  // why stop_ could not be made (Start returns it)
   std::atomic<bool> stopped_{false};
-  WatermarkSource::Sampler headroom_;  // created lazily by Headroom()
+  WatermarkSource::Sampler headroom_, strict_;  // created lazily by Headroom() / FreeBeforeReclaim()
 };
 
 }  // namespace mz

@@ -300,7 +300,9 @@ void PressureMonitor::TickLocked(Notes* out) {
   const AmountOptions& o = policy_.options();
   uint64_t budget = o.restore_slice_bytes ? o.restore_slice_bytes : UINT64_MAX;
   uint64_t avail = 0, limit = 0;
-  const Status hs = src_->Headroom(&avail, &limit);
+  // Free before the cgroup reclaims (no page-cache credit): restoring into inactive page cache
+  // would make the kernel reclaim, which raises the next pressure event by itself.
+  const Status hs = src_->FreeBeforeReclaim(&avail, &limit);
   PressureAction a;
   a.event.time_ns = now;
   a.event.source = "restore-ahead";

@@ -62,6 +62,13 @@ class PressureSource {
     (void)limit;
     return Status::Unsupported(name() + " does not report headroom");
   }
+  // Like Headroom, but no page cache counts as available: *available is the limit minus all the
+  // watched cgroup is charged, i.e. what can still be allocated before the kernel reclaims anything
+  // there. Reclaim in a memory cgroup raises a pressure event by itself, and its inactive page
+  // cache includes the LLM's own file-backed units just restored (new page-cache pages start
+  // inactive), so restore-ahead sizes its slices with this, not Headroom. Without a cgroup limit
+  // (/proc/meminfo) it is Headroom's MemAvailable. Default: Headroom.
+  virtual Status FreeBeforeReclaim(uint64_t* available, uint64_t* limit) { return Headroom(available, limit); }
 };
 
 // Which source to use. "auto" tries cgroup-v1 (if `cgroup_dir` is a v1 memory cgroup), then PSI

@@ -97,6 +97,17 @@ Status PsiSource::Headroom(uint64_t* available, uint64_t* limit) {
   return headroom_(available, limit);
 }
 
+Status PsiSource::FreeBeforeReclaim(uint64_t* available, uint64_t* limit) {
+  if (!strict_) {
+    const std::string file = "/memory.pressure";
+    std::string dir, what;
+    if (path_.size() > file.size() && path_.compare(path_.size() - file.size(), file.size(), file) == 0)
+      dir = path_.substr(0, path_.size() - file.size());
+    strict_ = WatermarkSource::DefaultSampler(env_, dir, &what, /*credit_inactive=*/false);
+  }
+  return strict_(available, limit);
+}
+
 PsiSource::~PsiSource() = default;
 
 std::string PsiSource::name() const {

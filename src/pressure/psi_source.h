@@ -55,6 +55,7 @@ class PsiSource : public PressureSource {
   void Stop() override;
   // The cgroup of a <cgroup>/memory.pressure path (if it has a limit), else /proc/meminfo.
   Status Headroom(uint64_t* available, uint64_t* limit) override;
+  Status FreeBeforeReclaim(uint64_t* available, uint64_t* limit) override;
   const std::string& path() const { return path_; }
   // Opens `path` and arms the trigger once (then closes it) through env (nullptr: the default):
   // the real check that this kernel and this process can use PSI triggers. *why says why not.
@@ -70,7 +71,7 @@ class PsiSource : public PressureSource {
   std::unique_ptr<WaitHandle> stop_;     // signalled by Stop(); null if it could not be made
   Status stop_status_;                   // why stop_ could not be made (Start returns it)
   std::atomic<bool> stopped_{false};
-  WatermarkSource::Sampler headroom_;  // created lazily by Headroom()
+  WatermarkSource::Sampler headroom_, strict_;  // created lazily by Headroom() / FreeBeforeReclaim()
 };
 
 }  // namespace mz

@@ -44,7 +44,8 @@ bool WatermarkLevels::Update(double headroom, uint64_t now_ns, PressureLevel* le
   return emit;
 }
 
-WatermarkSource::Sampler WatermarkSource::DefaultSampler(Env* env, const std::string& cgroup_dir, std::string* what) {
+WatermarkSource::Sampler WatermarkSource::DefaultSampler(Env* env, const std::string& cgroup_dir, std::string* what,
+                                                         bool credit_inactive) {
   if (!env) env = Env::Default();
   auto meminfo = [env](uint64_t* avail, uint64_t* lim) -> Status {
     return sysfs::ReadFields(env, "/proc/meminfo", "MemTotal", lim, "MemAvailable", avail);
@@ -56,14 +57,15 @@ WatermarkSource::Sampler WatermarkSource::DefaultSampler(Env* env, const std::st
   if (!cgroup_dir.empty() && sysfs::ReadU64(env, cgroup_dir + "/memory.max", &limit) &&  // v2 ("max" does not parse)
       (mem_total == 0 || limit < mem_total)) {
     *what = cgroup_dir;
-    return [env, cgroup_dir, meminfo](uint64_t* avail, uint64_t* lim) -> Status {
+    return [env, cgroup_dir, meminfo, credit_inactive](uint64_t* avail, uint64_t* lim) -> Status {
       uint64_t cur = 0, l = 0, inactive = 0;
       // Limit lifted ("max"): the system's headroom.
       if (!sysfs::ReadU64(env, cgroup_dir + "/memory.max", &l)) return meminfo(avail, lim);
       if (!sysfs::ReadU64(env, cgroup_dir + "/memory.current", &cur))
         return Status::IOError("cannot read memory.current of " + cgroup_dir);
       std::string stat;
-      if (env->ReadSmallFile(cgroup_dir + "/memory.stat", &stat).ok()) sysfs::ParseField(stat, "inactive_file", &inactive);
+      if (credit_inactive && env->ReadSmallFile(cgroup_dir + "/memory.stat", &stat).ok())
+        sysfs::ParseField(stat, "inactive_file", &inactive);
       const uint64_t used = cur > inactive ? cur - inactive : 0;
       *lim = l;
       *avail = l > used ? l - used : 0;
@@ -73,13 +75,13 @@ WatermarkSource::Sampler WatermarkSource::DefaultSampler(Env* env, const std::st
   if (!cgroup_dir.empty() && sysfs::ReadU64(env, cgroup_dir + "/memory.limit_in_bytes", &limit) &&
       (mem_total == 0 || limit < mem_total)) {
     *what = cgroup_dir;
-    return [env, cgroup_dir](uint64_t* avail, uint64_t* lim) -> Status {
+    return [env, cgroup_dir, credit_inactive](uint64_t* avail, uint64_t* lim) -> Status {
       uint64_t usage = 0, l = 0, inactive = 0;
       if (!sysfs::ReadU64(env, cgroup_dir + "/memory.limit_in_bytes", &l) ||
           !sysfs::ReadU64(env, cgroup_dir + "/memory.usage_in_bytes", &usage))
         return Status::IOError("cannot read memory.usage_in_bytes / memory.limit_in_bytes of " + cgroup_dir);
       std::string stat;
-      if (env->ReadSmallFile(cgroup_dir + "/memory.stat", &stat).ok() &&
+      if (credit_inactive && env->ReadSmallFile(cgroup_dir + "/memory.stat", &stat).ok() &&
           !sysfs::ParseField(stat, "total_inactive_file", &inactive))
         sysfs::ParseField(stat, "inactive_file", &inactive);
       const uint64_t used = usage > inactive ? usage - inactive : 0;
@@ -95,6 +97,8 @@ WatermarkSource::Sampler WatermarkSource::DefaultSampler(Env* env, const std::st
 WatermarkSource::WatermarkSource(Env* env, const PressureSourceOptions& opts)
     : env_(env ? env : Env::Default()), o_(opts), levels_(opts) {
   sampler_ = DefaultSampler(env_, opts.cgroup_dir, &what_);
+  std::string what;
+  strict_ = DefaultSampler(env_, opts.cgroup_dir, &what, /*credit_inactive=*/false);
 }
 
 WatermarkSource::WatermarkSource(Env* env, const PressureSourceOptions& opts, Sampler sampler, std::string what)

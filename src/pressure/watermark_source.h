@@ -59,15 +59,23 @@ class WatermarkSource : public PressureSource {
   void Stop() override;
   // A fresh sample through the sampler.
   Status Headroom(uint64_t* available, uint64_t* limit) override { return sampler_(available, limit); }
+  // The default sampler without the inactive-page-cache credit (a custom sampler: Headroom).
+  Status FreeBeforeReclaim(uint64_t* available, uint64_t* limit) override {
+    return strict_ ? strict_(available, limit) : sampler_(available, limit);
+  }
   // Headroom (available / limit) of the last sample.
   double last_headroom() const;
   // The default sampler for a cgroup dir ("" or unlimited: /proc/meminfo); *what describes it.
   // Reads through env (nullptr: Env::Default()), which must outlive the sampler.
-  static Sampler DefaultSampler(Env* env, const std::string& cgroup_dir, std::string* what);
+  // credit_inactive = false: the cgroup's inactive page cache is not counted as available
+  // (FreeBeforeReclaim).
+  static Sampler DefaultSampler(Env* env, const std::string& cgroup_dir, std::string* what,
+                                bool credit_inactive = true);
 
  private:
   Env* env_;
   PressureSourceOptions o_;
+  Sampler strict_;  // FreeBeforeReclaim (the default sampler's strict twin; empty for a custom sampler)
   Sampler sampler_;
   std::string what_;
   WatermarkLevels levels_;

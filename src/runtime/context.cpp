@@ -28,6 +28,7 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   eo.direct_io = opts.direct_io;
   eo.map_swap = opts.map_swap;
   eo.restore_threads = opts.restore_threads;
+  eo.touch_restored = opts.touch_restored;
   units_ = std::make_unique<UnitTable>(model, kv_.get(), eo);
 }
 
@@ -70,9 +71,28 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   return in;
 }
 
+Status Context::ReconcileLocked(RestoreGenerateStats* stats) {
+  if (opts_.reconcile_min_missing == 0) return Status::Ok();
+  ReconcileStats rs;
+  Status st = units_->Reconcile(opts_.reconcile_min_missing, &rs);
+  if (stats) {
+    stats->reconciled = rs;
+    stats->kernel_missing_at_start = rs.missing + rs.unreconciled_missing;
+  }
+  return st;
+}
+
+Status Context::MeasureInRam(KernelResidency* out) {
+  ForegroundLock lk(this);  // a caller waits for it: restore-ahead yields
+  return units_->MeasureInRam(out);
+}
+
 Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: eviction refused (retry when it finishes)");
+  if (freed) *freed = 0;
+  // Evict what is really in RAM: units the kernel already took count as evicted first.
+  MZ_RETURN_IF_ERROR(ReconcileLocked());
   uint64_t total = 0;
   // Estimates can be off (compression ratio, segment rounding): plan again until done or stuck.
   for (int round = 0; round < 8 && total < bytes; ++round) {
@@ -124,6 +144,12 @@ Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16
   Status st = units_->ReplaceKv(n_tokens, std::move(chunks));
   if (!st.ok()) history_.clear();
   return st;
+}
+
+void Context::set_touch_restored(bool on) {
+  std::lock_guard<std::mutex> lk(mu_);
+  opts_.touch_restored = on;
+  units_->set_touch_restored(on);
 }
 
 void Context::set_map_swap(bool on) {
@@ -195,6 +221,13 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   const uint64_t t0 = model_->env()->NowNs();
   const double c0 = CpuSeconds(model_->env());
   const int start = int(history_.size());
+  if (stats) {
+    *stats = RestoreGenerateStats();
+    const MemoryReport r = units_->Report();
+    stats->counted_resident_at_start = r.weights_resident + r.kv_resident;
+  }
+  // Units the kernel took back under pressure are restored by the pipeline, not faulted by compute.
+  MZ_RETURN_IF_ERROR(ReconcileLocked(stats));
   if (stats) stats->remaining_at_start = units_->Report().remaining(true);
   // Chunks for the new tokens exist before workers run (the chunk table must not grow under them).
   MZ_RETURN_IF_ERROR(kv_->Reserve(start + n));
@@ -251,6 +284,8 @@ Status Context::TryRestoreUpTo(uint64_t max_bytes, uint64_t* restored, bool yiel
   if (yield && fg_waiting_.load() > 0) return Status::Busy("restore-ahead yields to a foreground call");
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: restore skipped (it restores what it needs)");
+  // Restore what the kernel took as well as what mzcache evicted, front layers first.
+  MZ_RETURN_IF_ERROR(ReconcileLocked());
   RestoreRequest req;
   req.mode = RestoreMode::kUpTo;
   req.max_bytes = max_bytes;

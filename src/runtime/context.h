@@ -29,7 +29,13 @@ struct RestoreGenerateStats {
   double wait_s = 0;      // compute stalled waiting for units
   double cpu_s = 0;       // process CPU time spent
   int compute_threads_during_restore = 0;
-  double remaining_at_start = 1;  // LLM memory resident (base excluded) when the call got the context
+  double remaining_at_start = 1;  // LLM memory resident (base excluded) when the call got the
+                                  // context, once the table agreed with the kernel (Reconcile)
+  // Residency as the kernel saw it when the call got the context (before Reconcile): bytes mzcache
+  // counted resident and, of them, bytes not in RAM (reclaimed by the kernel). Measured only when
+  // ContextOptions::reconcile_min_missing is set (else 0).
+  uint64_t counted_resident_at_start = 0, kernel_missing_at_start = 0;
+  ReconcileStats reconciled;  // what Reconcile moved to evicted before the pipeline planned
 };
 
 struct ContextOptions {
@@ -59,6 +65,17 @@ struct ContextOptions {
   // off per call (PipelineOptions / mz_restore_params.attend_compressed = 0) restores a placement
   // planned for them (still correct, possibly slower).
   bool cost_restore_paths = true;
+  // "Resident" must mean resident: before every RestoreGenerate, restore-ahead slice
+  // (TryRestoreUpTo) and policy eviction (EvictBytes), the unit table is made to agree with the
+  // kernel (UnitTable::Reconcile): a resident unit of which at least this many bytes were
+  // reclaimed by the kernel (clean page-cache pages, under a memory cgroup at its limit) counts as
+  // evicted, so the pipeline restores it front layers first, overlapped with compute, instead of
+  // compute faulting it back a page at a time; and an eviction frees memory that is really there.
+  // 0: off (the table's own count is trusted; the kernel is not asked).
+  uint64_t reconcile_min_missing = 256 << 10;
+  // Restored units are read once from user space by the thread that restored them
+  // (UnitTableOptions::touch_restored, core/touch.h). false: the ablation.
+  bool touch_restored = true;
 };
 
 class Context {
@@ -92,6 +109,8 @@ class Context {
   // Ablation switches (REQUIRES: no concurrent EvictBytes / Decode): see ContextOptions.
   void set_attend_compressed(bool on) { opts_.attend_compressed = on; }
   void set_cost_restore_paths(bool on) { opts_.cost_restore_paths = on; }
+  void set_reconcile_min_missing(uint64_t bytes) { opts_.reconcile_min_missing = bytes; }
+  void set_touch_restored(bool on);
   // restore_generate: appends tokens and computes the last token's logits while evicted units are
   // restored in forward order (layer l's compute starts when layer l is resident). Compute uses
   // n_threads - 1 threads while restoration runs (the restore workers take the other core) and all
@@ -145,6 +164,9 @@ class Context {
   // SetSafePointHook(nullptr) returns the old hook is never called again. The hook must not throw
   // (exceptions are swallowed) and must not call SetSafePointHook itself.
   void SetSafePointHook(std::function<void()> hook);
+  // The kernel's view of what the table counts resident (UnitTable::MeasureInRam), serialized with
+  // every other call; a foreground call (a restore-ahead slice yields to it). For tools and tests.
+  Status MeasureInRam(KernelResidency* out);
 
   Model* model() const { return model_; }
   // Read-only views of the unit state. Every change goes through this class's operations (which
@@ -158,7 +180,10 @@ class Context {
  private:
   friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*);
   friend Status LoadSession(Context&, const std::string&, struct SessionInfo*);
-  friend struct ContextTestPeer;  // tests that drive the unit table or the pipeline directly
+  friend struct ContextTestPeer;
+  // Reconcile (when opts_.reconcile_min_missing is set). REQUIRES: mu_ held. *st (optional)
+  // receives what was measured and moved.
+  Status ReconcileLocked(RestoreGenerateStats* st = nullptr);  // tests that drive the unit table or the pipeline directly
   Model* model_;
   ContextOptions opts_;
   std::unique_ptr<KvCache> kv_;

@@ -84,6 +84,9 @@ struct ModeSpec {
   bool ahead = false;          // +ahead: background restore-ahead (also --restore-ahead for every mode)
   bool critical_step = false;  // +step: a critical event escalates the step instead of evicting to the floor
   bool no_yield = false;       // +noyield: a restore-ahead slice runs to its end when the query arrives
+  bool no_reconcile = false;   // +noreconcile: the LLM trusts its own count of resident units (the kernel is not asked)
+  bool anon = false;           // +anon: anonymous weights and KV (the kernel cannot reclaim them without swap)
+  bool no_touch = false;       // +notouch: restored pages are first read by compute, not by the restore thread
 };
 
 struct AppPlan {
@@ -100,6 +103,7 @@ struct RoundPlan {
 struct Sample {
   double t = 0;
   double usage = 0, llm = 0, apps = 0;  // MiB
+  double cache = 0;                     // MiB of the cgroup's usage that is page cache (memory.stat)
 };
 struct Mark {
   double t = 0;
@@ -126,6 +130,16 @@ struct RoundResult {
   double ref_margin = 0;
   double remaining = -1;  // mzcache: LLM memory resident before the query
   double llm_rss_mib = 0; // LLM process RSS right before the query
+  // Right before the query: what the LLM counts resident and what the kernel holds of it (mincore),
+  // the cgroup's page cache / anonymous memory; during the query: the LLM's page faults and the
+  // machine's memory stall (PSI).
+  double counted_mib = -1, inram_mib = -1, reconciled_mib = 0;
+  double majflt = 0, minflt = 0;
+  double cg_cache_mib = 0, cg_rss_mib = 0, cg_mapped_mib = 0;
+  double psi_some_ms = -1, psi_full_ms = -1;
+  double wait_s = 0, reload_s = 0, restored_in_query_mib = 0;  // the query's restore_generate
+  int compute_threads = 0;
+  double measure_ms = -1;  // request to the end of the worker's mincore pass (includes a wait for the context)
   int events = 0;  // pressure events the mzcache worker received
   int evictions = 0;
   double freed_mib = 0;
@@ -250,6 +264,7 @@ class Sampler {
       uint64_t u = 0;
       f >> u;
       s.usage = double(u) / 1048576.0;
+      s.cache = double(ReadCgroupMemStat(cg_).cache) / 1048576.0;
       s.llm = Rss(w);
       for (pid_t p : apps) s.apps += Rss(p);
       {
@@ -489,6 +504,9 @@ class MultitaskBench {
     }
     if (m.critical_step) v.push_back("--critical-step");
     if (m.no_yield) v.push_back("--no-yield");
+    if (m.no_reconcile) v.push_back("--no-reconcile");
+    if (m.anon) v.push_back("--anon");
+    if (m.no_touch) v.push_back("--no-touch");
     return v;
   }
 
@@ -541,6 +559,18 @@ class MultitaskBench {
     rr->ref_top1 = int(num("ref_top1"));
     rr->ref_margin = num("margin");
     rr->top1_equal = res["top1eq"] == "1";
+    if (res.count("counted")) {
+      rr->counted_mib = num("counted") / 1048576.0;
+      rr->inram_mib = num("inram") / 1048576.0;
+      rr->reconciled_mib = num("reconciled") / 1048576.0;
+      rr->majflt = num("majflt");
+      rr->minflt = num("minflt");
+      rr->wait_s = num("wait");
+      rr->reload_s = num("reload");
+      rr->restored_in_query_mib = num("restored_bytes") / 1048576.0;
+      rr->compute_threads = int(num("threads"));
+      rr->measure_ms = num("measure_ms");
+    }
     if (!rr->answered) rr->msg += "query failed: " + res["msg"] + "; ";
   }
 
@@ -670,7 +700,18 @@ class MultitaskBench {
         rr.llm_rss_mib = rss / 1048576.0;
         DrainActions(&rr);
         AddMark("query");
-        if (Query(&res)) {
+        const CgroupMemStat ms = ReadCgroupMemStat(cg_);
+        rr.cg_cache_mib = ms.cache / 1048576.0;
+        rr.cg_rss_mib = ms.rss / 1048576.0;
+        rr.cg_mapped_mib = ms.mapped_file / 1048576.0;
+        uint64_t some0 = 0, full0 = 0, some1 = 0, full1 = 0;
+        const bool psi = ReadPsiMemory(&some0, &full0);
+        const bool answered = Query(&res);
+        if (psi && ReadPsiMemory(&some1, &full1)) {
+          rr.psi_some_ms = (some1 - some0) / 1000.0;
+          rr.psi_full_ms = (full1 - full0) / 1000.0;
+        }
+        if (answered) {
           rr.back = "kept";
           FillAnswer(res, &rr);
           rr.ttft = rr.ttft_query;
@@ -753,7 +794,7 @@ void ApplyQuick(MtArgs* a, const std::function<bool(const char*)>& given) {
   if (!given("--app-rate")) a->app_rate = 128;  // margin for a loaded CI machine (docs/multitask.md)
 }
 
-// The modes named on the command line (ospaging, mz<points>[+ahead][+step][+noyield][@<source>]).
+// The modes named on the command line (ospaging, mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>]).
 Status ParseModes(const MtArgs& a, std::vector<ModeSpec>* modes) {
   for (const std::string& m : a.modes) {
     const size_t at = m.find('@');
@@ -766,6 +807,9 @@ Status ParseModes(const MtArgs& a, std::vector<ModeSpec>* modes) {
       if (f == "ahead") spec.ahead = true;
       else if (f == "step") spec.critical_step = true;
       else if (f == "noyield") spec.no_yield = true;
+      else if (f == "noreconcile") spec.no_reconcile = true;
+      else if (f == "anon") spec.anon = true;
+      else if (f == "notouch") spec.no_touch = true;
       else flags_ok = false;
       body.resize(plus);
     }
@@ -777,7 +821,7 @@ Status ParseModes(const MtArgs& a, std::vector<ModeSpec>* modes) {
       modes->push_back(spec);
     } else {
       return Status::InvalidArgument("unknown mode '" + m +
-                                     "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][@<source>])");
+                                     "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>])");
     }
   }
   return Status::Ok();
@@ -918,13 +962,15 @@ std::string ModeHeader(const MtArgs& a, const ModeResult& r) {
          " s, intact " + (r.warm_intact ? "yes" : "no") + "; LLM usage before pressure " +
          Fmt("%.0f", r.llm_usage0 / 1048576.0) + " MiB\n\n" +
          "| round | apps MiB | LLM killed | back by | TTFT on return s | / all-in-memory | paired resident TTFT s (ratio) | "
-         "context intact | max logit diff | LLM resident before query | evictions (MiB freed) | restored ahead MiB | peak usage MiB |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+         "context intact | max logit diff | LLM resident before query | LLM in RAM: kernel / counted MiB | "
+         "moved to evicted MiB | major faults in query | cgroup page cache / anon MiB | memory stall in query ms (some/full) | "
+         "evictions (MiB freed) | restored ahead MiB | peak usage MiB |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
 }
 
 std::string RoundRow(const RoundResult& x, double mem_ttft) {
   char line[1024];
-  std::snprintf(line, sizeof line, "| %d | %d (%d app%s) | %s | %s | %.3f | %.2f | %.3f (%.2f) | %s | %.3g | %s | %d (%.0f) | %.0f | %.0f |\n",
+  std::snprintf(line, sizeof line, "| %d | %d (%d app%s) | %s | %s | %.3f | %.2f | %.3f (%.2f) | %s | %.3g | %s | %s | %.0f | %.0f | %.0f / %.0f | %s | %d (%.0f) | %.0f | %.0f |\n",
                 x.round, x.app_mib, x.n_apps, x.n_apps > 1 ? "s" : "", x.killed ? "**yes**" : "no",
                 x.back == "kept" ? "kept in memory" : ("cold start, " + x.back).c_str(), x.ttft, x.ttft / mem_ttft,
                 x.ttft_resident, x.ttft / x.ttft_resident,
@@ -932,6 +978,9 @@ std::string RoundRow(const RoundResult& x, double mem_ttft) {
                 x.killed           ? "-"
                 : x.remaining >= 0 ? (Fmt("%.0f%%", 100 * x.remaining)).c_str()
                                    : (Fmt("RSS %.0f MiB", x.llm_rss_mib)).c_str(),
+                x.counted_mib >= 0 ? (Fmt("%.0f", x.inram_mib) + " / " + Fmt("%.0f", x.counted_mib)).c_str() : "-",
+                x.reconciled_mib, x.majflt, x.cg_cache_mib, x.cg_rss_mib,
+                x.psi_some_ms >= 0 ? (Fmt("%.0f", x.psi_some_ms) + " / " + Fmt("%.0f", x.psi_full_ms)).c_str() : "-",
                 x.evictions, x.freed_mib, x.restored_mib, x.peak_mib);
   return line;
 }
@@ -944,7 +993,13 @@ nlohmann::json RoundJson(const RoundResult& x, double mem_ttft) {
           {"ttft_over_resident", x.ttft / x.ttft_resident}, {"resident_remaining", x.resident_remaining}, {"intact", x.intact}, {"bit_identical", x.bitident},
           {"max_logit_diff", x.maxdiff}, {"history_ok", x.history_ok},
           {"top1", x.top1}, {"ref_top1", x.ref_top1}, {"top1_equal", x.top1_equal}, {"ref_margin", x.ref_margin}, {"remaining_before_query", x.remaining},
-          {"llm_rss_mib_before_query", x.llm_rss_mib}, {"pressure_events", x.events}, {"evictions", x.evictions}, {"freed_mib", x.freed_mib}, {"restored_mib", x.restored_mib},
+          {"llm_rss_mib_before_query", x.llm_rss_mib}, {"llm_counted_resident_mib", x.counted_mib},
+          {"llm_in_ram_mib", x.inram_mib}, {"reconciled_mib", x.reconciled_mib}, {"major_faults_in_query", x.majflt},
+          {"minor_faults_in_query", x.minflt}, {"cgroup_cache_mib_before_query", x.cg_cache_mib},
+          {"cgroup_anon_mib_before_query", x.cg_rss_mib}, {"cgroup_mapped_file_mib_before_query", x.cg_mapped_mib},
+          {"psi_memory_some_ms_in_query", x.psi_some_ms}, {"psi_memory_full_ms_in_query", x.psi_full_ms},
+          {"query_wait_s", x.wait_s}, {"query_reload_s", x.reload_s}, {"query_restored_mib", x.restored_in_query_mib},
+          {"query_compute_threads_while_restoring", x.compute_threads}, {"query_measure_ms", x.measure_ms}, {"pressure_events", x.events}, {"evictions", x.evictions}, {"freed_mib", x.freed_mib}, {"restored_mib", x.restored_mib},
           {"peak_usage_mib", x.peak_mib}, {"oom_kills", x.oom_kills}, {"msg", x.msg},
           {"actions", x.actions}};
 }
@@ -952,9 +1007,9 @@ nlohmann::json RoundJson(const RoundResult& x, double mem_ttft) {
 // trace-<mode>.dat (memory over time) and events-<mode>.dat (kills, queries, pressure events).
 void WriteTraces(const MtArgs& a, const ModeResult& r) {
   char line[256];
-  std::string dat = "# t_s cgroup_usage_MiB llm_rss_MiB apps_rss_MiB\n";
+  std::string dat = "# t_s cgroup_usage_MiB llm_rss_MiB apps_rss_MiB cgroup_page_cache_MiB\n";
   for (const Sample& s : r.samples) {
-    std::snprintf(line, sizeof line, "%.2f %.1f %.1f %.1f\n", s.t, s.usage, s.llm, s.apps);
+    std::snprintf(line, sizeof line, "%.2f %.1f %.1f %.1f %.1f\n", s.t, s.usage, s.llm, s.apps, s.cache);
     dat += line;
   }
   WriteFile(a.out, "trace-" + r.spec.name + ".dat", dat);
@@ -1005,7 +1060,7 @@ std::string TracePlotScript(const std::vector<ModeResult>& results, double lim) 
     gp += "set title '" + n + "' noenhanced\n";
     if (i + 1 == results.size()) gp += "set xlabel 'time (s)'\n";
     gp += "plot 'trace-" + n + ".dat' u 1:($3+$4) w filledcurves x1 lc rgb '#f4a261' t 'apps', '' u 1:3 w filledcurves x1 "
-          "lc rgb '#2a9d8f' t 'LLM', '' u 1:2 w l lc rgb 'black' t 'cgroup usage', " + Fmt("%.1f", lim) +
+          "lc rgb '#2a9d8f' t 'LLM', '' u 1:2 w l lc rgb 'black' t 'cgroup usage', '' u 1:5 w l dt 3 lw 2 lc rgb '#6a4c93' t 'its page cache', " + Fmt("%.1f", lim) +
           " w l dt 2 lc rgb 'red' t 'limit', 'events-" + n + ".dat' u 1:(strcol(2) eq 'kill' ? " + Fmt("%.1f", lim * 1.05) +
           " : 1/0) w p pt 2 ps 2 lw 2 lc rgb 'red' t 'LLM killed', '' u 1:(strcol(2) eq 'query' ? " +
           Fmt("%.1f", lim * 1.10) + " : 1/0) w p pt 9 ps 1.5 lc rgb 'blue' t 'query', '' u 1:(strcol(2) eq 'cold' ? " +
@@ -1124,9 +1179,12 @@ void AddMultitaskCommands(CLI::App& app, Runners& runners) {
   c->add_option("--type", a->type, "weight type for a synthesized shape")->capture_default_str();
   c->add_option("--limit-mib", a->limit_mib, "cgroup limit (0: LLM usage after warm-up + --free x footprint)")->capture_default_str();
   c->add_option("--free", a->free_frac, "auto limit: free memory for apps, fraction of the LLM footprint")->capture_default_str();
-  c->add_option("--modes", a->modes, "ospaging, mz15, mz25: mz<points>[+ahead][+step][+noyield][@<source>] (+ahead: restore-ahead in the background; "
+  c->add_option("--modes", a->modes, "ospaging, mz15, mz25: mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>] (+ahead: restore-ahead in the background; "
                 "+step: critical events escalate the step instead of evicting to the floor; +noyield: a restore-ahead slice "
-                "finishes even when the query waits; source: see --source)")
+                "finishes even when the query waits; +noreconcile: the LLM trusts its own count of resident units instead of "
+                "asking the kernel (mincore) which it took; +anon: anonymous weights and KV, which the kernel cannot reclaim "
+                "without swap; +notouch: restored pages are first read by compute instead of the restore thread; "
+                "source: see --source)")
       ->delimiter(',')
       ->capture_default_str();
   c->add_flag("--quick", a->quick,

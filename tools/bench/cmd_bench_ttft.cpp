@@ -58,6 +58,8 @@ struct System {
   bool single_path = false;       // every evicted KV chunk raw on storage
   bool restore_first = false;     // restore everything (not timed) before the query
   bool paper_costs = false;       // the policy plans with the paper's unit times (ContextOptions::cost_restore_paths off)
+  bool no_reconcile = false;      // the table's count of resident units is trusted (ContextOptions::reconcile_min_missing 0)
+  bool no_touch = false;          // restored pages are first read by compute, not by the restore thread (touch_restored off)
   void (*pipeline)(PipelineOptions&) = nullptr;  // restore_generate options the system changes
 };
 
@@ -91,6 +93,10 @@ const std::vector<System>& Systems() {
     s.back().anon = true;
     add({"mzpapercost", "mzcache planning with the paper's unit times (direct reads into fresh memory, compressed chunks decoded) instead of its own restore paths' (KV mapped, q8 read in place)"})
         ->paper_costs = true;
+    add({"mznoreconcile", "mzcache not asking the kernel which resident units it reclaimed (reconcile_min_missing 0): what checking residency costs when nothing was taken"})
+        ->no_reconcile = true;
+    add({"mznotouch", "mzcache leaving the first read of each restored page to compute instead of the restore thread (touch_restored off)"})
+        ->no_touch = true;
     return s;
   }();
   return v;
@@ -190,6 +196,8 @@ void Configure(Context& ctx, const System& sys, EvictOrder order, bool hybrid, P
   // The policy plans for how this run restores: compressed chunks read in place only if it does.
   ctx.set_attend_compressed(p->attend_compressed);
   ctx.set_cost_restore_paths(!sys.paper_costs);
+  ctx.set_reconcile_min_missing(sys.no_reconcile ? 0 : ContextOptions().reconcile_min_missing);
+  ctx.set_touch_restored(!sys.no_touch);
 }
 
 // One measurement: evict (system's policy) to `level` remaining, then restore_generate the query.

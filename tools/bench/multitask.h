@@ -9,7 +9,13 @@
 // Worker protocol (one line each, `key=value` fields separated by spaces):
 //   worker -> harness  `ready how=<session|prefill> load_s=<s> footprint=<bytes> llm=<bytes>`
 //                      `result ok=<0|1> ttft=<s> intact=<0|1> hist=<0|1> top1=<id> ref_top1=<id>
-//                       maxdiff=<abs logit diff> bitident=<0|1> remaining=<fraction|-1> msg=<text>`
+//                       maxdiff=<abs logit diff> bitident=<0|1> remaining=<fraction|-1>
+//                       counted=<bytes the LLM counts resident> inram=<of them in RAM (mincore)>
+//                       reconciled=<bytes moved to evicted because the kernel took them>
+//                       majflt=<major faults during the query> minflt=<minor faults>
+//                       wait=<s compute waited for units> reload=<s restoring> restored_bytes=<bytes>
+//                       threads=<compute threads while restoring>
+//                       measure_ms=<request to the end of the mincore pass> msg=<text>`
 //                      `action level=<name> req=<bytes> freed=<bytes> remaining=<fraction>
 //                       deferred=<0|1> restored=<0|1> ok=<0|1> step=<points> delay_ms=<ms> msg=<note>`
 //                      `event level=<name>` (mzcache mode, asynchronous: a pressure event as received,

@@ -65,6 +65,9 @@ class ReportingSource : public PressureSource {
   }
   void Stop() override { inner_->Stop(); }
   Status Headroom(uint64_t* available, uint64_t* limit) override { return inner_->Headroom(available, limit); }
+  Status FreeBeforeReclaim(uint64_t* available, uint64_t* limit) override {
+    return inner_->FreeBeforeReclaim(available, limit);
+  }
 
  private:
   std::unique_ptr<PressureSource> inner_;
@@ -84,6 +87,9 @@ struct WorkerArgs {
   double restore_margin = 0.20;
   bool critical_step = false;
   bool no_yield = false;
+  bool no_reconcile = false;  // trust the unit table's count (the kernel is not asked): the ablation
+  bool anon = false;          // anonymous weights and KV (nothing the kernel can reclaim without swap)
+  bool no_touch = false;      // restored pages first read by compute, not by the restore thread
 };
 
 int RunWorker(const WorkerArgs& a) {
@@ -95,6 +101,7 @@ int RunWorker(const WorkerArgs& a) {
   const bool mz = a.mode == "mzcache";
   if (!mz && a.mode != "ospaging") return Fail(Status::InvalidArgument("--mode must be mzcache or ospaging"));
   ModelOptions mo;
+  if (mz && a.anon) mo.weights = WeightMemory::kAnonymous;
   if (!mz) {
     mo.weights = WeightMemory::kOsPaging;  // OS Paging: file-backed weights the kernel may drop and fault back
     mo.direct_io = false;
@@ -108,6 +115,9 @@ int RunWorker(const WorkerArgs& a) {
   co.n_ctx = a.n_ctx;
   co.n_threads = a.threads;
   if (!a.swap_path.empty()) co.swap_path = a.swap_path;
+  if (a.no_reconcile) co.reconcile_min_missing = 0;
+  if (a.anon) co.map_swap = false;
+  if (a.no_touch) co.touch_restored = false;
   Context ctx(model.get(), co);
   st = ctx.Init();
   if (!st.ok()) return Fail(st);
@@ -173,17 +183,31 @@ int RunWorker(const WorkerArgs& a) {
     // eviction the monitor is still applying (RestoreGenerate's own ttft_s starts after that).
     // "remaining" is what RestoreGenerate found resident when it got the context (a restore-ahead
     // slice under way at the request stops for it first).
+    // On the clock (the user waits for it, and for an eviction it waits behind): what the LLM
+    // counts resident against what the kernel holds of it (mincore over every resident unit),
+    // and the process's page faults so far (measure_ms below).
     const double t0 = NowSeconds();
+    KernelResidency kr;
+    const Status kst = ctx.MeasureInRam(&kr);
+    const double t_measured = NowSeconds();
+    uint64_t maj0 = 0, min0 = 0, maj1 = 0, min1 = 0;
+    Env::Default()->ProcessFaults(&maj0, &min0);
     double remaining = -1;
+    uint64_t reconciled = 0;
+    RestoreGenerateStats rs;
     const bool hist_before = ctx.history() == ref.context;
     if (mz) {
-      RestoreGenerateStats rs;
       st = ctx.RestoreGenerate(ref.query.data(), int(ref.query.size()), PipelineOptions(), &rs);
       remaining = rs.remaining_at_start;
+      reconciled = rs.reconciled.bytes;
     } else {
       st = ctx.Decode(ref.query.data(), int(ref.query.size()), false);
     }
     const double ttft = NowSeconds() - t0;
+    Env::Default()->ProcessFaults(&maj1, &min1);
+    // From the request to the end of the mincore pass: its cost, plus any wait for the context
+    // (an eviction or restore-ahead slice holding it).
+    const double measure_ms = kst.ok() ? (t_measured - t0) * 1e3 : -1;
     IntactCheck c = CheckIntact(st.ok() ? ctx.logits(ctx.n_logit_rows() - 1) : nullptr, ref, hist_before, a.tol);
     ctx.Truncate(base);
     const bool hist_after = ctx.history() == ref.context;
@@ -191,10 +215,12 @@ int RunWorker(const WorkerArgs& a) {
     c.intact = c.intact && hist_after;
     if (mon) mon->OnSafePoint();  // a pressure event that arrived during the query is applied now
     Out("result ok=%d ttft=%.6f intact=%d hist=%d top1=%d ref_top1=%d top1eq=%d margin=%.6g maxdiff=%.6g bitident=%d "
-        "remaining=%.4f msg=%s",
+        "remaining=%.4f counted=%" PRIu64 " inram=%" PRIu64 " reconciled=%" PRIu64 " majflt=%" PRIu64
+        " minflt=%" PRIu64 " wait=%.4f reload=%.4f restored_bytes=%" PRIu64 " threads=%d measure_ms=%.2f msg=%s",
         int(st.ok()), ttft, int(c.intact), int(c.history_ok), c.top1, c.ref_top1, int(c.top1_equal), c.ref_margin,
-        c.max_abs_diff,
-        int(c.bit_identical), remaining, OneLine(st.ToString()).c_str());
+        c.max_abs_diff, int(c.bit_identical), remaining, kst.ok() ? kr.counted() : 0, kst.ok() ? kr.in_ram() : 0,
+        reconciled, maj1 - maj0, min1 - min0, rs.wait_s, rs.pipeline.reload_s, rs.pipeline.bytes_restored,
+        rs.compute_threads_during_restore, measure_ms, OneLine(st.ToString()).c_str());
   }
   if (mon) mon->Stop();
   return 0;
@@ -274,6 +300,9 @@ void AddMultitaskChildren(CLI::App& app, Runners& runners) {
   w->add_option("--restore-margin", a->restore_margin);
   w->add_flag("--critical-step", a->critical_step);
   w->add_flag("--no-yield", a->no_yield);
+  w->add_flag("--no-reconcile", a->no_reconcile);
+  w->add_flag("--anon", a->anon);
+  w->add_flag("--no-touch", a->no_touch);
   runners.push_back([w, a]() -> int { return w->parsed() ? RunWorker(*a) : -1; });
 
   auto b = std::make_shared<AppArgs>();

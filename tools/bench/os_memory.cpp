@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -115,6 +116,26 @@ void ProcMemory(int pid, uint64_t* rss, uint64_t* swap) {
   const std::string status = ReadSys("/proc/" + std::to_string(pid) + "/status");
   sysfs::ParseField(status, "VmRSS", rss);  // "VmRSS:  1234 kB", in bytes
   sysfs::ParseField(status, "VmSwap", swap);
+}
+
+CgroupMemStat ReadCgroupMemStat(const std::string& dir) {
+  CgroupMemStat m;
+  const std::string st = ReadSys(dir + "/memory.stat");
+  sysfs::ParseField(st, "cache", &m.cache);
+  sysfs::ParseField(st, "rss", &m.rss);
+  sysfs::ParseField(st, "mapped_file", &m.mapped_file);
+  return m;
+}
+
+bool ReadPsiMemory(uint64_t* some_us, uint64_t* full_us) {
+  *some_us = *full_us = 0;
+  const std::string s = ReadSys("/proc/pressure/memory");
+  // "some avg10=0.00 avg60=0.00 avg300=0.00 total=123\nfull ... total=45"
+  const size_t a = s.find("total="), b = a == std::string::npos ? a : s.find("total=", a + 6);
+  if (b == std::string::npos) return false;
+  *some_us = std::strtoull(s.c_str() + a + 6, nullptr, 10);
+  *full_us = std::strtoull(s.c_str() + b + 6, nullptr, 10);
+  return true;
 }
 
 Status DropPageCache() {

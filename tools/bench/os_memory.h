@@ -39,6 +39,17 @@ class MemCgroup {
   std::string path_;
 };
 
+// A cgroup v1 memory.stat at one moment, in bytes (0 where the field is missing).
+struct CgroupMemStat {
+  uint64_t cache = 0;        // page cache charged to the cgroup (mapped file pages included)
+  uint64_t rss = 0;          // anonymous memory
+  uint64_t mapped_file = 0;  // page cache mapped by its processes
+};
+CgroupMemStat ReadCgroupMemStat(const std::string& cgroup_dir);
+// Totals of /proc/pressure/memory (PSI, whole machine), in microseconds: time some / all
+// non-idle tasks stalled on memory. false if PSI is not there.
+bool ReadPsiMemory(uint64_t* some_us, uint64_t* full_us);
+
 // VmRSS and VmSwap of a process, in bytes.
 void ProcMemory(int pid, uint64_t* rss, uint64_t* swap);
 Status DropPageCache();
