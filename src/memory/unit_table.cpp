@@ -417,7 +417,8 @@ Status UnitTable::LoadWeights(int unit, void* mem) {
   const bool was = model_->unit(unit).resident();
   MZ_RETURN_IF_ERROR(model_->LoadUnit(unit, mem));
   const WeightUnit& w = model_->unit(unit);
-  if (!was && opts_.touch_restored)
+  // OS Paging units fault in lazily by design (the baseline): never touched.
+  if (!was && opts_.touch_restored && w.backing != WeightMemory::kOsPaging)
     for (const ReadRun& r : w.runs)  // the mapped part of each run (a mapping past end of file faults)
       TouchPages(static_cast<const char*>(w.region) + r.region_off, std::min<uint64_t>(r.need, r.len));
   return Status::Ok();
