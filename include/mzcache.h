@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 6
+#define MZ_VERSION_MINOR 7
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -98,6 +98,18 @@ int mz_tokenize(const mz_model* model, const char* text, bool add_special, bool 
 /* Text of one token, NUL-terminated, truncated to cap-1 bytes. Returns the full length or < 0. */
 int32_t mz_token_to_piece(const mz_model* model, mz_token token, char* buf, int32_t cap);
 bool mz_token_is_eog(const mz_model* model, mz_token token);
+/* One chat message: role ("system", "user", "assistant") and its text. */
+struct mz_chat_message {
+  const char* role;
+  const char* content;
+};
+/* Applies the model's chat template (its GGUF tokenizer.chat_template, as llama.cpp does) to n
+ * messages; add_assistant appends the assistant prompt. Writes the text NUL-terminated into buf,
+ * truncated to cap-1 bytes, and returns its full length (call again with a larger buf if it is >=
+ * cap), or a negative status (MZ_ERR_INVALID_ARG: NULL model, role or content; MZ_ERR_UNSUPPORTED:
+ * a template this build cannot apply). Since 0.7. */
+int32_t mz_chat_apply_template(const mz_model* model, const struct mz_chat_message* msgs, size_t n,
+                               bool add_assistant, char* buf, int32_t cap);
 
 /* ---- context: one conversation (KV cache in chunks) ---- */
 struct mz_context_params {
@@ -363,6 +375,108 @@ struct mz_profile_params mz_profile_default_params(void);
  * map memory). out_path is replaced crash-safely (written beside it, synced, renamed): on an error
  * or a crash it keeps its previous content; the read-test file is removed on every path. */
 int mz_profile_device(const char* model_path, const struct mz_profile_params* params, const char* out_path);
+
+/* ---- pool: one model, many conversations, one memory budget, nothing lost (since 0.7) ----
+ * A pool holds many conversations over one model (its weights held once). Each conversation is a
+ * context of its own (KV in 256-token chunks, each resident, compressed in memory or on storage).
+ * The pool keeps RAM within memory_budget after every call, giving back in this order: idle
+ * conversations' KV (least recently used first), then the most recently used conversation's KV
+ * (hybrid-swap placement, later layers first), then weights (only while no conversation computes).
+ * Eviction never waits for a generation.
+ * With a folder, every conversation is also written there (write-behind: after
+ * mz_conversation_commit, or once it has been idle for write_behind_idle_ms), crash-safely: a
+ * kill -9 loses at most the turn not yet committed. A new pool on the same folder finds every
+ * stored conversation again; a damaged file is reported (mz_pool_damaged) and skipped. Beyond
+ * disk_budget the least recently used conversations are deleted, each counted in
+ * conversations_lost; nothing else deletes one but mz_pool_delete.
+ * Shared prefixes: the first call on an empty conversation reuses the longest run of full chunks
+ * that another conversation (open in any tier, or stored) has for the same tokens, confirmed token
+ * by token: those chunks' KV is copied, not computed.
+ * Thread-safety: pool functions may be called from any thread. Calls on one conversation are
+ * serialized; distinct conversations may run on distinct threads at once. */
+typedef struct mz_pool mz_pool;
+typedef struct mz_conversation mz_conversation;
+
+struct mz_pool_params {
+  uint32_t struct_size;         /* set by mz_pool_default_params(): see "Params structs" above */
+  const char* dir;              /* folder of stored conversations (created); NULL: nothing persisted */
+  uint64_t memory_budget;       /* RAM for weights + all conversations' KV and in-memory swap; 0: none */
+  uint64_t disk_budget;         /* bytes of stored conversations; 0: none */
+  const char* persist_codec;    /* codec of stored conversations: NULL = "q8" (default); "none" is lossless */
+  bool write_behind;            /* persist on a background thread (default true); false: in commit */
+  uint32_t write_behind_idle_ms;/* a changed conversation idle this long is persisted (default 2000) */
+  bool share_prefixes;          /* reuse other conversations' matching prefix chunks (default true) */
+  const struct mz_context_params* context; /* each conversation's context (NULL: defaults). swap_path
+                                   NULL: <dir>/swap/<id>.swap; else the path + "." + id */
+};
+struct mz_pool_params mz_pool_default_params(void);
+/* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
+int mz_pool_new(mz_model* model, const struct mz_pool_params* params, mz_pool** out);
+/* Persists every changed conversation, then frees the pool. Handles must be released before. */
+void mz_pool_free(mz_pool* pool);
+
+/* Opens conversation id (1-128 of [A-Za-z0-9._-], not starting with '.'): the open one, a stored
+ * one (its KV read back from the folder) or a new empty one. *out: a handle, released with
+ * mz_conversation_release (which does not close the conversation). */
+int mz_pool_open(mz_pool* pool, const char* id, mz_conversation** out);
+void mz_conversation_release(mz_conversation* conv);
+/* Persists it and frees its memory; it stays stored (without a folder: deleted). Handles on it
+ * then return MZ_ERR_INVALID_ARG. MZ_ERR_BUSY if it changed during the close (close again). */
+int mz_pool_close(mz_pool* pool, const char* id);
+/* Forgets it: memory, swap and stored file. */
+int mz_pool_delete(mz_pool* pool, const char* id);
+/* Gives back at least bytes of RAM in the pool's order, or all it can (*freed, optional). */
+int mz_pool_evict(mz_pool* pool, uint64_t bytes, uint64_t* freed);
+/* Persists every changed conversation now (returns the first error). */
+int mz_pool_flush(mz_pool* pool);
+
+/* As mz_decode / mz_restore_generate, within the conversation (then the pool enforces its budget).
+ * On failure the conversation is unchanged. */
+int mz_conversation_decode(mz_conversation* conv, const mz_token* tokens, int32_t n, bool all_logits);
+int mz_conversation_restore_generate(mz_conversation* conv, const mz_token* tokens, int32_t n,
+                                     const struct mz_restore_params* params, struct mz_restore_stats* stats);
+/* Logits row i of the conversation's last call (n_vocab floats), or NULL. Valid until its next call. */
+const float* mz_conversation_logits(mz_conversation* conv, int32_t i);
+mz_token mz_conversation_sample(mz_conversation* conv, mz_sampler* s, int32_t i);
+int32_t mz_conversation_n_tokens(mz_conversation* conv);
+int mz_conversation_truncate(mz_conversation* conv, int32_t n_keep);
+/* The end of a turn: the conversation is persisted (in the background with write_behind). */
+int mz_conversation_commit(mz_conversation* conv);
+
+struct mz_conversation_report {
+  char id[132];
+  int32_t n_tokens;
+  bool open;                    /* has memory (any tier) in this process; false: stored only */
+  bool busy;                    /* a call runs on it: figures are the last known */
+  uint64_t kv_resident;         /* bytes of KV in RAM */
+  uint64_t kv_mem_compressed;   /* bytes of its in-memory swap */
+  uint64_t kv_storage;          /* bytes of its swap file */
+  uint64_t stored_bytes;        /* its stored file */
+  int32_t stored_tokens;        /* tokens the stored file holds (what a restart finds) */
+  uint64_t last_use_unix_ms;
+  int32_t shared_chunks;        /* full chunks per layer reused from another conversation */
+};
+int mz_pool_conversation_report(mz_pool* pool, const char* id, struct mz_conversation_report* out);
+/* Writes up to cap reports (out may be NULL with cap 0) and returns how many conversations there
+ * are (or a negative status). */
+int32_t mz_pool_list(mz_pool* pool, struct mz_conversation_report* out, int32_t cap);
+
+struct mz_pool_report {
+  int32_t n_conversations, n_open, n_damaged;
+  uint64_t weights_total, weights_resident;
+  uint64_t kv_resident, kv_mem_compressed, kv_storage;
+  uint64_t in_memory;           /* weights_resident + kv_resident + kv_mem_compressed */
+  uint64_t stored_bytes;
+  uint64_t memory_budget, disk_budget;
+  uint64_t conversations_lost;  /* deleted by the disk budget */
+  uint64_t persists, persist_failures;
+  uint64_t prefix_chunks_reused;
+  uint64_t evictions, bytes_evicted;
+};
+int mz_pool_get_report(mz_pool* pool, struct mz_pool_report* out);
+/* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
+ * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
+int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Layering check of src/ (ctest "layering", label lint). Each folder of src/ is one layer, lowest first:
-#   core < env < kernels < model < store < policy < memory < restore < runtime < pressure < api
+#   core < env < kernels < model < store < policy < memory < restore < runtime < pressure < pool < api
 # A file's layer is its folder's. Fails, printing every offence, when:
 #   - a file lies in a folder that is not a layer (add it to LAYERS at its place);
 #   - an include "x/..." points to a higher layer than the including file's (upward include);
@@ -14,7 +14,7 @@ set -euo pipefail
 root=${1:-"$(cd "$(dirname "$0")/.." && pwd)"}
 cd "$root/src"
 
-LAYERS=(core env kernels model store policy memory restore runtime pressure api)
+LAYERS=(core env kernels model store policy memory restore runtime pressure pool api)
 declare -A rank
 for i in "${!LAYERS[@]}"; do rank[${LAYERS[$i]}]=$i; done
 

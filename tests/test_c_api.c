@@ -393,6 +393,71 @@ static int check_profile(const char* path) {
   return 0;
 }
 
+/* The pool through the C API: two conversations, a shared prefix, a budget, commit, a restart that
+ * finds the conversation again, delete. */
+static int check_pool(const char* path) {
+  CHECK(mz_pool_default_params().struct_size == sizeof(struct mz_pool_params), "pool params struct_size");
+  mz_model* model = NULL;
+  CHECK(mz_model_load(path, NULL, &model) == MZ_OK, "load: %s", mz_last_error());
+  char dir[256];
+  snprintf(dir, sizeof dir, "%s/mz-c-pool-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 1024;
+  cp.kv_chunk_tokens = 64;
+  struct mz_pool_params pp = mz_pool_default_params();
+  pp.dir = dir;
+  pp.context = &cp;
+  mz_pool* pool = NULL;
+  CHECK(mz_pool_new(model, &pp, &pool) == MZ_OK && pool, "mz_pool_new: %s", mz_last_error());
+  mz_conversation* a = NULL;
+  mz_conversation* b = NULL;
+  CHECK(mz_pool_open(pool, "../escape", &a) == MZ_ERR_INVALID_ARG && a == NULL, "a name with a path was accepted");
+  CHECK(mz_pool_open(pool, "a", &a) == MZ_OK, "open a: %s", mz_last_error());
+  CHECK(mz_pool_open(pool, "b", &b) == MZ_OK, "open b: %s", mz_last_error());
+  mz_token t[200];
+  for (int i = 0; i < 200; ++i) t[i] = 100 + (i * 37) % 3000;
+  CHECK(mz_conversation_decode(a, t, 200, false) == MZ_OK, "decode a: %s", mz_last_error());
+  t[199] = 7; /* b shares the first 3 chunks */
+  struct mz_restore_stats rs;
+  CHECK(mz_conversation_restore_generate(b, t, 200, NULL, &rs) == MZ_OK, "restore_generate b: %s", mz_last_error());
+  struct mz_conversation_report r;
+  CHECK(mz_pool_conversation_report(pool, "b", &r) == MZ_OK, "report b");
+  CHECK(r.shared_chunks == 3 && r.n_tokens == 200 && r.open, "b: shared %d tokens %d", (int)r.shared_chunks,
+        (int)r.n_tokens);
+  struct mz_sampler_params sp = mz_sampler_default_params();
+  mz_sampler* s = mz_sampler_new(&sp);
+  const mz_token next = mz_conversation_sample(b, s, 0);
+  CHECK(next >= 0, "sample: %d", (int)next);
+  mz_sampler_free(s);
+  uint64_t freed = 0;
+  CHECK(mz_pool_evict(pool, 1ull << 40, &freed) == MZ_OK && freed > 0, "mz_pool_evict freed %llu",
+        (unsigned long long)freed);
+  CHECK(mz_conversation_commit(a) == MZ_OK && mz_pool_flush(pool) == MZ_OK, "commit/flush: %s", mz_last_error());
+  struct mz_pool_report pr;
+  CHECK(mz_pool_get_report(pool, &pr) == MZ_OK && pr.n_conversations == 2 && pr.persists >= 1,
+        "pool report: %d conversations, %llu persists", (int)pr.n_conversations, (unsigned long long)pr.persists);
+  mz_conversation_release(a);
+  mz_conversation_release(b);
+  mz_pool_free(pool);
+  pool = NULL;
+  CHECK(mz_pool_new(model, &pp, &pool) == MZ_OK, "reopen: %s", mz_last_error());
+  struct mz_conversation_report list[4];
+  CHECK(mz_pool_list(pool, list, 4) == 2, "after a restart %d conversations", (int)mz_pool_list(pool, NULL, 0));
+  CHECK(mz_pool_damaged(pool, 0, NULL, 0) == MZ_ERR_INVALID_ARG, "a damaged file reported");
+  CHECK(mz_pool_open(pool, "a", &a) == MZ_OK && mz_conversation_n_tokens(a) == 200, "a after restart: %s",
+        mz_last_error());
+  mz_conversation_release(a);
+  CHECK(mz_pool_delete(pool, "a") == MZ_OK && mz_pool_delete(pool, "b") == MZ_OK, "delete: %s", mz_last_error());
+  CHECK(mz_pool_list(pool, NULL, 0) == 0, "conversations left after delete");
+  mz_pool_free(pool);
+  mz_model_free(model);
+  char sw[300];
+  snprintf(sw, sizeof sw, "%s/swap", dir);
+  rmdir(sw);
+  CHECK(rmdir(dir) == 0, "%s not empty after deleting every conversation", dir);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   static char buf[4096];
   const char* path = argc > 1 ? argv[1] : NULL;
@@ -406,7 +471,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "FAIL: no model path (argv[1], MZ_TEST_MODEL_DIR_OVERRIDE or MZ_TEST_MODEL)\n");
     return 2;
   }
-  if (check_defaults() || check_missing_file() || run_model(path) || check_profile(path)) return 1;
+  if (check_defaults() || check_missing_file() || run_model(path) || check_profile(path) || check_pool(path)) return 1;
   printf("PASS: C API (%s)\n", path);
   return 0;
 }

@@ -2,13 +2,19 @@
 // returns the exit code when its subcommand was selected (else an empty function is skipped).
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace mz::cli {
 using Runners = std::vector<std::function<int()>>;
 void AddModelCommands(CLI::App& app, Runners& runners);  // make-model, info
 void AddRunCommands(CLI::App& app, Runners& runners);    // run, chat
+void AddConversationCommands(CLI::App& app, Runners& runners);  // conversations [rm NAME]
+// chat --conversation NAME: a named conversation of the pool in dir (tools/cli/cmd_conversations.cpp).
+int RunConversationChat(const std::string& model, const std::string& dir, const std::string& id, int threads, int n_ctx,
+                        int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed);
 void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
@@ -16,6 +22,7 @@ void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
 void AddPeersBench(CLI::App* bench, Runners& runners);      // bench peers, bench peers-worker (hidden)
 void AddAccuracyBench(CLI::App* bench, Runners& runners);   // bench accuracy
 void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
+void AddPoolBench(CLI::App* bench, Runners& runners);       // bench pool
 void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)
 void AddOsPagingWorker(CLI::App& app, Runners& runners);    // ospaging-worker (hidden)
 // bench multitask (added under `bench`: call after AddBenchCommands) + hidden multitask-worker/-app

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   std::vector<std::function<int()>> runners;
   mz::cli::AddModelCommands(app, runners);
   mz::cli::AddRunCommands(app, runners);
+  mz::cli::AddConversationCommands(app, runners);
   mz::cli::AddBenchCommands(app, runners);
   mz::cli::AddProfileCommands(app, runners);
   mz::cli::AddOsPagingWorker(app, runners);

@@ -2,6 +2,8 @@
 #include "mzcache.h"
 
 #include <algorithm>
+#include <climits>
+#include <vector>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -19,78 +21,9 @@
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 #include "runtime/session_file.h"
+#include "api/api_internal.h"
 
-struct mz_model {
-  std::unique_ptr<mz::Model> model;
-  std::unique_ptr<mz::Tokenizer> tok;
-};
-struct mz_context {
-  std::unique_ptr<mz::Context> ctx;
-  // Memory pressure (mz_on_trim_memory, mz_pressure_*). The monitor is declared last: destroyed
-  // (thread joined, safe-point hook removed) before everything its callback uses and the context.
-  std::mutex stats_mu;
-  mz_pressure_stats stats{};
-  std::mutex pressure_mu;  // guards pressure and watching
-  bool watching = false;
-  std::unique_ptr<mz::PressureMonitor> pressure;
-};
-struct mz_sampler {
-  std::unique_ptr<mz::Sampler> s;
-};
-
-namespace {
-thread_local std::string t_last_error;
-
-int Fail(const mz::Status& st, const char* fn) {
-  t_last_error = std::string(fn) + ": " + st.message();
-  return int(st.code());
-}
-
-template <class F>
-int Guard(const char* fn, F&& f) {
-  try {
-    mz::Status st = f();
-    if (!st.ok()) return Fail(st, fn);
-    t_last_error.clear();
-    return MZ_OK;
-  } catch (const std::bad_alloc&) {
-    return Fail(mz::Status::NoMemory("allocation failed"), fn);
-  } catch (const std::exception& e) {
-    return Fail(mz::Status::Internal(e.what()), fn);
-  } catch (...) {
-    return Fail(mz::Status::Internal("unknown exception"), fn);
-  }
-}
-// The smallest struct_size a caller can pass: the end of the last field of the first header that
-// had struct_size (frozen here by naming that field; appending fields never moves it). A caller's
-// sizeof is at least this (its tail padding included).
-#define MZ_FIELD_END(T, f) uint32_t(offsetof(T, f) + sizeof(T::f))
-constexpr uint32_t kModelParamsV1 = MZ_FIELD_END(mz_model_params, weight_memory);
-constexpr uint32_t kContextParamsV1 = MZ_FIELD_END(mz_context_params, restore_threads);
-constexpr uint32_t kRestoreParamsV1 = MZ_FIELD_END(mz_restore_params, attend_compressed);
-constexpr uint32_t kSamplerParamsV1 = MZ_FIELD_END(mz_sampler_params, seed);
-constexpr uint32_t kPressureParamsV1 = MZ_FIELD_END(mz_pressure_params, restore_margin);
-constexpr uint32_t kProfileParamsV1 = MZ_FIELD_END(mz_profile_params, user);
-#undef MZ_FIELD_END
-
-// The caller's params over the defaults: NULL gives the defaults; a struct_size between the first
-// version's and this header's copies that many bytes (an older caller's fields, and its tail
-// padding, which by the header's rule ends before any later field starts) and leaves the rest at
-// their defaults; any other struct_size is refused before a byte past it is read.
-template <class P>
-mz::Status ReadParams(const P* in, P defaults, uint32_t v1_size, const char* what, P* out) {
-  *out = defaults;
-  if (!in) return mz::Status::Ok();
-  const uint32_t n = in->struct_size;
-  if (n < v1_size || n > sizeof(P))
-    return mz::Status::InvalidArgument(std::string("struct ") + what + ": struct_size " + std::to_string(n) +
-                                       " is not a size this library knows (" + std::to_string(v1_size) + ".." +
-                                       std::to_string(sizeof(P)) + "): start from " + what + "'s default_params()");
-  std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), n);
-  out->struct_size = uint32_t(sizeof(P));
-  return mz::Status::Ok();
-}
-}  // namespace
+using namespace mz_api;
 
 extern "C" {
 
@@ -170,6 +103,30 @@ int mz_tokenize(const mz_model* model, const char* text, bool add_special, bool 
   });
 }
 
+int32_t mz_chat_apply_template(const mz_model* model, const mz_chat_message* msgs, size_t n, bool add_assistant,
+                               char* buf, int32_t cap) {
+  std::string text;
+  int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!model || (n > 0 && !msgs) || cap < 0 || (cap > 0 && !buf)) return mz::Status::InvalidArgument("null argument");
+    std::vector<std::pair<std::string, std::string>> m;
+    for (size_t i = 0; i < n; ++i) {
+      if (!msgs[i].role || !msgs[i].content)
+        return mz::Status::InvalidArgument("message " + std::to_string(i) + ": NULL role or content");
+      m.emplace_back(msgs[i].role, msgs[i].content);
+    }
+    MZ_RETURN_IF_ERROR(model->tok->ApplyChat(m, add_assistant, &text));
+    if (text.size() > size_t(INT32_MAX - 1)) return mz::Status::InvalidArgument("chat text too long");
+    return mz::Status::Ok();
+  });
+  if (rc != MZ_OK) return rc;
+  if (cap > 0) {
+    const size_t k = std::min(text.size(), size_t(cap - 1));
+    std::memcpy(buf, text.data(), k);
+    buf[k] = 0;
+  }
+  return int32_t(text.size());
+}
+
 int32_t mz_token_to_piece(const mz_model* model, mz_token token, char* buf, int32_t cap) {
   if (!model || token < 0 || token >= model->tok->n_vocab()) return MZ_ERR_INVALID_ARG;
   std::string s = model->tok->Piece(token);
@@ -204,21 +161,8 @@ int mz_context_new(mz_model* model, const mz_context_params* params, mz_context*
     if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
     mz_context_params p;
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_context_default_params(), kContextParamsV1, "mz_context_params", &p));
-    if (p.n_ctx == 0 || p.n_ctx > (1u << 24)) return mz::Status::InvalidArgument("n_ctx out of range");
-    if (p.kv_chunk_tokens == 0 || p.kv_chunk_tokens > 65536)
-      return mz::Status::InvalidArgument("kv_chunk_tokens out of range");
-    if (p.n_threads <= 0 || p.n_threads > 256) return mz::Status::InvalidArgument("n_threads out of range");
-    if (p.n_ubatch == 0) return mz::Status::InvalidArgument("n_ubatch must be positive");
     mz::ContextOptions o;
-    o.n_ctx = int(p.n_ctx);
-    o.kv_chunk_tokens = int(p.kv_chunk_tokens);
-    o.n_threads = p.n_threads;
-    o.n_ubatch = int(p.n_ubatch);
-    o.kv_codec = p.kv_codec ? p.kv_codec : "q8";
-    o.swap_path = p.swap_path ? p.swap_path : "";
-    o.direct_io = p.direct_io;
-    o.restore_threads = p.restore_threads > 0 ? p.restore_threads : 1;
-    o.reconcile_min_missing = p.reconcile_min_missing;
+    MZ_RETURN_IF_ERROR(ToContextOptions(p, &o));
     auto c = std::make_unique<mz_context>();
     c->ctx = std::make_unique<mz::Context>(model->model.get(), o);
     MZ_RETURN_IF_ERROR(c->ctx->Init());
@@ -291,27 +235,11 @@ int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, cons
                         mz_restore_stats* stats) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx || !tokens || n <= 0) return mz::Status::InvalidArgument("need a context and at least one token");
-    mz_restore_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_restore_default_params(), kRestoreParamsV1, "mz_restore_params", &p));
-    if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_FULL) return mz::Status::InvalidArgument("bad overlap");
     mz::PipelineOptions po;
-    po.overlap = mz::Overlap(p.overlap);
-    po.io_threads = std::max(1, p.io_threads);
-    po.decode_threads = std::max(1, p.decode_threads);
-    po.attend_compressed = p.attend_compressed != 0;
+    MZ_RETURN_IF_ERROR(ToPipelineOptions(params, &po));
     mz::RestoreGenerateStats st;
     MZ_RETURN_IF_ERROR(ctx->ctx->RestoreGenerate(tokens, n, po, &st));
-    if (stats) {
-      stats->ttft_s = st.ttft_s;
-      stats->alloc_s = st.pipeline.alloc_s;
-      stats->reload_s = st.pipeline.reload_s;
-      stats->wait_s = st.wait_s;
-      stats->cpu_s = st.cpu_s;
-      stats->bytes_from_storage = st.pipeline.bytes_from_storage;
-      stats->bytes_decoded = st.pipeline.bytes_decoded;
-      stats->units_restored = st.pipeline.units;
-      stats->bytes_read_compressed = st.pipeline.bytes_read_compressed;
-    }
+    if (stats) ToRestoreStats(st, stats);
     return mz::Status::Ok();
   });
 }
@@ -402,6 +330,51 @@ mz_token mz_sampler_sample(mz_sampler* s, mz_context* ctx, int32_t i) {
 }
 
 }  // extern "C"
+
+namespace mz_api {
+
+mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
+  if (p.n_ctx == 0 || p.n_ctx > (1u << 24)) return mz::Status::InvalidArgument("n_ctx out of range");
+  if (p.kv_chunk_tokens == 0 || p.kv_chunk_tokens > 65536)
+    return mz::Status::InvalidArgument("kv_chunk_tokens out of range");
+  if (p.n_threads <= 0 || p.n_threads > 256) return mz::Status::InvalidArgument("n_threads out of range");
+  if (p.n_ubatch == 0) return mz::Status::InvalidArgument("n_ubatch must be positive");
+  o->n_ctx = int(p.n_ctx);
+  o->kv_chunk_tokens = int(p.kv_chunk_tokens);
+  o->n_threads = p.n_threads;
+  o->n_ubatch = int(p.n_ubatch);
+  o->kv_codec = p.kv_codec ? p.kv_codec : "q8";
+  o->swap_path = p.swap_path ? p.swap_path : "";
+  o->direct_io = p.direct_io;
+  o->restore_threads = p.restore_threads > 0 ? p.restore_threads : 1;
+  o->reconcile_min_missing = p.reconcile_min_missing;
+  return mz::Status::Ok();
+}
+
+mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOptions* po) {
+  mz_restore_params p;
+  MZ_RETURN_IF_ERROR(ReadParams(params, mz_restore_default_params(), kRestoreParamsV1, "mz_restore_params", &p));
+  if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_FULL) return mz::Status::InvalidArgument("bad overlap");
+  po->overlap = mz::Overlap(p.overlap);
+  po->io_threads = std::max(1, p.io_threads);
+  po->decode_threads = std::max(1, p.decode_threads);
+  po->attend_compressed = p.attend_compressed != 0;
+  return mz::Status::Ok();
+}
+
+void ToRestoreStats(const mz::RestoreGenerateStats& st, mz_restore_stats* stats) {
+  stats->ttft_s = st.ttft_s;
+  stats->alloc_s = st.pipeline.alloc_s;
+  stats->reload_s = st.pipeline.reload_s;
+  stats->wait_s = st.wait_s;
+  stats->cpu_s = st.cpu_s;
+  stats->bytes_from_storage = st.pipeline.bytes_from_storage;
+  stats->bytes_decoded = st.pipeline.bytes_decoded;
+  stats->units_restored = st.pipeline.units;
+  stats->bytes_read_compressed = st.pipeline.bytes_read_compressed;
+}
+
+}  // namespace mz_api
 
 // ---- memory pressure ----
 

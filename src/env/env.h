@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "core/status.h"
@@ -124,6 +125,10 @@ class Env {
   virtual Status Remove(const std::string& path) = 0;
   // fsync of the directory holding path (makes a rename durable).
   virtual Status SyncDir(const std::string& path) = 0;
+  // Names of the entries of directory dir (not "." and ".."), in no particular order.
+  virtual Status ListDir(const std::string& dir, std::vector<std::string>* names) = 0;
+  // Creates directory dir (mode 0700) and missing parents; Ok if it exists as a directory.
+  virtual Status MakeDir(const std::string& dir) = 0;
 
   // Anonymous private memory, page aligned, zero-filled, returned to the OS by Unmap (not kept in a
   // malloc arena, so freeing a unit really shrinks RSS). On failure returns nullptr.
@@ -182,6 +187,9 @@ class Env {
 
   // Monotonic clock (steady, not wall time), in ns since an arbitrary origin.
   virtual uint64_t NowNs() = 0;
+  // Wall-clock time (CLOCK_REALTIME) in milliseconds since the Unix epoch: for times stored in
+  // files or shown to people (a conversation's last use), never for intervals (NowNs).
+  virtual uint64_t WallClockMs() = 0;
   // CPU time used so far by the whole process, all threads (CLOCK_PROCESS_CPUTIME_ID), in ns.
   virtual uint64_t ProcessCpuNs() = 0;
   // The size of a memory page (what MapFileAt offsets and addresses must be aligned to).
@@ -239,6 +247,8 @@ class EnvWrapper : public Env {
   Status Rename(const std::string& a, const std::string& b) override { return target_->Rename(a, b); }
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
+  Status ListDir(const std::string& d, std::vector<std::string>* n) override { return target_->ListDir(d, n); }
+  Status MakeDir(const std::string& d) override { return target_->MakeDir(d); }
   void* MapAnon(size_t n) override { return target_->MapAnon(n); }
   Status MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) override {
     return target_->MapFileAt(f, off, len, at, writable);
@@ -258,6 +268,7 @@ class EnvWrapper : public Env {
     return target_->StartThread(std::move(fn), out);
   }
   uint64_t NowNs() override { return target_->NowNs(); }
+  uint64_t WallClockMs() override { return target_->WallClockMs(); }
   uint64_t ProcessCpuNs() override { return target_->ProcessCpuNs(); }
   size_t PageSize() override { return target_->PageSize(); }
   Status ReadSmallFile(const std::string& p, std::string* out) override { return target_->ReadSmallFile(p, out); }

@@ -1,3 +1,4 @@
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -220,6 +221,32 @@ class PosixEnv final : public Env {
     if (rc != 0) return Status::FromErrno(err, "fsync dir " + dir);
     return Status::Ok();
   }
+  Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
+    names->clear();
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return Status::FromErrno(errno, "opendir " + dir);
+    errno = 0;
+    while (struct dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names->push_back(n);
+    }
+    const int err = errno;
+    ::closedir(d);
+    if (err) return Status::FromErrno(err, "readdir " + dir);
+    return Status::Ok();
+  }
+  Status MakeDir(const std::string& dir) override {
+    if (dir.empty()) return Status::InvalidArgument("MakeDir: empty path");
+    for (size_t i = 1; i <= dir.size(); ++i) {
+      if (i < dir.size() && dir[i] != '/') continue;
+      const std::string part = dir.substr(0, i);
+      if (::mkdir(part.c_str(), 0700) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir " + part);
+    }
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + dir);
+    if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument(dir + " exists and is not a directory");
+    return Status::Ok();
+  }
   void* MapAnon(size_t bytes) override {
     if (bytes == 0) return nullptr;
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -369,6 +396,11 @@ class PosixEnv final : public Env {
   uint64_t NowNs() override {
     return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+  }
+  uint64_t WallClockMs() override {
+    return uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
                         .count());
   }
   uint64_t ProcessCpuNs() override {

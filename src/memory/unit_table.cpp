@@ -586,10 +586,10 @@ Status UnitTable::MeasureInRam(KernelResidency* out) const {
   return Status::Ok();
 }
 
-Status UnitTable::Reconcile(uint64_t min_missing, ReconcileStats* out) {
+Status UnitTable::Reconcile(uint64_t min_missing, ReconcileStats* out, bool weights) {
   *out = ReconcileStats();
   min_missing = std::max<uint64_t>(min_missing, 1);
-  for (int u = 0; u < model_->n_units(); ++u) {
+  for (int u = 0; weights && u < model_->n_units(); ++u) {
     const WeightUnit& w = model_->unit(u);
     if (!w.resident()) continue;
     uint64_t in = 0, n = 0;

@@ -199,7 +199,9 @@ class UnitTable {
   // and rewritten chunks cannot move: what the kernel took of them is counted in
   // unreconciled_missing. On an Env error the units checked so far stay moved and the error is
   // returned. Serialized with compute like Apply.
-  Status Reconcile(uint64_t min_missing, ReconcileStats* out);
+  // weights = false: KV chunks only (a pool's conversation: the weight units are shared with other
+  // contexts, whose compute may be reading them; only their owner moves them).
+  Status Reconcile(uint64_t min_missing, ReconcileStats* out, bool weights = true);
   Status VerifyModelIdentity() const { return model_->VerifyIdentity(); }
   // The two phases of one unit's restoration, for the pipeline. AllocateFor maps and prefaults
   // memory for u (nullptr if u is resident, is file-backed weights, or the mapping fails; *bytes

@@ -41,13 +41,14 @@ PolicyOutput PlanHybridSwap(const PolicyInput& in) {
   // Simulated state.
   std::vector<std::vector<UnitState>> kv(static_cast<size_t>(L), std::vector<UnitState>(static_cast<size_t>(C)));
   std::vector<bool> w(static_cast<size_t>(L));
-  bool base = in.state(UnitRef::Weights(-1)) == UnitState::kResident;
+  bool base = !in.kv_only && in.state(UnitRef::Weights(-1)) == UnitState::kResident;
   int n_kv = 0, n_w = 0;
   double mem_s = 0, sto_s = 0;
   for (int l = 0; l < L; ++l) {
-    w[size_t(l)] = in.state(UnitRef::Weights(l)) == UnitState::kResident;
+    const bool resident = in.state(UnitRef::Weights(l)) == UnitState::kResident;
+    w[size_t(l)] = resident && !in.kv_only;
     if (w[size_t(l)]) ++n_w;
-    else sto_s += in.t.t_r_w;
+    else if (!resident) sto_s += in.t.t_r_w;
     for (int c = 0; c < C; ++c) {
       UnitState s = in.state(UnitRef::Kv(l, c));
       kv[size_t(l)][size_t(c)] = s;
@@ -57,7 +58,7 @@ PolicyOutput PlanHybridSwap(const PolicyInput& in) {
       else sto_s += in.t.t_r_kvc;
     }
   }
-  if (!base) sto_s += in.t.t_r_w * double(in.base_bytes) / double(std::max<uint64_t>(1, in.layer_bytes.empty() ? 1 : in.layer_bytes[0]));
+  if (!base && !in.kv_only) sto_s += in.t.t_r_w * double(in.base_bytes) / double(std::max<uint64_t>(1, in.layer_bytes.empty() ? 1 : in.layer_bytes[0]));
   const int k = in.t.t_d_kv > 0 ? int(std::floor(in.t.t_r_w / in.t.t_d_kv)) : 0;
   const int T = in.parallel_paths ? L * k : 0;
   const uint64_t comp = uint64_t(double(in.chunk_bytes) * in.ratio);

@@ -44,6 +44,10 @@ struct PolicyInput {
   EvictOrder order = EvictOrder::kBackwardOut;
   uint64_t seed = 1;                  // random-out
   bool parallel_paths = true;         // false: a single path (storage only) for the Fig. 12 ablation
+  // Plan KV chunks only: weight units are left where they are (a pool's conversation, whose weights
+  // are shared with other conversations and evicted by the pool alone). Resident weights then
+  // count as not there for the stages, so the plan is KVonly, then CompKV.
+  bool kv_only = false;
 };
 
 struct PlanStep {

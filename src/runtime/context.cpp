@@ -4,6 +4,7 @@
 #include "restore/executor.h"
 #include "core/sync_point.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -68,13 +69,14 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   in.order = opts_.evict_order;
   in.seed = opts_.evict_seed;
   in.parallel_paths = opts_.hybrid;
+  in.kv_only = opts_.shared_weights;
   return in;
 }
 
-Status Context::ReconcileLocked(RestoreGenerateStats* stats) {
+Status Context::ReconcileLocked(RestoreGenerateStats* stats, bool weights) {
   if (opts_.reconcile_min_missing == 0) return Status::Ok();
   ReconcileStats rs;
-  Status st = units_->Reconcile(opts_.reconcile_min_missing, &rs);
+  Status st = units_->Reconcile(opts_.reconcile_min_missing, &rs, weights && !opts_.shared_weights);
   if (stats) {
     stats->reconciled = rs;
     stats->kernel_missing_at_start = rs.missing + rs.unreconciled_missing;
@@ -87,16 +89,22 @@ Status Context::MeasureInRam(KernelResidency* out) {
   return units_->MeasureInRam(out);
 }
 
-Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan) {
+Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan, EvictScope scope) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: eviction refused (retry when it finishes)");
   if (freed) *freed = 0;
-  // Evict what is really in RAM: units the kernel already took count as evicted first.
-  MZ_RETURN_IF_ERROR(ReconcileLocked());
+  const bool kv_only = scope == EvictScope::kKvOnly || (scope == EvictScope::kDefault && opts_.shared_weights);
+  // Evict what is really in RAM: units the kernel already took count as evicted first. Weights
+  // only when this call may move them (kAll: the owner of shared weights said so).
+  if (opts_.reconcile_min_missing) {
+    ReconcileStats rs;
+    MZ_RETURN_IF_ERROR(units_->Reconcile(opts_.reconcile_min_missing, &rs, !kv_only));
+  }
   uint64_t total = 0;
   // Estimates can be off (compression ratio, segment rounding): plan again until done or stuck.
   for (int round = 0; round < 8 && total < bytes; ++round) {
     PolicyInput in = MakePolicyInput(bytes - total);
+    in.kv_only = kv_only;
     PolicyOutput plan = opts_.partial_offload ? PlanPartialOffload(in) : PlanHybridSwap(in);
     if (plan.plan.empty()) break;
     uint64_t f = 0;
@@ -119,11 +127,15 @@ Status Context::Evict(const Plan& plan, uint64_t bytes, uint64_t* freed) {
   return units_->Apply(plan, bytes, freed);
 }
 
-Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16_t*)>& fill) {
+Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16_t*)>& fill,
+                         const std::vector<int32_t>* tokens) {
   ForegroundLock lk(this);
   if (n_tokens < 0 || n_tokens > kv_->n_ctx_max())
     return Status::ContextFull("ImportKv: " + std::to_string(n_tokens) + " tokens, n_ctx " +
                                std::to_string(kv_->n_ctx_max()));
+  if (tokens && int(tokens->size()) != n_tokens)
+    return Status::InvalidArgument("ImportKv: " + std::to_string(tokens->size()) + " history tokens for " +
+                                   std::to_string(n_tokens) + " KV rows");
   const KvGeometry& g = kv_->geometry();
   const int n = kv_->n_chunks_for(n_tokens);
   Env* env = kv_->env();
@@ -139,11 +151,23 @@ Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16
       }
       fill(l, c, p);
     }
-  history_.assign(size_t(n_tokens), 0);
+  if (tokens)
+    history_ = *tokens;
+  else
+    history_.assign(size_t(n_tokens), 0);
   logits_.clear();
   Status st = units_->ReplaceKv(n_tokens, std::move(chunks));
   if (!st.ok()) history_.clear();
   return st;
+}
+
+Status Context::ReadKvChunk(const int32_t* expect, int n_expect, int layer, int chunk, uint16_t* dst) {
+  ForegroundLock lk(this);
+  const KvGeometry& g = kv_->geometry();
+  if (layer < 0 || layer >= g.n_layer || chunk < 0 || n_expect < (chunk + 1) * g.chunk_tokens ||
+      n_expect > int(history_.size()) || !std::equal(expect, expect + n_expect, history_.begin()))
+    return Status::InvalidArgument("ReadKvChunk: the conversation no longer starts with the expected tokens");
+  return units_->ReadChunk(layer, chunk, dst);
 }
 
 void Context::set_touch_restored(bool on) {

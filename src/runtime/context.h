@@ -76,6 +76,20 @@ struct ContextOptions {
   // Restored units are read once from user space by the thread that restored them
   // (UnitTableOptions::touch_restored, core/touch.h). false: the ablation.
   bool touch_restored = true;
+  // The model's weight units are shared with other contexts (a pool's conversations, src/pool):
+  // this context never moves them on its own. EvictBytes plans KV chunks only (EvictScope::kDefault)
+  // and Reconcile checks KV chunks only; weights are evicted by the owner of the sharing, which
+  // calls EvictBytes(..., EvictScope::kAll) while no other context computes. A generation still
+  // restores dropped weights it needs: the owner must serialize such a generation with the other
+  // contexts' compute (the pool does, src/pool/pool.h).
+  bool shared_weights = false;
+};
+
+// What an EvictBytes call may move.
+enum class EvictScope {
+  kDefault,  // KV chunks and weights, or KV chunks only with ContextOptions::shared_weights
+  kKvOnly,   // KV chunks only
+  kAll,      // KV chunks and weights (REQUIRES for shared weights: no other context computes)
 };
 
 class Context {
@@ -94,7 +108,9 @@ class Context {
   Status Evict(const Plan& plan, uint64_t bytes, uint64_t* freed);
   // Policy-driven eviction (hybrid swap, Algorithm 1): releases at least `bytes` of RAM, or all
   // it can (reported in *freed), from whatever state previous calls left. kBusy during a Decode.
-  Status EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan = nullptr);
+  // scope: what may move (EvictScope).
+  Status EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan = nullptr,
+                    EvictScope scope = EvictScope::kDefault);
   // The policy's input for the current state (pure data; for tests and tools).
   PolicyInput MakePolicyInput(uint64_t bytes);
   const DeviceProfile& profile() const { return profile_; }
@@ -127,7 +143,16 @@ class Context {
   // for no real tokens). Chunks are filled before the context is touched: kContextFull past n_ctx
   // and kNoMemory for a chunk that cannot be mapped change nothing; a failure once the old
   // conversation is gone (KvCache::Reserve) leaves it empty. Serialized with every other call.
-  Status ImportKv(int n_tokens, const std::function<void(int layer, int chunk, uint16_t* dst)>& fill);
+  // tokens (optional, n_tokens of them): the history to record instead of copies of token 0, for KV
+  // that is the real KV of those tokens (a pool's shared prefix, copied from another conversation).
+  Status ImportKv(int n_tokens, const std::function<void(int layer, int chunk, uint16_t* dst)>& fill,
+                  const std::vector<int32_t>* tokens = nullptr);
+  // Copies the raw KV (chunk_bytes(): fp16 K then V) of chunk (layer, chunk) into dst whatever its
+  // state (a compressed or stored copy is decoded; states unchanged), only if the history starts
+  // with the n_expect tokens of expect and the chunk lies within them: else kInvalidArgument (the
+  // conversation changed since it was looked up). Errors: UnitTable::ReadChunk's (kCorruption for
+  // a lost chunk, kIOError). Serialized with every other call (a foreground call).
+  Status ReadKvChunk(const int32_t* expect, int n_expect, int layer, int chunk, uint16_t* dst);
   // Restored KV chunks map their swap extents (UnitTableOptions::map_swap; ablation switch).
   void set_map_swap(bool on);
 
@@ -183,7 +208,7 @@ class Context {
   friend struct ContextTestPeer;
   // Reconcile (when opts_.reconcile_min_missing is set). REQUIRES: mu_ held. *st (optional)
   // receives what was measured and moved.
-  Status ReconcileLocked(RestoreGenerateStats* st = nullptr);  // tests that drive the unit table or the pipeline directly
+  Status ReconcileLocked(RestoreGenerateStats* st = nullptr, bool weights = true);  // tests that drive the unit table or the pipeline directly
   Model* model_;
   ContextOptions opts_;
   std::unique_ptr<KvCache> kv_;

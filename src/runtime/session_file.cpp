@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "model/model.h"
 #include "runtime/context.h"
 #include "store/kv_codec.h"
 
@@ -132,93 +133,145 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   return Status::Ok();
 }
 
+struct SessionReader::Impl {
+  Env* env = nullptr;
+  std::string path;
+  std::unique_ptr<File> f;
+  Header h{};
+  KvGeometry g;
+  std::unique_ptr<KvCodec> codec;
+  std::vector<ChunkRecord> recs;
+  std::unique_ptr<Aligned> buf;
+  Status Bad(const std::string& why) const { return Status::Corruption("session " + path + ": " + why); }
+};
+
+SessionReader::~SessionReader() = default;
+
+std::string SessionReader::codec() const { return impl_->codec->name(); }
+
+Status SessionReader::Open(const Model& model, int chunk_tokens, const std::string& path,
+                           std::unique_ptr<SessionReader>* out) {
+  std::unique_ptr<SessionReader> r(new SessionReader());
+  r->impl_ = std::make_unique<Impl>();
+  Impl& m = *r->impl_;
+  m.env = model.env();
+  m.path = path;
+  const HParams& hp = model.hparams();
+  m.g.n_layer = int(hp.n_layer);
+  m.g.n_kv_head = int(hp.n_head_kv);
+  m.g.head_dim = int(hp.head_dim);
+  m.g.chunk_tokens = chunk_tokens;
+  MZ_RETURN_IF_ERROR(m.env->Open(path, OpenMode::kRead, /*direct=*/true, &m.f));
+  FileInfo fi;
+  MZ_RETURN_IF_ERROR(m.f->Stat(&fi));
+  r->file_bytes_ = fi.size;
+  if (fi.size < kHeaderBytes) return m.Bad("file too small to be a session (" + std::to_string(fi.size) + " bytes)");
+  Aligned hb(kHeaderBytes);
+  if (!hb.p) return Status::NoMemory("session header buffer");
+  MZ_RETURN_IF_ERROR(ReadFully(m.f.get(), hb.p, kHeaderBytes, 0, path));
+  Header& h = m.h;
+  std::memcpy(&h, hb.p, sizeof h);
+  if (std::memcmp(h.magic, kMagic, 8) != 0) return m.Bad("bad magic (not an mzcache session file)");
+  if (h.version != kVersion) return m.Bad("unsupported version " + std::to_string(h.version));
+  if (XXH64(&h, offsetof(Header, header_hash), 0) != h.header_hash) return m.Bad("header checksum mismatch");
+  if (h.model_hash != model.identity().header_hash) return m.Bad("saved with a different model");
+  const KvGeometry& g = m.g;
+  if (int(h.n_layer) != g.n_layer || int(h.n_kv_head) != g.n_kv_head || int(h.head_dim) != g.head_dim ||
+      int(h.chunk_tokens) != g.chunk_tokens)
+    return m.Bad("KV geometry differs from this context (n_layer/n_kv_head/head_dim/chunk_tokens)");
+  m.codec = h.codec_id > 255 ? nullptr : MakeKvCodecById(uint8_t(h.codec_id));
+  if (!m.codec) return m.Bad("unknown codec id " + std::to_string(h.codec_id));
+  if (uint64_t(h.n_chunks) != (uint64_t(h.n_tokens) + h.chunk_tokens - 1) / h.chunk_tokens)
+    return m.Bad("chunk count inconsistent with token count");
+  const uint64_t want_index = uint64_t(h.n_tokens) * 4 + uint64_t(h.n_layer) * h.n_chunks * sizeof(ChunkRecord) + 8;
+  if (h.index_bytes != want_index || h.index_offset != kHeaderBytes || h.index_offset + h.index_bytes > fi.size)
+    return m.Bad("index out of range (file truncated?)");
+  Aligned idx(AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign) - h.index_offset);
+  if (!idx.p) return Status::NoMemory("session index buffer");
+  size_t got = 0;
+  MZ_RETURN_IF_ERROR(m.f->Read(idx.p, idx.n, h.index_offset, &got));
+  if (got < h.index_bytes) return m.Bad("index truncated");
+  uint64_t ih;
+  std::memcpy(&ih, idx.p + h.index_bytes - 8, 8);
+  if (XXH64(idx.p, h.index_bytes - 8, 0) != ih) return m.Bad("index checksum mismatch");
+  r->tokens_.resize(h.n_tokens);
+  std::memcpy(r->tokens_.data(), idx.p, size_t(h.n_tokens) * 4);
+  const int32_t nv = int32_t(hp.n_vocab);
+  for (int32_t t : r->tokens_)
+    if (t < 0 || t >= nv) return m.Bad("token id out of range");
+  m.recs.resize(size_t(h.n_layer) * h.n_chunks);
+  std::memcpy(m.recs.data(), idx.p + size_t(h.n_tokens) * 4, m.recs.size() * sizeof(ChunkRecord));
+  // Every chunk's record must lie inside the file: a truncated file is found here, before any
+  // chunk is read (a bit flip inside a payload is found by its checksum when the chunk is read).
+  for (size_t i = 0; i < m.recs.size(); ++i) {
+    const ChunkRecord& rc = m.recs[i];
+    if (rc.offset % kDirectIoAlign || rc.offset < h.data_offset || rc.offset > fi.size ||
+        AlignUp(rc.size, kDirectIoAlign) > fi.size - rc.offset)
+      return m.Bad("chunk (" + std::to_string(i / h.n_chunks) + "," + std::to_string(i % h.n_chunks) +
+                   ") lies past the end of the file (" + std::to_string(fi.size) + " bytes; truncated?)");
+  }
+  m.buf = std::make_unique<Aligned>(
+      m.codec->MaxEncodedSize(ChunkShape{g.n_kv_head, g.chunk_tokens, g.head_dim, g.chunk_tokens, 0, g.n_layer}));
+  if (!m.buf->p) return Status::NoMemory("session chunk buffer");
+  r->n_chunks_ = int(h.n_chunks);
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+Status SessionReader::ReadChunk(int l, int c, uint16_t* dst) {
+  Impl& m = *impl_;
+  if (l < 0 || l >= m.g.n_layer || c < 0 || c >= n_chunks_)
+    return Status::InvalidArgument("session chunk (" + std::to_string(l) + "," + std::to_string(c) + ") out of range");
+  const ChunkRecord& r = m.recs[size_t(l) * size_t(n_chunks_) + size_t(c)];
+  const std::string what = "chunk (" + std::to_string(l) + "," + std::to_string(c) + ")";
+  Aligned& buf = *m.buf;
+  if (r.size > buf.n || r.offset % kDirectIoAlign || r.offset < m.h.data_offset || r.offset > file_bytes_ ||
+      AlignUp(r.size, kDirectIoAlign) > file_bytes_ - r.offset || r.enc_tokens == 0 || r.enc_tokens > m.h.chunk_tokens)
+    return m.Bad(what + " record out of range (file truncated?)");
+  size_t got = 0;
+  MZ_RETURN_IF_ERROR(m.f->Read(buf.p, AlignUp(r.size, kDirectIoAlign), r.offset, &got));
+  if (got < r.size) return m.Bad(what + " truncated");
+  if (XXH64(buf.p, r.size, 0) != r.hash) return m.Bad(what + " checksum mismatch");
+  ChunkShape sh{m.g.n_kv_head, m.g.chunk_tokens, m.g.head_dim, int(r.enc_tokens), l, m.g.n_layer};
+  return m.codec->Decode(sh, buf.p, r.size, dst);
+}
+
 Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   Context::ForegroundLock lk(&ctx);
   Env* env = ctx.model_->env();
   const KvCache& kv = *ctx.kv_;
   const KvGeometry& g = kv.geometry();
-  std::unique_ptr<File> f;
-  MZ_RETURN_IF_ERROR(env->Open(path, OpenMode::kRead, /*direct=*/true, &f));
-  FileInfo fi;
-  MZ_RETURN_IF_ERROR(f->Stat(&fi));
-  auto bad = [&](const std::string& why) { return Status::Corruption("session " + path + ": " + why); };
-  if (fi.size < kHeaderBytes) return bad("file too small to be a session (" + std::to_string(fi.size) + " bytes)");
-  Aligned hb(kHeaderBytes);
-  if (!hb.p) return Status::NoMemory("session header buffer");
-  MZ_RETURN_IF_ERROR(ReadFully(f.get(), hb.p, kHeaderBytes, 0, path));
-  Header h;
-  std::memcpy(&h, hb.p, sizeof h);
-  if (std::memcmp(h.magic, kMagic, 8) != 0) return bad("bad magic (not an mzcache session file)");
-  if (h.version != kVersion) return bad("unsupported version " + std::to_string(h.version));
-  if (XXH64(&h, offsetof(Header, header_hash), 0) != h.header_hash) return bad("header checksum mismatch");
-  if (h.model_hash != ctx.model_->identity().header_hash) return bad("saved with a different model");
-  if (int(h.n_layer) != g.n_layer || int(h.n_kv_head) != g.n_kv_head || int(h.head_dim) != g.head_dim ||
-      int(h.chunk_tokens) != g.chunk_tokens)
-    return bad("KV geometry differs from this context (n_layer/n_kv_head/head_dim/chunk_tokens)");
-  auto codec = MakeKvCodecById(uint8_t(h.codec_id));
-  if (!codec || h.codec_id > 255) return bad("unknown codec id " + std::to_string(h.codec_id));
-  if (int64_t(h.n_tokens) > kv.n_ctx_max())
-    return Status::ContextFull("session holds " + std::to_string(h.n_tokens) + " tokens, more than n_ctx " +
+  std::unique_ptr<SessionReader> reader;
+  MZ_RETURN_IF_ERROR(SessionReader::Open(*ctx.model_, g.chunk_tokens, path, &reader));
+  const int n_tokens = int(reader->tokens().size());
+  if (n_tokens > kv.n_ctx_max())
+    return Status::ContextFull("session holds " + std::to_string(n_tokens) + " tokens, more than n_ctx " +
                                std::to_string(kv.n_ctx_max()));
-  if (int(h.n_chunks) != kv.n_chunks_for(int(h.n_tokens))) return bad("chunk count inconsistent with token count");
-  const uint64_t want_index = uint64_t(h.n_tokens) * 4 + uint64_t(h.n_layer) * h.n_chunks * sizeof(ChunkRecord) + 8;
-  if (h.index_bytes != want_index || h.index_offset != kHeaderBytes || h.index_offset + h.index_bytes > fi.size)
-    return bad("index out of range (file truncated?)");
-  Aligned idx(AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign) - h.index_offset);
-  if (!idx.p) return Status::NoMemory("session index buffer");
-  size_t got = 0;
-  MZ_RETURN_IF_ERROR(f->Read(idx.p, idx.n, h.index_offset, &got));
-  if (got < h.index_bytes) return bad("index truncated");
-  uint64_t ih;
-  std::memcpy(&ih, idx.p + h.index_bytes - 8, 8);
-  if (XXH64(idx.p, h.index_bytes - 8, 0) != ih) return bad("index checksum mismatch");
-  std::vector<int32_t> tokens(h.n_tokens);
-  std::memcpy(tokens.data(), idx.p, size_t(h.n_tokens) * 4);
-  const int32_t nv = int32_t(ctx.model_->hparams().n_vocab);
-  for (int32_t t : tokens)
-    if (t < 0 || t >= nv) return bad("token id out of range");
-  std::vector<ChunkRecord> recs(size_t(h.n_layer) * h.n_chunks);
-  std::memcpy(recs.data(), idx.p + size_t(h.n_tokens) * 4, recs.size() * sizeof(ChunkRecord));
-
+  const int n_chunks = reader->n_chunks();
   // Decode every chunk into fresh memory before touching the context.
   const size_t cb = g.chunk_bytes();
-  std::vector<uint16_t*> chunks(recs.size(), nullptr);
+  std::vector<uint16_t*> chunks(size_t(g.n_layer) * size_t(n_chunks), nullptr);
   auto free_all = [&] {
     for (auto* p : chunks) env->Unmap(p, cb);
   };
-  Aligned buf(codec->MaxEncodedSize(ChunkShape{g.n_kv_head, g.chunk_tokens, g.head_dim, g.chunk_tokens, 0, g.n_layer}));
-  for (size_t i = 0; i < recs.size(); ++i) {
-    const ChunkRecord& r = recs[i];
-    const int l = int(i / h.n_chunks), c = int(i % h.n_chunks);
-    const std::string what = "chunk (" + std::to_string(l) + "," + std::to_string(c) + ")";
-    if (r.size > buf.n || r.offset % kDirectIoAlign || r.offset < h.data_offset || r.offset > fi.size ||
-        AlignUp(r.size, kDirectIoAlign) > fi.size - r.offset || r.enc_tokens == 0 || r.enc_tokens > h.chunk_tokens) {
-      free_all();
-      return bad(what + " record out of range (file truncated?)");
-    }
-    Status st = f->Read(buf.p, AlignUp(r.size, kDirectIoAlign), r.offset, &got);
-    if (st.ok() && got < r.size) st = bad(what + " truncated");
-    if (st.ok() && XXH64(buf.p, r.size, 0) != r.hash) st = bad(what + " checksum mismatch");
-    chunks[i] = st.ok() ? static_cast<uint16_t*>(env->MapAnon(cb)) : nullptr;
-    if (st.ok() && !chunks[i]) st = Status::NoMemory("KV chunk");
-    if (st.ok()) {
-      ChunkShape sh{g.n_kv_head, g.chunk_tokens, g.head_dim, int(r.enc_tokens), l, g.n_layer};
-      st = codec->Decode(sh, buf.p, r.size, chunks[i]);
-    }
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int l = int(i / size_t(n_chunks)), c = int(i % size_t(n_chunks));
+    chunks[i] = static_cast<uint16_t*>(env->MapAnon(cb));
+    Status st = chunks[i] ? reader->ReadChunk(l, c, chunks[i]) : Status::NoMemory("KV chunk");
     if (!st.ok()) {
       free_all();
       return st;
     }
   }
   // Commit: replace the conversation (the unit table takes the chunks, freeing them on failure).
-  MZ_RETURN_IF_ERROR(ctx.units_->ReplaceKv(int(h.n_tokens), std::move(chunks)));
-  ctx.history_ = std::move(tokens);
+  MZ_RETURN_IF_ERROR(ctx.units_->ReplaceKv(n_tokens, std::move(chunks)));
+  ctx.history_ = reader->tokens();
   ctx.logits_.clear();
   if (info) {
-    info->n_tokens = int(h.n_tokens);
-    info->n_chunks = int(h.n_chunks);
-    info->codec = codec->name();
-    info->file_bytes = fi.size;
+    info->n_tokens = n_tokens;
+    info->n_chunks = n_chunks;
+    info->codec = reader->codec();
+    info->file_bytes = reader->file_bytes();
   }
   return Status::Ok();
 }

@@ -14,13 +14,17 @@
 // Loading verifies every checksum, the model identity and the KV geometry before touching the
 // context; on any error the context is left unchanged (kCorruption names what is wrong).
 #pragma once
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 
 namespace mz {
 
 class Context;
+class Model;
 
 struct SessionInfo {
   int n_tokens = 0;
@@ -31,6 +35,37 @@ struct SessionInfo {
 
 // Saves ctx with the given codec ("none" for a lossless raw copy).
 Status SaveSession(Context& ctx, const std::string& path, const std::string& codec, SessionInfo* info = nullptr);
+
+// A session file opened for reading without a context: its tokens, and any chunk decoded on
+// demand (a pool's index rebuilt at start, and shared prefix chunks copied out of a stored
+// conversation). Open verifies the header, the index checksum, the model identity and the KV
+// geometry, and that every chunk record lies inside the file (a truncated file): kCorruption
+// naming what is wrong (kContextFull is never returned: there is no n_ctx here). ReadChunk
+// verifies that chunk's checksum (a bit flip in a payload is found there). The file stays open until the reader is
+// destroyed. Not thread-safe (one reader per thread).
+class SessionReader {
+ public:
+  ~SessionReader();
+  // model: the model the session must have been saved with (identity and geometry checked).
+  // chunk_tokens: the reading context's chunk size (must equal the file's).
+  static Status Open(const Model& model, int chunk_tokens, const std::string& path,
+                     std::unique_ptr<SessionReader>* out);
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int n_chunks() const { return n_chunks_; }
+  std::string codec() const;
+  uint64_t file_bytes() const { return file_bytes_; }
+  // Decodes chunk (layer, chunk) into dst (chunk_bytes() of fp16 K then V). kCorruption on a bad
+  // record or checksum, kIOError on a read error.
+  Status ReadChunk(int layer, int chunk, uint16_t* dst);
+
+ private:
+  SessionReader() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<int32_t> tokens_;
+  int n_chunks_ = 0;
+  uint64_t file_bytes_ = 0;
+};
 // Replaces ctx's conversation with the one in path. REQUIRES: ctx uses the same model file content.
 Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info = nullptr);
 

@@ -249,6 +249,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   bench->require_subcommand(1);
   AddTtftBench(bench, runners);
   AddEvictBench(bench, runners);
+  AddPoolBench(bench, runners);
   AddPeersBench(bench, runners);
   AddAccuracyBench(bench, runners);
   AddFootprintBench(bench, runners);

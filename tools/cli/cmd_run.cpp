@@ -439,8 +439,21 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   chat->add_option("-n,--n-predict", ca->n_predict, "maximum tokens per reply");
   auto pa = std::make_shared<PressureArgs>();
   AddPressureOptions(chat, *pa);
-  runners.push_back([chat, ca, pa]() -> int {
+  struct ConvArgs {
+    std::string name, dir;
+    uint64_t budget_mib = 0;
+  };
+  auto cv = std::make_shared<ConvArgs>();
+  chat->add_option("--conversation", cv->name,
+                   "resume or start this named conversation of the pool (kept across runs and crashes; see "
+                   "`mzcache conversations`)");
+  chat->add_option("--pool-dir", cv->dir, "the pool's folder for --conversation (default: <cache>/conversations)");
+  chat->add_option("--memory-budget", cv->budget_mib, "with --conversation: the pool's RAM budget in MiB (0: none)");
+  runners.push_back([chat, ca, pa, cv]() -> int {
     if (!chat->parsed()) return -1;
+    if (!cv->name.empty())
+      return RunConversationChat(ca->model, cv->dir, cv->name, ca->threads, ca->n_ctx, ca->n_predict, cv->budget_mib,
+                                 ca->temp, ca->top_k, ca->top_p, ca->seed);
     return RunChat(*ca, *pa);
   });
 }

@@ -1,0 +1,101 @@
+// Internals shared by the C API's translation units (src/api/*.cpp): the handle structs, the
+// exception/status boundary and params reading. Not installed; never included outside src/api.
+#pragma once
+#include "mzcache.h"
+
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "model/model.h"
+#include "pressure/monitor.h"
+#include "restore/restore_pipeline.h"
+#include "runtime/context.h"
+#include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
+
+struct mz_model {
+  std::unique_ptr<mz::Model> model;
+  std::unique_ptr<mz::Tokenizer> tok;
+};
+struct mz_context {
+  std::unique_ptr<mz::Context> ctx;
+  // Memory pressure (mz_on_trim_memory, mz_pressure_*). The monitor is declared last: destroyed
+  // (thread joined, safe-point hook removed) before everything its callback uses and the context.
+  std::mutex stats_mu;
+  mz_pressure_stats stats{};
+  std::mutex pressure_mu;  // guards pressure and watching
+  bool watching = false;
+  std::unique_ptr<mz::PressureMonitor> pressure;
+};
+struct mz_sampler {
+  std::unique_ptr<mz::Sampler> s;
+};
+
+namespace mz_api {
+inline thread_local std::string t_last_error;
+
+inline int Fail(const mz::Status& st, const char* fn) {
+  t_last_error = std::string(fn) + ": " + st.message();
+  return int(st.code());
+}
+
+template <class F>
+int Guard(const char* fn, F&& f) {
+  try {
+    mz::Status st = f();
+    if (!st.ok()) return Fail(st, fn);
+    t_last_error.clear();
+    return MZ_OK;
+  } catch (const std::bad_alloc&) {
+    return Fail(mz::Status::NoMemory("allocation failed"), fn);
+  } catch (const std::exception& e) {
+    return Fail(mz::Status::Internal(e.what()), fn);
+  } catch (...) {
+    return Fail(mz::Status::Internal("unknown exception"), fn);
+  }
+}
+// The smallest struct_size a caller can pass: the end of the last field of the first header that
+// had struct_size (frozen here by naming that field; appending fields never moves it). A caller's
+// sizeof is at least this (its tail padding included).
+#define MZ_FIELD_END(T, f) uint32_t(offsetof(T, f) + sizeof(T::f))
+inline constexpr uint32_t kModelParamsV1 = MZ_FIELD_END(mz_model_params, weight_memory);
+inline constexpr uint32_t kContextParamsV1 = MZ_FIELD_END(mz_context_params, restore_threads);
+inline constexpr uint32_t kRestoreParamsV1 = MZ_FIELD_END(mz_restore_params, attend_compressed);
+inline constexpr uint32_t kSamplerParamsV1 = MZ_FIELD_END(mz_sampler_params, seed);
+inline constexpr uint32_t kPressureParamsV1 = MZ_FIELD_END(mz_pressure_params, restore_margin);
+inline constexpr uint32_t kProfileParamsV1 = MZ_FIELD_END(mz_profile_params, user);
+#undef MZ_FIELD_END
+
+// The caller's params over the defaults: NULL gives the defaults; a struct_size between the first
+// version's and this header's copies that many bytes (an older caller's fields, and its tail
+// padding, which by the header's rule ends before any later field starts) and leaves the rest at
+// their defaults; any other struct_size is refused before a byte past it is read.
+template <class P>
+mz::Status ReadParams(const P* in, P defaults, uint32_t v1_size, const char* what, P* out) {
+  *out = defaults;
+  if (!in) return mz::Status::Ok();
+  const uint32_t n = in->struct_size;
+  if (n < v1_size || n > sizeof(P))
+    return mz::Status::InvalidArgument(std::string("struct ") + what + ": struct_size " + std::to_string(n) +
+                                       " is not a size this library knows (" + std::to_string(v1_size) + ".." +
+                                       std::to_string(sizeof(P)) + "): start from " + what + "'s default_params()");
+  std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), n);
+  out->struct_size = uint32_t(sizeof(P));
+  return mz::Status::Ok();
+}
+}  // namespace mz_api
+
+
+namespace mz_api {
+// mz_context_params (already read with ReadParams) to ContextOptions; kInvalidArgument on a value
+// out of range.
+mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o);
+// mz_restore_params (NULL: defaults) to PipelineOptions, checked.
+mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOptions* po);
+void ToRestoreStats(const mz::RestoreGenerateStats& st, mz_restore_stats* out);
+}  // namespace mz_api

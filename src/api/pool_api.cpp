@@ -1,0 +1,238 @@
+// The C boundary of the pool (include/mzcache.h "pool"): handles over pool/pool.h.
+#include <algorithm>
+#include <cstdio>
+
+#include "api/api_internal.h"
+#include "pool/pool.h"
+
+using namespace mz_api;
+
+struct mz_pool {
+  mz_model* model = nullptr;
+  std::unique_ptr<mz::Pool> pool;
+};
+struct mz_conversation {
+  mz_pool* pool = nullptr;
+  std::shared_ptr<mz::Conversation> conv;
+};
+
+namespace {
+
+constexpr uint32_t kPoolParamsV1 = uint32_t(offsetof(mz_pool_params, context) + sizeof(mz_pool_params::context));
+
+void FillReport(const mz::ConversationReport& r, mz_conversation_report* out) {
+  std::memset(out, 0, sizeof *out);
+  std::snprintf(out->id, sizeof out->id, "%s", r.id.c_str());
+  out->n_tokens = r.n_tokens;
+  out->open = r.open;
+  out->busy = r.busy;
+  out->kv_resident = r.kv_resident;
+  out->kv_mem_compressed = r.kv_mem_compressed;
+  out->kv_storage = r.kv_storage;
+  out->stored_bytes = r.stored_bytes;
+  out->stored_tokens = r.stored_tokens;
+  out->last_use_unix_ms = r.last_use_unix_ms;
+  out->shared_chunks = r.shared_chunks;
+}
+
+}  // namespace
+
+extern "C" {
+
+mz_pool_params mz_pool_default_params(void) {
+  mz_pool_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = uint32_t(sizeof(p));
+  p.dir = nullptr;
+  p.memory_budget = 0;
+  p.disk_budget = 0;
+  p.persist_codec = nullptr;
+  p.write_behind = true;
+  p.write_behind_idle_ms = 2000;
+  p.share_prefixes = true;
+  p.context = nullptr;
+  return p;
+}
+
+int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
+  if (out) *out = nullptr;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
+    mz_pool_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pool_default_params(), kPoolParamsV1, "mz_pool_params", &p));
+    mz_context_params cp;
+    MZ_RETURN_IF_ERROR(ReadParams(p.context, mz_context_default_params(), kContextParamsV1, "mz_context_params", &cp));
+    mz::PoolOptions o;
+    MZ_RETURN_IF_ERROR(ToContextOptions(cp, &o.context));
+    if (p.dir && !*p.dir) return mz::Status::InvalidArgument("dir is empty (NULL: nothing persisted)");
+    o.dir = p.dir ? p.dir : "";
+    o.memory_budget = p.memory_budget;
+    o.disk_budget = p.disk_budget;
+    o.persist_codec = p.persist_codec ? p.persist_codec : "q8";
+    o.write_behind = p.write_behind;
+    o.write_behind_idle_ms = p.write_behind_idle_ms;
+    o.share_prefixes = p.share_prefixes;
+    auto h = std::make_unique<mz_pool>();
+    h->model = model;
+    MZ_RETURN_IF_ERROR(mz::Pool::Open(model->model.get(), o, &h->pool));
+    *out = h.release();
+    return mz::Status::Ok();
+  });
+}
+
+void mz_pool_free(mz_pool* pool) {
+  try {
+    delete pool;
+  } catch (...) {
+  }
+}
+
+int mz_pool_open(mz_pool* pool, const char* id, mz_conversation** out) {
+  if (out) *out = nullptr;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id || !out) return mz::Status::InvalidArgument("pool, id and out must not be NULL");
+    auto h = std::make_unique<mz_conversation>();
+    h->pool = pool;
+    MZ_RETURN_IF_ERROR(pool->pool->OpenConversation(id, &h->conv));
+    *out = h.release();
+    return mz::Status::Ok();
+  });
+}
+
+void mz_conversation_release(mz_conversation* conv) { delete conv; }
+
+int mz_pool_close(mz_pool* pool, const char* id) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id) return mz::Status::InvalidArgument("pool and id must not be NULL");
+    return pool->pool->Close(id);
+  });
+}
+
+int mz_pool_delete(mz_pool* pool, const char* id) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id) return mz::Status::InvalidArgument("pool and id must not be NULL");
+    return pool->pool->Delete(id);
+  });
+}
+
+int mz_pool_evict(mz_pool* pool, uint64_t bytes, uint64_t* freed) {
+  if (freed) *freed = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool) return mz::Status::InvalidArgument("null pool");
+    return pool->pool->Evict(bytes, freed);
+  });
+}
+
+int mz_pool_flush(mz_pool* pool) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool) return mz::Status::InvalidArgument("null pool");
+    return pool->pool->Flush();
+  });
+}
+
+int mz_conversation_decode(mz_conversation* conv, const mz_token* tokens, int32_t n, bool all_logits) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv || !tokens || n <= 0) return mz::Status::InvalidArgument("need a conversation and at least one token");
+    return conv->conv->Decode(tokens, n, all_logits);
+  });
+}
+
+int mz_conversation_restore_generate(mz_conversation* conv, const mz_token* tokens, int32_t n,
+                                     const mz_restore_params* params, mz_restore_stats* stats) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv || !tokens || n <= 0) return mz::Status::InvalidArgument("need a conversation and at least one token");
+    mz::PipelineOptions po;
+    MZ_RETURN_IF_ERROR(ToPipelineOptions(params, &po));
+    mz::RestoreGenerateStats st;
+    MZ_RETURN_IF_ERROR(conv->conv->RestoreGenerate(tokens, n, po, &st));
+    if (stats) ToRestoreStats(st, stats);
+    return mz::Status::Ok();
+  });
+}
+
+const float* mz_conversation_logits(mz_conversation* conv, int32_t i) {
+  return conv ? conv->conv->logits(i) : nullptr;
+}
+
+mz_token mz_conversation_sample(mz_conversation* conv, mz_sampler* s, int32_t i) {
+  if (!conv || !s) return MZ_ERR_INVALID_ARG;
+  const float* l = conv->conv->logits(i);
+  if (!l) return MZ_ERR_INVALID_ARG;
+  return s->s->Sample(l, int32_t(conv->pool->model->model->hparams().n_vocab));
+}
+
+int32_t mz_conversation_n_tokens(mz_conversation* conv) { return conv ? conv->conv->n_tokens() : 0; }
+
+int mz_conversation_truncate(mz_conversation* conv, int32_t n_keep) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv || n_keep < 0) return mz::Status::InvalidArgument("bad conversation or n_keep");
+    return conv->conv->Truncate(n_keep);
+  });
+}
+
+int mz_conversation_commit(mz_conversation* conv) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv) return mz::Status::InvalidArgument("null conversation");
+    return conv->conv->Commit();
+  });
+}
+
+int mz_pool_conversation_report(mz_pool* pool, const char* id, mz_conversation_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id || !out) return mz::Status::InvalidArgument("pool, id and out must not be NULL");
+    mz::ConversationReport r;
+    MZ_RETURN_IF_ERROR(pool->pool->Report(id, &r));
+    FillReport(r, out);
+    return mz::Status::Ok();
+  });
+}
+
+int32_t mz_pool_list(mz_pool* pool, mz_conversation_report* out, int32_t cap) {
+  int32_t n = 0;
+  int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!pool || cap < 0 || (cap > 0 && !out)) return mz::Status::InvalidArgument("bad pool, out or cap");
+    const auto all = pool->pool->List();
+    for (int32_t i = 0; i < cap && size_t(i) < all.size(); ++i) FillReport(all[size_t(i)], &out[i]);
+    n = int32_t(all.size());
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : rc;
+}
+
+int mz_pool_get_report(mz_pool* pool, mz_pool_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::PoolStats s = pool->pool->Stats();
+    std::memset(out, 0, sizeof *out);
+    out->n_conversations = s.n_conversations;
+    out->n_open = s.n_open;
+    out->n_damaged = s.n_damaged;
+    out->weights_total = s.weights_total;
+    out->weights_resident = s.weights_resident;
+    out->kv_resident = s.kv_resident;
+    out->kv_mem_compressed = s.kv_mem_compressed;
+    out->kv_storage = s.kv_storage;
+    out->in_memory = s.in_memory;
+    out->stored_bytes = s.stored_bytes;
+    out->memory_budget = s.memory_budget;
+    out->disk_budget = s.disk_budget;
+    out->conversations_lost = s.conversations_lost;
+    out->persists = s.persists;
+    out->persist_failures = s.persist_failures;
+    out->prefix_chunks_reused = s.prefix_chunks_reused;
+    out->evictions = s.evictions;
+    out->bytes_evicted = s.bytes_evicted;
+    return mz::Status::Ok();
+  });
+}
+
+int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap) {
+  if (!pool || i < 0 || (cap > 0 && !buf)) return MZ_ERR_INVALID_ARG;
+  const auto d = pool->pool->Damaged();
+  if (size_t(i) >= d.size()) return MZ_ERR_INVALID_ARG;
+  const std::string s = d[size_t(i)].path + ": " + d[size_t(i)].error;
+  if (cap > 0) std::snprintf(buf, size_t(cap), "%s", s.c_str());
+  return int32_t(s.size());
+}
+
+}  // extern "C"

@@ -1,0 +1,693 @@
+#include "pool/pool.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+
+#include "pool/chunk_hash.h"
+#include "runtime/session_file.h"
+#include "store/kv_codec.h"
+
+namespace mz {
+namespace {
+
+constexpr const char* kStoredSuffix = ".mzs";
+
+bool ValidId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id[0] == '.') return false;
+  for (char ch : id)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) return false;
+  return true;
+}
+
+bool EndsWith(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+uint64_t RamOf(const MemoryReport& r) { return r.kv_resident + r.stack_mapped; }
+
+}  // namespace
+
+// ---- Conversation ----
+
+Status Conversation::EnsureOpenLocked() {
+  if (closed_) return Status::InvalidArgument("conversation '" + id_ + "' was closed or deleted");
+  if (ctx_) return Status::Ok();
+  std::shared_ptr<Context> ctx;
+  MZ_RETURN_IF_ERROR(pool_->NewContext(id_, &ctx));
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    path = stored_path_;
+  }
+  if (!path.empty()) {
+    Status st = LoadSession(*ctx, path);
+    if (!st.ok()) {
+      if (st.code() == Status::kCorruption) {  // reported like a file found damaged at start
+        std::lock_guard<std::mutex> lk(pool_->mu_);
+        pool_->damaged_.push_back({path, st.message()});
+      }
+      return st.With("opening conversation '" + id_ + "'");
+    }
+  }
+  std::lock_guard<std::mutex> lk(pool_->mu_);
+  ctx_ = std::move(ctx);
+  ctx_->TryReport(&last_report_);
+  n_tokens_ = int(ctx_->history().size());
+  return Status::Ok();
+}
+
+Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
+  *consumed = 0;
+  const int T = ctx_->kv().geometry().chunk_tokens;
+  const int max_chunks = (n - 1) / T;  // at least one token is computed (its logits are wanted)
+  if (max_chunks <= 0) return Status::Ok();
+  const std::vector<uint64_t> h = ChainHashes(pool_->model_->identity().header_hash, tokens, max_chunks * T, T);
+  std::shared_ptr<Context> src_ctx;
+  std::string src_path;
+  int depth = 0;
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    for (int k = int(h.size()) - 1; k >= 0 && depth == 0; --k) {
+      auto range = pool_->index_.equal_range(h[size_t(k)]);
+      for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == id_) continue;
+        auto c = pool_->convs_.find(it->second);
+        if (c == pool_->convs_.end()) continue;
+        // An open conversation serves from memory (any tier); else its stored file.
+        if (c->second->ctx_) {
+          src_ctx = c->second->ctx_;
+          src_path.clear();
+          depth = k + 1;
+          break;
+        }
+        if (!c->second->stored_path_.empty() && src_path.empty()) {
+          src_path = c->second->stored_path_;
+          depth = k + 1;
+        }
+      }
+    }
+  }
+  if (depth == 0) return Status::Ok();
+  const int n_prefix = depth * T;
+  std::unique_ptr<SessionReader> reader;
+  if (!src_ctx) {
+    MZ_RETURN_IF_ERROR(SessionReader::Open(*pool_->model_, T, src_path, &reader));
+    if (int(reader->tokens().size()) < n_prefix || !std::equal(tokens, tokens + n_prefix, reader->tokens().begin()))
+      return Status::Ok();  // a hash collision or a file replaced since: compute everything
+  }
+  Status copy_st;
+  std::vector<int32_t> prefix(tokens, tokens + n_prefix);
+  Status st = ctx_->ImportKv(
+      n_prefix,
+      [&](int l, int c, uint16_t* dst) {
+        if (!copy_st.ok()) return;
+        copy_st = src_ctx ? src_ctx->ReadKvChunk(tokens, n_prefix, l, c, dst) : reader->ReadChunk(l, c, dst);
+      },
+      &prefix);
+  if (st.ok() && !copy_st.ok()) st = copy_st;
+  if (!st.ok()) {
+    // Reuse is an optimization: on any failure the conversation is emptied again and the caller
+    // computes every token (the error is not the request's).
+    ctx_->Truncate(0);
+    return Status::Ok();
+  }
+  *consumed = n_prefix;
+  shared_chunks_ = depth;
+  std::lock_guard<std::mutex> lk(pool_->mu_);
+  pool_->stats_.prefix_chunks_reused += uint64_t(depth);
+  return Status::Ok();
+}
+
+void Conversation::AfterChangeLocked() {
+  version_++;
+  n_tokens_ = int(ctx_->history().size());
+  Env* env = pool_->model_->env();
+  last_use_ns_ = env->NowNs();
+  last_use_unix_ms_ = env->WallClockMs();
+  std::lock_guard<std::mutex> lk(pool_->mu_);
+  pool_->ReindexLocked(*this, ctx_->history());
+  ctx_->TryReport(&last_report_);
+}
+
+Status Conversation::Decode(const int32_t* tokens, int n, bool all_logits) {
+  return Run(tokens, n, PipelineOptions(), nullptr, all_logits, /*pipeline=*/false);
+}
+
+Status Conversation::RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po,
+                                     RestoreGenerateStats* stats) {
+  return Run(tokens, n, po, stats, false, /*pipeline=*/true);
+}
+
+Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats,
+                         bool all_logits, bool pipeline) {
+  if (!tokens || n <= 0) return Status::InvalidArgument("no tokens");
+  {
+    std::lock_guard<std::mutex> use(use_mu_);
+    MZ_RETURN_IF_ERROR(EnsureOpenLocked());
+    int consumed = 0;
+    const bool was_empty = ctx_->history().empty();
+    if (was_empty && pool_->opts_.share_prefixes) MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, &consumed));
+    Status st;
+    {
+      // Weights: shared while all are resident (others may compute too); exclusive when this
+      // generation must restore some (nobody else reads them meanwhile).
+      std::shared_lock<std::shared_mutex> sl(pool_->weights_mu_);
+      std::unique_lock<std::shared_mutex> xl(pool_->weights_mu_, std::defer_lock);
+      if (!pool_->AllWeightsResident()) {
+        sl.unlock();
+        xl.lock();
+      }
+      if (pipeline && !all_logits)
+        st = ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
+      else
+        st = ctx_->Decode(tokens + consumed, n - consumed, all_logits);
+    }
+    if (!st.ok()) {
+      if (was_empty && consumed > 0) {
+        ctx_->Truncate(0);
+        shared_chunks_ = 0;
+      }
+      return st;
+    }
+    AfterChangeLocked();
+  }
+  return pool_->EnforceBudget();
+}
+
+Status Conversation::Truncate(int n_keep) {
+  std::lock_guard<std::mutex> use(use_mu_);
+  MZ_RETURN_IF_ERROR(EnsureOpenLocked());
+  if (n_keep < 0) return Status::InvalidArgument("n_keep < 0");
+  if (n_keep >= int(ctx_->history().size())) return Status::Ok();
+  ctx_->Truncate(n_keep);
+  if (n_keep < shared_chunks_ * ctx_->kv().geometry().chunk_tokens)
+    shared_chunks_ = n_keep / ctx_->kv().geometry().chunk_tokens;
+  AfterChangeLocked();
+  return Status::Ok();
+}
+
+Status Conversation::Commit() {
+  if (pool_->opts_.dir.empty()) return Status::Ok();
+  std::shared_ptr<Conversation> self;
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    auto it = pool_->convs_.find(id_);
+    if (it == pool_->convs_.end() || it->second.get() != this)
+      return Status::InvalidArgument("conversation '" + id_ + "' was closed or deleted");
+    self = it->second;
+  }
+  if (pool_->opts_.write_behind) {
+    pool_->QueuePersist(self);
+    return Status::Ok();
+  }
+  return pool_->Persist(self);
+}
+
+int Conversation::n_tokens() {
+  std::lock_guard<std::mutex> use(use_mu_);
+  if (ctx_) return int(ctx_->history().size());
+  std::lock_guard<std::mutex> lk(pool_->mu_);
+  return stored_tokens_;
+}
+
+const float* Conversation::logits(int row) {
+  std::lock_guard<std::mutex> use(use_mu_);
+  return ctx_ ? ctx_->logits(row) : nullptr;
+}
+
+int Conversation::n_logit_rows() {
+  std::lock_guard<std::mutex> use(use_mu_);
+  return ctx_ ? ctx_->n_logit_rows() : 0;
+}
+
+Context* Conversation::context() {
+  std::lock_guard<std::mutex> use(use_mu_);
+  return ctx_.get();
+}
+
+// ---- Pool ----
+
+Pool::~Pool() {
+  {
+    std::lock_guard<std::mutex> lk(wb_mu_);
+    wb_stop_ = true;
+  }
+  wb_cv_.notify_all();
+  if (wb_thread_.joinable()) wb_thread_.join();
+  Flush();  // every changed conversation is persisted (errors were counted in persist_failures)
+}
+
+Status Pool::Open(Model* model, const PoolOptions& opts, std::unique_ptr<Pool>* out) {
+  if (!model) return Status::InvalidArgument("Pool::Open: no model");
+  if (!opts.persist_codec.empty() && !MakeKvCodec(opts.persist_codec))
+    return Status::InvalidArgument("unknown persist codec '" + opts.persist_codec + "'");
+  std::unique_ptr<Pool> p(new Pool(model, opts));
+  MZ_RETURN_IF_ERROR(p->Init());
+  *out = std::move(p);
+  return Status::Ok();
+}
+
+std::string Pool::StoredPath(const std::string& id) const { return opts_.dir + "/" + id + kStoredSuffix; }
+
+Status Pool::NewContext(const std::string& id, std::shared_ptr<Context>* out) {
+  ContextOptions o = opts_.context;
+  o.shared_weights = true;
+  if (!opts_.dir.empty() && o.swap_path.empty())
+    o.swap_path = opts_.dir + "/swap/" + id + ".swap";
+  else if (!o.swap_path.empty())
+    o.swap_path += "." + id;  // one swap file per conversation
+  auto ctx = std::make_shared<Context>(model_, o);
+  MZ_RETURN_IF_ERROR(ctx->Init());
+  *out = std::move(ctx);
+  return Status::Ok();
+}
+
+Status Pool::Init() {
+  Env* env = model_->env();
+  stats_.memory_budget = opts_.memory_budget;
+  stats_.disk_budget = opts_.disk_budget;
+  const int T = opts_.context.kv_chunk_tokens;
+  if (!opts_.dir.empty()) {
+    MZ_RETURN_IF_ERROR(env->MakeDir(opts_.dir + "/swap"));
+    // Swap files are scratch of a running process: a previous process's are garbage.
+    std::vector<std::string> names;
+    MZ_RETURN_IF_ERROR(env->ListDir(opts_.dir + "/swap", &names));
+    for (const auto& n : names) env->Remove(opts_.dir + "/swap/" + n);
+    MZ_RETURN_IF_ERROR(env->ListDir(opts_.dir, &names));
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      const std::string path = opts_.dir + "/" + n;
+      if (EndsWith(n, std::string(kStoredSuffix) + ".tmp")) {
+        env->Remove(path);  // a write interrupted by a crash: the previous file (if any) is whole
+        continue;
+      }
+      if (!EndsWith(n, kStoredSuffix)) continue;
+      const std::string id = n.substr(0, n.size() - std::string(kStoredSuffix).size());
+      std::unique_ptr<SessionReader> r;
+      Status st = ValidId(id) ? SessionReader::Open(*model_, T, path, &r)
+                              : Status::InvalidArgument("not a valid conversation name");
+      if (!st.ok()) {
+        damaged_.push_back({path, st.message()});
+        continue;
+      }
+      FileInfo fi;
+      env->StatPath(path, &fi);
+      auto c = std::shared_ptr<Conversation>(new Conversation(this, id));
+      c->stored_path_ = path;
+      c->stored_bytes_ = r->file_bytes();
+      c->stored_tokens_ = int(r->tokens().size());
+      c->last_use_unix_ms_ = uint64_t(fi.mtime_ns / 1000000);
+      convs_[id] = c;
+      ReindexLocked(*c, r->tokens());
+    }
+  }
+  stats_.n_damaged = int(damaged_.size());
+  ContextOptions wo = opts_.context;
+  wo.n_ctx = T;  // never holds KV: the pool's handle on the weight units
+  wo.shared_weights = true;
+  weights_ctx_ = std::make_shared<Context>(model_, wo);
+  MZ_RETURN_IF_ERROR(weights_ctx_->Init());
+  if (!opts_.dir.empty()) {
+    MZ_RETURN_IF_ERROR(env->StartThread([this] { WriteBehindLoop(); }, &wb_thread_));
+  }
+  return Status::Ok();
+}
+
+void Pool::ReindexLocked(Conversation& c, const std::vector<int32_t>& history) {
+  const int T = opts_.context.kv_chunk_tokens;
+  const size_t n_full = history.size() / size_t(T);
+  // Unchanged full chunks keep their hashes (a decode that did not fill a chunk changes nothing).
+  if (n_full == c.hashes_.size() && !c.hashes_.empty() && n_full > 0) {
+    // Cheap check that the last full chunk is the same one (a truncate inside and regrowth).
+    const auto h = ChainHashes(model_->identity().header_hash, history.data(), int(n_full) * T, T);
+    if (h == c.hashes_) return;
+  }
+  for (uint64_t h : c.hashes_) {
+    auto range = index_.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it)
+      if (it->second == c.id_) {
+        index_.erase(it);
+        break;
+      }
+  }
+  c.hashes_ = ChainHashes(model_->identity().header_hash, history.data(), int(n_full) * T, T);
+  for (uint64_t h : c.hashes_) index_.emplace(h, c.id_);
+}
+
+Status Pool::OpenConversation(const std::string& id, std::shared_ptr<Conversation>* out) {
+  if (!ValidId(id))
+    return Status::InvalidArgument("conversation name '" + id +
+                                   "': use 1-128 letters, digits, '-', '_' or '.', not starting with '.'");
+  std::shared_ptr<Conversation> c;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it == convs_.end()) it = convs_.emplace(id, std::shared_ptr<Conversation>(new Conversation(this, id))).first;
+    c = it->second;
+  }
+  {
+    std::lock_guard<std::mutex> use(c->use_mu_);
+    Status st = c->EnsureOpenLocked();
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      // A new conversation that could not start is forgotten; a stored one stays stored.
+      if (c->stored_path_.empty() && convs_.count(id) && convs_[id] == c) convs_.erase(id);
+      return st;
+    }
+    Env* env = model_->env();
+    c->last_use_ns_ = env->NowNs();
+    if (c->last_use_unix_ms_ == 0) c->last_use_unix_ms_ = env->WallClockMs();
+  }
+  *out = c;
+  return EnforceBudget();
+}
+
+Status Pool::Close(const std::string& id) {
+  std::shared_ptr<Conversation> c;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
+    c = it->second;
+  }
+  if (opts_.dir.empty()) return Delete(id);  // nowhere to keep it
+  MZ_RETURN_IF_ERROR(Persist(c));
+  std::lock_guard<std::mutex> use(c->use_mu_);
+  if (c->closed_) return Status::Ok();
+  if (c->version_.load() != c->persisted_version_.load())  // changed after the persist above: persist again
+    return Status::Busy("conversation '" + id + "' changed while closing: close it again");
+  auto fresh = std::shared_ptr<Conversation>(new Conversation(this, id));
+  std::shared_ptr<Context> old;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fresh->hashes_ = c->hashes_;
+    fresh->stored_path_ = c->stored_path_;
+    fresh->stored_bytes_ = c->stored_bytes_;
+    fresh->stored_tokens_ = c->stored_tokens_;
+    fresh->last_use_unix_ms_ = c->last_use_unix_ms_.load();
+    fresh->shared_chunks_ = c->shared_chunks_;
+    convs_[id] = fresh;
+    c->closed_ = true;
+    old = std::move(c->ctx_);
+  }
+  old.reset();  // the context (its memory and swap file) goes once no eviction pass holds it
+  return Status::Ok();
+}
+
+Status Pool::Delete(const std::string& id) {
+  std::shared_ptr<Conversation> c;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
+    c = it->second;
+  }
+  std::lock_guard<std::mutex> use(c->use_mu_);
+  std::shared_ptr<Context> old;
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ReindexLocked(*c, {});
+    path = c->stored_path_;
+    c->closed_ = true;
+    old = std::move(c->ctx_);
+    auto it = convs_.find(id);
+    if (it != convs_.end() && it->second == c) convs_.erase(it);
+  }
+  old.reset();
+  if (!path.empty()) MZ_RETURN_IF_ERROR(model_->env()->Remove(path));
+  return Status::Ok();
+}
+
+bool Pool::AllWeightsResident() const {
+  for (int u = 0; u < model_->n_units(); ++u)
+    if (!model_->unit(u).resident()) return false;
+  return true;
+}
+
+Status Pool::EnforceBudget() {
+  if (opts_.memory_budget == 0) return Status::Ok();
+  uint64_t in_memory = 0;
+  {
+    // Reports read the shared weight units: not while a generation restores them.
+    std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+    if (!wl.owns_lock()) return Status::Ok();  // that generation's own call enforces afterwards
+    MemoryReport wr;
+    if (!weights_ctx_->TryReport(&wr)) return Status::Ok();
+    in_memory = wr.weights_resident;
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_) {
+      Conversation& c = *kv.second;
+      if (!c.ctx_) continue;
+      c.ctx_->TryReport(&c.last_report_);  // busy: the last known figures
+      in_memory += RamOf(c.last_report_);
+    }
+  }
+  if (in_memory <= opts_.memory_budget) return Status::Ok();
+  std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
+  if (!ev.owns_lock()) return Status::Ok();  // a pass is under way
+  uint64_t freed = 0;
+  return EvictLocked(in_memory - opts_.memory_budget, &freed);
+}
+
+Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
+  std::lock_guard<std::mutex> ev(evict_mu_);
+  uint64_t f = 0;
+  Status st = EvictLocked(bytes, &f);
+  if (freed) *freed = f;
+  return st;
+}
+
+Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed) {
+  *freed = 0;
+  struct Victim {
+    uint64_t last_use;
+    std::shared_ptr<Context> ctx;
+  };
+  std::vector<Victim> order;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_)
+      if (kv.second->ctx_) order.push_back({kv.second->last_use_ns_.load(), kv.second->ctx_});
+  }
+  // 1. idle conversations, least recently used first; 2. the most recently used one (last).
+  std::sort(order.begin(), order.end(), [](const Victim& a, const Victim& b) { return a.last_use < b.last_use; });
+  Status first_err;
+  uint64_t total = 0;
+  {
+    std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);  // the planner reads weight states
+    if (wl.owns_lock()) {
+      for (auto& v : order) {
+        if (total >= bytes) break;
+        uint64_t f = 0;
+        Status st = v.ctx->EvictBytes(bytes - total, &f, nullptr, EvictScope::kKvOnly);
+        total += f;
+        if (!st.ok() && st.code() != Status::kBusy && first_err.ok()) first_err = st;
+      }
+    }
+  }
+  // 3. weights, only while no conversation computes.
+  if (total < bytes) {
+    std::unique_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+    if (wl.owns_lock()) {
+      uint64_t f = 0;
+      Status st = weights_ctx_->EvictBytes(bytes - total, &f, nullptr, EvictScope::kAll);
+      total += f;
+      if (!st.ok() && st.code() != Status::kBusy && first_err.ok()) first_err = st;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.evictions++;
+    stats_.bytes_evicted += total;
+  }
+  *freed = total;
+  return first_err;
+}
+
+void Pool::QueuePersist(const std::shared_ptr<Conversation>& c) {
+  {
+    std::lock_guard<std::mutex> lk(wb_mu_);
+    wb_queue_.push_back(c);
+  }
+  wb_cv_.notify_all();
+}
+
+Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
+  if (opts_.dir.empty()) return Status::Ok();
+  Status st;
+  {
+    std::lock_guard<std::mutex> use(c->use_mu_);
+    if (c->closed_ || !c->ctx_ || c->version_.load() == c->persisted_version_.load()) return Status::Ok();
+    const std::string path = StoredPath(c->id_);
+    SessionInfo info;
+    st = SaveSession(*c->ctx_, path, opts_.persist_codec.empty() ? "q8" : opts_.persist_codec, &info);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (st.ok()) {
+      c->persisted_version_ = c->version_.load();
+      c->stored_path_ = path;
+      c->stored_bytes_ = info.file_bytes;
+      c->stored_tokens_ = info.n_tokens;
+      stats_.persists++;
+    } else {
+      stats_.persist_failures++;
+    }
+  }
+  if (!st.ok()) return st.With("persisting conversation '" + c->id_ + "'");
+  return EnforceDiskBudget(c->id_);
+}
+
+Status Pool::EnforceDiskBudget(const std::string& keep) {
+  if (opts_.disk_budget == 0) return Status::Ok();
+  std::vector<std::string> remove;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    uint64_t total = 0;
+    std::vector<std::pair<uint64_t, std::shared_ptr<Conversation>>> lru;
+    for (auto& kv : convs_) {
+      total += kv.second->stored_bytes_;
+      if (kv.first != keep && !kv.second->stored_path_.empty())
+        lru.emplace_back(kv.second->last_use_unix_ms_.load(), kv.second);
+    }
+    std::sort(lru.begin(), lru.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& e : lru) {
+      if (total <= opts_.disk_budget) break;
+      Conversation& c = *e.second;
+      std::unique_lock<std::mutex> use(c.use_mu_, std::try_to_lock);
+      if (!use.owns_lock()) continue;  // in use: not the least recently used in effect
+      ReindexLocked(c, {});
+      total -= c.stored_bytes_;
+      remove.push_back(c.stored_path_);
+      c.closed_ = true;
+      c.ctx_.reset();
+      convs_.erase(c.id_);
+      stats_.conversations_lost++;
+    }
+  }
+  Status first;
+  for (const auto& p : remove) {
+    Status st = model_->env()->Remove(p);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
+}
+
+void Pool::WriteBehindLoop() {
+  Env* env = model_->env();
+  std::unique_lock<std::mutex> lk(wb_mu_);
+  while (!wb_stop_) {
+    wb_cv_.wait_for(lk, std::chrono::milliseconds(200));
+    if (wb_stop_) break;
+    std::vector<std::weak_ptr<Conversation>> q;
+    q.swap(wb_queue_);
+    lk.unlock();
+    // Idle conversations with changes not yet persisted join the queue.
+    const uint64_t now = env->NowNs();
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto& kv : convs_) {
+        Conversation& c = *kv.second;
+        if (!c.ctx_ || c.version_.load() == c.persisted_version_.load() ||
+            now - c.last_use_ns_.load() < uint64_t(opts_.write_behind_idle_ms) * 1000000ull)
+          continue;
+        q.push_back(kv.second);
+      }
+    }
+    for (auto& w : q)
+      if (auto c = w.lock()) Persist(c);  // failures are counted (persist_failures) and retried later
+    lk.lock();
+  }
+}
+
+Status Pool::Flush() {
+  std::vector<std::shared_ptr<Conversation>> all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_) all.push_back(kv.second);
+  }
+  Status first;
+  for (auto& c : all) {
+    Status st = Persist(c);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  return first;
+}
+
+PoolStats Pool::Stats() {
+  PoolStats s;
+  MemoryReport wr;
+  bool have_w = false;
+  {
+    std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+    if (wl.owns_lock()) have_w = weights_ctx_->TryReport(&wr);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  s = stats_;
+  if (have_w) {
+    s.weights_total = wr.weights_total;
+    s.weights_resident = wr.weights_resident;
+  }
+  s.n_conversations = int(convs_.size());
+  s.n_damaged = int(damaged_.size());
+  s.kv_resident = s.kv_mem_compressed = s.kv_storage = s.stored_bytes = 0;
+  for (auto& kv : convs_) {
+    Conversation& c = *kv.second;
+    s.stored_bytes += c.stored_bytes_;
+    if (!c.ctx_) continue;
+    s.n_open++;
+    c.ctx_->TryReport(&c.last_report_);
+    s.kv_resident += c.last_report_.kv_resident;
+    s.kv_mem_compressed += c.last_report_.stack_mapped;
+    s.kv_storage += c.last_report_.swap_file_used;
+  }
+  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed;
+  return s;
+}
+
+Status Pool::Report(const std::string& id, ConversationReport* out) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = convs_.find(id);
+  if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
+  Conversation& c = *it->second;
+  ConversationReport r;
+  r.id = c.id_;
+  r.open = c.ctx_ != nullptr;
+  if (c.ctx_) {
+    r.busy = !c.ctx_->TryReport(&c.last_report_);
+    const MemoryReport& m = c.last_report_;
+    r.n_tokens = c.n_tokens_.load();
+    r.kv_resident = m.kv_resident;
+    r.kv_mem_compressed = m.stack_mapped;
+    r.kv_storage = m.swap_file_used;
+  } else {
+    r.n_tokens = c.stored_tokens_;
+  }
+  r.stored_bytes = c.stored_bytes_;
+  r.stored_tokens = c.stored_tokens_;
+  r.last_use_unix_ms = c.last_use_unix_ms_.load();
+  r.shared_chunks = c.shared_chunks_;
+  *out = r;
+  return Status::Ok();
+}
+
+std::vector<ConversationReport> Pool::List() {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_) ids.push_back(kv.first);
+  }
+  std::vector<ConversationReport> out;
+  for (const auto& id : ids) {
+    ConversationReport r;
+    if (Report(id, &r).ok()) out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<DamagedFile> Pool::Damaged() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return damaged_;
+}
+
+}  // namespace mz

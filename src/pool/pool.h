@@ -1,0 +1,222 @@
+// Pool: one model, many conversations, one memory budget, and nothing lost.
+//
+// Every conversation is a Context (its own chunked KV cache, unit table, in-memory swap and swap
+// file) over the one shared Model: its weight units are held once for all of them. A conversation
+// is in one of three tiers, per unit: resident; compressed in memory; on storage (its swap file,
+// or, once closed or after a restart, its stored session file).
+//
+// Memory budget: after every generation call, and on Evict(bytes), the pool gives memory back in
+// this order (the placement across conversations):
+//   1. idle conversations' KV chunks, least recently used conversation first (each with the
+//      hybrid-swap placement of its own chunks, backward-out, KV only);
+//   2. the most recently used conversation's KV chunks (the same policy);
+//   3. the weight units (backward-out, then the base unit), only while no conversation computes.
+// Eviction never waits for a generation: a conversation that is computing (or being persisted) is
+// skipped, and weights stay when any conversation computes.
+//
+// Weights are shared: a conversation's context never moves weight units on its own
+// (ContextOptions::shared_weights). A generation takes the pool's weights lock shared when every
+// weight unit is resident, and exclusive when some must be restored (the restore pipeline then
+// brings them back front layers first, overlapped with that prefill); weight eviction takes it
+// exclusive with try_lock. So two conversations generate at once, and weights are never dropped or
+// restored under a running compute.
+//
+// Shared prefixes: full 256-token chunks are named by chained hashes (pool/chunk_hash.h). The
+// first call that feeds an empty conversation looks up the longest chain of its tokens among every
+// conversation (open in any tier, or stored), confirms it token by token, copies those chunks' KV
+// (decoding compressed or stored copies) and computes only the rest. The copy is a copy: a shared
+// chunk is held once per conversation using it (deduplicated storage is not built yet,
+// docs/pool.md).
+//
+// Nothing lost (with a folder): every conversation is written to <dir>/<id>.mzs as a session file
+// (runtime/session_file.h: crash-safe by temporary name, fsync and rename) by a write-behind thread,
+// after Commit() (the end of a turn) or once it has been idle for write_behind_idle_ms. At Open the
+// pool rebuilds its index from the folder: a damaged file (bad checksum, truncation, another model)
+// is reported (Damaged()) and skipped, the others load. A disk budget bounds the stored bytes:
+// when exceeded, the least recently used conversations not in use are deleted, each counted in
+// PoolStats::conversations_lost; nothing else deletes a stored conversation but Delete().
+//
+// Thread-safety: every Pool method may be called from any thread. A Conversation's calls are
+// serialized on it (one turn at a time; use one thread per conversation for concurrency); distinct
+// conversations run concurrently. A Conversation handle stays valid (calls return kInvalidArgument
+// once it is closed or deleted) as long as the caller holds it, and the Pool outlives it.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+#include "model/model.h"
+#include "runtime/context.h"
+
+namespace mz {
+
+struct PoolOptions {
+  // Folder of the stored conversations (created if missing). Empty: nothing is persisted (a pool
+  // in memory only; conversations die with it).
+  std::string dir;
+  uint64_t memory_budget = 0;  // RAM for weights + every conversation's KV and in-memory swap; 0: none
+  uint64_t disk_budget = 0;    // bytes of stored session files; 0: none
+  // Each conversation's context (shared_weights is forced on; swap_path defaults to
+  // <dir>/swap/<id>.swap, or the context's own default without a folder).
+  ContextOptions context;
+  std::string persist_codec = "q8";  // session codec of stored conversations ("none": lossless)
+  bool write_behind = true;          // false: Commit() persists before it returns
+  uint32_t write_behind_idle_ms = 2000;  // a changed conversation idle this long is persisted
+  bool share_prefixes = true;
+};
+
+struct ConversationReport {
+  std::string id;
+  int n_tokens = 0;
+  bool open = false;        // has a context (any tier); false: stored only
+  bool busy = false;        // a call runs on it (its figures are the last known ones)
+  uint64_t kv_resident = 0, kv_mem_compressed = 0, kv_storage = 0;  // RAM / in-memory swap / swap file bytes
+  uint64_t stored_bytes = 0;     // its session file
+  int stored_tokens = 0;         // tokens in the session file (what a kill -9 now would keep)
+  uint64_t last_use_unix_ms = 0;
+  int shared_chunks = 0;         // full chunks per layer copied from another conversation's prefix
+};
+
+struct PoolStats {
+  int n_conversations = 0, n_open = 0, n_damaged = 0;
+  uint64_t weights_total = 0, weights_resident = 0;
+  uint64_t kv_resident = 0, kv_mem_compressed = 0, kv_storage = 0;
+  uint64_t in_memory = 0;        // weights_resident + every open conversation's RAM (last known)
+  uint64_t stored_bytes = 0;
+  uint64_t memory_budget = 0, disk_budget = 0;
+  uint64_t conversations_lost = 0;  // deleted by the disk budget
+  uint64_t persists = 0, persist_failures = 0;
+  uint64_t prefix_chunks_reused = 0;  // chunks (per layer) copied instead of computed
+  uint64_t evictions = 0, bytes_evicted = 0;
+};
+
+struct DamagedFile {
+  std::string path;
+  std::string error;
+};
+
+class Pool;
+
+class Conversation {
+ public:
+  const std::string& id() const { return id_; }
+  // As Context::Decode / RestoreGenerate, within this conversation. An empty conversation first
+  // reuses the longest stored or open prefix (PoolOptions::share_prefixes). After the call the pool
+  // enforces its memory budget. kInvalidArgument once closed or deleted.
+  Status Decode(const int32_t* tokens, int n, bool all_logits);
+  Status RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats);
+  Status Truncate(int n_keep);
+  // The end of a turn: the conversation is persisted by the write-behind thread (or now, without
+  // write_behind). Returns the persist error in the synchronous case.
+  Status Commit();
+  int n_tokens();
+  // Logits row of the last Decode/RestoreGenerate (nullptr if none or out of range); valid until
+  // the next call on this conversation.
+  const float* logits(int row);
+  int n_logit_rows();
+  // The context, for read-only helpers (a sampler reads logits through it). nullptr once closed.
+  // Do not call its mutating methods: the pool would not see the change.
+  Context* context();
+
+ private:
+  friend class Pool;
+  explicit Conversation(Pool* p, std::string id) : pool_(p), id_(std::move(id)) {}
+  // REQUIRES use_mu_. Makes the context exist (a stored conversation is loaded).
+  Status EnsureOpenLocked();
+  Status PrefixLocked(const int32_t* tokens, int n, int* consumed);
+  // Decode (pipeline false) or RestoreGenerate, with the prefix reuse and the weights lock.
+  Status Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats, bool all_logits,
+             bool pipeline);
+  void AfterChangeLocked();
+
+  Pool* pool_;
+  const std::string id_;
+  std::mutex use_mu_;                  // one call at a time on this conversation
+  std::shared_ptr<Context> ctx_;       // written under use_mu_ and pool mu_; read under either
+  bool closed_ = false;                // closed or deleted: calls fail (under use_mu_)
+  std::atomic<uint64_t> version_{0};   // history changes (written under use_mu_)
+  std::atomic<int> n_tokens_{0};       // history length (written under use_mu_)
+  std::atomic<uint64_t> persisted_version_{0};
+  std::atomic<uint64_t> last_use_ns_{0};     // Env clock
+  std::atomic<uint64_t> last_use_unix_ms_{0};
+  int shared_chunks_ = 0;
+  // Under the pool's mu_:
+  std::vector<uint64_t> hashes_;       // chained hashes of its full chunks (the prefix index's view)
+  std::string stored_path_;            // session file ("" if never stored)
+  uint64_t stored_bytes_ = 0;
+  int stored_tokens_ = 0;
+  MemoryReport last_report_;           // last known (a busy context is not waited for)
+  bool dirty_queued_ = false;
+};
+
+class Pool {
+ public:
+  ~Pool();  // stops the write-behind thread after it persisted every changed conversation
+  // Creates the pool and rebuilds its index from opts.dir. model must outlive the pool.
+  static Status Open(Model* model, const PoolOptions& opts, std::unique_ptr<Pool>* out);
+
+  // Opens conversation id (letters, digits, '-', '_', '.', 1-128 chars, not starting with '.'):
+  // the open one, a stored one (loaded: its KV is read from the session file), or a new empty one.
+  Status OpenConversation(const std::string& id, std::shared_ptr<Conversation>* out);
+  // Persists it (if changed) and frees its memory; it stays stored. Waits for a call running on it.
+  Status Close(const std::string& id);
+  // Forgets it: memory, swap and stored file. Waits for a call running on it.
+  Status Delete(const std::string& id);
+  // Gives back at least `bytes` of RAM in the pool's order (see above), or all it can: *freed.
+  Status Evict(uint64_t bytes, uint64_t* freed);
+  // Waits until every changed conversation is persisted (or its persist failed: the first error).
+  Status Flush();
+
+  PoolStats Stats();
+  std::vector<ConversationReport> List();
+  Status Report(const std::string& id, ConversationReport* out);
+  std::vector<DamagedFile> Damaged();
+  Model* model() const { return model_; }
+  const PoolOptions& options() const { return opts_; }
+
+ private:
+  friend class Conversation;
+  Pool(Model* model, const PoolOptions& opts) : model_(model), opts_(opts) {}
+  Status Init();
+  Status NewContext(const std::string& id, std::shared_ptr<Context>* out);
+  std::string StoredPath(const std::string& id) const;
+  void ReindexLocked(Conversation& c, const std::vector<int32_t>& history);
+  Status EnforceBudget();
+  Status EvictLocked(uint64_t bytes, uint64_t* freed);  // REQUIRES evict_mu_
+  bool AllWeightsResident() const;
+  void QueuePersist(const std::shared_ptr<Conversation>& c);
+  // Saves c if it changed since its last save (waits for a call running on it). Counted in stats_.
+  Status Persist(const std::shared_ptr<Conversation>& c);
+  Status EnforceDiskBudget(const std::string& keep);
+  void WriteBehindLoop();
+
+  Model* model_;
+  PoolOptions opts_;
+  std::mutex mu_;  // guards convs_, index_, damaged_, stats_ and the Conversation fields marked so
+  std::map<std::string, std::shared_ptr<Conversation>> convs_;
+  std::unordered_multimap<uint64_t, std::string> index_;  // chunk hash -> conversation id
+  std::vector<DamagedFile> damaged_;
+  PoolStats stats_;
+  std::shared_mutex weights_mu_;  // shared: a generation over resident weights; exclusive: weights move
+  std::mutex evict_mu_;           // one eviction pass at a time
+  std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
+  // Write-behind.
+  std::mutex wb_mu_;
+  std::condition_variable wb_cv_, wb_done_cv_;
+  std::vector<std::weak_ptr<Conversation>> wb_queue_;
+  int wb_running_ = 0;
+  Status wb_error_;
+  bool wb_stop_ = false;
+  std::thread wb_thread_;
+};
+
+}  // namespace mz

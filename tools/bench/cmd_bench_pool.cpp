@@ -1,0 +1,324 @@
+// bench pool: many conversations under one memory budget (issue 22). Built on the public C API
+// alone (mz_pool_*), as an app or a server would use it.
+//
+//   1. build N conversations of M tokens that share an S-token system prompt (each reuses the
+//      stored or open prefix; conversation 0 computes it), each committed (write-behind);
+//   2. a seeded random trace of Q returns, each an 8-token query: TTFT on return (the budget holds
+//      about R conversations resident), then at once a second query on the same conversation (all
+//      in memory: the paired baseline);
+//   3. re-prefill of a whole history in a fresh conversation (what an unloaded Ollama or a killed app
+//      pays), measured between trace segments;
+//   4. restart: the pool is freed and made again on its folder (model load excluded, reported
+//      apart); the first return to a conversation, against the same conversation's return from 0%
+//      remaining (weights and its KV evicted) in the running process, alternated.
+// Results: <out>/bench-pool.md, .json and a TTFT plot (gnuplot).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <unistd.h>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mzcache.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/report.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace mz::cli {
+namespace {
+
+struct PoolBenchArgs {
+  std::string model;
+  std::string type = "q8_0";
+  int conversations = 50, tokens = 4096, system = 1024, resident = 3, queries = 40, query_tokens = 8;
+  int reprefill_reps = 3, restart_reps = 3, threads = 2;
+  uint32_t seed = 1;
+  std::string dir = "/var/tmp";
+  std::string out = "results/bench-pool";
+  bool quick = false;
+};
+
+struct PoolFree {
+  void operator()(mz_pool* p) const { mz_pool_free(p); }
+};
+struct ConvFree {
+  void operator()(mz_conversation* c) const { mz_conversation_release(c); }
+};
+using MzPool = std::unique_ptr<mz_pool, PoolFree>;
+using MzConv = std::unique_ptr<mz_conversation, ConvFree>;
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double idx = p * double(v.size() - 1);
+  const size_t lo = size_t(idx), hi = std::min(v.size() - 1, lo + 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - double(lo));
+}
+
+std::vector<mz_token> RandomTokens(std::mt19937& rng, int n, int n_vocab) {
+  std::vector<mz_token> t(size_t(std::max(0, n)));
+  for (auto& x : t) x = mz_token(200 + rng() % uint32_t(n_vocab - 400));
+  return t;
+}
+
+Status Query(mz_conversation* c, const std::vector<mz_token>& q, mz_restore_stats* rs) {
+  return MzStatus(mz_conversation_restore_generate(c, q.data(), int32_t(q.size()), nullptr, rs));
+}
+
+int Run(PoolBenchArgs a) {
+  if (a.quick) {
+    a.conversations = 8, a.tokens = 1024, a.system = 256, a.queries = 16, a.reprefill_reps = 2, a.restart_reps = 2;
+  }
+  if (a.system >= a.tokens) return Fail(Status::InvalidArgument("--system must be below --tokens"));
+  std::string path;
+  MzModel model;
+  const double tl0 = NowSeconds();
+  Status st = OpenBenchModel(a.model, a.type, &path, &model);
+  if (!st.ok()) return Fail(st);
+  const double model_load_s = NowSeconds() - tl0;
+  mz_model_info info;
+  mz_model_get_info(model.get(), &info);
+  const uint64_t conv_bytes = uint64_t(a.tokens) * info.kv_bytes_per_token;
+  const uint64_t budget = info.weight_bytes + uint64_t(a.resident) * conv_bytes;
+  const std::string dir = a.dir + "/mzcache-bench-pool-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::fprintf(stderr, "[bench pool] %s: %d conversations x %d tokens (system prompt %d), budget %.0f MiB "
+               "(weights %.0f MiB + %d conversations of %.0f MiB), folder %s\n", info.name, a.conversations, a.tokens,
+               a.system, double(budget) / 1048576, double(info.weight_bytes) / 1048576, a.resident,
+               double(conv_bytes) / 1048576, dir.c_str());
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a.tokens + 2 * a.query_tokens * (a.queries + 2 * a.restart_reps + 4) + 256);
+  cp.n_threads = a.threads;
+  mz_pool_params pp = mz_pool_default_params();
+  pp.dir = dir.c_str();
+  pp.memory_budget = budget;
+  pp.context = &cp;
+  MzPool pool;
+  {
+    mz_pool* p = nullptr;
+    if (int rc = mz_pool_new(model.get(), &pp, &p); rc != MZ_OK) return Fail(MzStatus(rc));
+    pool.reset(p);
+  }
+  std::mt19937 rng(a.seed);
+  const std::vector<mz_token> sys = RandomTokens(rng, a.system, info.n_vocab);
+  std::vector<std::vector<mz_token>> hist(size_t(a.conversations));
+  auto name = [](int i) { return "conv-" + std::to_string(i); };
+
+  // 1. Build.
+  std::vector<double> build_s;
+  for (int i = 0; i < a.conversations; ++i) {
+    hist[size_t(i)] = sys;
+    auto own = RandomTokens(rng, a.tokens - a.system, info.n_vocab);
+    hist[size_t(i)].insert(hist[size_t(i)].end(), own.begin(), own.end());
+    mz_conversation* c = nullptr;
+    if (int rc = mz_pool_open(pool.get(), name(i).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
+    MzConv conv(c);
+    const double t0 = NowSeconds();
+    mz_restore_stats rs;
+    st = Query(c, hist[size_t(i)], &rs);
+    if (!st.ok()) return Fail(st);
+    build_s.push_back(NowSeconds() - t0);
+    mz_conversation_commit(c);
+    std::fprintf(stderr, "[bench pool] built %d/%d in %.1f s\n", i + 1, a.conversations, build_s.back());
+  }
+  mz_pool_flush(pool.get());
+  mz_pool_report pr;
+  mz_pool_get_report(pool.get(), &pr);
+  const uint64_t prefix_reused = pr.prefix_chunks_reused;
+
+  // 2-3. Trace, with re-prefill samples between its segments.
+  std::vector<double> ret, res, resident_share, reprefill;
+  nlohmann::json rows = nlohmann::json::array();
+  auto reprefill_once = [&](int k) -> Status {
+    mz_pool_params rp = pp;
+    rp.dir = nullptr;
+    rp.memory_budget = 0;
+    rp.share_prefixes = false;
+    mz_pool* p = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_new(model.get(), &rp, &p)));
+    MzPool fresh(p);
+    mz_conversation* c = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(p, "r", &c)));
+    MzConv conv(c);
+    mz_restore_stats rs;
+    MZ_RETURN_IF_ERROR(Query(c, hist[size_t(k % a.conversations)], &rs));
+    reprefill.push_back(rs.ttft_s);
+    std::fprintf(stderr, "[bench pool] re-prefill of %d tokens: %.2f s\n", a.tokens, rs.ttft_s);
+    return Status::Ok();
+  };
+  const int seg = std::max(1, a.queries / std::max(1, a.reprefill_reps));
+  for (int q = 0; q < a.queries; ++q) {
+    if (q % seg == 0 && int(reprefill.size()) < a.reprefill_reps) {
+      st = reprefill_once(q);
+      if (!st.ok()) return Fail(st);
+    }
+    const int i = int(rng() % uint32_t(a.conversations));
+    mz_conversation_report before;
+    mz_pool_conversation_report(pool.get(), name(i).c_str(), &before);
+    mz_conversation* c = nullptr;
+    if (int rc = mz_pool_open(pool.get(), name(i).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
+    MzConv conv(c);
+    mz_restore_stats r1, r2;
+    st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &r1);
+    if (st.ok()) st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &r2);
+    if (!st.ok()) return Fail(st);
+    mz_conversation_commit(c);
+    const double share = double(before.kv_resident) / double(conv_bytes);
+    ret.push_back(r1.ttft_s);
+    res.push_back(r2.ttft_s);
+    resident_share.push_back(share);
+    rows.push_back({{"query", q}, {"conversation", i}, {"kv_resident_share", share}, {"ttft_return_s", r1.ttft_s},
+                    {"ttft_resident_s", r2.ttft_s}, {"bytes_from_storage", r1.bytes_from_storage},
+                    {"units_restored", r1.units_restored}});
+    std::fprintf(stderr, "[bench pool] query %d/%d: %s (%.0f%% of its KV resident) return %.3f s, resident %.3f s\n",
+                 q + 1, a.queries, name(i).c_str(), 100 * share, r1.ttft_s, r2.ttft_s);
+  }
+  while (int(reprefill.size()) < a.reprefill_reps) {
+    st = reprefill_once(int(reprefill.size()));
+    if (!st.ok()) return Fail(st);
+  }
+
+  // 4. Restart, alternated with a return from 0% in the running process.
+  std::vector<double> from_zero, after_restart, restart_open, restart_index;
+  for (int k = 0; k < a.restart_reps; ++k) {
+    const int i = (k * 7 + 3) % a.conversations;
+    // (a) 0% remaining in the running process: everything out (weights too), then the query.
+    uint64_t freed = 0;
+    mz_pool_evict(pool.get(), uint64_t(1) << 42, &freed);
+    {
+      mz_conversation* c = nullptr;
+      if (int rc = mz_pool_open(pool.get(), name(i).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
+      MzConv conv(c);
+      mz_restore_stats rs;
+      st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs);
+      if (!st.ok()) return Fail(st);
+      from_zero.push_back(rs.ttft_s);
+      mz_conversation_commit(c);
+    }
+    // (b) restart: the pool freed (it persists what changed) and made again on its folder; the
+    // weights evicted as in (a); the first return = open (reads the stored conversation) + query.
+    pool.reset();
+    const double t0 = NowSeconds();
+    {
+      mz_pool* p = nullptr;
+      if (int rc = mz_pool_new(model.get(), &pp, &p); rc != MZ_OK) return Fail(MzStatus(rc));
+      pool.reset(p);
+    }
+    restart_index.push_back(NowSeconds() - t0);
+    mz_pool_evict(pool.get(), uint64_t(1) << 42, &freed);
+    const double t1 = NowSeconds();
+    mz_conversation* c = nullptr;
+    if (int rc = mz_pool_open(pool.get(), name(i).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
+    MzConv conv(c);
+    const double open_s = NowSeconds() - t1;
+    mz_restore_stats rs;
+    st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs);
+    if (!st.ok()) return Fail(st);
+    restart_open.push_back(open_s);
+    after_restart.push_back(open_s + rs.ttft_s);
+    mz_conversation_commit(c);
+    std::fprintf(stderr, "[bench pool] restart %d/%d: %s from 0%% %.3f s; after restart %.3f s (open %.3f s)\n", k + 1,
+                 a.restart_reps, name(i).c_str(), from_zero.back(), after_restart.back(), open_s);
+  }
+  mz_pool_get_report(pool.get(), &pr);
+  const int found = pr.n_conversations;
+
+  // Report.
+  const Stats rp = Summarize(reprefill), fz = Summarize(from_zero), ar = Summarize(after_restart);
+  const double p50r = Pct(ret, 0.5), p95r = Pct(ret, 0.95), p50m = Pct(res, 0.5), p95m = Pct(res, 0.95);
+  const uint64_t sys_bytes = uint64_t(a.system) * info.kv_bytes_per_token;
+  char buf[4096];
+  std::string md = "# bench pool\n\n";
+  md += "machine: " + MachineDescription() + "\n\n";
+  std::snprintf(buf, sizeof buf,
+                "model %s; %d conversations x %d tokens sharing a %d-token system prompt; budget %.0f MiB (weights + "
+                "%d conversations); %d queries of %d tokens; threads %d; seed %u; model load %.2f s (excluded below)\n\n",
+                info.name, a.conversations, a.tokens, a.system, double(budget) / 1048576, a.resident, a.queries,
+                a.query_tokens, a.threads, a.seed, model_load_s);
+  md += buf;
+  md += "| TTFT | p50 s | p95 s | p50 vs all-in-memory | p50 vs re-prefill |\n|---|---|---|---|---|\n";
+  std::snprintf(buf, sizeof buf, "| return after other conversations | %.3f | %.3f | %.2fx | %.1fx faster |\n", p50r, p95r,
+                p50r / std::max(1e-9, p50m), rp.median / std::max(1e-9, p50r));
+  md += buf;
+  std::snprintf(buf, sizeof buf, "| all in memory (same conversation, next query) | %.3f | %.3f | 1.00x | |\n", p50m, p95m);
+  md += buf;
+  std::snprintf(buf, sizeof buf, "| re-prefill of the whole history (%d reps) | %.3f (min %.3f max %.3f) | | | |\n\n",
+                rp.n, rp.median, rp.min, rp.max);
+  md += buf;
+  std::snprintf(buf, sizeof buf,
+                "Restart (%d reps, alternated): first return after a restart %.3f s median (min %.3f max %.3f; of which "
+                "reading the stored conversation %.3f s), from 0%% remaining in the running process %.3f s (min %.3f "
+                "max %.3f): %.2fx. Index rebuild at pool start %.3f s. Conversations found after the restarts: %d of "
+                "%d.\n\n",
+                ar.n, ar.median, ar.min, ar.max, Summarize(restart_open).median, fz.median, fz.min, fz.max,
+                ar.median / std::max(1e-9, fz.median), Summarize(restart_index).median, found, a.conversations);
+  md += buf;
+  std::snprintf(buf, sizeof buf,
+                "Shared system prompt: %.1f MiB of KV per conversation; %llu full chunks reused by "
+                "copy instead of computed (build median %.1f s per conversation, conversation 0 %.1f s). The copy is "
+                "held per conversation: %.1f MiB for all %d (deduplicated storage is not built: the same bytes unshared).\n",
+                double(sys_bytes) / 1048576, (unsigned long long)prefix_reused,
+                Summarize(build_s).median, build_s.empty() ? 0 : build_s[0],
+                double(sys_bytes) * a.conversations / 1048576, a.conversations);
+  md += buf;
+  nlohmann::json doc = {{"machine", MachineDescription()}, {"model", info.name}, {"args",
+                         {{"conversations", a.conversations}, {"tokens", a.tokens}, {"system", a.system},
+                          {"resident", a.resident}, {"queries", a.queries}, {"threads", a.threads}, {"seed", a.seed}}},
+                        {"budget_bytes", budget}, {"model_load_s", model_load_s}, {"build_s", build_s},
+                        {"ttft_return_s", ret}, {"ttft_resident_s", res}, {"kv_resident_share", resident_share},
+                        {"reprefill_s", reprefill}, {"restart_first_return_s", after_restart},
+                        {"restart_open_s", restart_open}, {"from_zero_s", from_zero}, {"index_rebuild_s", restart_index},
+                        {"conversations_found", found}, {"prefix_chunks_reused", prefix_reused},
+                        {"system_prompt_kv_bytes", sys_bytes}, {"queries_detail", rows}};
+  std::string data;
+  for (size_t k = 0; k < ret.size(); ++k) {
+    std::snprintf(buf, sizeof buf, "%zu %.4f %.4f %.3f\n", k, ret[k], res[k], resident_share[k]);
+    data += buf;
+  }
+  WriteFile(a.out, "bench-pool-ttft.dat", data);
+  const std::string png = PlotPng(a.out, "bench-pool-ttft",
+                                  "set terminal pngcairo size 900,500\nset output 'bench-pool-ttft.png'\n"
+                                  "set xlabel 'query'\nset ylabel 'TTFT (s)'\nset y2label 'KV resident at return'\n"
+                                  "set y2tics\nset key top left\n"
+                                  "plot 'bench-pool-ttft.dat' u 1:2 w lp t 'return after other conversations', "
+                                  "'' u 1:3 w lp t 'all in memory (next query)', '' u 1:4 axes x1y2 w i t 'KV resident share'\n");
+  if (!png.empty()) md += "\n![TTFT per query](" + png + ")\n";
+  WriteReport(a.out, "bench-pool", md, doc);
+  std::printf("%s", md.c_str());
+  pool.reset();
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+
+void AddPoolBench(CLI::App* bench, Runners& runners) {
+  auto a = std::make_shared<PoolBenchArgs>();
+  auto* c = bench->add_subcommand("pool", "many conversations under one budget: TTFT on return vs all-in-memory and "
+                                          "re-prefill; restart from the stored conversations");
+  c->add_option("-m,--model", a->model, "GGUF path or synthesized shape (default qwen3-0.6b)");
+  c->add_option("--type", a->type, "weight type of a synthesized model");
+  c->add_option("--conversations", a->conversations, "conversations")->check(CLI::Range(2, 10000));
+  c->add_option("--tokens", a->tokens, "tokens per conversation")->check(CLI::Range(64, 1 << 20));
+  c->add_option("--system", a->system, "tokens of the shared system prompt")->check(CLI::Range(0, 1 << 20));
+  c->add_option("--resident", a->resident, "conversations the budget holds besides the weights")->check(CLI::Range(1, 1000));
+  c->add_option("--queries", a->queries, "returns in the trace")->check(CLI::Range(1, 100000));
+  c->add_option("--reprefill-reps", a->reprefill_reps, "re-prefill samples")->check(CLI::Range(1, 100));
+  c->add_option("--restart-reps", a->restart_reps, "restart samples")->check(CLI::Range(1, 100));
+  c->add_option("-t,--threads", a->threads, "compute threads")->check(CLI::Range(1, 256));
+  c->add_option("--seed", a->seed, "trace seed");
+  c->add_option("--dir", a->dir, "where the pool's folder is made (removed at the end)");
+  c->add_option("-o,--out", a->out, "report folder");
+  c->add_flag("--quick", a->quick, "8 conversations x 1024 tokens, 16 queries (a first look)");
+  runners.push_back([c, a]() -> int {
+    if (!c->parsed()) return -1;
+    return Run(*a);
+  });
+}
+
+}  // namespace mz::cli

@@ -1,0 +1,315 @@
+// `mzcache chat --conversation NAME` (a named conversation of the pool, resumed across runs and
+// crashes) and `mzcache conversations [rm NAME]`: thin commands over the public C API (mzcache.h).
+//
+// Beside each stored conversation <dir>/<id>.mzs (the pool's), chat keeps <dir>/<id>.chat.json:
+// the messages and, for each, the conversation's token count once it was fed. On resume, messages
+// past what the stored conversation holds (a turn a kill -9 cut short) are dropped, so the text and
+// the KV always agree.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mzcache.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace mz::cli {
+namespace {
+
+struct Message {
+  std::string role, content;
+  int end_tokens = 0;  // conversation tokens once this message (and its template) was fed
+};
+
+std::string DefaultDir() { return CacheDir() + "/conversations"; }
+
+int CFail(const char* what) {
+  std::fprintf(stderr, "error: %s: %s\n", what, mz_last_error());
+  return 1;
+}
+
+std::string Template(mz_model* m, const std::vector<Message>& msgs, bool add_assistant) {
+  std::vector<mz_chat_message> cm;
+  for (const auto& x : msgs) cm.push_back({x.role.c_str(), x.content.c_str()});
+  int32_t n = mz_chat_apply_template(m, cm.data(), cm.size(), add_assistant, nullptr, 0);
+  if (n < 0) return {};
+  std::string s(size_t(n) + 1, '\0');
+  mz_chat_apply_template(m, cm.data(), cm.size(), add_assistant, s.data(), n + 1);
+  s.resize(size_t(n));
+  return s;
+}
+
+bool Tokenize(mz_model* m, const std::string& text, bool bos, std::vector<mz_token>* out) {
+  int32_t n = 0;
+  mz_tokenize(m, text.c_str(), bos, true, nullptr, 0, &n);
+  out->resize(size_t(n));
+  return n == 0 || mz_tokenize(m, text.c_str(), bos, true, out->data(), n, &n) == MZ_OK;
+}
+
+std::string SidecarPath(const std::string& dir, const std::string& id) { return dir + "/" + id + ".chat.json"; }
+
+std::vector<Message> LoadSidecar(const std::string& path) {
+  std::vector<Message> out;
+  std::ifstream f(path);
+  if (!f) return out;
+  try {
+    nlohmann::json j = nlohmann::json::parse(f);
+    for (const auto& x : j.at("messages"))
+      out.push_back({x.at("role").get<std::string>(), x.at("content").get<std::string>(), x.at("end_tokens").get<int>()});
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "warning: %s unreadable (%s): the conversation continues without its text\n", path.c_str(),
+                 e.what());
+    out.clear();
+  }
+  return out;
+}
+
+// Written beside the stored conversation, crash-safely (temporary name, then rename).
+void SaveSidecar(const std::string& path, const std::vector<Message>& msgs) {
+  nlohmann::json j;
+  j["messages"] = nlohmann::json::array();
+  for (const auto& m : msgs) j["messages"].push_back({{"role", m.role}, {"content", m.content}, {"end_tokens", m.end_tokens}});
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(1) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "warning: could not write %s\n", tmp.c_str());
+      return;
+    }
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+std::string Mib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / 1048576.0);
+  return buf;
+}
+
+std::string When(uint64_t unix_ms) {
+  if (!unix_ms) return "-";
+  std::time_t t = std::time_t(unix_ms / 1000);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M", std::localtime(&t));
+  return buf;
+}
+
+void PrintConversation(const mz_conversation_report& r) {
+  std::fprintf(stderr, "  %-24s %6d tokens  RAM %s  compressed %s  swap %s  stored %s (%d tokens)  shared %d  %s\n", r.id,
+               int(r.n_tokens), Mib(r.kv_resident).c_str(), Mib(r.kv_mem_compressed).c_str(), Mib(r.kv_storage).c_str(),
+               Mib(r.stored_bytes).c_str(), int(r.stored_tokens), int(r.shared_chunks), When(r.last_use_unix_ms).c_str());
+}
+
+struct PoolArgs {
+  std::string model, dir;
+  int threads = 2, n_ctx = 8192, n_predict = 128;
+  uint64_t memory_budget_mib = 0;
+  std::string persist_codec = "q8";
+};
+
+struct Handles {
+  mz_model* model = nullptr;
+  mz_pool* pool = nullptr;
+  ~Handles() {
+    mz_pool_free(pool);
+    mz_model_free(model);
+  }
+};
+
+int OpenPool(PoolArgs& a, Handles* h) {
+  if (a.model.empty()) {
+    Status st = EnsureDefaultModel(&a.model);
+    if (!st.ok()) return Fail(st);
+  }
+  if (a.dir.empty()) a.dir = DefaultDir();
+  if (mz_model_load(a.model.c_str(), nullptr, &h->model) != MZ_OK) return CFail("loading the model");
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a.n_ctx);
+  cp.n_threads = a.threads;
+  mz_pool_params pp = mz_pool_default_params();
+  pp.dir = a.dir.c_str();
+  pp.context = &cp;
+  pp.memory_budget = a.memory_budget_mib << 20;
+  pp.persist_codec = a.persist_codec.c_str();
+  if (mz_pool_new(h->model, &pp, &h->pool) != MZ_OK) return CFail(("opening the pool in " + a.dir).c_str());
+  char buf[1024];
+  for (int32_t i = 0; mz_pool_damaged(h->pool, i, buf, sizeof buf) >= 0; ++i)
+    std::fprintf(stderr, "warning: damaged, skipped: %s\n", buf);
+  return 0;
+}
+
+int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float top_p, uint32_t seed) {
+  Handles h;
+  if (int rc = OpenPool(a, &h)) return rc;
+  mz_conversation* conv = nullptr;
+  if (mz_pool_open(h.pool, id.c_str(), &conv) != MZ_OK) return CFail(("opening conversation " + id).c_str());
+  std::unique_ptr<mz_conversation, void (*)(mz_conversation*)> conv_guard(conv, mz_conversation_release);
+  const std::string side = SidecarPath(a.dir, id);
+  std::vector<Message> msgs = LoadSidecar(side);
+  // Keep the messages the stored conversation holds; cut the KV back to the last whole message.
+  const int held = mz_conversation_n_tokens(conv);
+  while (!msgs.empty() && msgs.back().end_tokens > held) msgs.pop_back();
+  const int keep = msgs.empty() ? 0 : msgs.back().end_tokens;
+  if (held > keep) {
+    if (held > 0 && msgs.empty())
+      std::fprintf(stderr, "[conversation %s holds %d tokens without their text: starting it again]\n", id.c_str(), held);
+    mz_conversation_truncate(conv, keep);
+  }
+  std::string prev = msgs.empty() ? std::string() : Template(h.model, msgs, false);
+  std::fprintf(stderr, "[conversation %s in %s: %d tokens, %zu messages; commands: /memory, /list, /quit]\n", id.c_str(),
+               a.dir.c_str(), keep, msgs.size());
+  mz_sampler_params sp = mz_sampler_default_params();
+  sp.temperature = temp;
+  sp.top_k = top_k;
+  sp.top_p = top_p;
+  sp.seed = seed;
+  std::unique_ptr<mz_sampler, void (*)(mz_sampler*)> sampler(mz_sampler_new(&sp), mz_sampler_free);
+  if (!sampler) return CFail("sampler");
+  std::string line;
+  while (true) {
+    std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line) || line == "/quit" || line == "/exit") break;
+    if (line.empty()) continue;
+    if (line == "/memory" || line == "/list") {
+      mz_conversation_report r;
+      if (line == "/memory" && mz_pool_conversation_report(h.pool, id.c_str(), &r) == MZ_OK) PrintConversation(r);
+      if (line == "/list") {
+        std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(h.pool, nullptr, 0))));
+        mz_pool_list(h.pool, all.data(), int32_t(all.size()));
+        for (const auto& x : all) PrintConversation(x);
+      }
+      mz_pool_report pr;
+      if (mz_pool_get_report(h.pool, &pr) == MZ_OK)
+        std::fprintf(stderr, "  pool: %d conversations (%d open), in memory %s (weights %s of %s), stored %s, lost %llu\n",
+                     int(pr.n_conversations), int(pr.n_open), Mib(pr.in_memory).c_str(), Mib(pr.weights_resident).c_str(),
+                     Mib(pr.weights_total).c_str(), Mib(pr.stored_bytes).c_str(), (unsigned long long)pr.conversations_lost);
+      continue;
+    }
+    msgs.push_back({"user", line, 0});
+    const std::string full = Template(h.model, msgs, true);
+    const std::string delta = full.compare(0, prev.size(), prev) == 0 ? full.substr(prev.size()) : full;
+    std::vector<mz_token> toks;
+    if (full.empty() || !Tokenize(h.model, delta, mz_conversation_n_tokens(conv) == 0, &toks) || toks.empty()) {
+      std::fprintf(stderr, "error: the chat template or tokenizer failed: %s\n", mz_last_error());
+      msgs.pop_back();
+      continue;
+    }
+    const int before = mz_conversation_n_tokens(conv);
+    mz_restore_stats rs;
+    if (mz_conversation_restore_generate(conv, toks.data(), int32_t(toks.size()), nullptr, &rs) != MZ_OK) {
+      std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", mz_last_error());
+      mz_conversation_truncate(conv, before);
+      msgs.pop_back();
+      continue;
+    }
+    msgs.back().end_tokens = mz_conversation_n_tokens(conv);
+    std::string reply;
+    int n_gen = 0;
+    bool ok = true;
+    for (; n_gen < a.n_predict; ++n_gen) {
+      const mz_token t = mz_conversation_sample(conv, sampler.get(), 0);
+      if (t < 0 || mz_token_is_eog(h.model, t)) break;
+      char piece[256];
+      const int32_t k = mz_token_to_piece(h.model, t, piece, sizeof piece);
+      if (k > 0) {
+        reply.append(piece, size_t(std::min<int32_t>(k, int32_t(sizeof piece) - 1)));
+        std::fwrite(piece, 1, size_t(std::min<int32_t>(k, int32_t(sizeof piece) - 1)), stdout);
+        std::fflush(stdout);
+      }
+      if (mz_conversation_decode(conv, &t, 1, false) != MZ_OK) {
+        std::fprintf(stderr, "\nerror: %s\n", mz_last_error());
+        ok = false;
+        break;
+      }
+    }
+    std::printf("\n");
+    std::fprintf(stderr, "[TTFT %.3f s (restored %d units, %s from storage) | %d tokens]\n", rs.ttft_s,
+                 int(rs.units_restored), Mib(rs.bytes_from_storage).c_str(), n_gen);
+    if (!ok) {
+      mz_conversation_truncate(conv, before);
+      msgs.pop_back();
+      continue;
+    }
+    msgs.push_back({"assistant", reply, 0});
+    const std::string closed = Template(h.model, msgs, false);
+    const std::string tail = closed.size() > full.size() + reply.size() ? closed.substr(full.size() + reply.size()) : "";
+    std::vector<mz_token> tail_toks;
+    if (!tail.empty() && Tokenize(h.model, tail, false, &tail_toks) && !tail_toks.empty())
+      mz_conversation_decode(conv, tail_toks.data(), int32_t(tail_toks.size()), false);
+    msgs.back().end_tokens = mz_conversation_n_tokens(conv);
+    prev = closed;
+    if (mz_conversation_commit(conv) != MZ_OK) std::fprintf(stderr, "warning: not persisted: %s\n", mz_last_error());
+    SaveSidecar(side, msgs);
+  }
+  return 0;
+}
+
+int RunList(PoolArgs& a, bool json) {
+  Handles h;
+  if (int rc = OpenPool(a, &h)) return rc;
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(h.pool, nullptr, 0))));
+  mz_pool_list(h.pool, all.data(), int32_t(all.size()));
+  if (json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : all)
+      j.push_back({{"id", r.id}, {"tokens", r.stored_tokens}, {"stored_bytes", r.stored_bytes},
+                   {"last_use_unix_ms", r.last_use_unix_ms}});
+    std::printf("%s\n", j.dump(1).c_str());
+    return 0;
+  }
+  std::printf("| conversation | tokens | stored | last use |\n|---|---|---|---|\n");
+  for (const auto& r : all)
+    std::printf("| %s | %d | %s | %s |\n", r.id, int(r.stored_tokens), Mib(r.stored_bytes).c_str(),
+                When(r.last_use_unix_ms).c_str());
+  return 0;
+}
+
+int RunRemove(PoolArgs& a, const std::string& id) {
+  Handles h;
+  if (int rc = OpenPool(a, &h)) return rc;
+  if (mz_pool_delete(h.pool, id.c_str()) != MZ_OK) return CFail(("deleting " + id).c_str());
+  std::remove(SidecarPath(a.dir, id).c_str());
+  std::fprintf(stderr, "deleted %s\n", id.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddConversationCommands(CLI::App& app, Runners& runners) {
+  auto a = std::make_shared<PoolArgs>();
+  auto* c = app.add_subcommand("conversations", "list the pool's stored conversations (tokens, bytes, last use); rm NAME deletes one");
+  c->add_option("--dir", a->dir, "the pool's folder (default: <cache>/conversations)");
+  c->add_option("-m,--model", a->model, "GGUF the conversations were made with (default: the synthesized Qwen3-0.6B)");
+  auto json = std::make_shared<bool>(false);
+  c->add_flag("--json", *json, "JSON instead of a markdown table");
+  auto rm_id = std::make_shared<std::string>();
+  auto* rm = c->add_subcommand("rm", "delete a conversation (its stored KV and text)");
+  rm->add_option("name", *rm_id, "conversation name")->required();
+  runners.push_back([c, rm, a, json, rm_id]() -> int {
+    if (!c->parsed()) return -1;
+    if (rm->parsed()) return RunRemove(*a, *rm_id);
+    return RunList(*a, *json);
+  });
+}
+
+int RunConversationChat(const std::string& model, const std::string& dir, const std::string& id, int threads, int n_ctx,
+                        int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed) {
+  PoolArgs a;
+  a.model = model;
+  a.dir = dir;
+  a.threads = threads;
+  a.n_ctx = n_ctx;
+  a.n_predict = n_predict;
+  a.memory_budget_mib = memory_budget_mib;
+  return RunPoolChat(a, id, temp, top_k, top_p, seed);
+}
+
+}  // namespace mz::cli
