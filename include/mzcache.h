@@ -429,6 +429,11 @@ int mz_pool_delete(mz_pool* pool, const char* id);
 int mz_pool_evict(mz_pool* pool, uint64_t bytes, uint64_t* freed);
 /* Persists every changed conversation now (returns the first error). */
 int mz_pool_flush(mz_pool* pool);
+/* Android's onTrimMemory(level) for the whole pool: the levels and amounts of mz_on_trim_memory
+ * (default mz_pressure_params: 25 points of the pool's LLM memory per event, escalating, merged
+ * within 1 s, everything at MODERATE/COMPLETE), given back in the pool's order. Never waits for a
+ * generation (what is busy is skipped). *freed (optional) receives what was given back. */
+int mz_pool_on_trim_memory(mz_pool* pool, int32_t level, uint64_t* freed);
 
 /* As mz_decode / mz_restore_generate, within the conversation (then the pool enforces its budget).
  * On failure the conversation is unchanged. */

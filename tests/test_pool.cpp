@@ -286,6 +286,45 @@ TEST(Pool, MemoryBudgetTakesIdleConversationsFirstAndWeightsLast) {
   EXPECT_EQ(Last(cs[0]->logits(0), nv), Reference(m.get(), toks[0], 256, t0));
 }
 
+TEST(Pool, PressureEventsGiveBackAShareThenEverything) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  PoolOptions o = Opts("");
+  o.context.kv_codec = "q8";  // a codec that frees memory when compressing ("none" holds the same bytes)
+  o.context.n_ctx = 4096;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> c[2];
+  for (int i = 0; i < 2; ++i) {
+    // a (idle) holds less KV than one step, b (used last) much more: the step takes all of a first.
+    const int n = i ? 3000 : 1000;
+    const auto t = Tokens(0, n, 20 + i);
+    ASSERT_TRUE(pool->OpenConversation(i ? "b" : "a", &c[i]).ok());
+    ASSERT_TRUE(c[i]->Decode(t.data(), n, false).ok());
+  }
+  const PoolStats s0 = pool->Stats();
+  const uint64_t base = m->unit(m->base_unit()).region_bytes;
+  const uint64_t llm = s0.in_memory - base;  // everything is resident: the LLM memory
+  PressureEvent ev;
+  ev.level = PressureLevel::kLow;
+  ev.time_ns = Env::Default()->NowNs();
+  uint64_t freed = 0;
+  ASSERT_TRUE(pool->OnPressure(ev, &freed).ok());
+  // One step: a quarter of the LLM memory (units move whole: at least the step, at most a unit more).
+  EXPECT_GE(freed, llm / 4);
+  EXPECT_LT(freed, llm / 2);
+  ConversationReport ra, rb;
+  ASSERT_TRUE(pool->Report("a", &ra).ok());
+  ASSERT_TRUE(pool->Report("b", &rb).ok());
+  // The idle one (a) gave first.
+  EXPECT_LT(ra.kv_resident, rb.kv_resident) << "a " << ra.kv_resident << " b " << rb.kv_resident;
+  ev.level = PressureLevel::kCritical;
+  ev.time_ns = Env::Default()->NowNs();
+  ASSERT_TRUE(pool->OnPressure(ev, &freed).ok());
+  const PoolStats s1 = pool->Stats();
+  EXPECT_EQ(s1.kv_resident, 0u);
+  EXPECT_LE(s1.weights_resident, base);  // layers gone (the base unit may stay: outside the LLM share)
+}
+
 TEST(Pool, DiskBudgetDeletesLeastRecentlyUsedAndCountsIt) {
   auto m = LoadModel();
   const std::string dir = FreshDir("disk");

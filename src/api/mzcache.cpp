@@ -362,6 +362,17 @@ mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOption
   return mz::Status::Ok();
 }
 
+// Android level -> pressure level; false: no action for this level.
+bool TrimLevel(int32_t level, mz::PressureLevel* out) {
+  if (level >= MZ_TRIM_MEMORY_MODERATE) *out = mz::PressureLevel::kCritical;
+  else if (level >= MZ_TRIM_MEMORY_BACKGROUND) *out = mz::PressureLevel::kMedium;
+  else if (level >= MZ_TRIM_MEMORY_UI_HIDDEN) return false;
+  else if (level >= MZ_TRIM_MEMORY_RUNNING_CRITICAL) *out = mz::PressureLevel::kMedium;
+  else if (level >= MZ_TRIM_MEMORY_RUNNING_MODERATE) *out = mz::PressureLevel::kLow;
+  else return false;
+  return true;
+}
+
 void ToRestoreStats(const mz::RestoreGenerateStats& st, mz_restore_stats* stats) {
   stats->ttft_s = st.ttft_s;
   stats->alloc_s = st.pipeline.alloc_s;
@@ -432,16 +443,6 @@ void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, co
   });
 }
 
-// Android level -> pressure level; false: no action for this level.
-bool TrimLevel(int32_t level, mz::PressureLevel* out) {
-  if (level >= MZ_TRIM_MEMORY_MODERATE) *out = mz::PressureLevel::kCritical;
-  else if (level >= MZ_TRIM_MEMORY_BACKGROUND) *out = mz::PressureLevel::kMedium;
-  else if (level >= MZ_TRIM_MEMORY_UI_HIDDEN) return false;
-  else if (level >= MZ_TRIM_MEMORY_RUNNING_CRITICAL) *out = mz::PressureLevel::kMedium;
-  else if (level >= MZ_TRIM_MEMORY_RUNNING_MODERATE) *out = mz::PressureLevel::kLow;
-  else return false;
-  return true;
-}
 
 }  // namespace
 

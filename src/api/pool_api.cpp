@@ -130,6 +130,18 @@ int mz_pool_flush(mz_pool* pool) {
   });
 }
 
+int mz_pool_on_trim_memory(mz_pool* pool, int32_t level, uint64_t* freed) {
+  if (freed) *freed = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || level < 0) return mz::Status::InvalidArgument("bad pool or level");
+    mz::PressureEvent ev;
+    if (!TrimLevel(level, &ev.level)) return mz::Status::Ok();
+    ev.time_ns = pool->model->model->env()->NowNs();
+    ev.source = "onTrimMemory";
+    return pool->pool->OnPressure(ev, freed);
+  });
+}
+
 int mz_conversation_decode(mz_conversation* conv, const mz_token* tokens, int32_t n, bool all_logits) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!conv || !tokens || n <= 0) return mz::Status::InvalidArgument("need a conversation and at least one token");

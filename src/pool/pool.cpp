@@ -506,6 +506,38 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed) {
   return first_err;
 }
 
+Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
+  if (freed) *freed = 0;
+  const PoolStats s = Stats();
+  uint64_t base = 0;
+  {
+    std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+    if (wl.owns_lock()) {
+      const WeightUnit& b = model_->unit(model_->base_unit());
+      base = b.resident() ? b.region_bytes : 0;
+    }
+  }
+  uint64_t kv_total = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_)
+      if (kv.second->ctx_) kv_total += kv.second->last_report_.kv_total;
+  }
+  const uint64_t llm = s.weights_total - model_->unit(model_->base_unit()).region_bytes + kv_total;
+  const uint64_t resident = s.in_memory > base ? s.in_memory - base : 0;
+  AmountDecision d;
+  {
+    std::lock_guard<std::mutex> lk(pressure_mu_);
+    d = amount_.OnEvent(ev, llm, std::min(resident, llm));
+  }
+  if (d.evict_bytes == 0) return Status::Ok();
+  // Critical, with no floor: everything (units move whole, and compression frees less than a
+  // unit's size: a byte count would stop one unit short).
+  const bool all = ev.level == PressureLevel::kCritical && amount_.options().critical_to_floor &&
+                   amount_.options().floor_points <= 0;
+  return Evict(all ? ~uint64_t(0) : d.evict_bytes, freed);
+}
+
 void Pool::QueuePersist(const std::shared_ptr<Conversation>& c) {
   {
     std::lock_guard<std::mutex> lk(wb_mu_);

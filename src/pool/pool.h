@@ -55,6 +55,7 @@
 
 #include "core/status.h"
 #include "model/model.h"
+#include "pressure/amount_policy.h"
 #include "runtime/context.h"
 
 namespace mz {
@@ -173,6 +174,10 @@ class Pool {
   Status Delete(const std::string& id);
   // Gives back at least `bytes` of RAM in the pool's order (see above), or all it can: *freed.
   Status Evict(uint64_t bytes, uint64_t* freed);
+  // A memory-pressure event for the whole pool (the amount policy of one context, applied to the
+  // pool: a share of its LLM memory, escalating on repeated events, merged within the hysteresis
+  // window, everything at critical), given back in the pool's order. *freed (optional).
+  Status OnPressure(const PressureEvent& ev, uint64_t* freed);
   // Waits until every changed conversation is persisted (or its persist failed: the first error).
   Status Flush();
 
@@ -209,6 +214,8 @@ class Pool {
   std::shared_mutex weights_mu_;  // shared: a generation over resident weights; exclusive: weights move
   std::mutex evict_mu_;           // one eviction pass at a time
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
+  std::mutex pressure_mu_;
+  AmountPolicy amount_{AmountOptions()};  // under pressure_mu_
   // Write-behind.
   std::mutex wb_mu_;
   std::condition_variable wb_cv_, wb_done_cv_;
