@@ -523,7 +523,10 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
     for (auto& kv : convs_)
       if (kv.second->ctx_) kv_total += kv.second->last_report_.kv_total;
   }
-  const uint64_t llm = s.weights_total - model_->unit(model_->base_unit()).region_bytes + kv_total;
+  uint64_t layers = 0;  // region sizes are fixed at load: no lock needed
+  for (int u = 0; u < model_->n_units(); ++u)
+    if (u != model_->base_unit()) layers += model_->unit(u).region_bytes;
+  const uint64_t llm = layers + kv_total;
   const uint64_t resident = s.in_memory > base ? s.in_memory - base : 0;
   AmountDecision d;
   {
