@@ -107,8 +107,10 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   // Index.
   Aligned idx(h.index_bytes);
   if (!idx.p) return fail(Status::NoMemory("session index buffer"));
-  std::memcpy(idx.p, ctx.history_.data(), size_t(n_tokens) * 4);
-  std::memcpy(idx.p + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
+  // An empty conversation has no tokens and no records: their data() may be null, which memcpy
+  // must not be given even for 0 bytes (found by fuzzing: fuzz/corpus/session/empty.mzs).
+  if (n_tokens > 0) std::memcpy(idx.p, ctx.history_.data(), size_t(n_tokens) * 4);
+  if (!recs.empty()) std::memcpy(idx.p + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
   const uint64_t ih = XXH64(idx.p, h.index_bytes - 8, 0);
   std::memcpy(idx.p + h.index_bytes - 8, &ih, 8);
   Status st = f->Write(idx.p, idx.n, h.index_offset);
@@ -173,12 +175,13 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   std::memcpy(&ih, idx.p + h.index_bytes - 8, 8);
   if (XXH64(idx.p, h.index_bytes - 8, 0) != ih) return bad("index checksum mismatch");
   std::vector<int32_t> tokens(h.n_tokens);
-  std::memcpy(tokens.data(), idx.p, size_t(h.n_tokens) * 4);
+  // A session of 0 tokens (and 0 records) is valid: no memcpy into an empty vector's null data().
+  if (!tokens.empty()) std::memcpy(tokens.data(), idx.p, size_t(h.n_tokens) * 4);
   const int32_t nv = int32_t(ctx.model_->hparams().n_vocab);
   for (int32_t t : tokens)
     if (t < 0 || t >= nv) return bad("token id out of range");
   std::vector<ChunkRecord> recs(size_t(h.n_layer) * h.n_chunks);
-  std::memcpy(recs.data(), idx.p + size_t(h.n_tokens) * 4, recs.size() * sizeof(ChunkRecord));
+  if (!recs.empty()) std::memcpy(recs.data(), idx.p + size_t(h.n_tokens) * 4, recs.size() * sizeof(ChunkRecord));
 
   // Decode every chunk into fresh memory before touching the context.
   const size_t cb = g.chunk_bytes();
