@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz targets (fuzz/corpus/<target>/): a few valid inputs and a
 // few truncated ones per target, small (the whole corpus stays well under 200 KiB). Deterministic:
 // re-running it rewrites the same files. Usage: fuzz_make_seeds <corpus folder>
-// (scripts/fuzz.sh --make-seeds runs it into fuzz/corpus).
+// (scripts/fuzz.sh --make-seeds runs it into fuzz/corpus). GGUF seeds carry no .gguf suffix (ignored by git).
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -104,9 +104,9 @@ std::vector<uint8_t> TinyGguf(const std::string& arch, ggml_type wtype, bool unt
 }
 
 void GgufSeeds(const fs::path& dir) {
-  WriteWithCuts(dir, "qwen3-q8_0.gguf", TinyGguf("qwen3", GGML_TYPE_Q8_0, false), {24, 200, 1000});
-  WriteWithCuts(dir, "llama-f16-untied.gguf", TinyGguf("llama", GGML_TYPE_F16, true), {600});
-  WriteWithCuts(dir, "qwen2-q8_0.gguf", TinyGguf("qwen2", GGML_TYPE_Q8_0, false), {});
+  WriteWithCuts(dir, "qwen3-q8_0", TinyGguf("qwen3", GGML_TYPE_Q8_0, false), {24, 200, 1000});
+  WriteWithCuts(dir, "llama-f16-untied", TinyGguf("llama", GGML_TYPE_F16, true), {600});
+  WriteWithCuts(dir, "qwen2-q8_0", TinyGguf("qwen2", GGML_TYPE_Q8_0, false), {});
 }
 
 void SessionSeeds(const fs::path& dir) {
