@@ -256,6 +256,9 @@ TEST(DeviceProfile, LoadRejectsFiguresThatBreakTheUnitTimes) {
                             R"("decode_Bps": {"q8": 1e-300})", R"("mapped_read_Bps": 1e-300)",
                             R"("encode_Bps": {"q8": 1e-300})", R"("attend_in_place_s_per_MiB": {"q8": 1e300})",
                             R"("read_Bps": [{"request_bytes": 4096, "Bps": 1e-300}])", R"("threads": 100000)",
+                            R"("threads": 1e20)", R"("threads": 2.5)",
+                            R"("read_Bps": [{"request_bytes": 131070000000000000002, "Bps": 1e9}])",
+                            R"("read_Bps": [{"request_bytes": -1.5, "Bps": 1e9}])",
                             R"("mapped_read_by_request": [{"request_bytes": 1048576, "Bps": 0}])",
                             R"("mapped_read_by_request": [{"request_bytes": 0, "Bps": 1e9}])", R"("threads": 0)"}) {
     {

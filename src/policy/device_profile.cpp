@@ -40,6 +40,9 @@ constexpr int kMaxThreads = 1024;
 // A (request bytes, bytes/s) table from JSON; every entry must have a positive size and rate.
 Status TableFromJson(const nlohmann::json& j, const std::string& what, std::vector<std::pair<uint64_t, double>>* out) {
   for (auto& r : j) {
+    // An integer, checked before get<uint64_t>: nlohmann converts a float (1.3e20, -1.5) with a
+    // plain cast, undefined out of range (found by fuzz/fuzz_profile.cpp).
+    if (!r.at("request_bytes").is_number_unsigned()) return Status::Corruption("bad " + what + " entry (request_bytes)");
     const uint64_t n = r.at("request_bytes").get<uint64_t>();
     const double b = r.at("Bps").get<double>();
     if (n == 0 || !(b >= kMinBps) || !std::isfinite(b)) return Status::Corruption("bad " + what + " entry");
@@ -138,6 +141,10 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out, Env* env
     for (auto& [k, v] : p.attend_in_place_s_per_MiB)
       if (!(std::fabs(v) <= kMaxAttendSPerMiB))
         return Status::Corruption("profile " + path + ": attend_in_place_s_per_MiB of " + k + " must be in [-1, 1]");
+    // An integer in int's range before the conversion (a float such as 1e20 cast to int is undefined).
+    if (j.contains("threads") && !(j.at("threads").is_number_integer() && j.at("threads").get<int64_t>() >= 1 &&
+                                   j.at("threads").get<int64_t>() <= kMaxThreads))
+      return Status::Corruption("profile " + path + ": threads must be an integer in [1, 1024]");
     p.threads = j.value("threads", 1);
     if (p.threads < 1 || p.threads > kMaxThreads) return Status::Corruption("profile " + path + ": threads must be in [1, 1024]");
     for (auto& [k, v] : p.encode_Bps)
