@@ -19,7 +19,10 @@ const char* kSaved = "/mzfuzz/saved.json";
 
 void CheckTimes(const mz::UnitTimes& t, const std::string& what) {
   for (double v : {t.t_d_kv, t.t_r_kv, t.t_r_kvc, t.t_r_w})
-    if (!std::isfinite(v) || v < 0) mz::fuzz::Fail("unit time not finite/non-negative: " + what);
+    if (!std::isfinite(v) || v < 0)
+      mz::fuzz::Fail("unit time not finite/non-negative: " + what + ": t_d_kv " + std::to_string(t.t_d_kv) +
+                     " t_r_kv " + std::to_string(t.t_r_kv) + " t_r_kvc " + std::to_string(t.t_r_kvc) + " t_r_w " +
+                     std::to_string(t.t_r_w));
 }
 }  // namespace
 

@@ -300,6 +300,20 @@ TEST(Policy, HugeWeightToKvTimeRatioIsCaseTwo) {
   for (const PlanStep& s : PlanHybridSwap(in).steps) EXPECT_LE(s.est_freed, uint64_t(100) << 20) << StageName(s.stage);
 }
 
+// Regression (fuzz/regressions/profile/interpolation-cancels-to-zero.json, found by
+// fuzz/fuzz_profile.cpp): interpolating between 8e80 and 1.6e9 B/s cancelled to 0 B/s at the
+// second size, so a weight layer's read time was infinite. A rate at a measured size is that rate.
+TEST(DeviceProfile, InterpolationIsExactAtMeasuredSizesWhateverTheNeighbours) {
+  DeviceProfile p = DeviceProfile::Default();
+  p.read_Bps = {{512 << 10, 8e80}, {4 << 20, 1.6e9}};
+  EXPECT_EQ(p.ReadBps(4 << 20), 1.6e9);
+  EXPECT_EQ(p.ReadBps(512 << 10), 8e80);
+  const double mid = p.ReadBps(1 << 20);
+  EXPECT_TRUE(mid >= 1.6e9 && mid <= 8e80) << mid;
+  const UnitTimes t = DeriveUnitTimes(p, "q8", 1 << 20, 32 << 20);
+  for (double v : {t.t_d_kv, t.t_r_kv, t.t_r_kvc, t.t_r_w}) EXPECT_TRUE(std::isfinite(v) && v >= 0) << v;
+}
+
 // Mapped reads are costed at the rate measured for the piece's size: a KV chunk populated alone
 // is slower than a 64 MiB weight layer; the table survives Save/Load.
 TEST(DeviceProfile, MappedReadsAreCostedAtTheirPieceSize) {

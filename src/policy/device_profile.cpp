@@ -20,7 +20,10 @@ double Interpolate(std::vector<std::pair<uint64_t, double>> v, uint64_t bytes, b
   for (size_t i = 1; i < v.size(); ++i)
     if (bytes <= v[i].first) {
       const double f = double(bytes - v[i - 1].first) / double(v[i].first - v[i - 1].first);
-      return v[i - 1].second + f * (v[i].second - v[i - 1].second);
+      // (1 - f) a + f b, not a + f (b - a): exact at the ends and never below min(a, b). With rates
+      // of 8e80 and 1.6e9 B/s the latter cancelled to 0 at f = 1 and a read took forever (an
+      // infinite unit time; found by fuzz/fuzz_profile.cpp).
+      return (1.0 - f) * v[i - 1].second + f * v[i].second;
     }
   if (!peak_above) return v.back().second;
   return std::max_element(v.begin(), v.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
