@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (Debian packages, the pinned llama.cpp build, cached
 # in ~/.cache/mzcache), builds mzcache, and runs every test: the normal build, then ASan+UBSan,
-# then the concurrency tests under TSan, then the NEON attention path cross-built for AArch64 and
-# run under qemu. Exits non-zero if anything fails.
+# then the concurrency tests under TSan, then a short run of every fuzz target (libFuzzer, clang,
+# ASan+UBSan; scripts/fuzz.sh), then the NEON attention path cross-built for AArch64 and run under
+# qemu. Exits non-zero if anything fails.
+#   MZ_FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips the stage)
 #   MZ_TEST_QUICK=1  only the normal build (for a fast local loop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +64,15 @@ stage tests-tsan
 echo "[test] running concurrency tests under TSan"
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 (cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency) | tee -a "$LOG"
+stage fuzz
+# Each target for MZ_FUZZ_SECONDS from the committed seeds (fuzz/corpus/) plus what earlier runs on
+# this machine found; a crash fails the test. Per-target executions and coverage are printed.
+if [ "${MZ_FUZZ_SECONDS:-20}" != 0 ]; then
+  echo "[test] fuzz targets, ${MZ_FUZZ_SECONDS:-20} s each"
+  if ! scripts/fuzz.sh "${MZ_FUZZ_SECONDS:-20}" | tee -a "$LOG"; then
+    echo "[test] fuzzing failed (a crash, or the fuzz build)"; exit 1
+  fi
+fi
 stage arm64
 echo "[test] NEON attention path: AArch64 cross build under qemu"
 scripts/test-arm64.sh | tee -a "$LOG"

@@ -250,6 +250,15 @@ TEST(DeviceProfile, LoadRejectsFiguresThatBreakTheUnitTimes) {
   const std::string path = test::TempDir() + "/profile-bad.json";
   const std::string base = R"("decode_Bps": {"q8": 1e9}, "read_Bps": [{"request_bytes": 4096, "Bps": 1e9}])";
   for (const char* extra : {R"("ratio": {"q8": 0})", R"("ratio": {"q8": -0.5})", R"("alloc_s_per_MiB": -1)",
+                            // Regressions (fuzz/fuzz_profile.cpp): finite but absurd figures gave
+                            // infinite/NaN unit times and out-of-range float-to-int conversions.
+                            R"("ratio": {"q8": 1e300})", R"("ratio": {"q8": 1e-300})", R"("alloc_s_per_MiB": 1e300)",
+                            R"("decode_Bps": {"q8": 1e-300})", R"("mapped_read_Bps": 1e-300)",
+                            R"("encode_Bps": {"q8": 1e-300})", R"("attend_in_place_s_per_MiB": {"q8": 1e300})",
+                            R"("read_Bps": [{"request_bytes": 4096, "Bps": 1e-300}])", R"("threads": 100000)",
+                            R"("threads": 1e20)", R"("threads": 2.5)",
+                            R"("read_Bps": [{"request_bytes": 131070000000000000002, "Bps": 1e9}])",
+                            R"("read_Bps": [{"request_bytes": -1.5, "Bps": 1e9}])",
                             R"("mapped_read_by_request": [{"request_bytes": 1048576, "Bps": 0}])",
                             R"("mapped_read_by_request": [{"request_bytes": 0, "Bps": 1e9}])", R"("threads": 0)"}) {
     {
@@ -267,6 +276,42 @@ TEST(DeviceProfile, LoadRejectsFiguresThatBreakTheUnitTimes) {
   DeviceProfile ok;
   EXPECT_TRUE(DeviceProfile::Load(path, &ok).ok());
   std::remove(path.c_str());
+}
+
+// Regression (fuzz/regressions/profile/, found by fuzz/fuzz_profile.cpp): a profile with a 1 B/s
+// mapped-read rate made t_r^W / t_d^KV about 7e10, and k = floor(that) was converted to int
+// (undefined; on x86 INT_MIN, so T = L * k was not above the chunk count and the plan started
+// with KVonly). k is now capped at C + 1: every chunk is within the threshold, as with any k > C,
+// and the plan starts at KV&W (case 2 of §4.3).
+TEST(Policy, HugeWeightToKvTimeRatioIsCaseTwo) {
+  World w{28, 4};
+  UnitTimes huge = Times(), big = Times();
+  huge.t_r_w = huge.t_d_kv * 7e10;
+  big.t_r_w = big.t_d_kv * 100;  // k = 100 > C = 4
+  const PolicyOutput a = PlanHybridSwap(Input(w, UINT64_MAX, huge));
+  const PolicyOutput b = PlanHybridSwap(Input(w, UINT64_MAX, big));
+  ASSERT_FALSE(a.plan.empty());
+  EXPECT_EQ(StagesOf(a).front(), Stage::kKvAndW);
+  EXPECT_EQ(StagesOf(b).front(), Stage::kKvAndW);
+  // A ratio above 1 (compressed larger than raw) frees nothing by compressing, never a wrapped-around
+  // estimate.
+  PolicyInput in = Input(w, UINT64_MAX, big);
+  in.ratio = 3.5;
+  for (const PlanStep& s : PlanHybridSwap(in).steps) EXPECT_LE(s.est_freed, uint64_t(100) << 20) << StageName(s.stage);
+}
+
+// Regression (fuzz/regressions/profile/interpolation-cancels-to-zero.json, found by
+// fuzz/fuzz_profile.cpp): interpolating between 8e80 and 1.6e9 B/s cancelled to 0 B/s at the
+// second size, so a weight layer's read time was infinite. A rate at a measured size is that rate.
+TEST(DeviceProfile, InterpolationIsExactAtMeasuredSizesWhateverTheNeighbours) {
+  DeviceProfile p = DeviceProfile::Default();
+  p.read_Bps = {{512 << 10, 8e80}, {4 << 20, 1.6e9}};
+  EXPECT_EQ(p.ReadBps(4 << 20), 1.6e9);
+  EXPECT_EQ(p.ReadBps(512 << 10), 8e80);
+  const double mid = p.ReadBps(1 << 20);
+  EXPECT_TRUE(mid >= 1.6e9 && mid <= 8e80) << mid;
+  const UnitTimes t = DeriveUnitTimes(p, "q8", 1 << 20, 32 << 20);
+  for (double v : {t.t_d_kv, t.t_r_kv, t.t_r_kvc, t.t_r_w}) EXPECT_TRUE(std::isfinite(v) && v >= 0) << v;
 }
 
 // Mapped reads are costed at the rate measured for the piece's size: a KV chunk populated alone

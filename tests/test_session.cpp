@@ -175,5 +175,26 @@ TEST(SessionFile, CorruptOrTruncatedFilesAreRejectedAndTheContextIsUnchanged) {
   EXPECT_EQ(int(b.ctx->history().size()), kPrompt);
 }
 
+
+// Regression (found by the fuzz seed generator under UBSan, fuzz/make_seeds.cpp): an empty
+// conversation (0 tokens, 0 chunk records) saves and loads; the writer and the loader passed a
+// null data() of an empty vector to memcpy. The UBSan stage of scripts/test.sh fails on that.
+TEST(SessionFile, EmptyConversationSavesAndLoads) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  Rig a = Make(path);
+  const std::string sess = test::TempDir() + "/empty.sess";
+  SessionInfo info;
+  ASSERT_TRUE(SaveSession(*a.ctx, sess, "q8", &info).ok());
+  EXPECT_EQ(info.n_tokens, 0);
+  Rig b = Make(path);
+  const auto toks = Tokens(path);
+  ASSERT_TRUE(b.ctx->Decode(toks.data(), 10, false).ok());
+  Status st = LoadSession(*b.ctx, sess, &info);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(info.n_tokens, 0);
+  EXPECT_TRUE(b.ctx->history().empty());
+  ASSERT_TRUE(b.ctx->Decode(toks.data(), 3, false).ok());  // and the emptied context works
+}
+
 }  // namespace
 }  // namespace mz

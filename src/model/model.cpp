@@ -19,11 +19,12 @@ namespace mz {
 namespace {
 
 // gguf's parser reads the metadata one value at a time (~750k reads for a vocabulary): serve them
-// from a 1 MiB read-ahead window.
+// from a read-ahead window of 1 MiB (or of the file's size, if smaller: Load sizes it, so that a
+// small file does not cost a zeroed 1 MiB buffer, most of the time of loading one).
 struct ReaderCtx {
   File* file;
   bool failed = false;
-  std::vector<char> buf = std::vector<char>(1 << 20);
+  std::vector<char> buf;
   uint64_t buf_off = 0;
   size_t buf_len = 0;
 };
@@ -127,6 +128,7 @@ Status Model::Load(Env* env, const std::string& path, const ModelOptions& option
   {
     LogCapture cap;
     ReaderCtx rc{f.get()};
+    rc.buf.resize(size_t(std::min<uint64_t>(uint64_t(1) << 20, info.size)));  // info.size >= 8
     gguf_init_params gp{/*no_alloc=*/true, /*ctx=*/nullptr};
     g = gguf_init_from_callback(GgufRead, &rc, 1 << 20, info.size, gp);
     if (!g) {

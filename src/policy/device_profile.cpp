@@ -20,18 +20,35 @@ double Interpolate(std::vector<std::pair<uint64_t, double>> v, uint64_t bytes, b
   for (size_t i = 1; i < v.size(); ++i)
     if (bytes <= v[i].first) {
       const double f = double(bytes - v[i - 1].first) / double(v[i].first - v[i - 1].first);
-      return v[i - 1].second + f * (v[i].second - v[i - 1].second);
+      // (1 - f) a + f b, not a + f (b - a): exact at the ends and never below min(a, b). With rates
+      // of 8e80 and 1.6e9 B/s the latter cancelled to 0 at f = 1 and a read took forever (an
+      // infinite unit time; found by fuzz/fuzz_profile.cpp).
+      return (1.0 - f) * v[i - 1].second + f * v[i].second;
     }
   if (!peak_above) return v.back().second;
   return std::max_element(v.begin(), v.end(), [](auto& a, auto& b) { return a.second < b.second; })->second;
 }
 
+// Plausibility bounds of a loaded profile (Load rejects values outside them): with them every unit
+// time DeriveUnitTimes derives is finite and the policy's integer conversions stay in range. A
+// profile with decode_Bps of 1e-320, a ratio of 1e300 or alloc_s_per_MiB of 1e308 (finite, positive,
+// accepted before) gave infinite or NaN times and undefined float-to-int conversions in the policy
+// (found by fuzz/fuzz_profile.cpp).
+constexpr double kMinBps = 1.0;                         // any throughput, bytes/s
+constexpr double kMinRatio = 1e-3, kMaxRatio = 4.0;     // encoded / raw
+constexpr double kMaxAllocSPerMiB = 1.0;                // 1 s per MiB
+constexpr double kMaxAttendSPerMiB = 1.0;               // |attend_in_place_s_per_MiB|
+constexpr int kMaxThreads = 1024;
+
 // A (request bytes, bytes/s) table from JSON; every entry must have a positive size and rate.
 Status TableFromJson(const nlohmann::json& j, const std::string& what, std::vector<std::pair<uint64_t, double>>* out) {
   for (auto& r : j) {
+    // An integer, checked before get<uint64_t>: nlohmann converts a float (1.3e20, -1.5) with a
+    // plain cast, undefined out of range (found by fuzz/fuzz_profile.cpp).
+    if (!r.at("request_bytes").is_number_unsigned()) return Status::Corruption("bad " + what + " entry (request_bytes)");
     const uint64_t n = r.at("request_bytes").get<uint64_t>();
     const double b = r.at("Bps").get<double>();
-    if (n == 0 || !(b > 0) || !std::isfinite(b)) return Status::Corruption("bad " + what + " entry");
+    if (n == 0 || !(b >= kMinBps) || !std::isfinite(b)) return Status::Corruption("bad " + what + " entry");
     out->push_back({n, b});
   }
   return Status::Ok();
@@ -117,23 +134,31 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out, Env* env
       st = TableFromJson(j.at("mapped_read_by_request"), "mapped read throughput", &p.mapped_read_by_request);
     if (!st.ok()) return Status::Corruption("profile " + path + ": " + st.message());
     p.alloc_s_per_MiB = j.value("alloc_s_per_MiB", 0.0);
-    if (!(p.alloc_s_per_MiB >= 0) || !std::isfinite(p.alloc_s_per_MiB))
-      return Status::Corruption("profile " + path + ": alloc_s_per_MiB must be a finite number >= 0");
+    if (!(p.alloc_s_per_MiB >= 0 && p.alloc_s_per_MiB <= kMaxAllocSPerMiB))
+      return Status::Corruption("profile " + path + ": alloc_s_per_MiB must be a number in [0, 1]");
     p.mapped_read_Bps = j.value("mapped_read_Bps", 0.0);
-    if (!(p.mapped_read_Bps >= 0) || !std::isfinite(p.mapped_read_Bps))
-      return Status::Corruption("profile " + path + ": mapped_read_Bps must be a finite number >= 0");
+    if (!(p.mapped_read_Bps == 0 || p.mapped_read_Bps >= kMinBps) || !std::isfinite(p.mapped_read_Bps))
+      return Status::Corruption("profile " + path + ": mapped_read_Bps must be 0 (not measured) or a finite number >= 1");
     // Absent from profiles written before it was measured: compressed chunks are then costed as decoded.
     p.attend_in_place_s_per_MiB = j.value("attend_in_place_s_per_MiB", std::map<std::string, double>{});
     for (auto& [k, v] : p.attend_in_place_s_per_MiB)
-      if (!std::isfinite(v)) return Status::Corruption("profile " + path + ": attend_in_place_s_per_MiB of " + k + " is not finite");
+      if (!(std::fabs(v) <= kMaxAttendSPerMiB))
+        return Status::Corruption("profile " + path + ": attend_in_place_s_per_MiB of " + k + " must be in [-1, 1]");
+    // An integer in int's range before the conversion (a float such as 1e20 cast to int is undefined).
+    if (j.contains("threads") && !(j.at("threads").is_number_integer() && j.at("threads").get<int64_t>() >= 1 &&
+                                   j.at("threads").get<int64_t>() <= kMaxThreads))
+      return Status::Corruption("profile " + path + ": threads must be an integer in [1, 1024]");
     p.threads = j.value("threads", 1);
-    if (p.threads < 1) return Status::Corruption("profile " + path + ": threads must be >= 1");
+    if (p.threads < 1 || p.threads > kMaxThreads) return Status::Corruption("profile " + path + ": threads must be in [1, 1024]");
+    for (auto& [k, v] : p.encode_Bps)
+      if (!(v >= kMinBps) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": encode throughput of " + k + " must be >= 1 B/s");
     for (auto& [k, v] : p.decode_Bps)
-      if (!(v > 0) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": decode throughput of " + k + " must be positive");
+      if (!(v >= kMinBps) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": decode throughput of " + k + " must be >= 1 B/s");
     // A ratio is a divisor of storage reads and of what fits in memory: 0 or negative would give
     // NaN or negative unit times.
     for (auto& [k, v] : p.ratio)
-      if (!(v > 0) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": compression ratio of " + k + " must be positive");
+      if (!(v >= kMinRatio && v <= kMaxRatio))
+        return Status::Corruption("profile " + path + ": compression ratio of " + k + " must be in [0.001, 4]");
     *out = std::move(p);
   } catch (const std::exception& e) {
     return Status::Corruption("profile " + path + ": " + e.what());
@@ -170,7 +195,7 @@ UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint
   }
   t.t_r_kv = paths.kv_mapped ? double(chunk_bytes) / p.MappedReadBps(chunk_bytes) : double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
   const uint64_t enc = uint64_t(double(chunk_bytes) * p.Ratio(codec));
-  t.t_r_kvc = double(enc) / p.ReadBps(enc) + t.t_d_kv;
+  t.t_r_kvc = (enc ? double(enc) / p.ReadBps(enc) : 0.0) + t.t_d_kv;  // ReadBps(0) is 0: no 0/0
   if (paths.weights_file_backed)
     t.t_r_w = double(layer_bytes) / p.MappedReadBps(layer_bytes);
   else

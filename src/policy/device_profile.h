@@ -50,7 +50,10 @@ struct DeviceProfile {
 
   // JSON at path, written / read through env (nullptr: Env::Default()) with Env::WriteSmallFile
   // (created or truncated, not atomic) / ReadSmallFile. Failure: kIOError naming the path (and the
-  // OS error); Load also kCorruption naming the bad field, *out then unchanged.
+  // OS error); Load also kCorruption naming the bad field, *out then unchanged. Load accepts only
+  // plausible values (every throughput >= 1 B/s and finite, ratios in [0.001, 4], alloc_s_per_MiB
+  // in [0, 1], |attend_in_place_s_per_MiB| <= 1, threads in [1, 1024]), so that the unit times
+  // derived from a loaded profile are finite.
   // Writes the profile as JSON crash-safely (path.tmp, sync, rename, folder sync): on failure path
   // keeps its previous content and the error keeps its code (kNoSpace for a full disk).
   Status Save(const std::string& path, Env* env = nullptr) const;

@@ -59,9 +59,15 @@ PolicyOutput PlanHybridSwap(const PolicyInput& in) {
     }
   }
   if (!base && !in.kv_only) sto_s += in.t.t_r_w * double(in.base_bytes) / double(std::max<uint64_t>(1, in.layer_bytes.empty() ? 1 : in.layer_bytes[0]));
-  const int k = in.t.t_d_kv > 0 ? int(std::floor(in.t.t_r_w / in.t.t_d_kv)) : 0;
+  // k = floor(t_r^W / t_d^KV). Only T = L * k against n_kv (<= L * C) matters, so k is capped at
+  // C + 1 before the conversion to int: with an extreme (but accepted) device profile the quotient
+  // exceeded INT_MAX, an undefined conversion (found by fuzz/fuzz_profile.cpp). NaN counts as 0.
+  const double kq = in.t.t_d_kv > 0 ? std::floor(in.t.t_r_w / in.t.t_d_kv) : 0.0;
+  const int k = kq >= double(C) + 1 ? C + 1 : kq > 0 ? int(kq) : 0;
   const int T = in.parallel_paths ? L * k : 0;
-  const uint64_t comp = uint64_t(double(in.chunk_bytes) * in.ratio);
+  // Compressed size of a chunk, at most the raw size (a ratio above 1 would make the freed estimate
+  // chunk_bytes - comp wrap around); computed in double and clamped before the conversion.
+  const uint64_t comp = uint64_t(std::min(double(in.chunk_bytes), std::max(0.0, double(in.chunk_bytes) * in.ratio)));
 
   // Within the layer order, chunks rear-first (backward) or front-first.
   auto next_kv = [&](UnitState from, int* ol, int* oc) {

@@ -108,8 +108,10 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   // Index.
   Aligned idx(h.index_bytes);
   if (!idx.p) return fail(Status::NoMemory("session index buffer"));
-  std::memcpy(idx.p, ctx.history_.data(), size_t(n_tokens) * 4);
-  std::memcpy(idx.p + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
+  // An empty conversation has no tokens and no records: their data() may be null, which memcpy
+  // must not be given even for 0 bytes (found by fuzzing: fuzz/corpus/session/empty.mzs).
+  if (n_tokens > 0) std::memcpy(idx.p, ctx.history_.data(), size_t(n_tokens) * 4);
+  if (!recs.empty()) std::memcpy(idx.p + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
   const uint64_t ih = XXH64(idx.p, h.index_bytes - 8, 0);
   std::memcpy(idx.p + h.index_bytes - 8, &ih, 8);
   Status st = f->Write(idx.p, idx.n, h.index_offset);
@@ -195,12 +197,13 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   std::memcpy(&ih, idx.p + h.index_bytes - 8, 8);
   if (XXH64(idx.p, h.index_bytes - 8, 0) != ih) return m.Bad("index checksum mismatch");
   r->tokens_.resize(h.n_tokens);
-  std::memcpy(r->tokens_.data(), idx.p, size_t(h.n_tokens) * 4);
+  // A session of 0 tokens (and 0 records) is valid: no memcpy into an empty vector's null data().
+  if (!r->tokens_.empty()) std::memcpy(r->tokens_.data(), idx.p, size_t(h.n_tokens) * 4);
   const int32_t nv = int32_t(hp.n_vocab);
   for (int32_t t : r->tokens_)
     if (t < 0 || t >= nv) return m.Bad("token id out of range");
   m.recs.resize(size_t(h.n_layer) * h.n_chunks);
-  std::memcpy(m.recs.data(), idx.p + size_t(h.n_tokens) * 4, m.recs.size() * sizeof(ChunkRecord));
+  if (!m.recs.empty()) std::memcpy(m.recs.data(), idx.p + size_t(h.n_tokens) * 4, m.recs.size() * sizeof(ChunkRecord));
   // Every chunk's record must lie inside the file: a truncated file is found here, before any
   // chunk is read (a bit flip inside a payload is found by its checksum when the chunk is read).
   for (size_t i = 0; i < m.recs.size(); ++i) {

@@ -1,5 +1,7 @@
 #include "runtime/tokenizer.h"
 
+#include <exception>
+
 #include "core/ggml_log.h"
 #include "llama.h"
 
@@ -28,6 +30,19 @@ Status Tokenizer::Load(const std::string& path, std::unique_ptr<Tokenizer>* out)
 
 Status Tokenizer::Tokenize(const std::string& text, bool add_special, bool parse_special,
                            std::vector<int32_t>* out) const {
+  // libllama throws through its C API on some input (std::invalid_argument "invalid codepoint"
+  // from its BPE pre-tokenizer for a 4-byte UTF-8 sequence above U+10FFFF, e.g. F6 93 96 8E): found
+  // by fuzz/fuzz_chat.cpp, it terminated the process. Any exception is a Status here.
+  try {
+    return TokenizeImpl(text, add_special, parse_special, out);
+  } catch (const std::exception& e) {
+    out->clear();
+    return Status::InvalidArgument(std::string("cannot tokenize the text: ") + e.what());
+  }
+}
+
+Status Tokenizer::TokenizeImpl(const std::string& text, bool add_special, bool parse_special,
+                               std::vector<int32_t>* out) const {
   int32_t cap = int32_t(text.size()) + 16;
   out->resize(size_t(cap));
   int32_t n = llama_tokenize(vocab_, text.data(), int32_t(text.size()), out->data(), cap, add_special, parse_special);
@@ -41,6 +56,14 @@ Status Tokenizer::Tokenize(const std::string& text, bool add_special, bool parse
 }
 
 std::string Tokenizer::Piece(int32_t token) const {
+  try {
+    return PieceImpl(token);
+  } catch (const std::exception&) {  // as Tokenize: libllama may throw; no text for this token
+    return std::string();
+  }
+}
+
+std::string Tokenizer::PieceImpl(int32_t token) const {
   char buf[256];
   int32_t n = llama_token_to_piece(vocab_, token, buf, sizeof buf, 0, true);
   if (n < 0) {
@@ -57,6 +80,15 @@ int32_t Tokenizer::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
 
 Status Tokenizer::ApplyChat(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
                             std::string* out) const {
+  try {  // as Tokenize: an exception from libllama is a Status, not a terminated process
+    return ApplyChatImpl(msgs, add_assistant, out);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("cannot apply the chat template: ") + e.what());
+  }
+}
+
+Status Tokenizer::ApplyChatImpl(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
+                                std::string* out) const {
   std::vector<llama_chat_message> m;
   for (const auto& [role, content] : msgs) m.push_back({role.c_str(), content.c_str()});
   const char* tmpl = llama_model_chat_template(model_, nullptr);

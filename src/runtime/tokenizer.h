@@ -18,8 +18,10 @@ class Tokenizer {
   ~Tokenizer();
   static Status Load(const std::string& gguf_path, std::unique_ptr<Tokenizer>* out);
 
+  // Text that libllama cannot tokenize (it throws on some invalid UTF-8) is kInvalidArgument, *out
+  // then empty; never an exception or a terminated process.
   Status Tokenize(const std::string& text, bool add_special, bool parse_special, std::vector<int32_t>* out) const;
-  std::string Piece(int32_t token) const;  // text of one token (special tokens rendered)
+  std::string Piece(int32_t token) const;  // text of one token (special tokens rendered; "" if libllama fails)
   bool IsEog(int32_t token) const;
   int32_t n_vocab() const;
   // Applies the model's chat template to (role, content) messages; add_assistant opens the reply.
@@ -27,6 +29,11 @@ class Tokenizer {
                    std::string* out) const;
 
  private:
+  // The calls into libllama, which may throw: the public methods above catch.
+  Status TokenizeImpl(const std::string& text, bool add_special, bool parse_special, std::vector<int32_t>* out) const;
+  std::string PieceImpl(int32_t token) const;
+  Status ApplyChatImpl(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
+                       std::string* out) const;
   Tokenizer() = default;
   llama_model* model_ = nullptr;
   const llama_vocab* vocab_ = nullptr;
