@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/status.h"
 
@@ -174,6 +175,14 @@ class Env {
   virtual Status SetThreadNice(int nice) = 0;
   virtual int ThreadNice() = 0;
 
+  // CPUs the calling thread may run on (sched_getaffinity), ascending ids, into *cpus. Failure: the
+  // OS error, *cpus then empty.
+  virtual Status GetThreadAffinity(std::vector<int>* cpus) = 0;
+  // Restricts the calling thread to `cpus` (sched_setaffinity; ids as the kernel numbers them).
+  // kInvalidArgument for an empty set or an id outside [0, 1024); the OS error (EINVAL: none of
+  // them is online or allowed to this process) otherwise. On failure the affinity is unchanged.
+  virtual Status SetThreadAffinity(const std::vector<int>& cpus) = 0;
+
   // Starts fn on a new thread and hands it to *out (joinable; the caller joins it). When the OS
   // refuses a thread (EAGAIN: a thread or memory limit, as under heavy memory pressure) returns
   // kNoMemory, *out is left empty and fn is not run: callers degrade to the threads they have
@@ -198,6 +207,10 @@ class Env {
   // atomic (a crash can leave it partial: write a temporary path and Rename it). Failure: the OS
   // error naming the path (ENOSPC -> kNoSpace) and, for a kernel file, the value.
   virtual Status WriteSmallFile(const std::string& path, const std::string& data, bool create) = 0;
+  // Names of the entries of directory `path` (not "." and ".."), sorted, into *out (for sysfs
+  // trees such as /sys/devices/system/cpu). Failure: the OS error naming the path (ENOENT, ENOTDIR,
+  // EACCES), *out then empty.
+  virtual Status ListDir(const std::string& path, std::vector<std::string>* out) = 0;
   // OK if path exists and, with write = true, this process may write it (access(2)); else the OS
   // error (ENOENT, EACCES) naming the path.
   virtual Status CheckAccess(const std::string& path, bool write) = 0;
@@ -254,6 +267,8 @@ class EnvWrapper : public Env {
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   Status SetThreadNice(int nice) override { return target_->SetThreadNice(nice); }
   int ThreadNice() override { return target_->ThreadNice(); }
+  Status GetThreadAffinity(std::vector<int>* cpus) override { return target_->GetThreadAffinity(cpus); }
+  Status SetThreadAffinity(const std::vector<int>& cpus) override { return target_->SetThreadAffinity(cpus); }
   Status StartThread(std::function<void()> fn, std::thread* out) override {
     return target_->StartThread(std::move(fn), out);
   }
@@ -264,6 +279,7 @@ class EnvWrapper : public Env {
   Status WriteSmallFile(const std::string& p, const std::string& d, bool create) override {
     return target_->WriteSmallFile(p, d, create);
   }
+  Status ListDir(const std::string& p, std::vector<std::string>* out) override { return target_->ListDir(p, out); }
   Status CheckAccess(const std::string& p, bool write) override { return target_->CheckAccess(p, write); }
   Status GetEnvVar(const std::string& name, std::string* value) override { return target_->GetEnvVar(name, value); }
   Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override { return target_->NewEventCounter(out); }
