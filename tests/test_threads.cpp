@@ -154,7 +154,7 @@ TEST(CpuTopology, Laptop2Plus6TurboBinsStayOneCluster) {
 }
 
 TEST(CpuTopology, HomogeneousIsNotPinned) {
-  // This machine (a VM: no cpu_capacity, often no cpufreq): one cluster of every online CPU.
+  // This machine (a 2-CPU VM: cpu_capacity 1024 on both, no cpufreq): one cluster of every online CPU.
   CpuTopology t;
   ASSERT_TRUE(ReadCpuTopology(Env::Default(), &t).ok());
   EXPECT_FALSE(t.heterogeneous());
