@@ -63,6 +63,9 @@ class Forward {
   // Decode and put back after (Env::Get/SetThreadAffinity), whatever happened. Once pinned, the
   // ggml (OpenMP) worker threads keep an affinity until told otherwise: unpinning gives them the
   // CPUs the caller may use (its affinity now), not "whatever they had".
+  // Limitation: OpenMP's workers belong to the calling thread, not to this Forward. A Forward that
+  // was never pinned applies no mask, so run on the same thread after a pinned one it computes on
+  // workers still pinned to the other's CPUs (one context per thread, or pin both, avoids it).
   // kInvalidArgument: n outside [1, 512], fewer CPUs than n, a repeated id or one the calling
   // thread may not run on (Env::GetThreadAffinity); kNoMemory: ggml could not make the threadpool.
   // On any failure nothing changed. REQUIRES: no Decode in flight (the Context's lock).
