@@ -166,19 +166,19 @@ Status Forward::ComputeAndFree(ggml_context* ctx, ggml_tensor* out) {
 }
 
 Status Forward::Decode(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
-  if (!pool_) return DecodeLocked(tokens, n, all_logits, logits);
+  if (!pool_) return DecodePass(tokens, n, all_logits, logits);
   // ggml pins the calling thread as compute thread 0 (OpenMP) and leaves it so; one thread runs
   // on the caller alone and ggml does not pin it: do it here. Put the caller's affinity back after.
   Env* env = model_->env();
   std::vector<int> saved;
   const bool restore = env->GetThreadAffinity(&saved).ok() && !saved.empty();
   if (!cpus_.empty() && opts_.n_threads == 1) (void)env->SetThreadAffinity({cpus_[0]});  // best effort: a refusal only costs placement
-  Status st = DecodeLocked(tokens, n, all_logits, logits);
+  Status st = DecodePass(tokens, n, all_logits, logits);
   if (restore) (void)env->SetThreadAffinity(saved);
   return st;
 }
 
-Status Forward::DecodeLocked(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
+Status Forward::DecodePass(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
   if (n <= 0) return Status::InvalidArgument("no tokens to decode");
   const int n_vocab = int(model_->hparams().n_vocab);
   for (int i = 0; i < n; ++i)

@@ -86,7 +86,8 @@ class Forward {
   // Builds the graph that ends in `out`, allocates and computes it, then frees ctx (always, also on
   // failure). NoMemory when the compute buffers cannot be allocated, Internal when compute fails.
   Status ComputeAndFree(ggml_context* ctx, ggml_tensor* out);
-  Status DecodeLocked(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits);
+  // Decode without the affinity bracketing (the pass itself).
+  Status DecodePass(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits);
 
   Model* model_;
   KvCache* kv_;
