@@ -116,7 +116,10 @@ struct mz_context_params {
   uint32_t struct_size; /* set by mz_context_default_params(): see "Params structs" above */
   uint32_t n_ctx;            /* maximum tokens (default 8192); memory grows with use, not reserved */
   uint32_t kv_chunk_tokens;  /* tokens per KV chunk (default 256) */
-  int32_t n_threads;         /* compute threads (default 2) */
+  int32_t n_threads;         /* compute threads (default 2). On a heterogeneous CPU (big.LITTLE:
+                                sysfs cpu_capacity / cpuinfo_max_freq differ) only the fastest
+                                cluster is used by default: min(n_threads, its cores) threads pinned
+                                to it (since 0.7); mz_context_set_threads overrides it */
   uint32_t n_ubatch;         /* tokens per forward graph (default 512) */
   const char* kv_codec;      /* codec for compressed KV: "q8" (default), "q4", "cachegen", "none", "lz4", "zstd" */
   const char* swap_path;     /* storage swap file (default NULL: $TMPDIR or /var/tmp, one file per context) */
@@ -144,6 +147,23 @@ const float* mz_get_logits(mz_context* ctx, int32_t i);
 int32_t mz_context_n_tokens(const mz_context* ctx);
 /* Forgets tokens from position n_keep on (n_keep = 0 clears the conversation). */
 int mz_context_truncate(mz_context* ctx, int32_t n_keep);
+
+/* Changes the context's compute threads between calls (since 0.7): n_threads threads from the
+ * next mz_decode / mz_restore_generate on, pinned one per CPU to the first n_threads of
+ * cpus[0..n_cpus) (CPU ids as the kernel numbers them, /sys/devices/system/cpu/cpuN), or not
+ * pinned when cpus is NULL (n_cpus ignored). The conversation is kept: KV cache, tokens and the
+ * last logits are untouched, and the next tokens' logits equal those of a context that never
+ * changed threads (exactly on the CPU backend of this build: each output row is reduced on one
+ * thread whatever their number; docs/results/threads). The calling thread of a later mz_decode
+ * runs one of the compute threads: its own affinity is put back when that call returns.
+ * Thread-safety: unlike the other context calls it may be called from another thread while a
+ * generation (mz_decode, mz_restore_generate) or any other call holds the context: it then returns
+ * MZ_ERR_BUSY at once, without waiting, and changes nothing (retry after the call).
+ * Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL context, n_threads outside [1, 512], n_cpus < n_threads
+ * with cpus given, a CPU listed twice or one this process may not run on); MZ_ERR_BUSY as above;
+ * MZ_ERR_NO_MEMORY (ggml could not make the pinned thread pool). On any error the threads and their
+ * CPUs are as before the call. */
+int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cpus, int32_t n_cpus);
 
 /* ---- elastic memory ---- */
 enum mz_unit_kind { MZ_UNIT_WEIGHTS = 0, MZ_UNIT_KV = 1 };

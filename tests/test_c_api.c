@@ -185,6 +185,21 @@ static int check_pressure(mz_model* model, const mz_token* toks, int32_t n) {
   CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode after trimming: %s", mz_last_error());
   CHECK(mz_context_n_tokens(ctx) == n + 1, "n_tokens %d", (int)mz_context_n_tokens(ctx));
 
+  /* Threads change between calls (0.7); bad requests are refused; the conversation goes on. */
+  {
+    const int32_t bad_cpu = 4000, cpu0 = 0;
+    CHECK(mz_context_set_threads(NULL, 1, NULL, 0) == MZ_ERR_INVALID_ARG, "NULL ctx");
+    CHECK(mz_context_set_threads(ctx, 0, NULL, 0) == MZ_ERR_INVALID_ARG, "0 threads accepted");
+    CHECK(mz_context_set_threads(ctx, 1, &bad_cpu, 1) == MZ_ERR_INVALID_ARG, "CPU 4000 accepted");
+    CHECK(mz_context_set_threads(ctx, 1, &cpu0, 0) == MZ_ERR_INVALID_ARG, "cpus with n_cpus 0 accepted");
+    CHECK(mz_context_set_threads(ctx, 2, &cpu0, 1) == MZ_ERR_INVALID_ARG, "2 threads on 1 CPU accepted");
+    CHECK(mz_context_set_threads(ctx, 1, NULL, 0) == MZ_OK, "set_threads(1): %s", mz_last_error());
+    CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode on 1 thread: %s", mz_last_error());
+    CHECK(mz_context_set_threads(ctx, 2, NULL, 0) == MZ_OK, "set_threads(2): %s", mz_last_error());
+    CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode on 2 threads: %s", mz_last_error());
+    CHECK(mz_context_n_tokens(ctx) == n + 3, "n_tokens %d", (int)mz_context_n_tokens(ctx));
+  }
+
   /* A watcher: refused for a source this machine lacks, bad values refused, started, stopped. */
   struct mz_pressure_params bad = mz_pressure_default_params();
   bad.source = "cgroup-v1";

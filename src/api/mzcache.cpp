@@ -12,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "model/model.h"
 #include "policy/profiler.h"
@@ -188,6 +189,19 @@ int mz_context_truncate(mz_context* ctx, int32_t n_keep) {
     if (!ctx || n_keep < 0) return mz::Status::InvalidArgument("bad context or n_keep");
     ctx->ctx->Truncate(n_keep);
     return mz::Status::Ok();
+  });
+}
+
+int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cpus, int32_t n_cpus) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    std::vector<int> c;
+    if (cpus) {
+      if (n_cpus < 0) return mz::Status::InvalidArgument("n_cpus " + std::to_string(n_cpus));
+      c.assign(cpus, cpus + n_cpus);
+      if (c.empty()) return mz::Status::InvalidArgument("cpus given with n_cpus 0 (pass NULL for no pinning)");
+    }
+    return ctx->ctx->SetThreads(n_threads, c);
   });
 }
 

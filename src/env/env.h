@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 #include <thread>
+#include <vector>
 
 #include "core/status.h"
 
@@ -125,8 +126,6 @@ class Env {
   virtual Status Remove(const std::string& path) = 0;
   // fsync of the directory holding path (makes a rename durable).
   virtual Status SyncDir(const std::string& path) = 0;
-  // Names of the entries of directory dir (not "." and ".."), in no particular order.
-  virtual Status ListDir(const std::string& dir, std::vector<std::string>* names) = 0;
   // Creates directory dir (mode 0700) and missing parents; Ok if it exists as a directory.
   virtual Status MakeDir(const std::string& dir) = 0;
 
@@ -179,6 +178,14 @@ class Env {
   virtual Status SetThreadNice(int nice) = 0;
   virtual int ThreadNice() = 0;
 
+  // CPUs the calling thread may run on (sched_getaffinity), ascending ids, into *cpus. Failure: the
+  // OS error, *cpus then empty.
+  virtual Status GetThreadAffinity(std::vector<int>* cpus) = 0;
+  // Restricts the calling thread to `cpus` (sched_setaffinity; ids as the kernel numbers them).
+  // kInvalidArgument for an empty set or an id outside [0, 1024); the OS error (EINVAL: none of
+  // them is online or allowed to this process) otherwise. On failure the affinity is unchanged.
+  virtual Status SetThreadAffinity(const std::vector<int>& cpus) = 0;
+
   // Starts fn on a new thread and hands it to *out (joinable; the caller joins it). When the OS
   // refuses a thread (EAGAIN: a thread or memory limit, as under heavy memory pressure) returns
   // kNoMemory, *out is left empty and fn is not run: callers degrade to the threads they have
@@ -206,6 +213,10 @@ class Env {
   // atomic (a crash can leave it partial: write a temporary path and Rename it). Failure: the OS
   // error naming the path (ENOSPC -> kNoSpace) and, for a kernel file, the value.
   virtual Status WriteSmallFile(const std::string& path, const std::string& data, bool create) = 0;
+  // Names of the entries of directory `path` (not "." and ".."), sorted, into *out (for sysfs
+  // trees such as /sys/devices/system/cpu). Failure: the OS error naming the path (ENOENT, ENOTDIR,
+  // EACCES), *out then empty.
+  virtual Status ListDir(const std::string& path, std::vector<std::string>* out) = 0;
   // OK if path exists and, with write = true, this process may write it (access(2)); else the OS
   // error (ENOENT, EACCES) naming the path.
   virtual Status CheckAccess(const std::string& path, bool write) = 0;
@@ -247,7 +258,6 @@ class EnvWrapper : public Env {
   Status Rename(const std::string& a, const std::string& b) override { return target_->Rename(a, b); }
   Status Remove(const std::string& p) override { return target_->Remove(p); }
   Status SyncDir(const std::string& p) override { return target_->SyncDir(p); }
-  Status ListDir(const std::string& d, std::vector<std::string>* n) override { return target_->ListDir(d, n); }
   Status MakeDir(const std::string& d) override { return target_->MakeDir(d); }
   void* MapAnon(size_t n) override { return target_->MapAnon(n); }
   Status MapFileAt(File* f, uint64_t off, size_t len, void* at, bool writable) override {
@@ -264,6 +274,8 @@ class EnvWrapper : public Env {
   void Prefault(void* p, size_t n) override { target_->Prefault(p, n); }
   Status SetThreadNice(int nice) override { return target_->SetThreadNice(nice); }
   int ThreadNice() override { return target_->ThreadNice(); }
+  Status GetThreadAffinity(std::vector<int>* cpus) override { return target_->GetThreadAffinity(cpus); }
+  Status SetThreadAffinity(const std::vector<int>& cpus) override { return target_->SetThreadAffinity(cpus); }
   Status StartThread(std::function<void()> fn, std::thread* out) override {
     return target_->StartThread(std::move(fn), out);
   }
@@ -275,6 +287,7 @@ class EnvWrapper : public Env {
   Status WriteSmallFile(const std::string& p, const std::string& d, bool create) override {
     return target_->WriteSmallFile(p, d, create);
   }
+  Status ListDir(const std::string& p, std::vector<std::string>* out) override { return target_->ListDir(p, out); }
   Status CheckAccess(const std::string& p, bool write) override { return target_->CheckAccess(p, write); }
   Status GetEnvVar(const std::string& name, std::string* value) override { return target_->GetEnvVar(name, value); }
   Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override { return target_->NewEventCounter(out); }

@@ -1,5 +1,6 @@
 #include <dirent.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -221,20 +222,6 @@ class PosixEnv final : public Env {
     if (rc != 0) return Status::FromErrno(err, "fsync dir " + dir);
     return Status::Ok();
   }
-  Status ListDir(const std::string& dir, std::vector<std::string>* names) override {
-    names->clear();
-    DIR* d = ::opendir(dir.c_str());
-    if (!d) return Status::FromErrno(errno, "opendir " + dir);
-    errno = 0;
-    while (struct dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names->push_back(n);
-    }
-    const int err = errno;
-    ::closedir(d);
-    if (err) return Status::FromErrno(err, "readdir " + dir);
-    return Status::Ok();
-  }
   Status MakeDir(const std::string& dir) override {
     if (dir.empty()) return Status::InvalidArgument("MakeDir: empty path");
     for (size_t i = 1; i <= dir.size(); ++i) {
@@ -383,6 +370,27 @@ class PosixEnv final : public Env {
     const int v = ::getpriority(PRIO_PROCESS, id_t(::syscall(SYS_gettid)));
     return errno != 0 ? 0 : v;
   }
+  Status GetThreadAffinity(std::vector<int>* cpus) override {
+    cpus->clear();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) != 0) return Status::FromErrno(errno, "sched_getaffinity");
+    for (int i = 0; i < CPU_SETSIZE; ++i)
+      if (CPU_ISSET(i, &set)) cpus->push_back(i);
+    return Status::Ok();
+  }
+  Status SetThreadAffinity(const std::vector<int>& cpus) override {
+    if (cpus.empty()) return Status::InvalidArgument("sched_setaffinity: an empty CPU set");
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) {
+      if (c < 0 || c >= CPU_SETSIZE) return Status::InvalidArgument("sched_setaffinity: CPU " + std::to_string(c));
+      CPU_SET(c, &set);
+    }
+    // pid 0: the calling thread alone (Linux affinity is per thread).
+    if (::sched_setaffinity(0, sizeof set, &set) != 0) return Status::FromErrno(errno, "sched_setaffinity");
+    return Status::Ok();
+  }
   Status StartThread(std::function<void()> fn, std::thread* out) override {
     try {
       *out = std::thread(std::move(fn));
@@ -444,6 +452,28 @@ class PosixEnv final : public Env {
     ::close(fd);
     if (n < 0) return Status::FromErrno(e, "write '" + data + "' to " + path);
     if (size_t(n) != data.size()) return Status::IOError("short write of '" + data + "' to " + path);
+    return Status::Ok();
+  }
+  Status ListDir(const std::string& path, std::vector<std::string>* out) override {
+    out->clear();
+    DIR* d = ::opendir(path.c_str());
+    if (!d) return Status::FromErrno(errno, "opendir " + path);
+    while (true) {
+      errno = 0;
+      dirent* e = ::readdir(d);
+      if (!e) {
+        const int err = errno;
+        ::closedir(d);
+        if (err != 0) {
+          out->clear();
+          return Status::FromErrno(err, "readdir " + path);
+        }
+        break;
+      }
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      out->push_back(e->d_name);
+    }
+    std::sort(out->begin(), out->end());
     return Status::Ok();
   }
   Status CheckAccess(const std::string& path, bool write) override {

@@ -235,6 +235,59 @@ Status FaultEnv::ReadSmallFile(const std::string& path, std::string* out) {
   return target()->ReadSmallFile(path, out);
 }
 
+Status FaultEnv::ListDir(const std::string& path, std::vector<std::string>* out) {
+  out->clear();
+  ++n_small_reads;
+  if (Filtered(path) && Fire(fail_small_reads_after)) return Status::FromErrno(EIO, "opendir " + path + " (injected)");
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string prefix = dir + "/";
+  std::vector<std::string> names;
+  bool hidden = false;
+  {
+    std::lock_guard<std::mutex> lk(fake_mu_);
+    for (auto it = fake_files_.lower_bound(prefix); it != fake_files_.end(); ++it) {
+      if (it->first.compare(0, prefix.size(), prefix) != 0) break;
+      const std::string rest = it->first.substr(prefix.size());
+      const std::string name = rest.substr(0, rest.find('/'));
+      if (!name.empty() && (names.empty() || names.back() != name)) names.push_back(name);
+    }
+    for (const std::string& p : hidden_prefixes_)
+      if (prefix.compare(0, p.size(), p) == 0 || dir == p) hidden = true;
+  }
+  if (!hidden) {
+    std::vector<std::string> real;
+    Status st = target()->ListDir(path, &real);
+    if (!st.ok() && names.empty()) return st;
+    names.insert(names.end(), real.begin(), real.end());
+  } else if (names.empty()) {
+    return Status::FromErrno(ENOENT, "opendir " + path + " (hidden by a fake tree)");
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  *out = std::move(names);
+  return Status::Ok();
+}
+
+Status FaultEnv::SetThreadAffinity(const std::vector<int>& cpus) {
+  {
+    std::lock_guard<std::mutex> lk(affinity_mu_);
+    affinity_log_.push_back(cpus);
+  }
+  if (refuse_affinity.load()) return Status::FromErrno(EINVAL, "sched_setaffinity (injected)");
+  return EnvWrapper::SetThreadAffinity(cpus);
+}
+
+std::vector<std::vector<int>> FaultEnv::affinity_log() const {
+  std::lock_guard<std::mutex> lk(affinity_mu_);
+  return affinity_log_;
+}
+
+void FaultEnv::clear_affinity_log() {
+  std::lock_guard<std::mutex> lk(affinity_mu_);
+  affinity_log_.clear();
+}
+
 Status FaultEnv::WriteSmallFile(const std::string& path, const std::string& data, bool create) {
   ++n_small_writes;
   if (Filtered(path) && Fire(fail_small_writes_after))

@@ -81,6 +81,14 @@ class FaultEnv : public EnvWrapper {
     return EnvWrapper::SetThreadNice(nice);
   }
 
+  // Thread affinity: every SetThreadAffinity call is recorded (the CPU set asked for, in call
+  // order, under a mutex: affinity_log()), granted or not. refuse_affinity: the call fails as the
+  // kernel's EINVAL does (no allowed CPU in the set) and the affinity stays. Otherwise forwarded.
+  std::atomic<bool> refuse_affinity{false};
+  Status SetThreadAffinity(const std::vector<int>& cpus) override;
+  std::vector<std::vector<int>> affinity_log() const;
+  void clear_affinity_log();
+
   // Unlike the other countdowns, fail_threads_after stays fired: a process out of threads stays
   // out of them until the test disarms it (sets -1).
   Status StartThread(std::function<void()> fn, std::thread* out) override {
@@ -109,6 +117,11 @@ class FaultEnv : public EnvWrapper {
   Status ReadSmallFile(const std::string& path, std::string* out) override;
   Status WriteSmallFile(const std::string& path, const std::string& data, bool create) override;
   Status CheckAccess(const std::string& path, bool write) override;
+  // A directory of the fake tree: the names of the fake files and folders right under path (a
+  // fake file "/a/b/c" makes "/a" list "b" and "/a/b" list "c"), merged with the real directory's
+  // entries unless path is hidden (HideRealFilesUnder). Hidden and with no fake entry: ENOENT.
+  // fail_small_reads_after applies (EIO), as for ReadSmallFile.
+  Status ListDir(const std::string& path, std::vector<std::string>* out) override;
   Status GetEnvVar(const std::string& name, std::string* value) override;
   Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override;
   Status OpenNotifyFile(const std::string& path, bool write, std::unique_ptr<WaitHandle>* out) override;
@@ -130,6 +143,8 @@ class FaultEnv : public EnvWrapper {
   std::map<std::string, std::string> fake_files_;
   std::vector<std::string> hidden_prefixes_;
   std::map<std::string, std::string> fake_env_;
+  mutable std::mutex affinity_mu_;
+  std::vector<std::vector<int>> affinity_log_;
 };
 
 }  // namespace mz

@@ -35,6 +35,15 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
 
 Status Context::Init() {
   MZ_RETURN_IF_ERROR(units_->Init());
+  if (opts_.fastest_cluster_only) {
+    // A machine whose topology cannot be read is treated as homogeneous: nothing pinned.
+    CpuTopology topo;
+    if (ReadCpuTopology(model_->env(), &topo, opts_.cpu_root).ok() && topo.heterogeneous()) {
+      const ComputeCpus cc = ChooseComputeCpus(topo, opts_.n_threads);
+      // The fastest cluster may be outside this process's CPU set (a cpuset cgroup): then as asked.
+      if (fwd_->SetThreads(cc.n_threads, cc.cpus).ok()) opts_.n_threads = cc.n_threads;
+    }
+  }
   profile_ = DeviceProfile::Default();
   std::string path = opts_.profile_path;
   if (path.empty()) {
@@ -118,6 +127,15 @@ Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_p
     if (f == 0) break;
   }
   if (freed) *freed = total;
+  return Status::Ok();
+}
+
+Status Context::SetThreads(int n, const std::vector<int>& cpus) {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a generation is running: threads not changed (retry when it finishes)");
+  MZ_SYNC_POINT("context:set_threads_locked", n);
+  MZ_RETURN_IF_ERROR(fwd_->SetThreads(n, cpus));
+  opts_.n_threads = n;
   return Status::Ok();
 }
 

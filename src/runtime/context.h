@@ -1,8 +1,8 @@
 // Context: one conversation. Owns the chunked KV cache, the forward pass, the elastic memory state
 // and the token history; borrows the model (which must outlive it).
-// Thread-safety: Decode, Truncate, Restore and Report serialize on an internal mutex. Evict may be
-// called from another thread (a memory-pressure handler): while a Decode runs it returns kBusy at
-// once rather than tearing state.
+// Thread-safety: Decode, Truncate, Restore and Report serialize on an internal mutex. Evict and
+// SetThreads may be called from another thread (a memory-pressure handler, a UI thread): while a
+// Decode runs they return kBusy at once rather than tearing state or waiting.
 #pragma once
 #include <atomic>
 #include <functional>
@@ -13,6 +13,7 @@
 
 #include "core/status.h"
 #include "core/sync_point.h"
+#include "env/cpu_topology.h"
 #include "memory/unit_table.h"
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
@@ -42,6 +43,11 @@ struct ContextOptions {
   int n_ctx = 8192;
   int kv_chunk_tokens = 256;
   int n_threads = 2;
+  // On a heterogeneous machine (big.LITTLE; env/cpu_topology.h) compute only on the fastest
+  // cluster by default: min(n_threads, its cores) threads pinned to it, chosen at Init from
+  // cpu_root (sysfs, read through the model's Env). Homogeneous or unreadable: n_threads, unpinned.
+  bool fastest_cluster_only = true;
+  std::string cpu_root = kSysCpuRoot;
   int n_ubatch = 512;
   std::string kv_codec = "q8";   // codec for compressed KV placements
   std::string swap_path;         // storage swap file (default: $TMPDIR or /var/tmp)
@@ -103,6 +109,19 @@ class Context {
   const float* logits(int row) const;  // nullptr if out of range
   int n_logit_rows() const;
   void Truncate(int n_keep);
+
+  // Changes the compute threads (n) and their CPUs (the first n of cpus; empty: not pinned) between
+  // calls; the conversation (KV, history, logits) is untouched, and the next Decode /
+  // RestoreGenerate computes on the new threads (RestoreGenerate lends one of them to restoration
+  // as before). Never waits: kBusy at once while any call holds the context (a generation on
+  // another thread, also a restore or a report), changing nothing. kInvalidArgument /
+  // kNoMemory as Forward::SetThreads. On any failure the threads and CPUs are as before.
+  // Overrides the fastest-cluster default of Init. Thread-safe.
+  Status SetThreads(int n, const std::vector<int>& cpus);
+  // The compute threads and pinned CPUs now (what Init's default or SetThreads chose). Not
+  // synchronized with a concurrent SetThreads (read it from the thread that sets).
+  int n_threads() const { return opts_.n_threads; }
+  const std::vector<int>& compute_cpus() const { return fwd_->cpus(); }
 
   // Moves units per plan until `bytes` are released (0: whole plan). kBusy during a Decode.
   Status Evict(const Plan& plan, uint64_t bytes, uint64_t* freed);

@@ -1,5 +1,6 @@
 #include "runtime/forward.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -88,11 +89,58 @@ Forward::Forward(Model* model, KvCache* kv, const ForwardOptions& opts) : model_
 Forward::~Forward() {
   ggml_gallocr_free(galloc_);
   ggml_backend_free(backend_);
+  if (pool_) ggml_threadpool_free(pool_);
 }
 
 void Forward::set_n_threads(int n) {
+  n = std::max(1, n);
+  if (pool_) n = std::min(n, pool_threads_);  // ggml indexes the pool's workers by thread number
   opts_.n_threads = n;
   ggml_backend_cpu_set_n_threads(backend_, ComputeThreads(n));
+}
+
+Status Forward::SetThreads(int n, const std::vector<int>& cpus) {
+  if (n < 1 || n > GGML_MAX_N_THREADS)
+    return Status::InvalidArgument("n_threads " + std::to_string(n) + " outside [1, " +
+                                   std::to_string(GGML_MAX_N_THREADS) + "]");
+  Env* env = model_->env();
+  std::vector<int> allowed;
+  if (!cpus.empty() || pool_) MZ_RETURN_IF_ERROR(env->GetThreadAffinity(&allowed).With("CPUs this thread may use"));
+  std::vector<int> use;
+  if (!cpus.empty()) {
+    if (int(cpus.size()) < n)
+      return Status::InvalidArgument(std::to_string(n) + " threads pinned to " + std::to_string(cpus.size()) +
+                                     " CPUs (one CPU per thread)");
+    use.assign(cpus.begin(), cpus.begin() + n);
+    std::vector<int> sorted = use;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (i > 0 && sorted[i] == sorted[i - 1]) return Status::InvalidArgument("CPU " + std::to_string(sorted[i]) + " listed twice");
+      if (sorted[i] < 0 || sorted[i] >= GGML_MAX_N_THREADS || !std::binary_search(allowed.begin(), allowed.end(), sorted[i]))
+        return Status::InvalidArgument("CPU " + std::to_string(sorted[i]) + " is not one this process may run on");
+    }
+  }
+  ggml_threadpool* pool = nullptr;
+  if (!use.empty() || pool_) {
+    // Pinned: a strict mask, thread i on the i-th of `use` (ascending). Unpinned after a pinned
+    // pool: a loose mask of every allowed CPU, which ggml applies to each worker, undoing the pin.
+    ggml_threadpool_params tp = ggml_threadpool_params_default(n);
+    for (int c : use.empty() ? allowed : use)
+      if (c >= 0 && c < GGML_MAX_N_THREADS) tp.cpumask[c] = true;
+    tp.strict_cpu = !use.empty();
+    pool = ggml_threadpool_new(&tp);
+    if (!pool) return Status::NoMemory("ggml_threadpool_new(" + std::to_string(n) + " threads)");
+  }
+  // Nothing fails past this point.
+  if (pool) {
+    ggml_backend_cpu_set_threadpool(backend_, pool);
+    if (pool_) ggml_threadpool_free(pool_);
+    pool_ = pool;
+    pool_threads_ = n;
+  }
+  cpus_ = std::move(use);
+  set_n_threads(n);
+  return Status::Ok();
 }
 
 Status Forward::Wait(int unit) {
@@ -118,6 +166,19 @@ Status Forward::ComputeAndFree(ggml_context* ctx, ggml_tensor* out) {
 }
 
 Status Forward::Decode(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
+  if (!pool_) return DecodePass(tokens, n, all_logits, logits);
+  // ggml pins the calling thread as compute thread 0 (OpenMP) and leaves it so; one thread runs
+  // on the caller alone and ggml does not pin it: do it here. Put the caller's affinity back after.
+  Env* env = model_->env();
+  std::vector<int> saved;
+  const bool restore = env->GetThreadAffinity(&saved).ok() && !saved.empty();
+  if (!cpus_.empty() && opts_.n_threads == 1) (void)env->SetThreadAffinity({cpus_[0]});  // best effort: a refusal only costs placement
+  Status st = DecodePass(tokens, n, all_logits, logits);
+  if (restore) (void)env->SetThreadAffinity(saved);
+  return st;
+}
+
+Status Forward::DecodePass(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
   if (n <= 0) return Status::InvalidArgument("no tokens to decode");
   const int n_vocab = int(model_->hparams().n_vocab);
   for (int i = 0; i < n; ++i)

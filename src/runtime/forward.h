@@ -29,6 +29,7 @@ struct ggml_gallocr;
 struct ggml_cgraph;
 struct ggml_context;
 struct ggml_tensor;
+struct ggml_threadpool;
 
 namespace mz {
 
@@ -50,8 +51,27 @@ class Forward {
 
   using WaitFn = std::function<Status(int unit)>;
   void set_wait(WaitFn fn) { wait_ = std::move(fn); }
+  // Temporarily computes on n threads (RestoreGenerate lends a core to restoration): clamped to
+  // [1, threads set by SetThreads]; the CPUs stay those SetThreads chose.
   void set_n_threads(int n);
   int n_threads() const { return opts_.n_threads; }
+
+  // Changes the compute threads to n and their CPUs to the first n of `cpus` (empty: not pinned).
+  // Pinned, each ggml compute thread is bound to one of those CPUs (a ggml threadpool with a strict
+  // cpumask; one thread: the calling thread, through Env::SetThreadAffinity, during Decode). The
+  // calling thread of Decode runs one of the compute threads, so its affinity is saved before each
+  // Decode and put back after (Env::Get/SetThreadAffinity), whatever happened. Once pinned, the
+  // ggml (OpenMP) worker threads keep an affinity until told otherwise: unpinning gives them the
+  // CPUs the caller may use (its affinity now), not "whatever they had".
+  // Limitation: OpenMP's workers belong to the calling thread, not to this Forward. A Forward that
+  // was never pinned applies no mask, so run on the same thread after a pinned one it computes on
+  // workers still pinned to the other's CPUs (one context per thread, or pin both, avoids it).
+  // kInvalidArgument: n outside [1, 512], fewer CPUs than n, a repeated id or one the calling
+  // thread may not run on (Env::GetThreadAffinity); kNoMemory: ggml could not make the threadpool.
+  // On any failure nothing changed. REQUIRES: no Decode in flight (the Context's lock).
+  Status SetThreads(int n, const std::vector<int>& cpus);
+  // CPUs the compute threads are pinned to (empty: not pinned).
+  const std::vector<int>& cpus() const { return cpus_; }
 
   // Appends tokens at positions [kv->n_tokens(), +n). On success the KV cache holds them and
   // *logits holds n_vocab floats per output row: every token's row if all_logits, else only the last
@@ -66,6 +86,8 @@ class Forward {
   // Builds the graph that ends in `out`, allocates and computes it, then frees ctx (always, also on
   // failure). NoMemory when the compute buffers cannot be allocated, Internal when compute fails.
   Status ComputeAndFree(ggml_context* ctx, ggml_tensor* out);
+  // Decode without the affinity bracketing (the pass itself).
+  Status DecodePass(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits);
 
   Model* model_;
   KvCache* kv_;
@@ -73,6 +95,11 @@ class Forward {
   WaitFn wait_;
   ggml_backend* backend_ = nullptr;
   ggml_gallocr* galloc_ = nullptr;
+  // Set once threads were pinned (owned; freed in the destructor or when replaced). Its size is
+  // the thread count SetThreads chose (set_n_threads never exceeds it).
+  ggml_threadpool* pool_ = nullptr;
+  int pool_threads_ = 0;
+  std::vector<int> cpus_;  // the pinned CPUs (empty: not pinned)
   std::vector<uint8_t> meta_buf_;
   std::vector<float> act_;      // residual stream [n][E]
   std::vector<int32_t> pos_;    // positions of the ubatch

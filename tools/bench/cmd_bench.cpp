@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <sstream>
 
 #include "mzcache.h"
 #include "tools/bench/bench_util.h"
@@ -28,6 +29,7 @@ struct SpeedArgs {
   std::string tests = "pp512,tg128,pp8@d8192";
   std::string out_dir = "results/bench-speed";
   bool no_llama = false;
+  std::string threads_sweep;  // "1,2": mzcache only, one context, threads changed between runs
 };
 
 std::vector<SpeedTest> ParseTests(const std::string& spec) {
@@ -58,6 +60,11 @@ std::vector<SpeedTest> ParseTests(const std::string& spec) {
 class MzRunner {
  public:
   MzRunner(mz_model* m, int n_vocab, int threads) : model_(m), n_vocab_(n_vocab), threads_(threads) {}
+  // Later runs compute on n threads: the context is kept (mz_context_set_threads), not rebuilt.
+  Status SetThreads(int n) {
+    threads_ = n;
+    return ctx_ ? MzStatus(mz_context_set_threads(ctx_.get(), n, nullptr, 0)) : Status::Ok();
+  }
 
   Status Run(const SpeedTest& t, double* seconds) {
     std::mt19937 rng(1234);
@@ -220,6 +227,86 @@ void WriteSpeedReport(const SpeedArgs& a, const SpeedSetup& su, const std::strin
   std::fprintf(stderr, "wrote %s/bench-speed.{md,json}\n", a.out_dir.c_str());
 }
 
+// 1-minute load average now (/proc/loadavg), -1 if unreadable: how busy the machine was.
+double LoadAvg1() {
+  std::string s;
+  if (!Env::Default()->ReadSmallFile("/proc/loadavg", &s).ok()) return -1;
+  try {
+    return std::stod(s);
+  } catch (...) {
+    return -1;
+  }
+}
+
+// bench speed --threads-sweep 1,2: mzcache alone, one context per test whose compute threads are
+// changed between runs (mz_context_set_threads), the thread counts alternating within each
+// repetition (1 2 1 2 ...) so slow drifts of a shared machine hit every count alike. One untimed
+// warm-up per count. Writes bench-threads.{md,json}: median, min and max t/s per count, every run's
+// seconds and the 1-minute load average before it.
+Status RunThreadsSweep(SpeedArgs& a, SpeedSetup& su) {
+  std::vector<int> counts;
+  {
+    std::stringstream ss(a.threads_sweep);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) counts.push_back(std::stoi(item));
+  }
+  if (counts.empty()) return Status::InvalidArgument("--threads-sweep: no thread counts");
+  MzRunner mz(su.model.get(), su.info.n_vocab, counts[0]);
+  nlohmann::json results = nlohmann::json::array();
+  std::string md = "| test | threads | t/s median | t/s min | t/s max | runs | load avg (1 min) before runs |\n"
+                   "|---|---|---|---|---|---|---|\n";
+  for (const SpeedTest& t : ParseTests(a.tests)) {
+    const int n_tok = t.n_prompt + t.n_gen;
+    std::vector<std::vector<double>> secs(counts.size()), loads(counts.size());
+    for (size_t k = 0; k < counts.size(); ++k) {  // warm-up (also builds a depth context once)
+      double dummy;
+      MZ_RETURN_IF_ERROR(mz.SetThreads(counts[k]));
+      MZ_RETURN_IF_ERROR(mz.Run(t, &dummy));
+    }
+    for (int r = 0; r < a.reps; ++r)
+      for (size_t k = 0; k < counts.size(); ++k) {
+        MZ_RETURN_IF_ERROR(mz.SetThreads(counts[k]));
+        loads[k].push_back(LoadAvg1());
+        double s = 0;
+        MZ_RETURN_IF_ERROR(mz.Run(t, &s));
+        secs[k].push_back(s);
+        std::fprintf(stderr, "[%s] rep %d/%d, %d threads: %.3f s (%.2f t/s), load %.2f\n", t.name.c_str(), r + 1,
+                     a.reps, counts[k], s, n_tok / s, loads[k].back());
+      }
+    for (size_t k = 0; k < counts.size(); ++k) {
+      std::vector<double> tps;
+      for (double x : secs[k]) tps.push_back(n_tok / x);
+      const Stats st = Summarize(tps), ld = Summarize(loads[k]);
+      char line[256];
+      std::snprintf(line, sizeof line, "| %s | %d | %.2f | %.2f | %.2f | %d | %.1f-%.1f |\n", t.name.c_str(), counts[k],
+                    st.median, st.min, st.max, st.n, ld.min, ld.max);
+      md += line;
+      std::fputs(line, stdout);
+      results.push_back({{"test", t.name},
+                         {"n_prompt", t.n_prompt},
+                         {"n_gen", t.n_gen},
+                         {"depth", t.depth},
+                         {"threads", counts[k]},
+                         {"seconds", secs[k]},
+                         {"loadavg1_before", loads[k]},
+                         {"tps_median", st.median},
+                         {"tps_min", st.min},
+                         {"tps_max", st.max}});
+    }
+  }
+  const std::string machine = MachineDescription();
+  nlohmann::json doc = {{"model", a.model}, {"model_name", su.info.name}, {"threads_sweep", counts},
+                        {"reps", a.reps},   {"machine", machine},         {"results", results}};
+  std::string header = "# bench speed --threads-sweep\n\nmodel: `" + a.model + "` (" + su.info.name + "), reps " +
+                       std::to_string(a.reps) +
+                       " per thread count, alternating within each repetition, one context per test "
+                       "(threads changed with mz_context_set_threads)\nmachine: " + machine + "\n\n";
+  WriteReport(a.out_dir, "bench-threads", header + md, doc);
+  std::fprintf(stderr, "wrote %s/bench-threads.{md,json}\n", a.out_dir.c_str());
+  return Status::Ok();
+}
+
 // bench speed: every test in turn, then the report.
 Status RunSpeed(SpeedArgs& a) {
   SpeedSetup su;
@@ -227,6 +314,7 @@ Status RunSpeed(SpeedArgs& a) {
   MZ_RETURN_IF_ERROR(OpenBenchModel(a.model, "q8_0", &path, &su.model));
   a.model = path;
   MZ_RETURN_IF_ERROR(MzStatus(mz_model_get_info(su.model.get(), &su.info)));
+  if (!a.threads_sweep.empty()) return RunThreadsSweep(a, su);
   su.bw = MeasureReadBandwidth(a.threads);
   std::fprintf(stderr, "memory read bandwidth (%d threads): %.1f GB/s\n", a.threads, su.bw / 1e9);
   MzRunner mz(su.model.get(), su.info.n_vocab, a.threads);
@@ -262,6 +350,9 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   speed->add_option("--tests", a->tests, "comma-separated: ppN, tgN, ppN@dDEPTH");
   speed->add_option("-o,--out", a->out_dir, "folder for bench-speed.{md,json}");
   speed->add_flag("--no-llama", a->no_llama, "only mzcache");
+  speed->add_option("--threads-sweep", a->threads_sweep,
+                    "mzcache only: thread counts (e.g. 1,2) alternated run by run on one context per test "
+                    "(mz_context_set_threads); writes bench-threads.{md,json}");
   runners.push_back([speed, a]() -> int {
     if (!speed->parsed()) return -1;
     Status st = RunSpeed(*a);

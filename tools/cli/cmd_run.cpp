@@ -5,6 +5,7 @@
 #include <memory>
 #include <sstream>
 
+#include "env/cpu_topology.h"
 #include "model/model.h"
 #include "pressure/monitor.h"
 #include "pressure/wiring.h"
@@ -38,11 +39,16 @@ struct GenArgs {
   std::string session_codec = "q8";
   std::string kv_codec = "q8";
   std::string swap_path;
+  std::string cpus;  // kernel CPU list to pin compute threads to ("" = default)
 };
 
 void AddGenOptions(CLI::App* c, GenArgs& a) {
   c->add_option("-m,--model", a.model, "GGUF path (default: the synthesized Qwen3-0.6B q8_0, made if missing)");
-  c->add_option("-t,--threads", a.threads, "compute threads")->check(CLI::Range(1, 256));
+  c->add_option("-t,--threads", a.threads,
+                "compute threads (on a big.LITTLE CPU at most the fastest cluster's cores, pinned to them, "
+                "unless --cpus is given)")
+      ->check(CLI::Range(1, 256));
+  c->add_option("--cpus", a.cpus, "pin the compute threads to these CPUs (kernel list, e.g. 4-7 or 0,2)");
   c->add_option("-c,--ctx", a.n_ctx, "maximum context tokens")->check(CLI::Range(16, 1 << 24));
   c->add_option("--chunk-tokens", a.chunk, "tokens per KV chunk")->check(CLI::Range(1, 65536));
   c->add_option("--temp", a.temp, "temperature (0 = greedy)");
@@ -53,6 +59,16 @@ void AddGenOptions(CLI::App* c, GenArgs& a) {
   c->add_option("--session-codec", a.session_codec, "KV codec in the session file (none = lossless)");
   c->add_option("--kv-codec", a.kv_codec, "codec for compressed KV when evicting (q8, q4, cachegen, none, lz4, zstd)");
   c->add_option("--swap", a.swap_path, "storage swap file path (default in $TMPDIR or /var/tmp)");
+}
+
+// "2 threads" or "2 threads on CPUs 6,7": what the context computes on now.
+std::string ThreadsText(const Context& c) {
+  std::string t = std::to_string(c.n_threads()) + (c.n_threads() == 1 ? " thread" : " threads");
+  if (!c.compute_cpus().empty()) {
+    t += " on CPU" + std::string(c.compute_cpus().size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < c.compute_cpus().size(); ++i) t += (i ? "," : "") + std::to_string(c.compute_cpus()[i]);
+  }
+  return t;
 }
 
 std::string Mib(uint64_t b) {
@@ -112,6 +128,11 @@ Status Open(GenArgs& a, Session* s) {
   co.swap_path = a.swap_path;
   s->ctx = std::make_unique<Context>(s->model.get(), co);
   MZ_RETURN_IF_ERROR(s->ctx->Init());
+  if (!a.cpus.empty()) {
+    std::vector<int> cpus;
+    MZ_RETURN_IF_ERROR(ParseCpuList(a.cpus, &cpus).With("--cpus"));
+    MZ_RETURN_IF_ERROR(s->ctx->SetThreads(a.threads, cpus).With("--cpus"));
+  }
   s->load_s = Now() - t0;
   if (!a.session.empty()) {
     FileInfo fi;
@@ -255,8 +276,8 @@ int RunOnce(GenArgs& ra) {  // Open resolves ra.model in place
   std::vector<int32_t> toks;
   st = s.tok->Tokenize(text, s.ctx->history().empty(), true, &toks);
   if (!st.ok()) return Fail(st);
-  std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %d threads]\n", ra.model.c_str(),
-               s.model->hparams().name.c_str(), s.load_s, ra.threads);
+  std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %s]\n", ra.model.c_str(),
+               s.model->hparams().name.c_str(), s.load_s, ThreadsText(*s.ctx).c_str());
   Sampler sampler({ra.temp, ra.top_k, ra.top_p, ra.seed});
   st = Generate(s, sampler, toks, ra.n_predict, true, nullptr);
   if (st.ok() && !ra.session.empty()) {
@@ -300,11 +321,43 @@ void ChatPressure(PressureMonitor* mon, const std::string& arg) {
   mon->Submit(ev);  // the action is printed by the monitor's callback
 }
 
+// /threads [N [CPUS]]: shows the compute threads and the CPU clusters, or changes them (the
+// conversation stays; CPUS is a kernel list such as 4-7, omitted: not pinned).
+void ChatThreads(Session& s, const std::string& n_arg, const std::string& cpus_arg) {
+  if (n_arg.empty()) {
+    CpuTopology topo;
+    Status st = ReadCpuTopology(Env::Default(), &topo);
+    std::fprintf(stderr, "  computing on %s\n", ThreadsText(*s.ctx).c_str());
+    if (!st.ok()) {
+      std::fprintf(stderr, "  CPU topology unknown: %s\n", st.ToString().c_str());
+      return;
+    }
+    for (const CpuCluster& cl : topo.clusters) {
+      std::string ids;
+      for (int c : cl.cpus) ids += (ids.empty() ? "" : ",") + std::to_string(c);
+      std::fprintf(stderr, "  cluster CPUs %s: capacity %u, max %.2f GHz\n", ids.c_str(), cl.capacity,
+                   double(cl.max_freq_khz) * 1e-6);
+    }
+    return;
+  }
+  int n = 0;
+  try {
+    n = std::stoi(n_arg);
+  } catch (...) {
+    std::fprintf(stderr, "usage: /threads [N [CPUS]]  (e.g. /threads 2, /threads 2 6-7)\n");
+    return;
+  }
+  std::vector<int> cpus;
+  Status st = ParseCpuList(cpus_arg, &cpus);
+  if (st.ok()) st = s.ctx->SetThreads(n, cpus);
+  std::fprintf(stderr, "  %s\n", st.ok() ? ("computing on " + ThreadsText(*s.ctx)).c_str() : st.ToString().c_str());
+}
+
 // One chat line that starts with '/' (other than /quit and /exit). Errors are printed, never fatal.
 void ChatCommand(Session& s, const GenArgs& ca, PressureMonitor* mon, const std::string& line) {
   std::istringstream cmd(line);
-  std::string verb, arg;
-  cmd >> verb >> arg;
+  std::string verb, arg, arg2;
+  cmd >> verb >> arg >> arg2;
   MemoryReport r = s.ctx->Report();
   if (verb == "/memory") {
     PrintReport(r);
@@ -317,6 +370,8 @@ void ChatCommand(Session& s, const GenArgs& ca, PressureMonitor* mon, const std:
     PrintReport(s.ctx->Report());
   } else if (verb == "/pressure" && mon) {
     ChatPressure(mon, arg);
+  } else if (verb == "/threads") {
+    ChatThreads(s, arg, arg2);
   } else if (verb == "/save") {
     SessionInfo si;
     Status sst = SaveSession(*s.ctx, arg.empty() ? ca.session : arg, ca.session_codec, &si);
@@ -398,7 +453,7 @@ int RunChat(GenArgs& ca, const PressureArgs& pa) {  // Open resolves ca.model in
   }
   std::fprintf(stderr,
                "[model %s loaded in %.2f s; type a message. Commands: /memory, /evict 40%% | 300MiB, "
-               "/remaining 50%%, /restore, /save FILE, %s/quit]\n",
+               "/remaining 50%%, /restore, /save FILE, /threads [N [CPUS]], %s/quit]\n",
                ca.model.c_str(), s.load_s, mon ? "/pressure low|medium|critical|none, " : "");
   Sampler sampler({ca.temp, ca.top_k, ca.top_p, ca.seed});
   ChatState cs;
@@ -435,6 +490,11 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   auto ca = std::make_shared<GenArgs>();
   auto* chat = app.add_subcommand("chat", "interactive multi-turn chat; the KV cache is kept between turns");
   AddGenOptions(chat, *ca);
+  chat->footer(
+      "Commands in the chat: /memory, /evict 40% | 300MiB, /remaining 50%, /restore, /save FILE,\n"
+      "/threads (show the compute threads and CPU clusters), /threads N [CPUS] (change them between\n"
+      "turns, pinned to CPUS, e.g. /threads 2 6-7, or not pinned; the conversation stays),\n"
+      "/pressure low|medium|critical|none (with --watch-pressure), /quit.");
   ca->n_predict = 128;
   chat->add_option("-n,--n-predict", ca->n_predict, "maximum tokens per reply");
   auto pa = std::make_shared<PressureArgs>();
