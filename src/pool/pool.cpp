@@ -52,7 +52,7 @@ Status Conversation::EnsureOpenLocked() {
   }
   std::lock_guard<std::mutex> lk(pool_->mu_);
   ctx_ = std::move(ctx);
-  ctx_->TryReport(&last_report_);
+  pool_->TryReportShared(*ctx_, &last_report_);
   n_tokens_ = int(ctx_->history().size());
   return Status::Ok();
 }
@@ -127,7 +127,7 @@ void Conversation::AfterChangeLocked() {
   last_use_unix_ms_ = env->WallClockMs();
   std::lock_guard<std::mutex> lk(pool_->mu_);
   pool_->ReindexLocked(*this, ctx_->history());
-  ctx_->TryReport(&last_report_);
+  pool_->TryReportShared(*ctx_, &last_report_);
 }
 
 Status Conversation::Decode(const int32_t* tokens, int n, bool all_logits) {
@@ -420,6 +420,11 @@ Status Pool::Delete(const std::string& id) {
   return Status::Ok();
 }
 
+bool Pool::TryReportShared(Context& ctx, MemoryReport* out) {
+  std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+  return wl.owns_lock() && ctx.TryReport(out);
+}
+
 bool Pool::AllWeightsResident() const {
   for (int u = 0; u < model_->n_units(); ++u)
     if (!model_->unit(u).resident()) return false;
@@ -440,7 +445,7 @@ Status Pool::EnforceBudget() {
     for (auto& kv : convs_) {
       Conversation& c = *kv.second;
       if (!c.ctx_) continue;
-      c.ctx_->TryReport(&c.last_report_);  // busy: the last known figures
+      c.ctx_->TryReport(&c.last_report_);  // busy: the last known figures (weights lock held)
       in_memory += RamOf(c.last_report_);
     }
   }
@@ -671,7 +676,7 @@ PoolStats Pool::Stats() {
     s.stored_bytes += c.stored_bytes_;
     if (!c.ctx_) continue;
     s.n_open++;
-    c.ctx_->TryReport(&c.last_report_);
+    TryReportShared(*c.ctx_, &c.last_report_);
     s.kv_resident += c.last_report_.kv_resident;
     s.kv_mem_compressed += c.last_report_.stack_mapped;
     s.kv_storage += c.last_report_.swap_file_used;
@@ -689,7 +694,7 @@ Status Pool::Report(const std::string& id, ConversationReport* out) {
   r.id = c.id_;
   r.open = c.ctx_ != nullptr;
   if (c.ctx_) {
-    r.busy = !c.ctx_->TryReport(&c.last_report_);
+    r.busy = !TryReportShared(*c.ctx_, &c.last_report_);
     const MemoryReport& m = c.last_report_;
     r.n_tokens = c.n_tokens_.load();
     r.kv_resident = m.kv_resident;

@@ -198,6 +198,9 @@ class Pool {
   Status EnforceBudget();
   Status EvictLocked(uint64_t bytes, uint64_t* freed);  // REQUIRES evict_mu_
   bool AllWeightsResident() const;
+  // ctx's report (it reads the shared weight units' state) under the weights lock taken shared,
+  // without waiting for either: false (out unchanged: the last known figures) if one is busy.
+  bool TryReportShared(Context& ctx, MemoryReport* out);
   void QueuePersist(const std::shared_ptr<Conversation>& c);
   // Saves c if it changed since its last save (waits for a call running on it). Counted in stats_.
   Status Persist(const std::shared_ptr<Conversation>& c);
