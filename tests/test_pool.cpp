@@ -286,6 +286,37 @@ TEST(Pool, MemoryBudgetTakesIdleConversationsFirstAndWeightsLast) {
   EXPECT_EQ(Last(cs[0]->logits(0), nv), Reference(m.get(), toks[0], 256, t0));
 }
 
+// With a codec that compresses in memory (q8), idle conversations leave compressed chunks in their
+// in-memory swaps: the budget must take those too before it cuts the conversation in use.
+TEST(Pool, BudgetEmptiesIdleInMemorySwapsBeforeTheActiveConversation) {
+  auto m = LoadModel();
+  PoolOptions o = Opts("");
+  o.context.kv_codec = "q8";
+  o.context.n_ctx = 4096;
+  const uint64_t kv_per_token = 2ull * m->hparams().n_layer * m->hparams().n_head_kv * m->hparams().head_dim * 2;
+  const int n = 2048;
+  o.memory_budget = m->tensor_bytes() + uint64_t(1.6 * n * double(kv_per_token));
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::vector<std::shared_ptr<Conversation>> cs(5);
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < 5; ++i) {
+      const std::string id = "c" + std::to_string(i);
+      if (!cs[size_t(i)]) ASSERT_TRUE(pool->OpenConversation(id, &cs[size_t(i)]).ok());
+      const auto t = Tokens(0, round == 0 ? n : 8, 30 + i + 10 * round);
+      // A return restores the conversation whole (in-place reads of compressed chunks off).
+      PipelineOptions po;
+      po.attend_compressed = false;
+      ASSERT_TRUE(cs[size_t(i)]->RestoreGenerate(t.data(), int(t.size()), po, nullptr).ok());
+      ConversationReport r;
+      ASSERT_TRUE(pool->Report(id, &r).ok());
+      // The conversation just used stays whole: the idle ones (and their in-memory swaps) gave.
+      EXPECT_EQ(r.kv_resident, uint64_t(r.n_tokens + T - 1) / T * T * kv_per_token)
+          << id << " round " << round << ": " << r.kv_resident << " resident, in-memory swap " << r.kv_mem_compressed;
+      EXPECT_LE(pool->Stats().in_memory, o.memory_budget) << id << " round " << round;
+    }
+}
+
 TEST(Pool, PressureEventsGiveBackAShareThenEverything) {
   auto m = LoadModel();
   std::unique_ptr<Pool> pool;
@@ -481,7 +512,13 @@ TEST(PoolCrash, KillDuringWriteBehind) {
       execl(self, self, "--gtest_filter=PoolCrash.Child", static_cast<char*>(nullptr));
       _exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 1500));
+    // The kill lands at a random moment after the child's first persist began (a slow machine or a
+    // sanitizer build takes seconds to load the model first): the window covers write-behinds.
+    for (int w = 0; w < 120000 && !std::filesystem::exists(dir + "/x.mzs") &&
+                    !std::filesystem::exists(dir + "/x.mzs.tmp") && waitpid(pid, nullptr, WNOHANG) == 0;
+         w += 5)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1500));
     kill(pid, SIGKILL);
     int ws = 0;
     waitpid(pid, &ws, 0);

@@ -483,10 +483,15 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed) {
   {
     std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);  // the planner reads weight states
     if (wl.owns_lock()) {
-      for (auto& v : order) {
+      for (size_t i = 0; i < order.size(); ++i) {
         if (total >= bytes) break;
+        const auto& v = order[i];
+        // An idle conversation goes out whole, its in-memory swap included: the swap is a stack
+        // whose segments come back only once it is empty, so moving part of it frees nothing.
+        // The most recently used one (last) gives only what is still needed.
+        const bool idle = i + 1 < order.size();
         uint64_t f = 0;
-        Status st = v.ctx->EvictBytes(bytes - total, &f, nullptr, EvictScope::kKvOnly);
+        Status st = v.ctx->EvictBytes(idle ? ~uint64_t(0) : bytes - total, &f, nullptr, EvictScope::kKvOnly);
         total += f;
         if (!st.ok() && st.code() != Status::kBusy && first_err.ok()) first_err = st;
       }
