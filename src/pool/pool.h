@@ -7,9 +7,11 @@
 //
 // Memory budget: after every generation call, and on Evict(bytes), the pool gives memory back in
 // this order (the placement across conversations):
-//   1. idle conversations' KV chunks, least recently used conversation first (each with the
-//      hybrid-swap placement of its own chunks, backward-out, KV only);
-//   2. the most recently used conversation's KV chunks (the same policy);
+//   1. idle conversations, least recently used first, each out whole (KV only: its chunks placed
+//      by the hybrid-swap policy, then its in-memory swap moved to storage, since that swap is a
+//      stack whose segments come back only once it is empty);
+//   2. the most recently used conversation's KV chunks, only what is still needed (hybrid swap,
+//      backward-out);
 //   3. the weight units (backward-out, then the base unit), only while no conversation computes.
 // Eviction never waits for a generation: a conversation that is computing (or being persisted) is
 // skipped, and weights stay when any conversation computes.
