@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 7
+#define MZ_VERSION_MINOR 8
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -428,6 +428,10 @@ struct mz_pool_params {
   bool share_prefixes;          /* reuse other conversations' matching prefix chunks (default true) */
   const struct mz_context_params* context; /* each conversation's context (NULL: defaults). swap_path
                                    NULL: <dir>/swap/<id>.swap; else the path + "." + id */
+  /* since 0.8 */
+  bool read_stored_whole;       /* false (default): a stored conversation's file is its storage tier,
+                                   restored front layers first while prefill runs (needs persist_codec
+                                   equal to the context's kv_codec); true: read whole when opened */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
@@ -475,7 +479,7 @@ struct mz_conversation_report {
   bool busy;                    /* a call runs on it: figures are the last known */
   uint64_t kv_resident;         /* bytes of KV in RAM */
   uint64_t kv_mem_compressed;   /* bytes of its in-memory swap */
-  uint64_t kv_storage;          /* bytes of its swap file */
+  uint64_t kv_storage;          /* bytes of its KV on storage (swap file, or the stored file it was opened from) */
   uint64_t stored_bytes;        /* its stored file */
   int32_t stored_tokens;        /* tokens the stored file holds (what a restart finds) */
   uint64_t last_use_unix_ms;

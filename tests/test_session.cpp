@@ -176,6 +176,77 @@ TEST(SessionFile, CorruptOrTruncatedFilesAreRejectedAndTheContextIsUnchanged) {
 }
 
 
+// A session file opened as a context's storage tier (OpenSessionAsStorage): nothing is read at
+// open (every chunk on storage), the continuation equals the original context's (lossless codec:
+// exact, the same as LoadSession's), the file is never written or removed, a file of another codec
+// or a damaged header is refused with the context unchanged, and a flipped payload byte is found
+// when that chunk is read (kCorruption), not served.
+TEST(SessionFile, OpenedAsStorageIsReadAsRestored) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = Tokens(path);
+  auto make = [&](const std::string& codec) {
+    Rig r;
+    EXPECT_TRUE(Model::Load(Env::Default(), path, ModelOptions(), &r.model).ok());
+    ContextOptions co;
+    co.n_ctx = 1024;
+    co.kv_chunk_tokens = 64;
+    co.kv_codec = codec;
+    co.swap_path = test::TempDir() + "/sess-st-" + codec + "-" + std::to_string(getpid()) + ".swap";
+    r.ctx = std::make_unique<Context>(r.model.get(), co);
+    EXPECT_TRUE(r.ctx->Init().ok());
+    return r;
+  };
+  Rig a = make("none");
+  ASSERT_TRUE(a.ctx->Decode(toks.data(), kPrompt, false).ok());
+  const std::string sess = test::TempDir() + "/storage.sess";
+  ASSERT_TRUE(SaveSession(*a.ctx, sess, "none").ok());
+  const auto want = Continue(*a.ctx, toks);
+  {
+    Rig b = make("none");
+    SessionInfo info;
+    ASSERT_TRUE(OpenSessionAsStorage(*b.ctx, sess, &info).ok());
+    EXPECT_EQ(info.n_tokens, kPrompt);
+    const MemoryReport r = b.ctx->units().Report();
+    EXPECT_EQ(r.kv_resident, 0u);
+    EXPECT_EQ(r.n_kv_chunks[int(UnitState::kKvStorageCompressed)], r.n_kv_chunks[0] + r.n_kv_chunks[int(UnitState::kKvStorageCompressed)]);
+    EXPECT_GT(r.kv_storage_compressed, 0u);
+    EXPECT_EQ(b.ctx->history().size(), size_t(kPrompt));
+    EXPECT_EQ(Continue(*b.ctx, toks), want);
+    Rig c = make("none");
+    ASSERT_TRUE(LoadSession(*c.ctx, sess).ok());
+    EXPECT_EQ(Continue(*c.ctx, toks), want);
+  }
+  std::ifstream in(sess, std::ios::binary);
+  ASSERT_TRUE(in.good()) << "the stored file was removed with the context";
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+
+  Rig q = make("q8");
+  ASSERT_TRUE(q.ctx->Decode(toks.data(), 10, false).ok());
+  const auto before = q.ctx->history();
+  Status st = OpenSessionAsStorage(*q.ctx, sess);
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+  EXPECT_EQ(q.ctx->history(), before);
+  Rig d = make("none");
+  ASSERT_TRUE(d.ctx->Decode(toks.data(), 10, false).ok());
+  const std::string p = test::TempDir() + "/storage-bad.sess";
+  auto write = [&](const std::string& bytes) {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  };
+  std::string bad = good;
+  bad[20] = char(bad[20] ^ 0x40);  // header
+  write(bad);
+  st = OpenSessionAsStorage(*d.ctx, p);
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+  EXPECT_EQ(d.ctx->history(), before);
+  bad = good;
+  bad[8192 + 20] = char(bad[8192 + 20] ^ 0x40);  // layer 0, chunk 0's payload
+  write(bad);
+  ASSERT_TRUE(OpenSessionAsStorage(*d.ctx, p).ok());  // the payload is not read at open
+  st = d.ctx->Decode(toks.data() + kPrompt, 1, false);
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+}
+
 // Regression (found by the fuzz seed generator under UBSan, fuzz/make_seeds.cpp): an empty
 // conversation (0 tokens, 0 chunk records) saves and loads; the writer and the loader passed a
 // null data() of an empty vector to memcpy. The UBSan stage of scripts/test.sh fails on that.

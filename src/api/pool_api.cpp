@@ -51,6 +51,7 @@ mz_pool_params mz_pool_default_params(void) {
   p.write_behind_idle_ms = 2000;
   p.share_prefixes = true;
   p.context = nullptr;
+  p.read_stored_whole = false;
   return p;
 }
 
@@ -72,6 +73,7 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
     o.write_behind = p.write_behind;
     o.write_behind_idle_ms = p.write_behind_idle_ms;
     o.share_prefixes = p.share_prefixes;
+    o.stored_as_storage = !p.read_stored_whole;
     auto h = std::make_unique<mz_pool>();
     h->model = model;
     MZ_RETURN_IF_ERROR(mz::Pool::Open(model->model.get(), o, &h->pool));

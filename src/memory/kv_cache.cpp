@@ -44,6 +44,21 @@ Status KvCache::Reserve(int tokens) {
   return Status::Ok();
 }
 
+Status KvCache::ReserveUnbacked(int tokens) {
+  if (tokens > n_ctx_max_)
+    return Status::ContextFull("context of " + std::to_string(tokens) + " tokens exceeds n_ctx " +
+                               std::to_string(n_ctx_max_));
+  const size_t need = size_t(n_chunks_for(tokens));
+  for (int l = 0; l < g_.n_layer; ++l) {
+    chunks_[l].resize(need, nullptr);
+    kptr_[l].resize(need, nullptr);
+    vptr_[l].resize(need, nullptr);
+    qptr_[l].resize(need, nullptr);
+    qrows_[l].resize(need, 0);
+  }
+  return Status::Ok();
+}
+
 void KvCache::Truncate(int tokens) {
   const int keep = n_chunks_for(tokens);
   for (int l = 0; l < g_.n_layer; ++l) {

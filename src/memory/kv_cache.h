@@ -84,6 +84,10 @@ class KvCache {
     qrows_[layer][c] = payload ? rows : 0;
   }
   void RefreshView(int layer, int c);
+  // Extends every layer to the chunks of `tokens` tokens without memory (each new chunk evicted:
+  // its pointer null, its unit state the UnitTable's). kContextFull past n_ctx_max. REQUIRES: the
+  // cache is empty.
+  Status ReserveUnbacked(int tokens);
   Env* env_;
   KvGeometry g_;
   int n_ctx_max_;

@@ -170,10 +170,11 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
     Env* env = kv_->env();
     if (!mem) mem = env->MapAnon(raw);
     if (!mem) return Status::NoMemory("mapping a KV chunk to restore " + UnitName(UnitRef::Kv(layer, chunk)));
-    File* file = swap_->file();
+    SwapFile* const sf = file_for(s.ext);
+    File* file = sf->file();
     Status st = env->MapFileAt(file, s.ext.off, raw, mem, true);
     if (st.ok()) st = env->PopulateMapped(file, mem, raw);
-    if (st.ok()) st = swap_->Verify(s.ext, mem);
+    if (st.ok()) st = sf->Verify(s.ext, mem);
     if (!st.ok()) {
       env->Unmap(mem, raw);
       (void)env->DropCached(file, s.ext.off, s.ext.len);
@@ -198,10 +199,10 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
     const uint8_t* p = stack_->Get(s.h, &n);
     st = p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
   } else if (s.state == UnitState::kKvStorageRaw) {
-    st = swap_->Read(s.ext, dst);
+    st = file_for(s.ext)->Read(s.ext, dst);
   } else {
     std::vector<uint8_t> buf(s.ext.size);
-    st = swap_->Read(s.ext, buf.data());
+    st = file_for(s.ext)->Read(s.ext, buf.data());
     if (st.ok()) st = codec_->Decode(sh, buf.data(), buf.size(), dst);
   }
   if (!st.ok()) {
@@ -215,7 +216,7 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
   // Install the fp16 chunk (which also clears a compressed view) before freeing the stored copy.
   kv_->SetChunk(layer, chunk, dst);
   if (s.state == UnitState::kKvMemCompressed) stack_->Free(s.h);
-  else swap_->Free(s.ext);
+  else file_for(s.ext)->Free(s.ext);
   s.h = -1;
   s.ext = SwapExtent();
   s.enc_bytes = 0;
@@ -270,7 +271,7 @@ Status UnitTable::FinishLoad(int layer, int chunk, LoadSlot* reserved, Status st
   }
   s.h = reserved->h;
   *reserved = LoadSlot();  // the entry now belongs to the chunk
-  swap_->Free(s.ext);
+  file_for(s.ext)->Free(s.ext);
   s.ext = SwapExtent();
   s.state = UnitState::kKvMemCompressed;
   kv_->SetCompressedView(layer, chunk, p + kKvCodecHeaderBytes, s.enc_tokens);
@@ -308,7 +309,7 @@ Status UnitTable::LoadCompressedRun(int layer, const int* chunks, LoadSlot* cons
   auto flush = [&] {
     if (ext.empty()) return;
     std::vector<Status> each(ext.size());
-    Status rd = swap_->ReadPaddedRun(ext.data(), dst.data(), int(ext.size()), each.data());
+    Status rd = file_for(ext[0])->ReadPaddedRun(ext.data(), dst.data(), int(ext.size()), each.data());
     for (size_t i = 0; i < ext.size(); ++i) note(FinishLoad(layer, run_chunks[i], run_slots[i], rd.ok() ? each[i] : rd));
     ext.clear(), dst.clear(), run_chunks.clear(), run_slots.clear();
   };
@@ -323,7 +324,7 @@ Status UnitTable::LoadCompressedRun(int layer, const int* chunks, LoadSlot* cons
       continue;
     }
     const SwapExtent& e = slot(layer, chunks[i]).ext;
-    if (!ext.empty() && ext.back().off + ext.back().len != e.off) flush();
+    if (!ext.empty() && (ext.back().off + ext.back().len != e.off || ext.back().file != e.file)) flush();
     ext.push_back(e);
     dst.push_back(slots[i]->p);
     run_chunks.push_back(chunks[i]);
@@ -348,9 +349,9 @@ Status UnitTable::ReadChunk(int layer, int chunk, uint16_t* dst) const {
     const uint8_t* p = stack_->Get(s->h, &n);
     return p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
   }
-  if (s->state == UnitState::kKvStorageRaw) return swap_->Read(s->ext, dst);
+  if (s->state == UnitState::kKvStorageRaw) return file_for(s->ext)->Read(s->ext, dst);
   std::vector<uint8_t> buf(s->ext.size);
-  MZ_RETURN_IF_ERROR(swap_->Read(s->ext, buf.data()));
+  MZ_RETURN_IF_ERROR(file_for(s->ext)->Read(s->ext, buf.data()));
   return codec_->Decode(sh, buf.data(), buf.size(), dst);
 }
 
@@ -436,6 +437,7 @@ bool UnitTable::AllResident() const {
 std::vector<std::vector<int>> UnitTable::LoadRuns(int layer, const std::vector<int>& chunks,
                                                       uint64_t max_bytes) const {
   struct E {
+    int file;
     uint64_t off, len;
     int c;
   };
@@ -443,13 +445,14 @@ std::vector<std::vector<int>> UnitTable::LoadRuns(int layer, const std::vector<i
   std::vector<std::vector<int>> runs;
   for (int c : chunks) {
     uint64_t off = 0, len = 0;
-    if (StoredExtent(layer, c, &off, &len)) ext.push_back({off, len, c});
+    if (StoredExtent(layer, c, &off, &len)) ext.push_back({find_slot(layer, c)->ext.file, off, len, c});
     else runs.push_back({c});
   }
-  std::sort(ext.begin(), ext.end(), [](const E& x, const E& y) { return x.off < y.off; });
+  std::sort(ext.begin(), ext.end(), [](const E& x, const E& y) { return x.file != y.file ? x.file < y.file : x.off < y.off; });
   uint64_t bytes = 0;
   for (size_t i = 0; i < ext.size(); ++i) {
-    const bool joins = i > 0 && ext[i - 1].off + ext[i - 1].len == ext[i].off && bytes + ext[i].len <= max_bytes;
+    const bool joins = i > 0 && ext[i - 1].file == ext[i].file && ext[i - 1].off + ext[i - 1].len == ext[i].off &&
+                       bytes + ext[i].len <= max_bytes;
     if (!joins) {
       runs.push_back({});
       bytes = 0;
@@ -472,12 +475,13 @@ bool UnitTable::MapsSwapWith(bool swap_direct) const {
 bool UnitTable::KvStorageMapped() const { return MapsSwapWith(swap_ ? swap_->direct() : opts_.direct_io); }
 
 bool UnitTable::RestoresByMapping(const UnitRef& u) const {
-  if (u.kind != UnitRef::kKv || !CanMapSwap()) return false;
+  if (u.kind != UnitRef::kKv) return false;
   const KvSlot* s = find_slot(u.layer, u.chunk);
   // Only full chunks: their rows are never written again unless the context is truncated inside
   // them (WillRewriteChunk), so the extent stays a valid copy while mapped.
-  return s && s->state == UnitState::kKvStorageRaw && !s->lost && s->enc_tokens == kv_->geometry().chunk_tokens &&
-         s->ext.size == kv_->geometry().chunk_bytes();
+  const SwapFile* sf = s ? file_for(s->ext) : nullptr;
+  return sf && MapsSwapWith(sf->direct()) && s->state == UnitState::kKvStorageRaw && !s->lost &&
+         s->enc_tokens == kv_->geometry().chunk_tokens && s->ext.size == kv_->geometry().chunk_bytes();
 }
 
 void UnitTable::UnmapFromSwap(KvSlot& s, bool free_extent, void* data, bool drop_cached) {
@@ -485,9 +489,9 @@ void UnitTable::UnmapFromSwap(KvSlot& s, bool free_extent, void* data, bool drop
   env->Unmap(data, kv_->geometry().chunk_bytes());
   // Pages written since the mapping were private copies, gone with the mapping; the file's pages
   // leave the page cache now (no other mapping holds them), so the RAM really goes back.
-  if (drop_cached) (void)env->DropCached(swap_->file(), s.ext.off, s.ext.len);
+  if (drop_cached) (void)env->DropCached(file_for(s.ext)->file(), s.ext.off, s.ext.len);
   if (free_extent) {
-    swap_->Free(s.ext);
+    file_for(s.ext)->Free(s.ext);
     s.ext = SwapExtent();
   }
   s.mapped = false;
@@ -496,12 +500,13 @@ void UnitTable::UnmapFromSwap(KvSlot& s, bool free_extent, void* data, bool drop
 
 Status UnitTable::SwapBytesCached(uint64_t* out) const {
   *out = 0;
-  if (!swap_) return Status::Ok();
   for (const auto& l : slots_)
     for (const KvSlot& s : l) {
       if (s.state != UnitState::kKvStorageRaw && s.state != UnitState::kKvStorageCompressed) continue;
       uint64_t n = 0;
-      MZ_RETURN_IF_ERROR(kv_->env()->CachedBytes(swap_->file(), s.ext.off, s.ext.len, &n));
+      SwapFile* const sf = file_for(s.ext);
+      if (!sf || !s.ext.valid()) continue;
+      MZ_RETURN_IF_ERROR(kv_->env()->CachedBytes(sf->file(), s.ext.off, s.ext.len, &n));
       *out += n;
     }
   return Status::Ok();
@@ -523,7 +528,7 @@ void UnitTable::ForgetChunksFrom(int first_chunk) {
         if (c < kv_->n_chunks()) kv_->SetCompressedView(l, c, nullptr, 0);
         stack_->Free(s.h);
       } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) {
-        swap_->Free(s.ext);
+        file_for(s.ext)->Free(s.ext);
       } else if (s.mapped && c < kv_->n_chunks()) {
         UnmapFromSwap(s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
       }
@@ -531,6 +536,53 @@ void UnitTable::ForgetChunksFrom(int first_chunk) {
     }
     if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));
   }
+  if (first_chunk <= 0) origin_.reset();  // no chunk refers to it any more
+}
+
+Status UnitTable::AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks) {
+  const KvGeometry& g = kv_->geometry();
+  const int n = n_tokens < 0 ? -1 : kv_->n_chunks_for(n_tokens);
+  if (n < 0 || chunks.size() != size_t(g.n_layer) * size_t(n))
+    return Status::InvalidArgument("AdoptStored: " + std::to_string(chunks.size()) + " chunks for " +
+                                   std::to_string(n_tokens) + " tokens of " + std::to_string(g.n_layer) + " layers");
+  if (n_tokens > kv_->n_ctx_max())
+    return Status::ContextFull("stored context of " + std::to_string(n_tokens) + " tokens exceeds n_ctx " +
+                               std::to_string(kv_->n_ctx_max()));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int l = int(i / size_t(n)), c = int(i % size_t(n));
+    const StoredChunk& sc = chunks[i];
+    ChunkShape sh = shape(l, c);
+    sh.n_tokens = std::min(g.chunk_tokens, n_tokens - c * g.chunk_tokens);
+    if (sc.enc_tokens != sh.n_tokens || sc.off % kDirectIoAlign || sc.size == 0 || sc.size > codec_->MaxEncodedSize(sh))
+      return Status::InvalidArgument("AdoptStored: " + UnitName(UnitRef::Kv(l, c)) + " in " + path + " (" +
+                                     std::to_string(sc.size) + " bytes of " + std::to_string(sc.enc_tokens) +
+                                     " rows at " + std::to_string(sc.off) + ") does not fit its place");
+  }
+  std::unique_ptr<SwapFile> origin;
+  MZ_RETURN_IF_ERROR(SwapFile::OpenReadOnly(kv_->env(), path, opts_.direct_io, &origin));
+  for (const StoredChunk& sc : chunks)
+    if (sc.off + AlignUp(sc.size, kDirectIoAlign) > origin->file_bytes())
+      return Status::InvalidArgument("AdoptStored: a chunk lies past the end of " + path);
+  ForgetChunksFrom(0);
+  kv_->Truncate(0);
+  MZ_RETURN_IF_ERROR(kv_->ReserveUnbacked(n_tokens));  // cannot fail: n_ctx checked above
+  origin_ = std::move(origin);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int l = int(i / size_t(n)), c = int(i % size_t(n));
+    const StoredChunk& sc = chunks[i];
+    KvSlot& s = slot(l, c);
+    s = KvSlot();
+    s.state = UnitState::kKvStorageCompressed;
+    s.ext.off = sc.off;
+    s.ext.len = AlignUp(sc.size, kDirectIoAlign);
+    s.ext.size = sc.size;
+    s.ext.hash = sc.hash;
+    s.ext.file = 1;
+    s.enc_bytes = sc.size;
+    s.enc_tokens = sc.enc_tokens;
+  }
+  kv_->SetTokens(n_tokens);
+  return Status::Ok();
 }
 
 Status UnitTable::ReplaceKv(int n_tokens, std::vector<uint16_t*> chunks) {

@@ -222,6 +222,24 @@ class UnitTable {
   // n_layer * n (nothing changed); kContextFull / kNoMemory from KvCache::Reserve (the cache is then
   // empty). Weight units are untouched.
   Status ReplaceKv(int n_tokens, std::vector<uint16_t*> chunks);
+  // A chunk of a stored file (AdoptStored): its payload (this table's codec's encoding of
+  // enc_tokens rows) at a 4096-aligned offset, and the xxh64 of the payload.
+  struct StoredChunk {
+    uint64_t off = 0, size = 0, hash = 0;
+    int enc_tokens = 0;
+  };
+  // Makes the KV cache n_tokens valid tokens whose chunks lie in the file at path, WITHOUT reading
+  // them: chunks[l * n + c] (n = n_chunks_for(n_tokens)) becomes chunk (l, c) in state
+  // kKvStorageCompressed, an extent of that file (opened read-only through the Env and held until
+  // no chunk refers to it; renaming over or unlinking the file meanwhile does not disturb it). The
+  // chunks then come back as any chunk evicted to storage does: the restore executor and the
+  // overlapped pipeline, front layers first. A stored checksum is verified when its chunk is read:
+  // a mismatch marks that chunk lost (the context reports kCorruption, never a wrong chunk).
+  // Every check comes first: kInvalidArgument for a wrong count, a misaligned offset, rows that do
+  // not match the chunk's place, or a payload larger than the codec makes for its shape;
+  // kContextFull past n_ctx; the Env's error opening the file. On error nothing changed. On
+  // success every chunk held before is forgotten (as ReplaceKv). Weight units are untouched.
+  Status AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks);
 
   // Copies KV chunk (layer, chunk) in raw form into dst (chunk_bytes()) whatever its state, without
   // changing it (decoding a compressed copy). Used to save sessions.
@@ -264,6 +282,8 @@ class UnitTable {
   KvSlot& slot(int layer, int chunk);
   const KvSlot* find_slot(int layer, int chunk) const;
   Status EnsureSwap();
+  // The file that holds extent e (SwapExtent::file): the own swap file or the adopted one.
+  SwapFile* file_for(const SwapExtent& e) const { return e.file ? origin_.get() : swap_.get(); }
   Status EvictKv(int layer, int chunk, UnitState target);
   // LoadCompressed's two halves: checks the chunk and makes *reserved its room (prefaulted);
   // then installs the chunk from the room once read (read_st: the read's outcome; on failure the
@@ -281,6 +301,7 @@ class UnitTable {
   std::unique_ptr<KvCodec> codec_;
   std::unique_ptr<CompressedStack> stack_;
   std::unique_ptr<SwapFile> swap_;
+  std::unique_ptr<SwapFile> origin_;  // a stored file adopted as storage (AdoptStored), read-only
   std::vector<std::vector<KvSlot>> slots_;  // [layer][chunk]; missing = resident
 };
 

@@ -41,7 +41,10 @@ Status Conversation::EnsureOpenLocked() {
     path = stored_path_;
   }
   if (!path.empty()) {
-    Status st = LoadSession(*ctx, path);
+    // The stored file becomes the storage tier (read as restored), unless its codec is not the
+    // context's or the ablation asks for the whole read at open.
+    const bool as_storage = pool_->opts_.stored_as_storage && pool_->opts_.persist_codec == pool_->opts_.context.kv_codec;
+    Status st = as_storage ? OpenSessionAsStorage(*ctx, path) : LoadSession(*ctx, path);
     if (!st.ok()) {
       if (st.code() == Status::kCorruption) {  // reported like a file found damaged at start
         std::lock_guard<std::mutex> lk(pool_->mu_);
@@ -167,6 +170,14 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
       if (was_empty && consumed > 0) {
         ctx_->Truncate(0);
         shared_chunks_ = 0;
+      }
+      if (st.code() == Status::kCorruption) {
+        // A stored chunk failed its checksum when read (its file is this conversation's storage
+        // tier): reported like a file found damaged at start, once; the file stays.
+        std::lock_guard<std::mutex> lk(pool_->mu_);
+        bool known = false;
+        for (const auto& d : pool_->damaged_) known = known || d.path == stored_path_;
+        if (!known && !stored_path_.empty()) pool_->damaged_.push_back({stored_path_, st.message()});
       }
       return st;
     }
@@ -684,7 +695,7 @@ PoolStats Pool::Stats() {
     TryReportShared(*c.ctx_, &c.last_report_);
     s.kv_resident += c.last_report_.kv_resident;
     s.kv_mem_compressed += c.last_report_.stack_mapped;
-    s.kv_storage += c.last_report_.swap_file_used;
+    s.kv_storage += c.last_report_.kv_storage_raw + c.last_report_.kv_storage_compressed;
   }
   s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed;
   return s;
@@ -704,7 +715,7 @@ Status Pool::Report(const std::string& id, ConversationReport* out) {
     r.n_tokens = c.n_tokens_.load();
     r.kv_resident = m.kv_resident;
     r.kv_mem_compressed = m.stack_mapped;
-    r.kv_storage = m.swap_file_used;
+    r.kv_storage = m.kv_storage_raw + m.kv_storage_compressed;
   } else {
     r.n_tokens = c.stored_tokens_;
   }

@@ -75,6 +75,12 @@ struct PoolOptions {
   bool write_behind = true;          // false: Commit() persists before it returns
   uint32_t write_behind_idle_ms = 2000;  // a changed conversation idle this long is persisted
   bool share_prefixes = true;
+  // A stored conversation opened again (after a restart, or once closed) keeps its session file
+  // as its storage tier (OpenSessionAsStorage): nothing is read at open, and its first
+  // restore_generate restores it front layers first, overlapped with prefill. Needs persist_codec
+  // equal to the context's kv_codec (else, and when false, the file is read whole at open:
+  // LoadSession, the ablation).
+  bool stored_as_storage = true;
 };
 
 struct ConversationReport {
@@ -82,7 +88,9 @@ struct ConversationReport {
   int n_tokens = 0;
   bool open = false;        // has a context (any tier); false: stored only
   bool busy = false;        // a call runs on it (its figures are the last known ones)
-  uint64_t kv_resident = 0, kv_mem_compressed = 0, kv_storage = 0;  // RAM / in-memory swap / swap file bytes
+  // RAM / in-memory swap / storage bytes of its KV chunks (in the swap file, or still in the stored
+  // file it was opened from: OpenSessionAsStorage)
+  uint64_t kv_resident = 0, kv_mem_compressed = 0, kv_storage = 0;
   uint64_t stored_bytes = 0;     // its session file
   int stored_tokens = 0;         // tokens in the session file (what a kill -9 now would keep)
   uint64_t last_use_unix_ms = 0;

@@ -224,6 +224,7 @@ class Context {
  private:
   friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*);
   friend Status LoadSession(Context&, const std::string&, struct SessionInfo*);
+  friend Status OpenSessionAsStorage(Context&, const std::string&, struct SessionInfo*);
   friend struct ContextTestPeer;
   // Reconcile (when opts_.reconcile_min_missing is set). REQUIRES: mu_ held. *st (optional)
   // receives what was measured and moved.

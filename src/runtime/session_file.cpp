@@ -239,6 +239,46 @@ Status SessionReader::ReadChunk(int l, int c, uint16_t* dst) {
   return m.codec->Decode(sh, buf.p, r.size, dst);
 }
 
+void SessionReader::ChunkPlace(int layer, int chunk, uint64_t* off, uint64_t* size, uint64_t* hash,
+                               int* enc_tokens) const {
+  const ChunkRecord& r = impl_->recs[size_t(layer) * size_t(n_chunks_) + size_t(chunk)];
+  *off = r.offset;
+  *size = r.size;
+  *hash = r.hash;
+  *enc_tokens = int(r.enc_tokens);
+}
+
+Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info) {
+  Context::ForegroundLock lk(&ctx);
+  const KvGeometry& g = ctx.kv_->geometry();
+  std::unique_ptr<SessionReader> reader;
+  MZ_RETURN_IF_ERROR(SessionReader::Open(*ctx.model_, g.chunk_tokens, path, &reader));
+  const int n_tokens = int(reader->tokens().size());
+  if (n_tokens > ctx.kv_->n_ctx_max())
+    return Status::ContextFull("session holds " + std::to_string(n_tokens) + " tokens, more than n_ctx " +
+                               std::to_string(ctx.kv_->n_ctx_max()));
+  if (reader->codec() != ctx.units_->codec().name())
+    return Status::InvalidArgument("session " + path + " was stored with codec " + reader->codec() +
+                                   ", the context's KV codec is " + ctx.units_->codec().name() +
+                                   ": it cannot serve as its storage (LoadSession reads it)");
+  const int n_chunks = reader->n_chunks();
+  std::vector<UnitTable::StoredChunk> chunks(size_t(g.n_layer) * size_t(n_chunks));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    UnitTable::StoredChunk& sc = chunks[i];
+    reader->ChunkPlace(int(i / size_t(n_chunks)), int(i % size_t(n_chunks)), &sc.off, &sc.size, &sc.hash, &sc.enc_tokens);
+  }
+  MZ_RETURN_IF_ERROR(ctx.units_->AdoptStored(path, n_tokens, chunks).With("opening session " + path));
+  ctx.history_ = reader->tokens();
+  ctx.logits_.clear();
+  if (info) {
+    info->n_tokens = n_tokens;
+    info->n_chunks = n_chunks;
+    info->codec = reader->codec();
+    info->file_bytes = reader->file_bytes();
+  }
+  return Status::Ok();
+}
+
 Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   Context::ForegroundLock lk(&ctx);
   Env* env = ctx.model_->env();

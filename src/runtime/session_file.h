@@ -57,6 +57,9 @@ class SessionReader {
   // Decodes chunk (layer, chunk) into dst (chunk_bytes() of fp16 K then V). kCorruption on a bad
   // record or checksum, kIOError on a read error.
   Status ReadChunk(int layer, int chunk, uint16_t* dst);
+  // Where chunk (layer, chunk) lies in the file, as Open verified it (inside the file, aligned):
+  // offset, payload bytes, the payload's xxh64 (not verified here) and its encoded rows.
+  void ChunkPlace(int layer, int chunk, uint64_t* off, uint64_t* size, uint64_t* hash, int* enc_tokens) const;
 
  private:
   SessionReader() = default;
@@ -67,6 +70,18 @@ class SessionReader {
   uint64_t file_bytes_ = 0;
 };
 // Replaces ctx's conversation with the one in path. REQUIRES: ctx uses the same model file content.
+// Reads and verifies every chunk before it returns (the context then holds them resident).
 Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info = nullptr);
+
+// Replaces ctx's conversation with the one in path WITHOUT reading its chunks: the file becomes
+// the storage tier of ctx (UnitTable::AdoptStored), so the next restore_generate restores it front
+// layers first, overlapped with prefill, like any conversation evicted to storage, and memory is
+// spent only on what is restored. Open's checks (header, index, model identity, geometry, every
+// record inside the file) come first; a chunk's checksum is verified when that chunk is read (a
+// bit flip: that chunk is lost, the context reports kCorruption, never a wrong chunk).
+// kInvalidArgument if the file's codec is not ctx's KV codec (LoadSession reads such a file);
+// kContextFull past n_ctx; kCorruption for a damaged header or index. On error ctx is unchanged.
+// The file may be rewritten (rename over it) or deleted afterwards: ctx keeps the open descriptor.
+Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info = nullptr);
 
 }  // namespace mz

@@ -42,9 +42,20 @@ Status SwapFile::Create(Env* env, const std::string& path, bool direct, std::uni
   return Status::Ok();
 }
 
+Status SwapFile::OpenReadOnly(Env* env, const std::string& path, bool direct, std::unique_ptr<SwapFile>* out) {
+  std::unique_ptr<File> f;
+  MZ_RETURN_IF_ERROR(env->Open(path, OpenMode::kRead, direct, &f).With("opening " + path + " as storage"));
+  FileInfo fi;
+  MZ_RETURN_IF_ERROR(f->Stat(&fi).With("opening " + path + " as storage"));
+  out->reset(new SwapFile(env, path, std::move(f)));
+  (*out)->read_only_ = true;
+  (*out)->end_ = fi.size;
+  return Status::Ok();
+}
+
 SwapFile::~SwapFile() {
   file_.reset();
-  env_->Remove(path_);
+  if (!read_only_) env_->Remove(path_);
 }
 
 uint64_t SwapFile::Allocate(uint64_t len) {
@@ -90,6 +101,7 @@ void SwapFile::Release(uint64_t off, uint64_t len) {
 
 Status SwapFile::Write(const void* data, size_t n, SwapExtent* out) {
   if (n == 0) return Status::InvalidArgument("empty swap write");
+  if (read_only_) return Status::InvalidArgument("writing to " + path_ + ", opened read-only");
   const uint64_t len = AlignUp(n, kDirectIoAlign);
   const uint64_t off = Allocate(len);
   Status st;
@@ -174,7 +186,7 @@ Status SwapFile::Verify(const SwapExtent& e, const void* data) const {
 }
 
 void SwapFile::Free(const SwapExtent& e) {
-  if (e.valid()) Release(e.off, e.len);
+  if (e.valid() && !read_only_) Release(e.off, e.len);
 }
 
 uint64_t SwapFile::used_bytes() const {

@@ -29,6 +29,9 @@ struct SwapExtent {
   uint64_t len = 0;   // allocated bytes (4096-aligned), 0 = none
   uint64_t size = 0;  // payload bytes
   uint64_t hash = 0;  // xxh64 of the payload
+  // Which of its owner's files holds the extent: 0 its own swap file, 1 a read-only file adopted
+  // as storage (a stored session, UnitTable::AdoptStored). SwapFile itself ignores it.
+  uint8_t file = 0;
   bool valid() const { return len != 0; }
 };
 
@@ -36,7 +39,13 @@ class SwapFile {
  public:
   // Creates (or truncates) path and writes the header. direct: use O_DIRECT where the FS allows.
   static Status Create(Env* env, const std::string& path, bool direct, std::unique_ptr<SwapFile>* out);
-  ~SwapFile();  // closes and removes the file
+  // Opens an existing file read-only as a source of extents whose places and checksums the caller
+  // knows (a stored session's chunks, runtime/session_file.h): Read*, Verify and mapping work as
+  // for a swap file; Write fails (kInvalidArgument), Free does nothing, and the destructor closes
+  // the file without removing it. The file may be renamed over or unlinked meanwhile: the open
+  // descriptor keeps the bytes it had.
+  static Status OpenReadOnly(Env* env, const std::string& path, bool direct, std::unique_ptr<SwapFile>* out);
+  ~SwapFile();  // closes the file and removes it (not a read-only one)
 
   Status Write(const void* data, size_t n, SwapExtent* out);
   // Reads extent e into dst (>= e.size bytes) and verifies its checksum.
@@ -57,6 +66,7 @@ class SwapFile {
   uint64_t used_bytes() const;   // bytes in live extents
   uint64_t file_bytes() const;   // current end of file
   bool direct() const { return file_->direct(); }
+  bool read_only() const { return read_only_; }
   const std::string& path() const { return path_; }
   // The open swap file, for mapping extents and page-cache advice through Env (owned here; valid
   // for the SwapFile's lifetime).
@@ -76,6 +86,7 @@ class SwapFile {
   std::map<uint64_t, uint64_t> free_;  // offset -> length
   uint64_t end_ = kHeaderBytes;
   uint64_t used_ = 0;
+  bool read_only_ = false;
 };
 
 }  // namespace mz

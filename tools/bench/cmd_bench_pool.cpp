@@ -9,8 +9,10 @@
 //   3. re-prefill of a whole history in a fresh conversation (what an unloaded Ollama or a killed app
 //      pays), measured between trace segments;
 //   4. restart: the pool is freed and made again on its folder (model load excluded, reported
-//      apart); the first return to a conversation, against the same conversation's return from 0%
-//      remaining (weights and its KV evicted) in the running process, alternated.
+//      apart); the first return to a conversation (its stored file is its storage tier), against
+//      the same conversation's return from 0% remaining (weights and its KV evicted) in the running
+//      process and against a restart that reads the stored file whole at open (the ablation),
+//      the three alternated.
 // Results: <out>/bench-pool.md, .json and a TTFT plot (gnuplot).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -183,47 +185,61 @@ int Run(PoolBenchArgs a) {
     if (!st.ok()) return Fail(st);
   }
 
-  // 4. Restart, alternated with a return from 0% in the running process.
-  std::vector<double> from_zero, after_restart, restart_open, restart_index;
-  for (int k = 0; k < a.restart_reps; ++k) {
-    const int i = (k * 7 + 3) % a.conversations;
-    // (a) 0% remaining in the running process: everything out (weights too), then the query.
+  // 4. Restart, alternated (the order rotates each rep) with a return from 0% in the running
+  // process and with the ablation: a restart that reads the stored conversation whole at open.
+  std::vector<double> from_zero, after_restart, restart_open, restart_index, whole_restart, whole_open;
+  auto from_zero_once = [&](int i) -> Status {
+    // 0% remaining in the running process: everything out (weights too), then the query.
     uint64_t freed = 0;
     mz_pool_evict(pool.get(), uint64_t(1) << 42, &freed);
-    {
-      mz_conversation* c = nullptr;
-      if (int rc = mz_pool_open(pool.get(), name(i).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
-      MzConv conv(c);
-      mz_restore_stats rs;
-      st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs);
-      if (!st.ok()) return Fail(st);
-      from_zero.push_back(rs.ttft_s);
-      mz_conversation_commit(c);
-    }
-    // (b) restart: the pool freed (it persists what changed) and made again on its folder; the
-    // weights evicted as in (a); the first return = open (reads the stored conversation) + query.
+    mz_conversation* c = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(pool.get(), name(i).c_str(), &c)));
+    MzConv conv(c);
+    mz_restore_stats rs;
+    MZ_RETURN_IF_ERROR(Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs));
+    from_zero.push_back(rs.ttft_s);
+    mz_conversation_commit(c);
+    return Status::Ok();
+  };
+  // The pool freed (it persists what changed) and made again on its folder; the weights evicted
+  // as in from_zero_once; the first return = open + query.
+  auto restart_once = [&](int i, bool whole) -> Status {
     pool.reset();
+    mz_pool_params rp = pp;
+    rp.read_stored_whole = whole;
     const double t0 = NowSeconds();
     {
       mz_pool* p = nullptr;
-      if (int rc = mz_pool_new(model.get(), &pp, &p); rc != MZ_OK) return Fail(MzStatus(rc));
+      MZ_RETURN_IF_ERROR(MzStatus(mz_pool_new(model.get(), &rp, &p)));
       pool.reset(p);
     }
-    restart_index.push_back(NowSeconds() - t0);
+    if (!whole) restart_index.push_back(NowSeconds() - t0);
+    uint64_t freed = 0;
     mz_pool_evict(pool.get(), uint64_t(1) << 42, &freed);
     const double t1 = NowSeconds();
     mz_conversation* c = nullptr;
-    if (int rc = mz_pool_open(pool.get(), name(i).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(pool.get(), name(i).c_str(), &c)));
     MzConv conv(c);
     const double open_s = NowSeconds() - t1;
     mz_restore_stats rs;
-    st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs);
-    if (!st.ok()) return Fail(st);
-    restart_open.push_back(open_s);
-    after_restart.push_back(open_s + rs.ttft_s);
+    MZ_RETURN_IF_ERROR(Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs));
+    (whole ? whole_open : restart_open).push_back(open_s);
+    (whole ? whole_restart : after_restart).push_back(open_s + rs.ttft_s);
     mz_conversation_commit(c);
-    std::fprintf(stderr, "[bench pool] restart %d/%d: %s from 0%% %.3f s; after restart %.3f s (open %.3f s)\n", k + 1,
-                 a.restart_reps, name(i).c_str(), from_zero.back(), after_restart.back(), open_s);
+    return Status::Ok();
+  };
+  for (int k = 0; k < a.restart_reps; ++k) {
+    const int i = (k * 7 + 3) % a.conversations;
+    for (int j = 0; j < 3; ++j) {
+      const int arm = (j + k) % 3;
+      st = arm == 0 ? from_zero_once(i) : restart_once(i, arm == 2);
+      if (!st.ok()) return Fail(st);
+    }
+    std::fprintf(stderr,
+                 "[bench pool] restart %d/%d: %s from 0%% %.3f s; after restart %.3f s (open %.3f s); read whole at "
+                 "open %.3f s (open %.3f s)\n",
+                 k + 1, a.restart_reps, name(i).c_str(), from_zero.back(), after_restart.back(), restart_open.back(),
+                 whole_restart.back(), whole_open.back());
   }
   mz_pool_get_report(pool.get(), &pr);
   const int found = pr.n_conversations;
@@ -250,13 +266,22 @@ int Run(PoolBenchArgs a) {
   std::snprintf(buf, sizeof buf, "| re-prefill of the whole history (%d reps) | %.3f (min %.3f max %.3f) | | | |\n\n",
                 rp.n, rp.median, rp.min, rp.max);
   md += buf;
+  const Stats wr = Summarize(whole_restart);
+  md += "| first return (TTFT incl. open; model load excluded) | median s | min | max | open s (median) | vs from 0% |\n"
+        "|---|---|---|---|---|---|\n";
+  std::snprintf(buf, sizeof buf, "| after a restart: the stored file is the storage tier (default) | %.3f | %.3f | %.3f | %.3f | %.2fx |\n",
+                ar.median, ar.min, ar.max, Summarize(restart_open).median, ar.median / std::max(1e-9, fz.median));
+  md += buf;
+  std::snprintf(buf, sizeof buf, "| after a restart: read whole at open (ablation) | %.3f | %.3f | %.3f | %.3f | %.2fx |\n",
+                wr.median, wr.min, wr.max, Summarize(whole_open).median, wr.median / std::max(1e-9, fz.median));
+  md += buf;
+  std::snprintf(buf, sizeof buf, "| from 0%% remaining in the running process | %.3f | %.3f | %.3f | | 1.00x |\n\n",
+                fz.median, fz.min, fz.max);
+  md += buf;
   std::snprintf(buf, sizeof buf,
-                "Restart (%d reps, alternated): first return after a restart %.3f s median (min %.3f max %.3f; of which "
-                "reading the stored conversation %.3f s), from 0%% remaining in the running process %.3f s (min %.3f "
-                "max %.3f): %.2fx. Index rebuild at pool start %.3f s. Conversations found after the restarts: %d of "
-                "%d.\n\n",
-                ar.n, ar.median, ar.min, ar.max, Summarize(restart_open).median, fz.median, fz.min, fz.max,
-                ar.median / std::max(1e-9, fz.median), Summarize(restart_index).median, found, a.conversations);
+                "Restart: %d reps, the three arms alternated (order rotated each rep), on the same conversation per rep. "
+                "Index rebuild at pool start %.3f s. Conversations found after the restarts: %d of %d.\n\n",
+                ar.n, Summarize(restart_index).median, found, a.conversations);
   md += buf;
   std::snprintf(buf, sizeof buf,
                 "Shared system prompt: %.1f MiB of KV per conversation; %llu full chunks reused by "
@@ -272,7 +297,8 @@ int Run(PoolBenchArgs a) {
                         {"budget_bytes", budget}, {"model_load_s", model_load_s}, {"build_s", build_s},
                         {"ttft_return_s", ret}, {"ttft_resident_s", res}, {"kv_resident_share", resident_share},
                         {"reprefill_s", reprefill}, {"restart_first_return_s", after_restart},
-                        {"restart_open_s", restart_open}, {"from_zero_s", from_zero}, {"index_rebuild_s", restart_index},
+                        {"restart_open_s", restart_open}, {"from_zero_s", from_zero},
+                        {"restart_read_whole_first_return_s", whole_restart}, {"restart_read_whole_open_s", whole_open}, {"index_rebuild_s", restart_index},
                         {"conversations_found", found}, {"prefix_chunks_reused", prefix_reused},
                         {"system_prompt_kv_bytes", sys_bytes}, {"queries_detail", rows}};
   std::string data;
