@@ -458,6 +458,16 @@ int mz_pool_flush(mz_pool* pool);
  * within 1 s, everything at MODERATE/COMPLETE), given back in the pool's order. Never waits for a
  * generation (what is busy is skipped). *freed (optional) receives what was given back. */
 int mz_pool_on_trim_memory(mz_pool* pool, int32_t level, uint64_t* freed);
+/* Starts a thread that watches the system's memory pressure for the whole pool (the sources and
+ * amounts of mz_pressure_watch_start, since 0.8): every event gives back a share of the pool's LLM
+ * memory in the pool's order (idle conversations first, weights last), never waiting for a
+ * generation. params NULL: defaults. restore_in_background is not applied to a pool
+ * (MZ_ERR_UNSUPPORTED): a conversation is restored by its next call. Returns MZ_OK;
+ * MZ_ERR_INVALID_ARG; MZ_ERR_UNSUPPORTED (the source does not work here: mz_last_error says why);
+ * MZ_ERR_BUSY (already watching: stop first); or the OS error arming the source. */
+int mz_pool_pressure_watch_start(mz_pool* pool, const struct mz_pressure_params* params);
+/* Stops the pool's watcher (joins its thread). MZ_OK, also when none runs; mz_pool_free stops it. */
+int mz_pool_pressure_watch_stop(mz_pool* pool);
 
 /* As mz_decode / mz_restore_generate, within the conversation (then the pool enforces its budget).
  * On failure the conversation is unchanged. */

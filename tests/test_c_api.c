@@ -462,6 +462,23 @@ static int check_pool(const char* path) {
   CHECK(mz_pool_open(pool, "a", &a) == MZ_OK && mz_conversation_n_tokens(a) == 200, "a after restart: %s",
         mz_last_error());
   mz_conversation_release(a);
+  /* The pool's pressure watch (0.8): the watermark source works everywhere; one at a time;
+   * restore-ahead is refused for a pool; stop is idempotent. */
+  {
+    struct mz_pressure_params wp = mz_pressure_default_params();
+    wp.source = "watermark";
+    CHECK(mz_pool_pressure_watch_start(pool, &wp) == MZ_OK, "pool watch: %s", mz_last_error());
+    CHECK(mz_pool_pressure_watch_start(pool, &wp) == MZ_ERR_BUSY, "a second pool watch was accepted");
+    CHECK(mz_pool_pressure_watch_stop(pool) == MZ_OK && mz_pool_pressure_watch_stop(pool) == MZ_OK, "pool watch stop");
+    wp.restore_in_background = true;
+    CHECK(mz_pool_pressure_watch_start(pool, &wp) == MZ_ERR_UNSUPPORTED, "pool restore-ahead was accepted");
+    wp.restore_in_background = false;
+    wp.step_points = 2.0f;
+    CHECK(mz_pool_pressure_watch_start(pool, &wp) == MZ_ERR_INVALID_ARG, "step_points 2 was accepted");
+    CHECK(mz_pool_pressure_watch_start(NULL, NULL) == MZ_ERR_INVALID_ARG, "NULL pool was accepted");
+    CHECK(mz_pool_pressure_watch_start(pool, NULL) == MZ_OK, "pool watch (defaults): %s", mz_last_error());
+    /* left running: mz_pool_free stops it */
+  }
   CHECK(mz_pool_delete(pool, "a") == MZ_OK && mz_pool_delete(pool, "b") == MZ_OK, "delete: %s", mz_last_error());
   CHECK(mz_pool_list(pool, NULL, 0) == 0, "conversations left after delete");
   mz_pool_free(pool);

@@ -12,15 +12,18 @@
 #include <atomic>
 #include <cmath>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "core/sync_point.h"
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
+#include "pressure/manual_source.h"
 #include "runtime/context.h"
 #include "test_util.h"
 
@@ -489,6 +492,50 @@ TEST(Pool, MemoryBudgetTakesIdleConversationsFirstAndWeightsLast) {
   EXPECT_EQ(Last(cs[0]->logits(0), nv), Reference(m.get(), toks[0], 256, t0));
 }
 
+// The budget pass after a call does not cut the conversation in use because an idle one is busy
+// being persisted (its write holds it): the pass stops (budget_deferred) and runs again when that
+// write ends, taking the idle conversation then. Evict (an explicit request) still takes what it must.
+TEST(Pool, BudgetSparesTheConversationInUseWhileAnIdleOneIsBeingWritten) {
+  auto m = LoadModel();
+  const std::string dir = FreshDir("defer");
+  PoolOptions o = Opts(dir);
+  const uint64_t kv_per_token = 2ull * m->hparams().n_layer * m->hparams().n_head_kv * m->hparams().head_dim * 2;
+  o.memory_budget = m->tensor_bytes() + uint64_t(1.5 * 256 * double(kv_per_token));
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  const auto a = Tokens(0, 256, 21), b = Tokens(0, 256, 22);
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(ca->Decode(a.data(), 256, false).ok());
+  // a's write-behind stops inside its persist (holding a) until b's call and budget pass are over.
+  std::atomic<bool> in_persist{false}, release{false};
+  SyncPoints::SetCallback("session:save_locked", [&](int) {
+    in_persist = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  ASSERT_TRUE(ca->Commit().ok());
+  while (!in_persist) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+  ASSERT_TRUE(cb->Decode(b.data(), 256, false).ok());
+  ConversationReport rb;
+  ASSERT_TRUE(pool->Report("b", &rb).ok());
+  EXPECT_EQ(rb.kv_resident, 256 * kv_per_token);  // spared: a was busy, not b's turn
+  EXPECT_GE(pool->Stats().budget_deferred, 1u);
+  release = true;
+  // The write ends, the pass runs again and takes a (idle, least recently used).
+  ConversationReport ra;
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_TRUE(pool->Report("a", &ra).ok());
+    if (ra.kv_resident == 0 && !ra.busy) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  SyncPoints::ClearAll();
+  EXPECT_EQ(ra.kv_resident, 0u);
+  ASSERT_TRUE(pool->Report("b", &rb).ok());
+  EXPECT_EQ(rb.kv_resident, 256 * kv_per_token);
+  EXPECT_LE(pool->Stats().in_memory, o.memory_budget);
+}
+
 // With a codec that compresses in memory (q8), idle conversations leave compressed chunks in their
 // in-memory swaps: the budget must take those too before it cuts the conversation in use.
 TEST(Pool, BudgetEmptiesIdleInMemorySwapsBeforeTheActiveConversation) {
@@ -557,6 +604,66 @@ TEST(Pool, PressureEventsGiveBackAShareThenEverything) {
   const PoolStats s1 = pool->Stats();
   EXPECT_EQ(s1.kv_resident, 0u);
   EXPECT_LE(s1.weights_resident, base);  // layers gone (the base unit may stay: outside the LLM share)
+}
+
+// The pool's pressure watch: a source's events reach OnPressure on the watch thread (a step, then
+// everything at critical), each reported to on_action; one watch at a time; Stop is prompt and
+// idempotent, and a new watch can start after it.
+TEST(Pool, PressureWatchHandsEventsToThePool) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  PoolOptions o = Opts("");
+  o.context.kv_codec = "q8";
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(pool->OpenConversation("a", &c).ok());
+  const auto t = Tokens(0, 600, 30);
+  ASSERT_TRUE(c->Decode(t.data(), 600, false).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<PoolPressureAction> acts;
+  ManualSource* manual = nullptr;
+  PoolPressureOptions po;
+  po.source.kind = "manual";
+  po.amount.step_points = 0.25;
+  po.wrap_source = [&](std::unique_ptr<PressureSource>) -> std::unique_ptr<PressureSource> {
+    auto s = std::make_unique<ManualSource>();
+    manual = s.get();
+    return s;
+  };
+  po.on_action = [&](const PoolPressureAction& a) {
+    std::lock_guard<std::mutex> lk(mu);
+    acts.push_back(a);
+    cv.notify_all();
+  };
+  std::string why;
+  ASSERT_TRUE(pool->WatchPressure(po, &why).ok());
+  ASSERT_NE(manual, nullptr);
+  EXPECT_EQ(pool->WatchPressure(po, nullptr).code(), Status::kBusy);
+  auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(60), [&] { return acts.size() >= n; });
+  };
+  ConversationReport r0, r1;
+  ASSERT_TRUE(pool->Report("a", &r0).ok());
+  manual->Push(PressureLevel::kLow);
+  ASSERT_TRUE(wait_for(1));
+  EXPECT_TRUE(acts[0].status.ok()) << acts[0].status.ToString();
+  EXPECT_GT(acts[0].freed, 0u);
+  EXPECT_GT(acts[0].in_memory, 0u);
+  ASSERT_TRUE(pool->Report("a", &r1).ok());
+  EXPECT_LT(r1.kv_resident, r0.kv_resident);
+  manual->Push(PressureLevel::kCritical);
+  ASSERT_TRUE(wait_for(2));
+  EXPECT_EQ(pool->Stats().kv_resident, 0u);
+  pool->StopWatchingPressure();
+  pool->StopWatchingPressure();
+  // A new watch after the stop works (the next event is handled again).
+  ASSERT_TRUE(pool->WatchPressure(po, nullptr).ok());
+  ASSERT_TRUE(c->Decode(t.data(), 1, false).ok());  // restores what it needs
+  manual->Push(PressureLevel::kCritical);
+  ASSERT_TRUE(wait_for(3));
+  EXPECT_TRUE(acts[2].status.ok());
 }
 
 TEST(Pool, DiskBudgetDeletesLeastRecentlyUsedAndCountsIt) {

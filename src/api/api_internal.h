@@ -98,6 +98,8 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o);
 // mz_restore_params (NULL: defaults) to PipelineOptions, checked.
 mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOptions* po);
 void ToRestoreStats(const mz::RestoreGenerateStats& st, mz_restore_stats* out);
+// mz_pressure_params (already read with ReadParams) to the source and amount options, checked.
+mz::Status ToPressureOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so, mz::AmountOptions* ao);
 // Android onTrimMemory level -> pressure level (see mz_on_trim_memory); false: no action.
 bool TrimLevel(int32_t level, mz::PressureLevel* out);
 }  // namespace mz_api

@@ -403,9 +403,9 @@ void ToRestoreStats(const mz::RestoreGenerateStats& st, mz_restore_stats* stats)
 
 // ---- memory pressure ----
 
-namespace {
+namespace mz_api {
 
-mz::Status ToOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so, mz::AmountOptions* ao) {
+mz::Status ToPressureOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so, mz::AmountOptions* ao) {
   if (!(p.step_points > 0 && p.step_points <= 1)) return mz::Status::InvalidArgument("step_points must be in (0, 1]");
   if (!(p.escalation >= 1 && p.escalation <= 16)) return mz::Status::InvalidArgument("escalation must be in [1, 16]");
   if (!(p.max_step_points >= p.step_points && p.max_step_points <= 1))
@@ -430,6 +430,11 @@ mz::Status ToOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so,
   ao->restore_margin = p.restore_margin;
   return mz::Status::Ok();
 }
+
+}  // namespace mz_api
+
+namespace {
+using mz_api::ToPressureOptions;
 
 // Makes ctx->pressure a monitor over `src`, counting its actions into ctx->stats. pressure_mu held.
 void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, const mz::AmountOptions& ao) {
@@ -494,7 +499,7 @@ int mz_on_trim_memory(mz_context* ctx, int32_t level) {
     if (!ctx->pressure) {
       mz::PressureSourceOptions so;
       mz::AmountOptions ao;
-      MZ_RETURN_IF_ERROR(ToOptions(mz_pressure_default_params(), &so, &ao));
+      MZ_RETURN_IF_ERROR(ToPressureOptions(mz_pressure_default_params(), &so, &ao));
       InstallMonitor(ctx, std::make_unique<mz::ManualSource>(), ao);
     }
     return ctx->pressure->Submit(ev).status;
@@ -508,7 +513,7 @@ int mz_pressure_watch_start(mz_context* ctx, const mz_pressure_params* params) {
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsV1, "mz_pressure_params", &p));
     mz::PressureSourceOptions so;
     mz::AmountOptions ao;
-    MZ_RETURN_IF_ERROR(ToOptions(p, &so, &ao));
+    MZ_RETURN_IF_ERROR(ToPressureOptions(p, &so, &ao));
     std::lock_guard<std::mutex> lk(ctx->pressure_mu);
     if (ctx->watching) return mz::Status::Busy("a pressure watcher already runs on this context");
     std::unique_ptr<mz::PressureSource> src;

@@ -132,6 +132,27 @@ int mz_pool_flush(mz_pool* pool) {
   });
 }
 
+int mz_pool_pressure_watch_start(mz_pool* pool, const mz_pressure_params* params) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool) return mz::Status::InvalidArgument("null pool");
+    mz_pressure_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsV1, "mz_pressure_params", &p));
+    if (p.restore_in_background)
+      return mz::Status::Unsupported("restore_in_background is not applied to a pool (a conversation is restored by its next call)");
+    mz::PoolPressureOptions o;
+    MZ_RETURN_IF_ERROR(ToPressureOptions(p, &o.source, &o.amount));
+    return pool->pool->WatchPressure(o, nullptr);
+  });
+}
+
+int mz_pool_pressure_watch_stop(mz_pool* pool) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool) return mz::Status::InvalidArgument("null pool");
+    pool->pool->StopWatchingPressure();
+    return mz::Status::Ok();
+  });
+}
+
 int mz_pool_on_trim_memory(mz_pool* pool, int32_t level, uint64_t* freed) {
   if (freed) *freed = 0;
   return Guard(__func__, [&]() -> mz::Status {

@@ -240,6 +240,7 @@ Context* Conversation::context() {
 // ---- Pool ----
 
 Pool::~Pool() {
+  StopWatchingPressure();
   {
     std::lock_guard<std::mutex> lk(wb_mu_);
     wb_stop_ = true;
@@ -464,7 +465,7 @@ Status Pool::EnforceBudget() {
   std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
   if (!ev.owns_lock()) return Status::Ok();  // a pass is under way
   uint64_t freed = 0;
-  return EvictLocked(in_memory - opts_.memory_budget, &freed);
+  return EvictLocked(in_memory - opts_.memory_budget, &freed, /*spare_active=*/true);
 }
 
 Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
@@ -475,7 +476,7 @@ Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
   return st;
 }
 
-Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed) {
+Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
   *freed = 0;
   struct Victim {
     uint64_t last_use;
@@ -491,9 +492,11 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed) {
   std::sort(order.begin(), order.end(), [](const Victim& a, const Victim& b) { return a.last_use < b.last_use; });
   Status first_err;
   uint64_t total = 0;
+  bool deferred = false;
   {
     std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);  // the planner reads weight states
     if (wl.owns_lock()) {
+      bool idle_busy = false;
       for (size_t i = 0; i < order.size(); ++i) {
         if (total >= bytes) break;
         const auto& v = order[i];
@@ -501,12 +504,25 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed) {
         // whose segments come back only once it is empty, so moving part of it frees nothing.
         // The most recently used one (last) gives only what is still needed.
         const bool idle = i + 1 < order.size();
+        if (!idle && spare_active && idle_busy) {
+          deferred = true;  // not the conversation in use: the busy one goes once it is free
+          break;
+        }
         uint64_t f = 0;
         Status st = v.ctx->EvictBytes(idle ? ~uint64_t(0) : bytes - total, &f, nullptr, EvictScope::kKvOnly);
         total += f;
+        if (st.code() == Status::kBusy && idle) idle_busy = true;
         if (!st.ok() && st.code() != Status::kBusy && first_err.ok()) first_err = st;
       }
     }
+  }
+  if (deferred) {
+    budget_retry_ = true;
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.budget_deferred++;
+    stats_.bytes_evicted += total;
+    *freed = total;
+    return first_err;
   }
   // 3. weights, only while no conversation computes.
   if (total < bytes) {
@@ -562,6 +578,57 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
   return Evict(all ? ~uint64_t(0) : d.evict_bytes, freed);
 }
 
+Status Pool::WatchPressure(const PoolPressureOptions& opts, std::string* why) {
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  if (watch_src_) return Status::Busy("the pool already watches pressure (stop it first)");
+  Env* env = model_->env();
+  std::unique_ptr<PressureSource> src;
+  MZ_RETURN_IF_ERROR(CreatePressureSource(env, opts.source, &src, why));
+  if (opts.wrap_source) src = opts.wrap_source(std::move(src));
+  if (!src) return Status::InvalidArgument("wrap_source returned no source");
+  MZ_RETURN_IF_ERROR(src->Start());
+  {
+    std::lock_guard<std::mutex> pl(pressure_mu_);
+    amount_ = AmountPolicy(opts.amount);
+  }
+  PressureSource* raw = src.get();
+  auto on_action = opts.on_action;
+  Status st = env->StartThread(
+      [this, raw, on_action] {
+        for (;;) {
+          PressureEvent ev;
+          Status w = raw->Wait(1000, &ev);
+          if (w.code() == Status::kTimeout) continue;
+          PoolPressureAction act;
+          if (!w.ok()) {
+            if (w.code() == Status::kCancelled) return;  // StopWatchingPressure
+            act.status = w;                              // e.g. the watched cgroup was removed
+            if (on_action) on_action(act);
+            return;
+          }
+          act.event = ev;
+          act.status = OnPressure(ev, &act.freed);
+          act.in_memory = Stats().in_memory;
+          if (on_action) on_action(act);
+        }
+      },
+      &watch_thread_);
+  if (!st.ok()) {
+    src->Stop();
+    return st.With("starting the pool's pressure watch");
+  }
+  watch_src_ = std::move(src);
+  return Status::Ok();
+}
+
+void Pool::StopWatchingPressure() {
+  std::lock_guard<std::mutex> lk(watch_mu_);
+  if (!watch_src_) return;
+  watch_src_->Stop();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  watch_src_.reset();
+}
+
 void Pool::QueuePersist(const std::shared_ptr<Conversation>& c) {
   {
     std::lock_guard<std::mutex> lk(wb_mu_);
@@ -590,6 +657,8 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
       stats_.persist_failures++;
     }
   }
+  // A budget pass that stopped at this conversation (busy being written) runs again now.
+  if (budget_retry_.exchange(false)) (void)EnforceBudget();
   if (!st.ok()) return st.With("persisting conversation '" + c->id_ + "'");
   return EnforceDiskBudget(c->id_);
 }
@@ -652,6 +721,8 @@ void Pool::WriteBehindLoop() {
     }
     for (auto& w : q)
       if (auto c = w.lock()) Persist(c);  // failures are counted (persist_failures) and retried later
+    // A budget pass that stopped at a busy idle conversation (a generation, now over) runs again.
+    if (budget_retry_.exchange(false)) (void)EnforceBudget();
     lk.lock();
   }
 }

@@ -15,6 +15,10 @@
 //   3. the weight units (backward-out, then the base unit), only while no conversation computes.
 // Eviction never waits for a generation: a conversation that is computing (or being persisted) is
 // skipped, and weights stay when any conversation computes.
+// The budget pass after a call (not Evict or pressure, which take what they must) does not cut the
+// conversation in use, nor weights, because an idle one was busy (being persisted, say): it stops,
+// counts PoolStats::budget_deferred, and the pass runs again when the next persist ends. RAM may
+// then exceed the budget for that long (one conversation's write).
 //
 // Weights are shared: a conversation's context never moves weight units on its own
 // (ContextOptions::shared_weights). A generation takes the pool's weights lock shared when every
@@ -46,6 +50,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -58,6 +63,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "pressure/amount_policy.h"
+#include "pressure/pressure_source.h"
 #include "runtime/context.h"
 
 namespace mz {
@@ -108,11 +114,29 @@ struct PoolStats {
   uint64_t persists = 0, persist_failures = 0;
   uint64_t prefix_chunks_reused = 0;  // chunks (per layer) copied instead of computed
   uint64_t evictions = 0, bytes_evicted = 0;
+  uint64_t budget_deferred = 0;  // budget passes that spared the conversation in use (an idle one was busy)
 };
 
 struct DamagedFile {
   std::string path;
   std::string error;
+};
+
+// What the pool's pressure watch did with one event (Pool::WatchPressure).
+struct PoolPressureAction {
+  PressureEvent event;
+  uint64_t freed = 0;       // RAM given back
+  uint64_t in_memory = 0;   // the pool's RAM after it (last known figures)
+  Status status;            // OnPressure's result, or the source's error that ended the watch
+};
+
+struct PoolPressureOptions {
+  PressureSourceOptions source;  // which source (kind "auto": the best this machine supports)
+  AmountOptions amount;          // how much to give back per event (restore-ahead is not applied)
+  // Optional: wraps the chosen source before the watch takes it (a test's fake, a reporter).
+  std::function<std::unique_ptr<PressureSource>(std::unique_ptr<PressureSource>)> wrap_source;
+  // Optional: called on the watch thread after every event, no pool lock held.
+  std::function<void(const PoolPressureAction&)> on_action;
 };
 
 class Pool;
@@ -188,6 +212,16 @@ class Pool {
   // pool: a share of its LLM memory, escalating on repeated events, merged within the hysteresis
   // window, everything at critical), given back in the pool's order. *freed (optional).
   Status OnPressure(const PressureEvent& ev, uint64_t* freed);
+  // Starts a thread that waits on a pressure source (CreatePressureSource through the model's Env)
+  // and hands every event to OnPressure, with opts.amount as the pool's amount policy from now on.
+  // It never waits for a generation (OnPressure does not). One watch at a time: kInvalidArgument
+  // if one runs. The source's creation error (kUnsupported, kInvalidArgument) or the thread's
+  // (kNoMemory) leaves nothing running. A source error other than a timeout ends the thread after
+  // an action carrying it. *why (optional): which source was chosen and why.
+  Status WatchPressure(const PoolPressureOptions& opts, std::string* why);
+  // Stops the watch (prompt: the source's Wait is woken) and joins its thread. No-op without one.
+  // The destructor calls it.
+  void StopWatchingPressure();
   // Waits until every changed conversation is persisted (or its persist failed: the first error).
   Status Flush();
 
@@ -206,7 +240,9 @@ class Pool {
   std::string StoredPath(const std::string& id) const;
   void ReindexLocked(Conversation& c, const std::vector<int32_t>& history);
   Status EnforceBudget();
-  Status EvictLocked(uint64_t bytes, uint64_t* freed);  // REQUIRES evict_mu_
+  // REQUIRES evict_mu_. spare_active: step 2 and 3 are skipped when an idle conversation was
+  // busy (budget_retry_ set: the next persist runs the budget pass again).
+  Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false);
   bool AllWeightsResident() const;
   // ctx's report (it reads the shared weight units' state) under the weights lock taken shared,
   // without waiting for either: false (out unchanged: the last known figures) if one is busy.
@@ -226,9 +262,14 @@ class Pool {
   PoolStats stats_;
   std::shared_mutex weights_mu_;  // shared: a generation over resident weights; exclusive: weights move
   std::mutex evict_mu_;           // one eviction pass at a time
+  std::atomic<bool> budget_retry_{false};  // a budget pass stopped at a busy idle conversation
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
   std::mutex pressure_mu_;
   AmountPolicy amount_{AmountOptions()};  // under pressure_mu_
+  // The pressure watch (WatchPressure): its source and thread, under watch_mu_.
+  std::mutex watch_mu_;
+  std::unique_ptr<PressureSource> watch_src_;
+  std::thread watch_thread_;
   // Write-behind.
   std::mutex wb_mu_;
   std::condition_variable wb_cv_, wb_done_cv_;

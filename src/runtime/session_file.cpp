@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/sync_point.h"
 #include "model/model.h"
 #include "runtime/context.h"
 #include "store/kv_codec.h"
@@ -47,6 +48,7 @@ struct Aligned {
 
 Status SaveSession(Context& ctx, const std::string& path, const std::string& codec_name, SessionInfo* info) {
   Context::ForegroundLock lk(&ctx);
+  MZ_SYNC_POINT("session:save_locked", 0);  // tests: a save in progress (the context is busy)
   auto codec = MakeKvCodec(codec_name);
   if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
   Env* env = ctx.model_->env();
