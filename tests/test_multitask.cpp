@@ -162,7 +162,7 @@ TEST(MultitaskBench, QuickRunMzcacheSurvivesWhereOsPagingIsKilled) {
   const std::string cache = std::string(MZ_TEST_MODEL_DIR) + "/multitask-cache";
   const std::string out = test::TempDir() + "/multitask";
   const std::string cmd = "mkdir -p '" + cache + "' && MZ_CACHE_DIR='" + cache + "' '" MZ_CLI_PATH
-                          "' bench multitask --quick -m '" + model + "' --modes ospaging,mz25 -o '" + out +
+                          "' bench multitask --quick -m '" + model + "' --modes ospaging,mz25,pool25 -o '" + out +
                           "' > '" + out + ".log' 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream logf(out + ".log");
@@ -174,11 +174,12 @@ TEST(MultitaskBench, QuickRunMzcacheSurvivesWhereOsPagingIsKilled) {
   std::ifstream jf(out + "/multitask.json");
   ASSERT_TRUE(jf.good()) << log.str();
   const nlohmann::json doc = nlohmann::json::parse(jf);
-  ASSERT_EQ(doc["modes"].size(), 2u);
+  ASSERT_EQ(doc["modes"].size(), 3u);
   const nlohmann::json* os = nullptr;
   const nlohmann::json* mz = nullptr;
-  for (const auto& m : doc["modes"]) (m["mode"] == "ospaging" ? os : mz) = &m;
-  ASSERT_TRUE(os && mz);
+  const nlohmann::json* pool = nullptr;
+  for (const auto& m : doc["modes"]) (m["mode"] == "ospaging" ? os : m["mode"] == "mz25" ? mz : pool) = &m;
+  ASSERT_TRUE(os && mz && pool);
   // The control shows the tolerance separates a lost context from lossy-but-intact.
   EXPECT_GT(doc["control_lost_context"]["max_logit_diff"].get<double>(), doc["intact_tolerance"].get<double>());
   ASSERT_EQ((*mz)["rounds"].size(), 3u);
@@ -191,6 +192,17 @@ TEST(MultitaskBench, QuickRunMzcacheSurvivesWhereOsPagingIsKilled) {
     EXPECT_GT(r["freed_mib"].get<double>(), 0) << "mzcache gave nothing back in round " << r["round"];
   }
   EXPECT_EQ((*mz)["summary"]["survived"], 3);
+  // The pool (4 conversations under one budget) under the same pressure: not killed, the queried
+  // conversation intact, every conversation still there, none deleted, no damaged file.
+  ASSERT_EQ((*pool)["rounds"].size(), 3u);
+  for (const auto& r : (*pool)["rounds"]) {
+    EXPECT_FALSE(r["killed"].get<bool>()) << "the pool was killed in round " << r["round"] << "\n" << log.str();
+    EXPECT_TRUE(r["answered"].get<bool>() && r["intact"].get<bool>()) << r.dump();
+    EXPECT_EQ(r["pool_conversations"].get<int>(), 4) << r.dump();
+    EXPECT_EQ(r["pool_conversations_lost"].get<int>(), 0) << r.dump();
+    EXPECT_EQ(r["pool_damaged_files"].get<int>(), 0) << r.dump();
+    EXPECT_GT(r["freed_mib"].get<double>(), 0) << "the pool gave nothing back in round " << r["round"];
+  }
   int killed = 0;
   for (const auto& r : (*os)["rounds"]) {
     if (!r["killed"].get<bool>()) continue;

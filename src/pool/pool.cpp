@@ -45,6 +45,8 @@ Status Conversation::EnsureOpenLocked() {
     // context's or the ablation asks for the whole read at open.
     const bool as_storage = pool_->opts_.stored_as_storage && pool_->opts_.persist_codec == pool_->opts_.context.kv_codec;
     Status st = as_storage ? OpenSessionAsStorage(*ctx, path) : LoadSession(*ctx, path);
+    // A file of another codec (one the app copied in, an older persist_codec) is read whole.
+    if (as_storage && st.code() == Status::kInvalidArgument) st = LoadSession(*ctx, path);
     if (!st.ok()) {
       if (st.code() == Status::kCorruption) {  // reported like a file found damaged at start
         std::lock_guard<std::mutex> lk(pool_->mu_);

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -54,6 +55,7 @@ struct MtArgs {
   int limit_mib = 0;          // 0: LLM usage after warm-up + free_frac x footprint
   double free_frac = 0.25;    // free memory left for apps under the auto limit (fraction of the footprint)
   std::vector<std::string> modes{"ospaging", "mz15", "mz25"};
+  int pool_convs = 4;  // mode pool<NN>: conversations in the pool (the query goes to one of them)
   bool quick = false;
   std::string out = "results/bench-multitask";
   int threads = 2;
@@ -78,7 +80,7 @@ struct MtArgs {
 
 struct ModeSpec {
   std::string name;         // ospaging | mz15 | mz25 | mz<NN>[+ahead][+step][+noyield][@<source>]
-  std::string worker_mode;  // ospaging | mzcache
+  std::string worker_mode;  // ospaging | mzcache | pool
   double step = 0;
   std::string source;       // mzcache's pressure source for this mode
   bool ahead = false;          // +ahead: background restore-ahead (also --restore-ahead for every mode)
@@ -140,6 +142,8 @@ struct RoundResult {
   double wait_s = 0, reload_s = 0, restored_in_query_mib = 0;  // the query's restore_generate
   int compute_threads = 0;
   double measure_ms = -1;  // request to the end of the worker's mincore pass (includes a wait for the context)
+  // Mode pool: conversations the pool lists after the query, deleted by it, damaged files (-1: not a pool).
+  int pool_convs = -1, pool_lost = -1, pool_damaged = -1;
   int events = 0;  // pressure events the mzcache worker received
   int evictions = 0;
   double freed_mib = 0;
@@ -427,6 +431,9 @@ class MultitaskBench {
     out->swap = SwapState();
     MemCgroup cg;
     MZ_RETURN_IF_ERROR(SetUpCgroup(&cg));
+    std::error_code ec;
+    std::filesystem::remove_all(PoolDir(), ec);
+    if (m.worker_mode == "pool") MZ_RETURN_IF_ERROR(FillPoolDir());
     // Same start for every mode: nothing of the model or the app file in the page cache (the OS
     // Paging worker's weight pages are then charged to its cgroup as it faults them in).
     MZ_RETURN_IF_ERROR(DropPageCache());
@@ -442,6 +449,7 @@ class MultitaskBench {
     out->marks = marks_;
     marks_.clear();
     std::remove(swap_path_.c_str());
+    std::filesystem::remove_all(PoolDir(), ec);
     return st;
   }
 
@@ -507,7 +515,24 @@ class MultitaskBench {
     if (m.no_reconcile) v.push_back("--no-reconcile");
     if (m.anon) v.push_back("--anon");
     if (m.no_touch) v.push_back("--no-touch");
+    if (m.worker_mode == "pool") v.insert(v.end(), {"--pool-dir", PoolDir(), "--pool-convs", std::to_string(a_.pool_convs)});
     return v;
+  }
+
+  // Mode pool: the pool's folder, kept across the worker's restarts within a mode (a killed worker
+  // comes back from it), removed before and after each mode.
+  std::string PoolDir() const { return swap_path_ + ".pool"; }
+
+  // Mode pool: the conversations are copies of the session file, made here (outside the cgroup,
+  // before the page cache is dropped) so the copy's page cache is not charged to the LLM.
+  Status FillPoolDir() const {
+    if (sess_.empty()) return Status::InvalidArgument("a pool mode needs --cold-start session (its conversations are copies of the session)");
+    std::error_code ec;
+    std::filesystem::create_directories(PoolDir(), ec);
+    for (int i = 0; i < a_.pool_convs && !ec; ++i)
+      std::filesystem::copy_file(sess_, PoolDir() + "/" + (i ? "conv-" + std::to_string(i) : std::string("ref")) + ".mzs",
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+    return ec ? Status::IOError("filling " + PoolDir() + ": " + ec.message()) : Status::Ok();
   }
 
   void AddMark(const std::string& kind, double value = 0) { marks_.push_back({NowSeconds() - t0_, kind, value}); }
@@ -552,6 +577,11 @@ class MultitaskBench {
     rr->answered = res["ok"] == "1";
     rr->ttft_query = num("ttft");
     rr->intact = res["intact"] == "1";
+    if (res.count("convs")) {
+      rr->pool_convs = std::stoi(res["convs"]);
+      rr->pool_lost = std::stoi(res["lost"]);
+      rr->pool_damaged = std::stoi(res["damaged"]);
+    }
     rr->history_ok = res["hist"] == "1";
     rr->bitident = res["bitident"] == "1";
     rr->maxdiff = num("maxdiff");
@@ -751,7 +781,10 @@ class MultitaskBench {
                    rr.round, int(plan_.size()), rr.app_mib, rr.n_apps,
                    rr.killed ? "KILLED" : "survived", rr.ttft,
                    rr.killed ? (" (cold start: " + rr.back + ")").c_str() : "",
-                   rr.intact ? (rr.bitident ? "intact (bit-identical)" : "intact") : "NOT intact",
+                   (std::string(rr.intact ? (rr.bitident ? "intact (bit-identical)" : "intact") : "NOT intact") +
+                    (rr.pool_convs >= 0 ? "; pool: " + std::to_string(rr.pool_convs) + " conversations, " +
+                                              std::to_string(rr.pool_lost) + " lost, " + std::to_string(rr.pool_damaged) +
+                                              " damaged" : std::string())).c_str(),
                    rr.evictions ? (", " + std::to_string(rr.evictions) + " evictions, " +
                                    std::to_string(int(rr.freed_mib)) + " MiB freed").c_str()
                                 : "");
@@ -813,15 +846,21 @@ Status ParseModes(const MtArgs& a, std::vector<ModeSpec>* modes) {
       else flags_ok = false;
       body.resize(plus);
     }
-    const std::string pts = body.size() > 2 ? body.substr(2) : "";
+    // pool<NN>: the LLM is a pool of --pool-conversations conversations (issue 22's pressure run).
+    const bool pool = body.rfind("pool", 0) == 0;
+    if (pool) spec.worker_mode = "pool";
+    const std::string pts = body.size() > (pool ? 4 : 2) ? body.substr(pool ? 4 : 2) : "";
+    if (pool && (spec.ahead || spec.no_yield || spec.no_reconcile || spec.anon || spec.no_touch))
+      return Status::InvalidArgument("mode '" + m + "': a pool mode takes only +step and @<source>");
     if (m == "ospaging") modes->push_back({m, "ospaging", 0, ""});
-    else if (flags_ok && body.rfind("mz", 0) == 0 && !pts.empty() && pts.size() <= 3 &&
+    else if (flags_ok && (pool || body.rfind("mz", 0) == 0) && !pts.empty() && pts.size() <= 3 &&
              std::all_of(pts.begin(), pts.end(), ::isdigit) && std::stoi(pts) > 0 && std::stoi(pts) <= 100) {
       spec.step = std::stoi(pts) / 100.0;
       modes->push_back(spec);
     } else {
       return Status::InvalidArgument("unknown mode '" + m +
-                                     "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>])");
+                                     "' (ospaging, mz15, mz25, mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>], "
+                                     "pool<points>[+step][@<source>])");
     }
   }
   return Status::Ok();
@@ -992,6 +1031,7 @@ nlohmann::json RoundJson(const RoundResult& x, double mem_ttft) {
           {"ttft_over_memory", x.ttft / mem_ttft}, {"ttft_resident", x.ttft_resident},
           {"ttft_over_resident", x.ttft / x.ttft_resident}, {"resident_remaining", x.resident_remaining}, {"intact", x.intact}, {"bit_identical", x.bitident},
           {"max_logit_diff", x.maxdiff}, {"history_ok", x.history_ok},
+          {"pool_conversations", x.pool_convs}, {"pool_conversations_lost", x.pool_lost}, {"pool_damaged_files", x.pool_damaged},
           {"top1", x.top1}, {"ref_top1", x.ref_top1}, {"top1_equal", x.top1_equal}, {"ref_margin", x.ref_margin}, {"remaining_before_query", x.remaining},
           {"llm_rss_mib_before_query", x.llm_rss_mib}, {"llm_counted_resident_mib", x.counted_mib},
           {"llm_in_ram_mib", x.inram_mib}, {"reconciled_mib", x.reconciled_mib}, {"major_faults_in_query", x.majflt},
@@ -1034,6 +1074,18 @@ nlohmann::json ReportMode(const MtArgs& a, const ModeResult& r, double mem_ttft,
     if (std::isfinite(x.ttft_resident) && x.ttft_resident > 0) paired.push_back(x.ttft / x.ttft_resident);
     *tables += RoundRow(x, mem_ttft);
     rows.push_back(RoundJson(x, mem_ttft));
+  }
+  if (r.spec.worker_mode == "pool") {
+    // Nothing lost: the conversations the pool listed after each round's query.
+    std::string convs;
+    int lost = 0, damaged = 0;
+    for (const RoundResult& x : r.rounds) {
+      convs += (convs.empty() ? "" : ", ") + std::to_string(x.pool_convs);
+      lost = std::max(lost, x.pool_lost);
+      damaged = std::max(damaged, x.pool_damaged);
+    }
+    *tables += "\nPool: " + std::to_string(a.pool_convs) + " conversations at the start; listed after each round's query: " +
+               convs + "; deleted by the pool: " + std::to_string(lost) + "; damaged files: " + std::to_string(damaged) + ".\n";
   }
   const double med = Median(t), mx = t.empty() ? NAN : *std::max_element(t.begin(), t.end());
   char line[1024];
@@ -1179,7 +1231,9 @@ void AddMultitaskCommands(CLI::App& app, Runners& runners) {
   c->add_option("--type", a->type, "weight type for a synthesized shape")->capture_default_str();
   c->add_option("--limit-mib", a->limit_mib, "cgroup limit (0: LLM usage after warm-up + --free x footprint)")->capture_default_str();
   c->add_option("--free", a->free_frac, "auto limit: free memory for apps, fraction of the LLM footprint")->capture_default_str();
-  c->add_option("--modes", a->modes, "ospaging, mz15, mz25: mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>] (+ahead: restore-ahead in the background; "
+  c->add_option("--modes", a->modes, "ospaging, mz15, mz25: mz<points>[+ahead][+step][+noyield][+noreconcile][+anon][+notouch][@<source>], "
+                "pool<points>[+step][@<source>] (pool: the LLM is a pool of --pool-conversations conversations under a "
+                "budget of the weights + one conversation, the query to one of them; +ahead: restore-ahead in the background; "
                 "+step: critical events escalate the step instead of evicting to the floor; +noyield: a restore-ahead slice "
                 "finishes even when the query waits; +noreconcile: the LLM trusts its own count of resident units instead of "
                 "asking the kernel (mincore) which it took; +anon: anonymous weights and KV, which the kernel cannot reclaim "
@@ -1187,6 +1241,7 @@ void AddMultitaskCommands(CLI::App& app, Runners& runners) {
                 "source: see --source)")
       ->delimiter(',')
       ->capture_default_str();
+  c->add_option("--pool-conversations", a->pool_convs, "conversations of a pool mode")->check(CLI::Range(1, 64))->capture_default_str();
   c->add_flag("--quick", a->quick,
               "CI-sized: 3 rounds, qwen3-0.6b q4_0, 3072-token context, apps 0.65-0.75 at 128 MiB/s, 1-2 s "
               "(options given explicitly win; docs/multitask.md)");

@@ -14,11 +14,13 @@
 #include <cinttypes>
 #include <cstdarg>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
 
 #include "model/model.h"
+#include "pool/pool.h"
 #include "pressure/monitor.h"
 #include "pressure/pressure_source.h"
 #include "pressure/wiring.h"
@@ -90,7 +92,124 @@ struct WorkerArgs {
   bool no_reconcile = false;  // trust the unit table's count (the kernel is not asked): the ablation
   bool anon = false;          // anonymous weights and KV (nothing the kernel can reclaim without swap)
   bool no_touch = false;      // restored pages first read by compute, not by the restore thread
+  // Mode pool: the context is conversation "ref" of a pool in pool_dir, beside pool_convs - 1
+  // others (copies of the session), under a budget of the weights + one conversation.
+  std::string pool_dir;
+  int pool_convs = 4;
 };
+
+std::string ActionLine(const PressureEvent& ev, uint64_t freed, double remaining, const Status& st, double step,
+                       uint64_t applied_ns) {
+  char b[512];
+  std::snprintf(b, sizeof b,
+                "action level=%s req=0 freed=%" PRIu64 " remaining=%.4f deferred=0 restored=0 restored_bytes=0 ok=%d "
+                "step=%.3f delay_ms=%.1f msg=%s",
+                PressureLevelName(ev.level), freed, remaining, int(st.ok()), step,
+                applied_ns > ev.time_ns ? double(applied_ns - ev.time_ns) / 1e6 : 0.0, OneLine(st.ToString()).c_str());
+  return b;
+}
+
+// Mode pool: the multitask protocol over a Pool (issue 22's pressure run). Its pressure watch
+// (Pool::WatchPressure) gives back in the pool's order; a query goes to conversation "ref". Each
+// result line also says how many conversations the pool lists (convs), how many it deleted
+// (lost: the disk budget, none here) and how many stored files were damaged.
+int RunPoolWorker(const WorkerArgs& a, const MultitaskRef& ref, double t_start) {
+  std::unique_ptr<Model> model;
+  Status st = Model::Load(Env::Default(), a.model, ModelOptions(), &model);
+  if (!st.ok()) return Fail(st);
+  if (model->hparams().n_vocab != ref.logits.size())
+    return Fail(Status::InvalidArgument("reference file does not match the model's vocabulary"));
+  if (a.pool_dir.empty() || a.pool_convs < 1) return Fail(Status::InvalidArgument("--pool-dir and --pool-convs >= 1"));
+  // First start: the conversations are copies of the session file (read whole once, then
+  // persisted in the pool's codec); a cold start after a kill finds them stored.
+  std::error_code ec;
+  std::filesystem::create_directories(a.pool_dir, ec);
+  // "pool-stored": the pool's files as the harness copied them or a previous worker left them.
+  std::string how = std::filesystem::exists(a.pool_dir + "/ref.mzs") ? "pool-stored" : "pool-copied";
+  if (how == "pool-copied") {
+    if (a.session.empty()) return Fail(Status::InvalidArgument("mode pool needs --session"));
+    for (int i = 0; i < a.pool_convs; ++i) {
+      const std::string to = a.pool_dir + "/" + (i ? "conv-" + std::to_string(i) : std::string("ref")) + ".mzs";
+      std::filesystem::copy_file(a.session, to, std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) return Fail(Status::IOError("copying the session to " + to + ": " + ec.message()));
+    }
+  }
+  PoolOptions po;
+  po.dir = a.pool_dir;
+  po.context.n_ctx = a.n_ctx;
+  po.context.n_threads = a.threads;
+  po.persist_codec = po.context.kv_codec;
+  const uint64_t kv_conv = uint64_t(ref.context.size() + ref.query.size()) * model->hparams().kv_bytes_per_token();
+  po.memory_budget = model->tensor_bytes() + kv_conv;
+  std::unique_ptr<Pool> pool;
+  st = Pool::Open(model.get(), po, &pool);
+  if (!st.ok()) return Fail(st);
+  const int listed0 = int(pool->List().size());
+  // The other conversations were in use before: each restored once (the budget then moves them out).
+  for (int i = 1; i < a.pool_convs; ++i) {
+    std::shared_ptr<Conversation> c;
+    st = pool->OpenConversation("conv-" + std::to_string(i), &c);
+    if (st.ok() && c->n_tokens() > 0) {
+      const int n = c->n_tokens();
+      const int32_t last = ref.context.back();
+      st = c->RestoreGenerate(&last, 1, PipelineOptions(), nullptr);
+      if (st.ok()) st = c->Truncate(n);
+    }
+    if (!st.ok()) return Fail(st.With("conversation conv-" + std::to_string(i)));
+  }
+  std::shared_ptr<Conversation> conv;
+  st = pool->OpenConversation("ref", &conv);
+  if (!st.ok()) return Fail(st);
+  if (conv->n_tokens() != int(ref.context.size()))
+    return Fail(Status::Corruption("conversation ref holds " + std::to_string(conv->n_tokens()) + " tokens, not " +
+                                   std::to_string(ref.context.size())));
+  PoolPressureOptions pp;
+  pp.source.kind = a.source;
+  pp.source.cgroup_dir = a.cgroup;
+  pp.amount.step_points = a.step;
+  pp.amount.critical_to_floor = !a.critical_step;
+  pp.wrap_source = [](std::unique_ptr<PressureSource> src) -> std::unique_ptr<PressureSource> {
+    return std::make_unique<ReportingSource>(std::move(src));
+  };
+  const uint64_t llm0 = model->tensor_bytes() + uint64_t(a.pool_convs) * kv_conv;
+  pp.on_action = [&](const PoolPressureAction& x) {
+    Out("%s", ActionLine(x.event, x.freed, double(x.in_memory) / double(llm0), x.status, a.step,
+                         Env::Default()->NowNs()).c_str());
+  };
+  std::string why;
+  st = pool->WatchPressure(pp, &why);
+  if (!st.ok()) return Fail(st);
+  std::fprintf(stderr, "multitask-worker: pool of %d conversations; pressure source: %s; step %.0f points\n",
+               listed0, why.c_str(), 100 * a.step);
+  Out("ready how=%s load_s=%.3f footprint=%" PRIu64 " llm=%" PRIu64 " base=%" PRIu64, how.c_str(),
+      NowSeconds() - t_start, po.memory_budget, po.memory_budget, uint64_t(0));
+  const int base = int(ref.context.size());
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "quit") break;
+    if (line != "query") {
+      Out("result ok=0 msg=unknown command");
+      continue;
+    }
+    const double t0 = NowSeconds();
+    const bool hist_before = conv->context() && conv->context()->history() == ref.context;
+    RestoreGenerateStats rs;
+    st = conv->RestoreGenerate(ref.query.data(), int(ref.query.size()), PipelineOptions(), &rs);
+    const double ttft = NowSeconds() - t0;
+    IntactCheck c = CheckIntact(st.ok() ? conv->logits(conv->n_logit_rows() - 1) : nullptr, ref, hist_before, a.tol);
+    // Back to the stored state (the write-behind may rewrite it once idle; no commit per query).
+    if (conv->n_tokens() > base) conv->Truncate(base);
+    const PoolStats ps = pool->Stats();
+    Out("result ok=%d ttft=%.6f intact=%d hist=%d top1=%d ref_top1=%d top1eq=%d margin=%.6g maxdiff=%.6g bitident=%d "
+        "remaining=%.4f counted=0 inram=0 reconciled=0 majflt=0 minflt=0 wait=%.4f reload=%.4f restored_bytes=%" PRIu64
+        " threads=%d measure_ms=-1 convs=%d lost=%" PRIu64 " damaged=%d msg=%s",
+        int(st.ok()), ttft, int(c.intact), int(c.history_ok), c.top1, c.ref_top1, int(c.top1_equal), c.ref_margin,
+        c.max_abs_diff, int(c.bit_identical), rs.remaining_at_start, rs.wait_s, rs.pipeline.reload_s,
+        rs.pipeline.bytes_restored, rs.compute_threads_during_restore, ps.n_conversations, ps.conversations_lost,
+        ps.n_damaged, OneLine(st.ToString()).c_str());
+  }
+  pool->StopWatchingPressure();
+  return 0;
+}
 
 int RunWorker(const WorkerArgs& a) {
   signal(SIGPIPE, SIG_IGN);
@@ -98,8 +217,9 @@ int RunWorker(const WorkerArgs& a) {
   MultitaskRef ref;
   Status st = ReadMultitaskRef(a.ref, &ref);
   if (!st.ok()) return Fail(st);
+  if (a.mode == "pool") return RunPoolWorker(a, ref, t_start);
   const bool mz = a.mode == "mzcache";
-  if (!mz && a.mode != "ospaging") return Fail(Status::InvalidArgument("--mode must be mzcache or ospaging"));
+  if (!mz && a.mode != "ospaging") return Fail(Status::InvalidArgument("--mode must be mzcache, pool or ospaging"));
   ModelOptions mo;
   if (mz && a.anon) mo.weights = WeightMemory::kAnonymous;
   if (!mz) {
@@ -303,6 +423,8 @@ void AddMultitaskChildren(CLI::App& app, Runners& runners) {
   w->add_flag("--no-reconcile", a->no_reconcile);
   w->add_flag("--anon", a->anon);
   w->add_flag("--no-touch", a->no_touch);
+  w->add_option("--pool-dir", a->pool_dir);
+  w->add_option("--pool-convs", a->pool_convs);
   runners.push_back([w, a]() -> int { return w->parsed() ? RunWorker(*a) : -1; });
 
   auto b = std::make_shared<AppArgs>();
