@@ -101,6 +101,53 @@ TEST(ChunkHash, ChainsFullChunksOnly) {
   EXPECT_NE(ha[1], hb[1]);
   EXPECT_NE(ha[2], hb[2]);  // the chain carries the difference on
   EXPECT_NE(ChainHashes(8, a.data(), 200, T)[0], ha[0]);  // another model never matches
+  // Extending a chain hashes only the new chunks, with the same result as hashing all of it.
+  std::vector<uint64_t> ext = ChainHashes(7, a.data(), 100, T);
+  ASSERT_EQ(ext.size(), 1u);
+  ExtendChainHashes(7, a.data(), 200, T, &ext);
+  EXPECT_EQ(ext, ha);
+  ExtendChainHashes(7, a.data(), 200, T, &ext);  // nothing new
+  EXPECT_EQ(ext, ha);
+}
+
+// The prefix index follows a conversation that is truncated inside its chunks and grows again with
+// other tokens: the old chunks are no longer offered, the new ones are (only the chunks past the
+// kept tokens are hashed again).
+TEST(Pool, PrefixIndexFollowsTruncateAndRegrowth) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(""), &pool).ok());
+  const auto old_t = Tokens(0, 300, 41), new_t = [&] {
+    auto t = old_t;
+    for (size_t i = 100; i < t.size(); ++i) t[i] = int32_t(60 + (i * 13) % 1500);
+    return t;
+  }();
+  std::shared_ptr<Conversation> a, b, c;
+  ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
+  ASSERT_TRUE(a->Decode(old_t.data(), 300, false).ok());
+  ASSERT_TRUE(a->Truncate(100).ok());  // chunk 0 (tokens 0-63) kept whole
+  ASSERT_TRUE(a->Decode(new_t.data() + 100, 200, false).ok());
+  ConversationReport r;
+  ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
+  ASSERT_TRUE(b->Decode(old_t.data(), 300, false).ok());
+  ASSERT_TRUE(pool->Report("b", &r).ok());
+  EXPECT_EQ(r.shared_chunks, 1);  // only chunk 0 still matches a
+  ASSERT_TRUE(pool->OpenConversation("c", &c).ok());
+  ASSERT_TRUE(c->Decode(new_t.data(), 300, false).ok());
+  ASSERT_TRUE(pool->Report("c", &r).ok());
+  EXPECT_EQ(r.shared_chunks, 4);  // a's new chunks 0-3
+  // c continues from a's chunks exactly: the same calls on one plain context.
+  ContextOptions co = Ctx();
+  co.swap_path = test::TempDir() + "/pool-ref-regrow-" + std::to_string(getpid()) + ".swap";
+  Context ref(m.get(), co);
+  ASSERT_TRUE(ref.Init().ok());
+  ASSERT_TRUE(ref.Decode(old_t.data(), 300, false).ok());
+  ref.Truncate(100);
+  ASSERT_TRUE(ref.Decode(new_t.data() + 100, 200, false).ok());
+  ref.Truncate(4 * T);
+  ASSERT_TRUE(ref.Decode(new_t.data() + 4 * T, 300 - 4 * T, false).ok());
+  const int nv = int(m->hparams().n_vocab);
+  EXPECT_EQ(Last(c->logits(0), nv), Last(ref.logits(0), nv));
 }
 
 TEST(Pool, SharedPrefixFromOpenConversationIsExact) {

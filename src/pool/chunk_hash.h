@@ -15,5 +15,9 @@ namespace mz {
 // Hashes of the full chunks of tokens[0, n): floor(n / chunk_tokens) values. model: the model's
 // fingerprint (FileIdentity::header_hash), so chunks of different models never match.
 std::vector<uint64_t> ChainHashes(uint64_t model, const int32_t* tokens, int n, int chunk_tokens);
+// Appends to *hashes the hashes of the full chunks of tokens[0, n) past the ones already there,
+// which must be the chain of tokens' first hashes->size() chunks (a history that only grew since):
+// ChainHashes without hashing those again.
+void ExtendChainHashes(uint64_t model, const int32_t* tokens, int n, int chunk_tokens, std::vector<uint64_t>* hashes);
 
 }  // namespace mz

@@ -124,14 +124,14 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   return Status::Ok();
 }
 
-void Conversation::AfterChangeLocked() {
+void Conversation::AfterChangeLocked(int keep_tokens) {
   version_++;
   n_tokens_ = int(ctx_->history().size());
   Env* env = pool_->model_->env();
   last_use_ns_ = env->NowNs();
   last_use_unix_ms_ = env->WallClockMs();
   std::lock_guard<std::mutex> lk(pool_->mu_);
-  pool_->ReindexLocked(*this, ctx_->history());
+  pool_->ReindexLocked(*this, ctx_->history(), keep_tokens);
   pool_->TryReportShared(*ctx_, &last_report_);
 }
 
@@ -151,7 +151,8 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     std::lock_guard<std::mutex> use(use_mu_);
     MZ_RETURN_IF_ERROR(EnsureOpenLocked());
     int consumed = 0;
-    const bool was_empty = ctx_->history().empty();
+    const int before = int(ctx_->history().size());  // these tokens stay as they are
+    const bool was_empty = before == 0;
     if (was_empty && pool_->opts_.share_prefixes) MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, &consumed));
     Status st;
     {
@@ -183,7 +184,7 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
       }
       return st;
     }
-    AfterChangeLocked();
+    AfterChangeLocked(before);
   }
   return pool_->EnforceBudget();
 }
@@ -196,7 +197,7 @@ Status Conversation::Truncate(int n_keep) {
   ctx_->Truncate(n_keep);
   if (n_keep < shared_chunks_ * ctx_->kv().geometry().chunk_tokens)
     shared_chunks_ = n_keep / ctx_->kv().geometry().chunk_tokens;
-  AfterChangeLocked();
+  AfterChangeLocked(n_keep);
   return Status::Ok();
 }
 
@@ -313,7 +314,7 @@ Status Pool::Init() {
       c->stored_tokens_ = int(r->tokens().size());
       c->last_use_unix_ms_ = uint64_t(fi.mtime_ns / 1000000);
       convs_[id] = c;
-      ReindexLocked(*c, r->tokens());
+      ReindexLocked(*c, r->tokens(), 0);
     }
   }
   stats_.n_damaged = int(damaged_.size());
@@ -328,25 +329,20 @@ Status Pool::Init() {
   return Status::Ok();
 }
 
-void Pool::ReindexLocked(Conversation& c, const std::vector<int32_t>& history) {
+void Pool::ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens) {
   const int T = opts_.context.kv_chunk_tokens;
-  const size_t n_full = history.size() / size_t(T);
-  // Unchanged full chunks keep their hashes (a decode that did not fill a chunk changes nothing).
-  if (n_full == c.hashes_.size() && !c.hashes_.empty() && n_full > 0) {
-    // Cheap check that the last full chunk is the same one (a truncate inside and regrowth).
-    const auto h = ChainHashes(model_->identity().header_hash, history.data(), int(n_full) * T, T);
-    if (h == c.hashes_) return;
-  }
-  for (uint64_t h : c.hashes_) {
-    auto range = index_.equal_range(h);
+  const size_t keep = std::min({c.hashes_.size(), size_t(std::max(0, keep_tokens)) / size_t(T), history.size() / size_t(T)});
+  for (size_t i = keep; i < c.hashes_.size(); ++i) {
+    auto range = index_.equal_range(c.hashes_[i]);
     for (auto it = range.first; it != range.second; ++it)
       if (it->second == c.id_) {
         index_.erase(it);
         break;
       }
   }
-  c.hashes_ = ChainHashes(model_->identity().header_hash, history.data(), int(n_full) * T, T);
-  for (uint64_t h : c.hashes_) index_.emplace(h, c.id_);
+  c.hashes_.resize(keep);
+  ExtendChainHashes(model_->identity().header_hash, history.data(), int(history.size()), T, &c.hashes_);
+  for (size_t i = keep; i < c.hashes_.size(); ++i) index_.emplace(c.hashes_[i], c.id_);
 }
 
 Status Pool::OpenConversation(const std::string& id, std::shared_ptr<Conversation>* out) {
@@ -422,7 +418,7 @@ Status Pool::Delete(const std::string& id) {
   std::string path;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    ReindexLocked(*c, {});
+    ReindexLocked(*c, {}, 0);
     path = c->stored_path_;
     c->closed_ = true;
     old = std::move(c->ctx_);
@@ -683,7 +679,7 @@ Status Pool::EnforceDiskBudget(const std::string& keep) {
       Conversation& c = *e.second;
       std::unique_lock<std::mutex> use(c.use_mu_, std::try_to_lock);
       if (!use.owns_lock()) continue;  // in use: not the least recently used in effect
-      ReindexLocked(c, {});
+      ReindexLocked(c, {}, 0);
       total -= c.stored_bytes_;
       remove.push_back(c.stored_path_);
       c.closed_ = true;

@@ -171,7 +171,8 @@ class Conversation {
   // Decode (pipeline false) or RestoreGenerate, with the prefix reuse and the weights lock.
   Status Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats, bool all_logits,
              bool pipeline);
-  void AfterChangeLocked();
+  // After a change of the history whose first keep_tokens tokens stayed as they were.
+  void AfterChangeLocked(int keep_tokens);
 
   Pool* pool_;
   const std::string id_;
@@ -238,7 +239,9 @@ class Pool {
   Status Init();
   Status NewContext(const std::string& id, std::shared_ptr<Context>* out);
   std::string StoredPath(const std::string& id) const;
-  void ReindexLocked(Conversation& c, const std::vector<int32_t>& history);
+  // REQUIRES mu_. c's chunk hashes in the prefix index follow history, whose first keep_tokens
+  // tokens are unchanged since the last call: only the full chunks past them are hashed again.
+  void ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens);
   Status EnforceBudget();
   // REQUIRES evict_mu_. spare_active: step 2 and 3 are skipped when an idle conversation was
   // busy (budget_retry_ set: the next persist runs the budget pass again).
