@@ -250,15 +250,37 @@ void SessionReader::ChunkPlace(int layer, int chunk, uint64_t* off, uint64_t* si
   *enc_tokens = int(r.enc_tokens);
 }
 
+namespace {
+
+// SessionReader::Open for a context of this model and KV cache, refusing a session longer than its
+// n_ctx (kContextFull): the first step of LoadSession and OpenSessionAsStorage.
+Status OpenFor(const Model& model, const KvCache& kv, const std::string& path, std::unique_ptr<SessionReader>* out) {
+  MZ_RETURN_IF_ERROR(SessionReader::Open(model, kv.geometry().chunk_tokens, path, out));
+  const int n_tokens = int((*out)->tokens().size());
+  if (n_tokens > kv.n_ctx_max()) {
+    out->reset();
+    return Status::ContextFull("session holds " + std::to_string(n_tokens) + " tokens, more than n_ctx " +
+                               std::to_string(kv.n_ctx_max()));
+  }
+  return Status::Ok();
+}
+
+void Describe(const SessionReader& r, SessionInfo* info) {
+  if (!info) return;
+  info->n_tokens = int(r.tokens().size());
+  info->n_chunks = r.n_chunks();
+  info->codec = r.codec();
+  info->file_bytes = r.file_bytes();
+}
+
+}  // namespace
+
 Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info) {
   Context::ForegroundLock lk(&ctx);
   const KvGeometry& g = ctx.kv_->geometry();
   std::unique_ptr<SessionReader> reader;
-  MZ_RETURN_IF_ERROR(SessionReader::Open(*ctx.model_, g.chunk_tokens, path, &reader));
+  MZ_RETURN_IF_ERROR(OpenFor(*ctx.model_, *ctx.kv_, path, &reader));
   const int n_tokens = int(reader->tokens().size());
-  if (n_tokens > ctx.kv_->n_ctx_max())
-    return Status::ContextFull("session holds " + std::to_string(n_tokens) + " tokens, more than n_ctx " +
-                               std::to_string(ctx.kv_->n_ctx_max()));
   if (reader->codec() != ctx.units_->codec().name())
     return Status::InvalidArgument("session " + path + " was stored with codec " + reader->codec() +
                                    ", the context's KV codec is " + ctx.units_->codec().name() +
@@ -272,12 +294,7 @@ Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* 
   MZ_RETURN_IF_ERROR(ctx.units_->AdoptStored(path, n_tokens, chunks).With("opening session " + path));
   ctx.history_ = reader->tokens();
   ctx.logits_.clear();
-  if (info) {
-    info->n_tokens = n_tokens;
-    info->n_chunks = n_chunks;
-    info->codec = reader->codec();
-    info->file_bytes = reader->file_bytes();
-  }
+  Describe(*reader, info);
   return Status::Ok();
 }
 
@@ -287,11 +304,8 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   const KvCache& kv = *ctx.kv_;
   const KvGeometry& g = kv.geometry();
   std::unique_ptr<SessionReader> reader;
-  MZ_RETURN_IF_ERROR(SessionReader::Open(*ctx.model_, g.chunk_tokens, path, &reader));
+  MZ_RETURN_IF_ERROR(OpenFor(*ctx.model_, kv, path, &reader));
   const int n_tokens = int(reader->tokens().size());
-  if (n_tokens > kv.n_ctx_max())
-    return Status::ContextFull("session holds " + std::to_string(n_tokens) + " tokens, more than n_ctx " +
-                               std::to_string(kv.n_ctx_max()));
   const int n_chunks = reader->n_chunks();
   // Decode every chunk into fresh memory before touching the context.
   const size_t cb = g.chunk_bytes();
@@ -312,12 +326,7 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   MZ_RETURN_IF_ERROR(ctx.units_->ReplaceKv(n_tokens, std::move(chunks)));
   ctx.history_ = reader->tokens();
   ctx.logits_.clear();
-  if (info) {
-    info->n_tokens = n_tokens;
-    info->n_chunks = n_chunks;
-    info->codec = reader->codec();
-    info->file_bytes = reader->file_bytes();
-  }
+  Describe(*reader, info);
   return Status::Ok();
 }
 

@@ -98,14 +98,18 @@ struct WorkerArgs {
   int pool_convs = 4;
 };
 
-std::string ActionLine(const PressureEvent& ev, uint64_t freed, double remaining, const Status& st, double step,
-                       uint64_t applied_ns) {
-  char b[512];
+// The protocol line of one pressure action (`action level=... msg=...`), for the context's monitor
+// and the pool's watch alike.
+std::string ActionLine(const PressureEvent& ev, uint64_t requested, uint64_t freed, double remaining, bool deferred,
+                       bool restored, uint64_t restored_bytes, const Status& st, double step, uint64_t applied_ns,
+                       const std::string& note) {
+  char b[1024];
   std::snprintf(b, sizeof b,
-                "action level=%s req=0 freed=%" PRIu64 " remaining=%.4f deferred=0 restored=0 restored_bytes=0 ok=%d "
-                "step=%.3f delay_ms=%.1f msg=%s",
-                PressureLevelName(ev.level), freed, remaining, int(st.ok()), step,
-                applied_ns > ev.time_ns ? double(applied_ns - ev.time_ns) / 1e6 : 0.0, OneLine(st.ToString()).c_str());
+                "action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d "
+                "restored_bytes=%" PRIu64 " ok=%d step=%.3f delay_ms=%.1f msg=%s",
+                PressureLevelName(ev.level), requested, freed, remaining, int(deferred), int(restored), restored_bytes,
+                int(st.ok()), step, applied_ns > ev.time_ns ? double(applied_ns - ev.time_ns) / 1e6 : 0.0,
+                OneLine(note.empty() ? st.ToString() : note).c_str());
   return b;
 }
 
@@ -173,8 +177,8 @@ int RunPoolWorker(const WorkerArgs& a, const MultitaskRef& ref, double t_start) 
   };
   const uint64_t llm0 = model->tensor_bytes() + uint64_t(a.pool_convs) * kv_conv;
   pp.on_action = [&](const PoolPressureAction& x) {
-    Out("%s", ActionLine(x.event, x.freed, double(x.in_memory) / double(llm0), x.status, a.step,
-                         Env::Default()->NowNs()).c_str());
+    Out("%s", ActionLine(x.event, 0, x.freed, double(x.in_memory) / double(llm0), false, false, 0, x.status, a.step,
+                         Env::Default()->NowNs(), "").c_str());
   };
   std::string why;
   st = pool->WatchPressure(pp, &why);
@@ -276,13 +280,8 @@ int RunWorker(const WorkerArgs& a) {
       return std::make_unique<ReportingSource>(std::move(src));
     };
     w.on_action = [](const PressureAction& x) {
-      Out("action level=%s req=%" PRIu64 " freed=%" PRIu64 " remaining=%.4f deferred=%d restored=%d restored_bytes=%" PRIu64
-          " ok=%d step=%.3f delay_ms=%.1f msg=%s",
-          PressureLevelName(x.event.level), x.requested, x.freed, x.remaining, int(x.deferred), int(x.restored),
-          x.restored_bytes,
-          int(x.status.ok()), x.step_points,
-          x.applied_ns > x.event.time_ns ? double(x.applied_ns - x.event.time_ns) / 1e6 : 0.0,
-          OneLine(x.note.empty() ? x.status.ToString() : x.note).c_str());
+      Out("%s", ActionLine(x.event, x.requested, x.freed, x.remaining, x.deferred, x.restored, x.restored_bytes,
+                           x.status, x.step_points, x.applied_ns, x.note).c_str());
     };
     std::string why;
     st = StartPressureMonitor(Env::Default(), &ctx, w, &mon, &why);
