@@ -15,6 +15,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -113,6 +114,19 @@ std::string ActionLine(const PressureEvent& ev, uint64_t requested, uint64_t fre
   return b;
 }
 
+// The worker's protocol after its `ready` line: one `result` line per `query` (answer() writes
+// it) until `quit` or the end of its input.
+void Serve(const std::function<void()>& answer) {
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line == "quit") break;
+    if (line != "query") {
+      Out("result ok=0 msg=unknown command");
+      continue;
+    }
+    answer();
+  }
+}
+
 // Mode pool: the multitask protocol over a Pool (issue 22's pressure run). Its pressure watch
 // (Pool::WatchPressure) gives back in the pool's order; a query goes to conversation "ref". Each
 // result line also says how many conversations the pool lists (convs), how many it deleted
@@ -188,12 +202,7 @@ int RunPoolWorker(const WorkerArgs& a, const MultitaskRef& ref, double t_start) 
   Out("ready how=%s load_s=%.3f footprint=%" PRIu64 " llm=%" PRIu64 " base=%" PRIu64, how.c_str(),
       NowSeconds() - t_start, po.memory_budget, po.memory_budget, uint64_t(0));
   const int base = int(ref.context.size());
-  for (std::string line; std::getline(std::cin, line);) {
-    if (line == "quit") break;
-    if (line != "query") {
-      Out("result ok=0 msg=unknown command");
-      continue;
-    }
+  Serve([&] {
     const double t0 = NowSeconds();
     const bool hist_before = conv->context() && conv->context()->history() == ref.context;
     RestoreGenerateStats rs;
@@ -210,7 +219,7 @@ int RunPoolWorker(const WorkerArgs& a, const MultitaskRef& ref, double t_start) 
         c.max_abs_diff, int(c.bit_identical), rs.remaining_at_start, rs.wait_s, rs.pipeline.reload_s,
         rs.pipeline.bytes_restored, rs.compute_threads_during_restore, ps.n_conversations, ps.conversations_lost,
         ps.n_damaged, OneLine(st.ToString()).c_str());
-  }
+  });
   pool->StopWatchingPressure();
   return 0;
 }
@@ -292,12 +301,7 @@ int RunWorker(const WorkerArgs& a) {
       NowSeconds() - t_start, r0.footprint(), r0.footprint() - r0.base_total, r0.base_total);
 
   const int base = int(ref.context.size());
-  for (std::string line; std::getline(std::cin, line);) {
-    if (line == "quit") break;
-    if (line != "query") {
-      Out("result ok=0 msg=unknown command");
-      continue;
-    }
+  Serve([&] {
     // TTFT as the user sees it: from the request to the logits, including any wait for an
     // eviction the monitor is still applying (RestoreGenerate's own ttft_s starts after that).
     // "remaining" is what RestoreGenerate found resident when it got the context (a restore-ahead
@@ -340,7 +344,7 @@ int RunWorker(const WorkerArgs& a) {
         c.max_abs_diff, int(c.bit_identical), remaining, kst.ok() ? kr.counted() : 0, kst.ok() ? kr.in_ram() : 0,
         reconciled, maj1 - maj0, min1 - min0, rs.wait_s, rs.pipeline.reload_s, rs.pipeline.bytes_restored,
         rs.compute_threads_during_restore, measure_ms, OneLine(st.ToString()).c_str());
-  }
+  });
   if (mon) mon->Stop();
   return 0;
 }
