@@ -89,6 +89,17 @@ std::vector<float> Reference(Model* m, const std::vector<int32_t>& first, int ke
   return Last(c.logits(0), int(m->hparams().n_vocab));
 }
 
+// A pool on o's folder in which conversation id decodes t and commits; the pool is then freed (it
+// persists what changed): id is stored.
+void Store(Model* m, const PoolOptions& o, const std::string& id, const std::vector<int32_t>& t) {
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m, o, &pool).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(pool->OpenConversation(id, &c).ok());
+  ASSERT_TRUE(c->Decode(t.data(), int(t.size()), false).ok());
+  ASSERT_TRUE(c->Commit().ok());
+}
+
 TEST(ChunkHash, ChainsFullChunksOnly) {
   std::vector<int32_t> a(200), b;
   for (int i = 0; i < 200; ++i) a[size_t(i)] = i;
@@ -238,14 +249,7 @@ TEST(Pool, RestartedConversationIsRestoredFromItsFileNotReadAtOpen) {
   const auto a = Tokens(0, 300, 5);
   const int nv = int(m->hparams().n_vocab);
   const int32_t next = 42;
-  {
-    std::unique_ptr<Pool> pool;
-    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
-    std::shared_ptr<Conversation> ca;
-    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-    ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-    ASSERT_TRUE(ca->Commit().ok());
-  }
+  Store(m.get(), Opts(dir), "a", a);
   std::vector<int32_t> a1 = a;
   a1.push_back(next);
   const std::vector<float> want = Reference(m.get(), a, int(a.size()), a1);
@@ -285,14 +289,7 @@ TEST(Pool, StoredFileRewrittenWhileItIsTheStorageTier) {
   const std::string dir = FreshDir("rewrite");
   const auto a = Tokens(0, 200, 6);
   const int nv = int(m->hparams().n_vocab);
-  {
-    std::unique_ptr<Pool> pool;
-    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
-    std::shared_ptr<Conversation> ca;
-    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-    ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-    ASSERT_TRUE(ca->Commit().ok());
-  }
+  Store(m.get(), Opts(dir), "a", a);
   std::unique_ptr<Pool> pool;
   ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
   std::shared_ptr<Conversation> ca;
@@ -318,14 +315,7 @@ TEST(Pool, FlippedChunkInAStoredFileIsFoundWhenRead) {
   auto m = LoadModel();
   const std::string dir = FreshDir("flipchunk");
   const auto a = Tokens(0, 150, 7);
-  {
-    std::unique_ptr<Pool> pool;
-    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
-    std::shared_ptr<Conversation> ca;
-    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-    ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-    ASSERT_TRUE(ca->Commit().ok());
-  }
+  Store(m.get(), Opts(dir), "a", a);
   {
     std::fstream f(dir + "/a.mzs", std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(0, std::ios::end);
@@ -387,14 +377,7 @@ TEST(Pool, Q8ConversationAfterRestartStaysWithinBoundedKl) {
     o.persist_codec = "q8";
     return o;
   };
-  {
-    std::unique_ptr<Pool> pool;
-    ASSERT_TRUE(Pool::Open(m.get(), q8(), &pool).ok());
-    std::shared_ptr<Conversation> ca;
-    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-    ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-    ASSERT_TRUE(ca->Commit().ok());
-  }
+  Store(m.get(), q8(), "a", a);
   ContextOptions co = Ctx();
   co.swap_path = test::TempDir() + "/pool-ref-q8-" + std::to_string(getpid()) + ".swap";
   Context ref(m.get(), co);
@@ -467,14 +450,7 @@ TEST(Pool, DamagedFilesAreReportedAndSkipped) {
   auto m = LoadModel();
   const std::string dir = FreshDir("damaged");
   const auto a = Tokens(0, 150, 1);
-  {
-    std::unique_ptr<Pool> pool;
-    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
-    std::shared_ptr<Conversation> ca;
-    ASSERT_TRUE(pool->OpenConversation("good", &ca).ok());
-    ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-    ASSERT_TRUE(ca->Commit().ok());
-  }  // the destructor persists (write-behind flushed)
+  Store(m.get(), Opts(dir), "good", a);
   ASSERT_TRUE(std::filesystem::exists(dir + "/good.mzs"));
   std::filesystem::copy_file(dir + "/good.mzs", dir + "/truncated.mzs");
   std::filesystem::resize_file(dir + "/truncated.mzs", std::filesystem::file_size(dir + "/good.mzs") / 2);
