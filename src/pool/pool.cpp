@@ -41,11 +41,11 @@ Status Conversation::EnsureOpenLocked() {
     path = stored_path_;
   }
   if (!path.empty()) {
-    // The stored file becomes the storage tier (read as restored), unless its codec is not the
-    // context's or the ablation asks for the whole read at open.
-    const bool as_storage = pool_->opts_.stored_as_storage && pool_->opts_.persist_codec == pool_->opts_.context.kv_codec;
+    // The stored file becomes the storage tier (read as restored), unless the ablation asks for
+    // the whole read at open. OpenSessionAsStorage refuses a file whose codec is not the
+    // context's (kInvalidArgument, context unchanged): such a file is read whole.
+    const bool as_storage = pool_->opts_.stored_as_storage;
     Status st = as_storage ? OpenSessionAsStorage(*ctx, path) : LoadSession(*ctx, path);
-    // A file of another codec (one the app copied in, an older persist_codec) is read whole.
     if (as_storage && st.code() == Status::kInvalidArgument) st = LoadSession(*ctx, path);
     if (!st.ok()) {
       if (st.code() == Status::kCorruption) {  // reported like a file found damaged at start

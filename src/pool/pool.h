@@ -83,8 +83,8 @@ struct PoolOptions {
   bool share_prefixes = true;
   // A stored conversation opened again (after a restart, or once closed) keeps its session file
   // as its storage tier (OpenSessionAsStorage): nothing is read at open, and its first
-  // restore_generate restores it front layers first, overlapped with prefill. Needs persist_codec
-  // equal to the context's kv_codec (else, and when false, the file is read whole at open:
+  // restore_generate restores it front layers first, overlapped with prefill. Needs the file's
+  // codec to be the context's kv_codec (else, and when false, the file is read whole at open:
   // LoadSession, the ablation).
   bool stored_as_storage = true;
 };
