@@ -464,7 +464,8 @@ int mz_pool_on_trim_memory(mz_pool* pool, int32_t level, uint64_t* freed);
  * generation. params NULL: defaults. restore_in_background is not applied to a pool
  * (MZ_ERR_UNSUPPORTED): a conversation is restored by its next call. Returns MZ_OK;
  * MZ_ERR_INVALID_ARG; MZ_ERR_UNSUPPORTED (the source does not work here: mz_last_error says why);
- * MZ_ERR_BUSY (already watching: stop first); or the OS error arming the source. */
+ * MZ_ERR_BUSY (already watching: stop first; a watch that ended on its source's error no longer
+ * counts and is replaced); or the OS error arming the source. */
 int mz_pool_pressure_watch_start(mz_pool* pool, const struct mz_pressure_params* params);
 /* Stops the pool's watcher (joins its thread). MZ_OK, also when none runs; mz_pool_free stops it. */
 int mz_pool_pressure_watch_stop(mz_pool* pool);

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/sync_point.h"
+#include "env/fault_env.h"
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
 #include "pressure/manual_source.h"
@@ -632,6 +633,59 @@ TEST(Pool, PressureEventsGiveBackAShareThenEverything) {
 // The pool's pressure watch: a source's events reach OnPressure on the watch thread (a step, then
 // everything at critical), each reported to on_action; one watch at a time; Stop is prompt and
 // idempotent, and a new watch can start after it.
+// A source that fails once started (a watched cgroup removed, say): its watch ends with an action
+// carrying the error, and no longer blocks a new watch.
+class FailingSource : public PressureSource {
+ public:
+  std::string name() const override { return "failing"; }
+  Status Start() override { return Status::Ok(); }
+  Status Wait(int, PressureEvent*) override { return Status::IOError("the watched file went away (injected)"); }
+  void Stop() override {}
+};
+
+TEST(Pool, PressureWatchEndedByASourceErrorIsReplacedByTheNext) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(""), &pool).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<PoolPressureAction> acts;
+  PoolPressureOptions po;
+  po.source.kind = "manual";
+  po.wrap_source = [](std::unique_ptr<PressureSource>) -> std::unique_ptr<PressureSource> {
+    return std::make_unique<FailingSource>();
+  };
+  po.on_action = [&](const PoolPressureAction& a) {
+    std::lock_guard<std::mutex> lk(mu);
+    acts.push_back(a);
+    cv.notify_all();
+  };
+  ASSERT_TRUE(pool->WatchPressure(po, nullptr).ok());
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return !acts.empty(); }));
+    EXPECT_EQ(acts[0].status.code(), Status::kIOError);
+  }
+  // The ended watch is replaced without a stop first (before the fix: kBusy until stopped).
+  ManualSource* manual = nullptr;
+  po.wrap_source = [&](std::unique_ptr<PressureSource>) -> std::unique_ptr<PressureSource> {
+    auto s = std::make_unique<ManualSource>();
+    manual = s.get();
+    return s;
+  };
+  Status st;
+  for (int i = 0; i < 200; ++i) {  // the ended thread flags itself just before its last action
+    st = pool->WatchPressure(po, nullptr);
+    if (st.code() != Status::kBusy) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  manual->Push(PressureLevel::kLow);
+  std::unique_lock<std::mutex> lk(mu);
+  ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return acts.size() >= 2; }));
+  EXPECT_TRUE(acts[1].status.ok()) << acts[1].status.ToString();
+}
+
 TEST(Pool, PressureWatchHandsEventsToThePool) {
   auto m = LoadModel();
   std::unique_ptr<Pool> pool;
@@ -718,6 +772,50 @@ TEST(Pool, DiskBudgetDeletesLeastRecentlyUsedAndCountsIt) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/a.mzs"));  // the least recently used
   EXPECT_TRUE(std::filesystem::exists(dir + "/b.mzs"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/c.mzs"));
+}
+
+// With write-behind, a commit waits for the previous commit's write: the stored file is never more
+// than one committed turn behind (what a kill -9 loses is the turn in flight). The writer is held in
+// another conversation's slow write (its folder sync) while "a" commits two turns: without the wait
+// the second Commit returns with nothing of "a" stored yet.
+TEST(Pool, WriteBehindStaysAtMostOneCommittedTurnBehind) {
+  FaultEnv fenv(Env::Default());
+  std::unique_ptr<Model> m;
+  ASSERT_TRUE(Model::Load(&fenv, ModelFile(), ModelOptions(), &m).ok());
+  const std::string dir = FreshDir("onebehind");
+  PoolOptions o = Opts(dir);
+  o.write_behind = true;
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> a, b;
+  ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
+  std::atomic<int> slow{1};
+  std::atomic<bool> held{false};
+  fenv.on_sync_dir = [&slow, &held](const std::string&) {
+    if (slow.fetch_sub(1) != 1) return;
+    held = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  };
+  const auto tb = Tokens(0, 64, 9);
+  std::vector<std::vector<int32_t>> turns;  // made first: Tokens() loads a tokenizer (0.5 s)
+  for (int turn = 0; turn < 3; ++turn) turns.push_back(Tokens(0, 24, 3 + turn));
+  ASSERT_TRUE(b->Decode(tb.data(), 64, false).ok());
+  ASSERT_TRUE(b->Commit().ok());  // the writer's first job: b, held 800 ms in its folder sync
+  for (int w = 0; w < 2000 && !held; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(held);
+  for (int turn = 0; turn < 3; ++turn) {
+    const auto& t = turns[size_t(turn)];
+    ASSERT_TRUE(a->Decode(t.data(), 24, false).ok());
+    ASSERT_TRUE(a->Commit().ok());
+    ConversationReport r;
+    ASSERT_TRUE(pool->Report("a", &r).ok());
+    EXPECT_GE(r.stored_tokens, turn * 24) << "turn " << turn << ": the stored file is more than one turn behind";
+  }
+  ASSERT_TRUE(pool->Flush().ok());
+  ConversationReport r;
+  ASSERT_TRUE(pool->Report("a", &r).ok());
+  EXPECT_EQ(r.stored_tokens, 3 * 24);
 }
 
 // Eviction of an idle conversation does not wait for a generating one, and two conversations

@@ -487,6 +487,24 @@ TEST(ElasticMappedSwap, RestoresByMappingAndReEvictsWithoutWriting) {
   ASSERT_TRUE(f.ctx->Restore().ok());
   EXPECT_EQ(NextLogits(*f.ctx, 7), NextLogits(*ref.ctx, 7)) << "a rewritten mapped chunk came back stale";
 
+  // Truncate inside chunk 2 while it is EVICTED (raw on storage, full), write new rows (the decode
+  // restores it by mapping), evict it raw again: it must be written anew, not skipped as clean
+  // (found by `reliability soak`: the new rows were lost and the old ones came back, checksum valid).
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 2, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  ASSERT_EQ(f.ctx->units().state(UnitRef::Kv(3, 2)), UnitState::kKvStorageRaw);
+  const int keep2 = 2 * kChunk + 9;
+  f.ctx->Truncate(keep2);
+  ref.ctx->Truncate(keep2);
+  const std::vector<int32_t> other(toks.begin() + 3, toks.begin() + 30);
+  ASSERT_TRUE(f.ctx->Decode(other.data(), int(other.size()), false).ok());
+  ASSERT_TRUE(ref.ctx->Decode(other.data(), int(other.size()), false).ok());
+  const int64_t w1 = env.n_writes.load();
+  ASSERT_TRUE(f.ctx->Evict(RearPlan(*f.ctx, 2, UnitState::kKvStorageRaw, 99, false), 0, nullptr).ok());
+  EXPECT_GT(env.n_writes.load(), w1);
+  ASSERT_TRUE(f.ctx->Restore().ok());
+  EXPECT_EQ(NextLogits(*f.ctx, 11), NextLogits(*ref.ctx, 11))
+      << "a chunk truncated into while evicted came back with its old rows";
+
   // Faults on the mapped read: EIO leaves the chunk on storage; a flipped bit loses it.
   Plan layer3 = {{UnitRef::Kv(3, 2), UnitState::kKvStorageRaw}, {UnitRef::Kv(3, 1), UnitState::kKvStorageRaw}};
   ASSERT_TRUE(f.ctx->Evict(layer3, 0, nullptr).ok());

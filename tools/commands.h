@@ -27,4 +27,8 @@ void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs
 void AddOsPagingWorker(CLI::App& app, Runners& runners);    // ospaging-worker (hidden)
 // bench multitask (added under `bench`: call after AddBenchCommands) + hidden multitask-worker/-app
 void AddMultitaskCommands(CLI::App& app, Runners& runners);
+// reliability kill, reliability soak (issue 25), and their hidden child workers.
+void AddReliabilityCommands(CLI::App& app, Runners& runners);
+void AddKillCommand(CLI::App* reliability, CLI::App& app, Runners& runners);  // tools/reliability/cmd_kill.cpp
+void AddSoakCommand(CLI::App* reliability, Runners& runners);                 // tools/reliability/cmd_soak.cpp
 }  // namespace mz::cli

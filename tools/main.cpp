@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   mz::cli::AddProfileCommands(app, runners);
   mz::cli::AddOsPagingWorker(app, runners);
   mz::cli::AddMultitaskCommands(app, runners);  // after AddBenchCommands: adds `bench multitask`
+  mz::cli::AddReliabilityCommands(app, runners);
   CLI11_PARSE(app, argc, argv);
   for (auto& r : runners) {
     int rc = r();  // -1: that subcommand was not selected

@@ -180,6 +180,7 @@ Status FaultEnv::Remove(const std::string& path) {
 
 Status FaultEnv::SyncDir(const std::string& path) {
   if (Fake(path, nullptr) != 0) return Status::Ok();
+  if (on_sync_dir) on_sync_dir(path);
   return target()->SyncDir(path);
 }
 

@@ -56,6 +56,9 @@ class FaultEnv : public EnvWrapper {
   Status Rename(const std::string& from, const std::string& to) override;
   Status Remove(const std::string& path) override;
   Status SyncDir(const std::string& path) override;
+  // Called (on the calling thread) at the start of every SyncDir of a real path, before it is
+  // forwarded: a test holds a writer there (a slow disk). Set it before the calls it concerns.
+  std::function<void(const std::string& path)> on_sync_dir;
   // Content of a fake file; false if there is none.
   bool FakeFile(const std::string& path, std::string* content) const;
   // Paths starting with prefix (e.g. "/proc/", "/sys/") that are not fake files do not exist

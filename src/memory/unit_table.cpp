@@ -184,7 +184,8 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
     kv_->SetChunk(layer, chunk, static_cast<uint16_t*>(mem));
     s.state = UnitState::kResident;
     s.mapped = true;
-    s.clean = true;  // the extent stays allocated while mapped
+    s.clean = !s.will_rewrite;  // the extent stays allocated while mapped
+    s.will_rewrite = false;
     if (opts_.touch_restored) TouchPages(mem, raw);
     return Status::Ok();
   }
@@ -221,6 +222,7 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
   s.ext = SwapExtent();
   s.enc_bytes = 0;
   s.state = UnitState::kResident;
+  s.will_rewrite = false;  // an anonymous chunk is written whole at its next eviction anyway
   if (opts_.touch_restored) TouchPages(dst, raw);
   return Status::Ok();
 }
@@ -515,7 +517,9 @@ Status UnitTable::SwapBytesCached(uint64_t* out) const {
 void UnitTable::WillRewriteChunk(int chunk) {
   for (int l = 0; l < int(slots_.size()); ++l) {
     KvSlot* s = chunk >= 0 && chunk < int(slots_[size_t(l)].size()) ? &slots_[size_t(l)][size_t(chunk)] : nullptr;
-    if (s && s->mapped) s->clean = false;
+    if (!s) continue;
+    if (s->mapped) s->clean = false;
+    if (s->state != UnitState::kResident) s->will_rewrite = true;
   }
 }
 

@@ -144,7 +144,8 @@ class UnitTable {
   Status SwapBytesCached(uint64_t* out) const;
   // The rows of chunk `chunk` (every layer) from the current token count on will be written again
   // (the context was truncated inside it): a chunk mapped from its swap extent is no longer clean
-  // (its next eviction writes it anew; writes go to private copies of the pages, never the file).
+  // (its next eviction writes it anew; writes go to private copies of the pages, never the file),
+  // and an evicted one is not counted clean when it comes back by mapping.
   void WillRewriteChunk(int chunk);
   // The codec's chunks can be read in place by the attention kernel (q8).
   bool codec_readable_in_place() const { return codec_ && codec_->attention_reads_in_place(); }
@@ -268,6 +269,10 @@ class UnitTable {
     // chunk is unmapped); clean: the stored copy still equals the chunk.
     bool mapped = false;
     bool clean = false;
+    // Evicted while the context was truncated inside the chunk (WillRewriteChunk): rows of the
+    // stored copy past the truncation will be written again once it is back, so a restore by
+    // mapping must not count it clean (its next eviction writes it anew).
+    bool will_rewrite = false;
   };
   // Unmaps a chunk mapped from its extent (data: its memory, already released from the KvCache), drops the extent's pages from the page cache and,
   // free_extent, frees the extent. The slot's state is left to the caller.

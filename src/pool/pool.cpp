@@ -212,6 +212,18 @@ Status Conversation::Commit() {
     self = it->second;
   }
   if (pool_->opts_.write_behind) {
+    // At most one turn behind: the previous commit's write (queued, or running) ends first, so a
+    // kill -9 loses at most the turn committed last. A failed write ends the wait too (it is
+    // counted in persist_failures and retried; the loss may then be larger, and that is reported).
+    const uint64_t prev = committed_version_.load();
+    if (prev > persisted_version_.load()) {
+      std::unique_lock<std::mutex> lk(pool_->wb_mu_);
+      const uint64_t attempts = persist_attempts_.load();
+      pool_->wb_done_cv_.wait(lk, [&] {
+        return persisted_version_.load() >= prev || persist_attempts_.load() != attempts || pool_->wb_stop_;
+      });
+    }
+    committed_version_ = version_.load();
     pool_->QueuePersist(self);
     return Status::Ok();
   }
@@ -249,6 +261,7 @@ Pool::~Pool() {
     wb_stop_ = true;
   }
   wb_cv_.notify_all();
+  wb_done_cv_.notify_all();
   if (wb_thread_.joinable()) wb_thread_.join();
   Flush();  // every changed conversation is persisted (errors were counted in persist_failures)
 }
@@ -578,7 +591,13 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
 
 Status Pool::WatchPressure(const PoolPressureOptions& opts, std::string* why) {
   std::lock_guard<std::mutex> lk(watch_mu_);
+  if (watch_src_ && watch_ended_.load()) {  // the last watch ended on its source's error: replaced
+    watch_src_->Stop();
+    if (watch_thread_.joinable()) watch_thread_.join();
+    watch_src_.reset();
+  }
   if (watch_src_) return Status::Busy("the pool already watches pressure (stop it first)");
+  watch_ended_ = false;
   Env* env = model_->env();
   std::unique_ptr<PressureSource> src;
   MZ_RETURN_IF_ERROR(CreatePressureSource(env, opts.source, &src, why));
@@ -601,6 +620,7 @@ Status Pool::WatchPressure(const PoolPressureOptions& opts, std::string* why) {
           if (!w.ok()) {
             if (w.code() == Status::kCancelled) return;  // StopWatchingPressure
             act.status = w;                              // e.g. the watched cgroup was removed
+            watch_ended_ = true;                         // a new WatchPressure may replace it
             if (on_action) on_action(act);
             return;
           }
@@ -638,23 +658,32 @@ void Pool::QueuePersist(const std::shared_ptr<Conversation>& c) {
 Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
   if (opts_.dir.empty()) return Status::Ok();
   Status st;
+  bool unchanged = false;
   {
     std::lock_guard<std::mutex> use(c->use_mu_);
-    if (c->closed_ || !c->ctx_ || c->version_.load() == c->persisted_version_.load()) return Status::Ok();
-    const std::string path = StoredPath(c->id_);
-    SessionInfo info;
-    st = SaveSession(*c->ctx_, path, opts_.persist_codec.empty() ? "q8" : opts_.persist_codec, &info);
-    std::lock_guard<std::mutex> lk(mu_);
-    if (st.ok()) {
-      c->persisted_version_ = c->version_.load();
-      c->stored_path_ = path;
-      c->stored_bytes_ = info.file_bytes;
-      c->stored_tokens_ = info.n_tokens;
-      stats_.persists++;
-    } else {
-      stats_.persist_failures++;
+    unchanged = c->closed_ || !c->ctx_ || c->version_.load() == c->persisted_version_.load();
+    if (!unchanged) {
+      const std::string path = StoredPath(c->id_);
+      SessionInfo info;
+      st = SaveSession(*c->ctx_, path, opts_.persist_codec.empty() ? "q8" : opts_.persist_codec, &info);
+      std::lock_guard<std::mutex> lk(mu_);
+      if (st.ok()) {
+        c->persisted_version_ = c->version_.load();
+        c->stored_path_ = path;
+        c->stored_bytes_ = info.file_bytes;
+        c->stored_tokens_ = info.n_tokens;
+        stats_.persists++;
+      } else {
+        stats_.persist_failures++;
+      }
     }
   }
+  {
+    std::lock_guard<std::mutex> lk(wb_mu_);  // a Commit waiting for this write (Conversation::Commit)
+    c->persist_attempts_++;
+  }
+  wb_done_cv_.notify_all();
+  if (unchanged) return Status::Ok();
   // A budget pass that stopped at this conversation (busy being written) runs again now.
   if (budget_retry_.exchange(false)) (void)EnforceBudget();
   if (!st.ok()) return st.With("persisting conversation '" + c->id_ + "'");

@@ -151,7 +151,10 @@ class Conversation {
   Status RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats);
   Status Truncate(int n_keep);
   // The end of a turn: the conversation is persisted by the write-behind thread (or now, without
-  // write_behind). Returns the persist error in the synchronous case.
+  // write_behind). Returns the persist error in the synchronous case. With write-behind it first
+  // waits for the previous commit's write to end (at once in a chat, where a turn takes longer
+  // than a write): the stored file is never more than one committed turn behind, so a kill -9
+  // loses at most the turn in flight (a failed write ends the wait: it is counted, retried).
   Status Commit();
   int n_tokens();
   // Logits row of the last Decode/RestoreGenerate (nullptr if none or out of range); valid until
@@ -182,6 +185,8 @@ class Conversation {
   std::atomic<uint64_t> version_{0};   // history changes (written under use_mu_)
   std::atomic<int> n_tokens_{0};       // history length (written under use_mu_)
   std::atomic<uint64_t> persisted_version_{0};
+  std::atomic<uint64_t> committed_version_{0};  // version_ at the last Commit
+  std::atomic<uint64_t> persist_attempts_{0};   // Persist attempts ended (under the pool's wb_mu_)
   std::atomic<uint64_t> last_use_ns_{0};     // Env clock
   std::atomic<uint64_t> last_use_unix_ms_{0};
   int shared_chunks_ = 0;
@@ -215,10 +220,11 @@ class Pool {
   Status OnPressure(const PressureEvent& ev, uint64_t* freed);
   // Starts a thread that waits on a pressure source (CreatePressureSource through the model's Env)
   // and hands every event to OnPressure, with opts.amount as the pool's amount policy from now on.
-  // It never waits for a generation (OnPressure does not). One watch at a time: kInvalidArgument
+  // It never waits for a generation (OnPressure does not). One watch at a time: kBusy
   // if one runs. The source's creation error (kUnsupported, kInvalidArgument) or the thread's
   // (kNoMemory) leaves nothing running. A source error other than a timeout ends the thread after
-  // an action carrying it. *why (optional): which source was chosen and why.
+  // an action carrying it; that watch then no longer counts: the next WatchPressure replaces it
+  // (no StopWatchingPressure needed). *why (optional): which source was chosen and why.
   Status WatchPressure(const PoolPressureOptions& opts, std::string* why);
   // Stops the watch (prompt: the source's Wait is woken) and joins its thread. No-op without one.
   // The destructor calls it.
@@ -273,6 +279,7 @@ class Pool {
   std::mutex watch_mu_;
   std::unique_ptr<PressureSource> watch_src_;
   std::thread watch_thread_;
+  std::atomic<bool> watch_ended_{false};  // the watch thread returned on a source error
   // Write-behind.
   std::mutex wb_mu_;
   std::condition_variable wb_cv_, wb_done_cv_;
