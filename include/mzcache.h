@@ -461,8 +461,11 @@ int mz_pool_on_trim_memory(mz_pool* pool, int32_t level, uint64_t* freed);
 /* Starts a thread that watches the system's memory pressure for the whole pool (the sources and
  * amounts of mz_pressure_watch_start, since 0.8): every event gives back a share of the pool's LLM
  * memory in the pool's order (idle conversations first, weights last), never waiting for a
- * generation. params NULL: defaults. restore_in_background is not applied to a pool
- * (MZ_ERR_UNSUPPORTED): a conversation is restored by its next call. Returns MZ_OK;
+ * generation. params NULL: defaults. restore_in_background (since 0.9; before, MZ_ERR_UNSUPPORTED):
+ * once calm_ms passed without an event, the watcher brings back what pressure took, in slices that
+ * fit the free memory (restore_margin kept free) and never past the pool's memory budget: the
+ * weights first, then the open conversations' KV, most recently used first, each yielding to a
+ * call that arrives on it; without it a conversation is restored by its next call. Returns MZ_OK;
  * MZ_ERR_INVALID_ARG; MZ_ERR_UNSUPPORTED (the source does not work here: mz_last_error says why);
  * MZ_ERR_BUSY (already watching: stop first; a watch that ended on its source's error no longer
  * counts and is replaced); or the OS error arming the source. */

@@ -743,6 +743,153 @@ TEST(Pool, PressureWatchHandsEventsToThePool) {
   EXPECT_TRUE(acts[2].status.ok());
 }
 
+// Restore-ahead (kBackground): after a critical event took everything, the watch brings the
+// weights and the conversations' KV back once calm, and the logits are those of a conversation that
+// was never evicted (lossless in-memory codec). With a memory budget it stops at the budget, and
+// the most recently used conversation comes back first.
+struct AheadWatch {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<PoolPressureAction> acts;
+  ManualSource* manual = nullptr;
+  PoolPressureOptions Options() {
+    PoolPressureOptions po;
+    po.source.kind = "manual";
+    po.amount.restore_ahead = AmountOptions::RestoreAhead::kBackground;
+    po.amount.calm_ns = 50'000'000ull;  // 50 ms
+    po.tick_ms = 10;
+    po.wrap_source = [this](std::unique_ptr<PressureSource>) -> std::unique_ptr<PressureSource> {
+      auto s = std::make_unique<ManualSource>();
+      manual = s.get();
+      return s;
+    };
+    po.on_action = [this](const PoolPressureAction& a) {
+      std::lock_guard<std::mutex> lk(mu);
+      acts.push_back(a);
+      cv.notify_all();
+    };
+    return po;
+  }
+  // Waits until pred() holds (checked after every action and every 20 ms), up to 60 s.
+  template <class P>
+  bool WaitFor(P pred) {
+    std::unique_lock<std::mutex> lk(mu);
+    for (int i = 0; i < 3000; ++i) {
+      lk.unlock();
+      if (pred()) return true;
+      lk.lock();
+      cv.wait_for(lk, std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+};
+
+TEST(Pool, RestoreAheadBringsEverythingBackOnceCalm) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(""), &pool).ok());
+  std::shared_ptr<Conversation> a, b;
+  ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
+  const auto ta = Tokens(0, 300, 41), tb = Tokens(0, 200, 42);
+  ASSERT_TRUE(a->Decode(ta.data(), 300, false).ok());
+  ASSERT_TRUE(b->Decode(tb.data(), 200, false).ok());
+  const PoolStats full = pool->Stats();
+  AheadWatch w;
+  ASSERT_TRUE(pool->WatchPressure(w.Options(), nullptr).ok());
+  w.manual->Push(PressureLevel::kCritical);
+  // The event's action, then (after 50 ms of calm) restore-ahead's.
+  ASSERT_TRUE(w.WaitFor([&] {
+    std::lock_guard<std::mutex> lk(w.mu);
+    return !w.acts.empty();
+  }));
+  {
+    std::lock_guard<std::mutex> lk(w.mu);
+    EXPECT_GT(w.acts[0].freed, 0u);
+  }
+  ASSERT_TRUE(w.WaitFor([&] {
+    const PoolStats s = pool->Stats();
+    return s.weights_resident == s.weights_total && s.kv_resident == full.kv_resident;
+  })) << "restored so far: " << pool->Stats().restored_ahead;
+  pool->StopWatchingPressure();
+  const PoolStats s = pool->Stats();
+  EXPECT_GT(s.restored_ahead, 0u);
+  EXPECT_EQ(s.in_memory, full.in_memory);
+  {
+    std::lock_guard<std::mutex> lk(w.mu);
+    bool any = false;
+    for (const auto& act : w.acts) {
+      EXPECT_TRUE(act.status.ok()) << act.status.ToString();
+      any = any || (act.event.source == "restore-ahead" && act.restored > 0);
+    }
+    EXPECT_TRUE(any);
+  }
+  // The next token's logits equal a never-evicted conversation's, bit for bit.
+  const int32_t probe = 777;
+  ASSERT_TRUE(a->Decode(&probe, 1, false).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const std::vector<float> got = Last(a->logits(0), nv);
+  std::unique_ptr<Pool> ref_pool;
+  PoolOptions ro = Opts("");
+  ro.context.swap_path += ".ref";
+  ASSERT_TRUE(Pool::Open(m.get(), ro, &ref_pool).ok());
+  std::shared_ptr<Conversation> ref;
+  ASSERT_TRUE(ref_pool->OpenConversation("a", &ref).ok());
+  std::vector<int32_t> tr = ta;
+  tr.push_back(probe);
+  ASSERT_TRUE(ref->Decode(tr.data(), int(tr.size()), false).ok());
+  EXPECT_EQ(got, Last(ref->logits(0), nv));
+}
+
+TEST(Pool, RestoreAheadStopsAtTheMemoryBudgetMostRecentFirst) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  PoolOptions o = Opts("");
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> a, b;
+  ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
+  const auto ta = Tokens(0, 256, 43), tb = Tokens(0, 256, 44);
+  ASSERT_TRUE(a->Decode(ta.data(), 256, false).ok());
+  ASSERT_TRUE(b->Decode(tb.data(), 256, false).ok());  // b: the most recently used
+  const PoolStats full = pool->Stats();
+  ConversationReport rb;
+  ASSERT_TRUE(pool->Report("b", &rb).ok());
+  // Room for the weights and about half of the KV: b's comes back, a's stays out.
+  pool.reset();
+  o.memory_budget = full.weights_total + rb.kv_resident + rb.kv_resident / 4;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
+  ASSERT_TRUE(a->Decode(ta.data(), 256, false).ok());
+  ASSERT_TRUE(b->Decode(tb.data(), 256, false).ok());
+  AheadWatch w;
+  ASSERT_TRUE(pool->WatchPressure(w.Options(), nullptr).ok());
+  w.manual->Push(PressureLevel::kCritical);
+  ASSERT_TRUE(w.WaitFor([&] {
+    std::lock_guard<std::mutex> lk(w.mu);
+    return !w.acts.empty();
+  }));
+  {
+    std::lock_guard<std::mutex> lk(w.mu);
+    EXPECT_GT(w.acts[0].freed, 0u);
+    EXPECT_LT(w.acts[0].in_memory, full.weights_total);  // the weights went too
+  }
+  ASSERT_TRUE(w.WaitFor([&] {
+    const PoolStats s = pool->Stats();
+    ConversationReport r;
+    return s.weights_resident == s.weights_total && pool->Report("b", &r).ok() && r.kv_resident == rb.kv_resident;
+  })) << "restored so far: " << pool->Stats().restored_ahead;
+  // Several more ticks: nothing goes past the budget.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pool->StopWatchingPressure();
+  const PoolStats s = pool->Stats();
+  EXPECT_LE(s.in_memory, o.memory_budget);
+  ConversationReport ra;
+  ASSERT_TRUE(pool->Report("a", &ra).ok());
+  EXPECT_LT(ra.kv_resident, rb.kv_resident);
+}
+
 TEST(Pool, DiskBudgetDeletesLeastRecentlyUsedAndCountsIt) {
   auto m = LoadModel();
   const std::string dir = FreshDir("disk");

@@ -137,8 +137,6 @@ int mz_pool_pressure_watch_start(mz_pool* pool, const mz_pressure_params* params
     if (!pool) return mz::Status::InvalidArgument("null pool");
     mz_pressure_params p;
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsV1, "mz_pressure_params", &p));
-    if (p.restore_in_background)
-      return mz::Status::Unsupported("restore_in_background is not applied to a pool (a conversation is restored by its next call)");
     mz::PoolPressureOptions o;
     MZ_RETURN_IF_ERROR(ToPressureOptions(p, &o.source, &o.amount));
     return pool->pool->WatchPressure(o, nullptr);

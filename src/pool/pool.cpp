@@ -554,8 +554,7 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
   return first_err;
 }
 
-Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
-  if (freed) *freed = 0;
+void Pool::LlmBytes(uint64_t* llm, uint64_t* resident) {
   const PoolStats s = Stats();
   uint64_t base = 0;
   {
@@ -574,12 +573,18 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
   uint64_t layers = 0;  // region sizes are fixed at load: no lock needed
   for (int u = 0; u < model_->n_units(); ++u)
     if (u != model_->base_unit()) layers += model_->unit(u).region_bytes;
-  const uint64_t llm = layers + kv_total;
-  const uint64_t resident = s.in_memory > base ? s.in_memory - base : 0;
+  *llm = layers + kv_total;
+  *resident = std::min(s.in_memory > base ? s.in_memory - base : 0, *llm);
+}
+
+Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
+  if (freed) *freed = 0;
+  uint64_t llm = 0, resident = 0;
+  LlmBytes(&llm, &resident);
   AmountDecision d;
   {
     std::lock_guard<std::mutex> lk(pressure_mu_);
-    d = amount_.OnEvent(ev, llm, std::min(resident, llm));
+    d = amount_.OnEvent(ev, llm, resident);
   }
   if (d.evict_bytes == 0) return Status::Ok();
   // Critical, with no floor: everything (units move whole, and compression frees less than a
@@ -587,6 +592,93 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
   const bool all = ev.level == PressureLevel::kCritical && amount_.options().critical_to_floor &&
                    amount_.options().floor_points <= 0;
   return Evict(all ? ~uint64_t(0) : d.evict_bytes, freed);
+}
+
+bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPressureAction* act) {
+  Env* env = model_->env();
+  uint64_t llm = 0, resident = 0;
+  LlmBytes(&llm, &resident);
+  const uint64_t now = env->NowNs();
+  AmountDecision d;
+  AmountOptions o;
+  {
+    std::lock_guard<std::mutex> lk(pressure_mu_);
+    d = amount_.Tick(now, llm, resident);
+    o = amount_.options();
+  }
+  if (!d.restore_now) {
+    window->Reset();  // the next restore-ahead starts a new stability window
+    return false;
+  }
+  uint64_t budget = 0;
+  if (window->Sample(src, now, o, &budget) != HeadroomWindow::Verdict::kRestore) return false;
+  if (opts_.memory_budget > 0) {
+    const uint64_t in_mem = Stats().in_memory;
+    budget = std::min(budget, opts_.memory_budget > in_mem ? opts_.memory_budget - in_mem : 0);
+  }
+  if (budget == 0) return false;
+  *act = PoolPressureAction();
+  act->event.time_ns = now;
+  act->event.source = "restore-ahead";
+  Status st;
+  uint64_t got_all = 0;
+  // 1. Weights: they move only under the exclusive weights lock, never waited for.
+  if (!AllWeightsResident()) {
+    std::unique_lock<std::shared_mutex> xl(weights_mu_, std::try_to_lock);
+    if (!xl.owns_lock()) return false;  // a generation runs: it restores what it needs
+    uint64_t got = 0;
+    st = weights_ctx_->TryRestoreUpTo(budget, &got, o.restore_yields);
+    if (st.code() == Status::kBusy) st = Status::Ok();
+    got_all += got;
+    budget -= std::min(budget, got);
+    if (!AllWeightsResident()) budget = 0;  // the KV waits for the front weights
+  }
+  // 2. The open conversations' KV, most recently used first. All weights are resident and stay
+  // so under the shared lock, so a conversation's restore moves only its own KV.
+  if (st.ok() && budget > 0) {
+    std::shared_lock<std::shared_mutex> sl(weights_mu_, std::try_to_lock);
+    if (sl.owns_lock() && AllWeightsResident()) {
+      std::vector<std::pair<uint64_t, std::shared_ptr<Context>>> mru;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        for (auto& kv : convs_) {
+          Conversation& c = *kv.second;
+          const MemoryReport& m = c.last_report_;
+          if (c.ctx_ && m.kv_total > m.kv_resident) mru.emplace_back(c.last_use_ns_.load(), c.ctx_);
+        }
+      }
+      std::sort(mru.begin(), mru.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      // The shared_ptr keeps a context that is closed meanwhile alive until its slice ends (its
+      // memory then goes with it); a call arriving on it makes the slice stop early (yield).
+      for (auto& e : mru) {
+        if (budget == 0) break;
+        uint64_t got = 0;
+        Status s2 = e.second->TryRestoreUpTo(budget, &got, o.restore_yields);
+        if (s2.code() == Status::kBusy) s2 = Status::Ok();  // generating: it restores itself
+        got_all += got;
+        budget -= std::min(budget, got);
+        if (!s2.ok()) {
+          st = s2;
+          break;
+        }
+      }
+    }
+  }
+  window->Took(got_all);
+  act->restored = got_all;
+  act->status = st;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.restored_ahead += got_all;
+    for (auto& kv : convs_)  // the figures Stats and the budget read
+      if (kv.second->ctx_) kv.second->ctx_->TryReport(&kv.second->last_report_);
+  }
+  if (!st.ok()) {
+    std::lock_guard<std::mutex> lk(pressure_mu_);
+    amount_.RestoreGaveUp();
+  }
+  act->in_memory = Stats().in_memory;
+  return got_all > 0 || !st.ok();
 }
 
 Status Pool::WatchPressure(const PoolPressureOptions& opts, std::string* why) {
@@ -610,12 +702,25 @@ Status Pool::WatchPressure(const PoolPressureOptions& opts, std::string* why) {
   }
   PressureSource* raw = src.get();
   auto on_action = opts.on_action;
+  const bool ahead = opts.amount.restore_ahead == AmountOptions::RestoreAhead::kBackground;
+  const int wait_ms = ahead ? std::clamp(opts.tick_ms, 1, 1000) : 1000;
   Status st = env->StartThread(
-      [this, raw, on_action] {
+      [this, raw, on_action, ahead, wait_ms] {
+        HeadroomWindow window;  // this thread's alone
+        bool restoring = false;  // the last tick restored: check again at once
         for (;;) {
           PressureEvent ev;
-          Status w = raw->Wait(1000, &ev);
-          if (w.code() == Status::kTimeout) continue;
+          Status w = raw->Wait(restoring ? 0 : wait_ms, &ev);
+          if (w.code() == Status::kTimeout) {
+            restoring = false;
+            PoolPressureAction act;
+            if (ahead && RestoreAheadTick(raw, &window, &act)) {
+              restoring = act.status.ok();
+              if (on_action) on_action(act);
+            }
+            continue;
+          }
+          window.Reset();  // an event: free memory is not calm
           PoolPressureAction act;
           if (!w.ok()) {
             if (w.code() == Status::kCancelled) return;  // StopWatchingPressure

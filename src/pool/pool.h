@@ -63,6 +63,7 @@
 #include "core/status.h"
 #include "model/model.h"
 #include "pressure/amount_policy.h"
+#include "pressure/headroom_window.h"
 #include "pressure/pressure_source.h"
 #include "runtime/context.h"
 
@@ -114,6 +115,7 @@ struct PoolStats {
   uint64_t persists = 0, persist_failures = 0;
   uint64_t prefix_chunks_reused = 0;  // chunks (per layer) copied instead of computed
   uint64_t evictions = 0, bytes_evicted = 0;
+  uint64_t restored_ahead = 0;  // bytes brought back by restore-ahead (PoolPressureOptions)
   uint64_t budget_deferred = 0;  // budget passes that spared the conversation in use (an idle one was busy)
 };
 
@@ -126,13 +128,17 @@ struct DamagedFile {
 struct PoolPressureAction {
   PressureEvent event;
   uint64_t freed = 0;       // RAM given back
+  uint64_t restored = 0;    // restore-ahead (event.source "restore-ahead"): RAM brought back
   uint64_t in_memory = 0;   // the pool's RAM after it (last known figures)
   Status status;            // OnPressure's result, or the source's error that ended the watch
 };
 
 struct PoolPressureOptions {
   PressureSourceOptions source;  // which source (kind "auto": the best this machine supports)
-  AmountOptions amount;          // how much to give back per event (restore-ahead is not applied)
+  // How much to give back per event, and restore-ahead: with RestoreAhead::kBackground, once no
+  // event came for calm_ns, the watch thread brings back what pressure took (Pool::RestoreAheadTick).
+  AmountOptions amount;
+  int tick_ms = 100;  // restore-ahead's check period between events (kBackground only)
   // Optional: wraps the chosen source before the watch takes it (a test's fake, a reporter).
   std::function<std::unique_ptr<PressureSource>(std::unique_ptr<PressureSource>)> wrap_source;
   // Optional: called on the watch thread after every event, no pool lock held.
@@ -218,6 +224,18 @@ class Pool {
   // pool: a share of its LLM memory, escalating on repeated events, merged within the hysteresis
   // window, everything at critical), given back in the pool's order. *freed (optional).
   Status OnPressure(const PressureEvent& ev, uint64_t* freed);
+  // Restore-ahead, one slice (the watch thread calls it between events with kBackground; tests may
+  // call it directly with a source of theirs). When the amount policy says calm (no event for
+  // calm_ns since an eviction it applied) and the source's free memory has stopped shrinking
+  // (HeadroomWindow, restore_margin of the limit kept free), it restores at most
+  // restore_slice_bytes, and never past the memory budget: the weights first (a generation holding
+  // them is not waited for: the tick is skipped, that generation restores what it needs), then
+  // the open conversations' evicted KV, most recently used first, front layers first. A
+  // conversation's restore yields to a call arriving on it (Context::TryRestoreUpTo); a
+  // conversation closed or deleted meanwhile is skipped. *act: what was done (restored bytes;
+  // status = the first restore error, which stops restore-ahead until the next eviction).
+  // Returns true when it restored something or failed (an action worth reporting).
+  bool RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPressureAction* act);
   // Starts a thread that waits on a pressure source (CreatePressureSource through the model's Env)
   // and hands every event to OnPressure, with opts.amount as the pool's amount policy from now on.
   // It never waits for a generation (OnPressure does not). One watch at a time: kBusy
@@ -249,6 +267,9 @@ class Pool {
   // tokens are unchanged since the last call: only the full chunks past them are hashed again.
   void ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens);
   Status EnforceBudget();
+  // The pool's LLM memory (every weight unit but the base one, plus every open conversation's KV,
+  // last known) and how much of it is in RAM: the amount policy's inputs.
+  void LlmBytes(uint64_t* llm, uint64_t* resident);
   // REQUIRES evict_mu_. spare_active: step 2 and 3 are skipped when an idle conversation was
   // busy (budget_retry_ set: the next persist runs the budget pass again).
   Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false);

@@ -294,47 +294,32 @@ void PressureMonitor::TickLocked(Notes* out) {
   const uint64_t now = env_->NowNs();
   AmountDecision d = policy_.Tick(now, llm, resident);
   if (!d.restore_now) {
-    watching_headroom_ = false;  // the next restore-ahead starts a new stability window
+    headroom_.Reset();  // the next restore-ahead starts a new stability window
     return;
   }
   const AmountOptions& o = policy_.options();
-  uint64_t budget = o.restore_slice_bytes ? o.restore_slice_bytes : UINT64_MAX;
-  uint64_t avail = 0, limit = 0;
-  // Free before the cgroup reclaims (no page-cache credit): restoring into inactive page cache
-  // would make the kernel reclaim, which raises the next pressure event by itself.
-  const Status hs = src_->FreeBeforeReclaim(&avail, &limit);
+  uint64_t budget = 0;
   PressureAction a;
   a.event.time_ns = now;
   a.event.source = "restore-ahead";
   a.llm_bytes = llm;
   a.remaining = Frac(resident, llm);
-  const bool fit_check = hs.ok() && limit > 0;
-  if (fit_check) {
-    // Someone (an app starting) may be taking memory without the kernel complaining yet: free
-    // memory must have stopped shrinking for calm_ns before anything is restored into it.
-    const uint64_t tol = std::max<uint64_t>(256ull << 10, limit / 400);  // counter jitter
-    if (!watching_headroom_ || avail + tol < window_max_avail_) {
-      watching_headroom_ = true;
-      stable_since_ns_ = now;
-      window_max_avail_ = avail;
-    }
-    window_max_avail_ = std::max(window_max_avail_, avail);
-    if (now - stable_since_ns_ < o.calm_ns) {
+  switch (headroom_.Sample(src_.get(), now, o, &budget)) {
+    case HeadroomWindow::Verdict::kWaitCalm:
       a.note = "restore-ahead waits until free memory stops shrinking";  // coalesced while it lasts
       RecordLocked(a, out);
       return;
-    }
-    const uint64_t keep = uint64_t(std::clamp(o.restore_margin, 0.0, 1.0) * double(limit));
-    budget = std::min(budget, avail > keep ? avail - keep : 0);
-  } else if (hs.code() != Status::kUnsupported) {
-    return;  // the source can tell but failed to now: never restore blind; next tick tries again
+    case HeadroomWindow::Verdict::kSourceFailed:
+      return;  // never restore blind; next tick tries again
+    case HeadroomWindow::Verdict::kRestore:
+      break;
   }
   uint64_t got = 0;
   a.status = budget > 0 ? ctx_->TryRestoreUpTo(budget, &got, o.restore_yields) : Status::Ok();
   a.applied_ns = env_->NowNs();
   if (a.status.code() == Status::kBusy) return;  // a generation holds the context: it restores itself
   // What this slice took is ours, not another app's: the next sample must not count it as shrinking.
-  if (fit_check) window_max_avail_ = window_max_avail_ > got ? window_max_avail_ - got : 0;
+  headroom_.Took(got);
   if (a.status.ok() && got == 0) {
     a.note = "restore-ahead waits for headroom";  // coalesced while it lasts (requested 0, not restored)
     RecordLocked(a, out);

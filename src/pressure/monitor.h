@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "pressure/amount_policy.h"
+#include "pressure/headroom_window.h"
 #include "pressure/pressure_source.h"
 
 namespace mz {
@@ -143,9 +144,8 @@ class PressureMonitor {
   PressureLevel pause_level_ = PressureLevel::kCritical;
   uint64_t granule_ = 0;  // largest weight unit or KV chunk
   // Restore-ahead's stability window over the source's free memory (monitor thread, mu_ held).
-  bool watching_headroom_ = false;
+  HeadroomWindow headroom_;
   bool restoring_ = false;  // the last tick restored a slice: tick again without sleeping
-  uint64_t stable_since_ns_ = 0, window_max_avail_ = 0;
   std::mutex cb_mu_;
   std::function<void(const PressureAction&)> on_action_;
 };
