@@ -12,7 +12,11 @@
 //      apart); the first return to a conversation (its stored file is its storage tier), against
 //      the same conversation's return from 0% remaining (weights and its KV evicted) in the running
 //      process and against a restart that reads the stored file whole at open (the ablation),
-//      the three alternated.
+//      the three alternated;
+//   5. return after pressure eased: a critical onTrimMemory takes everything (weights too), the
+//      pressure then ends, and the user returns to the conversation used last after --calm-wait
+//      seconds. Restore-ahead (a pressure watch with restore_in_background, calm after 1 s)
+//      against on-request restore (no watch: the query restores what it needs), alternated.
 // Results: <out>/bench-pool.md, .json and a TTFT plot (gnuplot).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -22,6 +26,8 @@
 #include <filesystem>
 #include <unistd.h>
 #include <random>
+#include <thread>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -38,7 +44,8 @@ struct PoolBenchArgs {
   std::string model;
   std::string type = "q8_0";
   int conversations = 50, tokens = 4096, system = 1024, resident = 3, queries = 40, query_tokens = 8;
-  int reprefill_reps = 3, restart_reps = 3, threads = 2;
+  int reprefill_reps = 3, restart_reps = 3, threads = 2, pressure_reps = 3;
+  double calm_wait = 5;  // seconds between the pressure's end and the return (phase 5)
   uint32_t seed = 1;
   std::string dir = "/var/tmp";
   std::string out = "results/bench-pool";
@@ -74,7 +81,7 @@ Status Query(mz_conversation* c, const std::vector<mz_token>& q, mz_restore_stat
 
 int Run(PoolBenchArgs a) {
   if (a.quick) {
-    a.conversations = 8, a.tokens = 1024, a.system = 256, a.queries = 16, a.reprefill_reps = 2, a.restart_reps = 2;
+    a.conversations = 8, a.tokens = 1024, a.system = 256, a.queries = 16, a.reprefill_reps = 2, a.restart_reps = 2, a.pressure_reps = 2;
   }
   if (a.system >= a.tokens) return Fail(Status::InvalidArgument("--system must be below --tokens"));
   std::string path;
@@ -246,6 +253,42 @@ int Run(PoolBenchArgs a) {
                  k + 1, a.restart_reps, name(i).c_str(), from_zero.back(), after_restart.back(), restart_open.back(),
                  whole_restart.back(), whole_open.back());
   }
+  // 5. Return after pressure eased, restore-ahead against on-request, alternated.
+  std::vector<double> eased_ahead, eased_request, eased_ahead_resident;
+  int last = (a.restart_reps * 7 + 3 - 7) % a.conversations;  // the conversation used last
+  for (int k = 0; k < a.pressure_reps; ++k) {
+    for (int j = 0; j < 2; ++j) {
+      const bool ahead = (j + k) % 2 == 0;
+      if (ahead) {
+        mz_pressure_params wp = mz_pressure_default_params();
+        wp.source = "watermark";  // its free-memory reading is restore-ahead's fit check
+        wp.restore_in_background = true;
+        wp.calm_ms = 1000;
+        if (int rc = mz_pool_pressure_watch_start(pool.get(), &wp); rc != MZ_OK) return Fail(MzStatus(rc));
+      }
+      uint64_t freed = 0;
+      if (int rc = mz_pool_on_trim_memory(pool.get(), 80, &freed); rc != MZ_OK) return Fail(MzStatus(rc));
+      std::this_thread::sleep_for(std::chrono::duration<double>(a.calm_wait));
+      mz_pool_get_report(pool.get(), &pr);
+      const double share = double(pr.in_memory) / double(std::max<uint64_t>(1, budget));
+      mz_conversation* c = nullptr;
+      if (int rc = mz_pool_open(pool.get(), name(last).c_str(), &c); rc != MZ_OK) return Fail(MzStatus(rc));
+      MzConv conv(c);
+      mz_restore_stats rs;
+      st = Query(c, RandomTokens(rng, a.query_tokens, info.n_vocab), &rs);
+      if (!st.ok()) return Fail(st);
+      mz_conversation_commit(c);
+      if (ahead) mz_pool_pressure_watch_stop(pool.get());
+      (ahead ? eased_ahead : eased_request).push_back(rs.ttft_s);
+      if (ahead) eased_ahead_resident.push_back(share);
+      std::fprintf(stderr,
+                   "[bench pool] pressure eased %d/%d, %s: gave back %.0f MiB; after %.1f s the pool held %.0f%% of "
+                   "its budget; return to %s: TTFT %.3f s\n",
+                   k + 1, a.pressure_reps, ahead ? "restore-ahead" : "on request", double(freed) / 1048576,
+                   a.calm_wait, 100 * share, name(last).c_str(), rs.ttft_s);
+    }
+  }
+
   mz_pool_get_report(pool.get(), &pr);
   const int found = pr.n_conversations;
 
@@ -288,6 +331,22 @@ int Run(PoolBenchArgs a) {
                 "Index rebuild at pool start %.3f s. Conversations found after the restarts: %d of %d.\n\n",
                 ar.n, Summarize(restart_index).median, found, a.conversations);
   md += buf;
+  if (a.pressure_reps > 0) {
+    const Stats ea = Summarize(eased_ahead), er = Summarize(eased_request);
+    md += "| return after pressure eased (critical trim, then calm for " + std::to_string(a.calm_wait).substr(0, 4) +
+          " s) | median s | min | max | vs all-in-memory p50 |\n|---|---|---|---|---|\n";
+    std::snprintf(buf, sizeof buf, "| restore-ahead (watch, restore_in_background) | %.3f | %.3f | %.3f | %.2fx |\n",
+                  ea.median, ea.min, ea.max, ea.median / std::max(1e-9, p50m));
+    md += buf;
+    std::snprintf(buf, sizeof buf, "| on request (restore overlapped with the query's prefill) | %.3f | %.3f | %.3f | %.2fx |\n\n",
+                  er.median, er.min, er.max, er.median / std::max(1e-9, p50m));
+    md += buf;
+    std::snprintf(buf, sizeof buf,
+                  "Pressure eased: %d reps, the two arms alternated; the pool held a median %.0f%% of its budget when "
+                  "the user returned with restore-ahead.\n\n",
+                  ea.n, 100 * Summarize(eased_ahead_resident).median);
+    md += buf;
+  }
   std::snprintf(buf, sizeof buf,
                 "Shared system prompt: %.1f MiB of KV per conversation; %llu full chunks reused by "
                 "copy instead of computed (build median %.1f s per conversation, conversation 0 %.1f s). The copy is "
@@ -303,7 +362,9 @@ int Run(PoolBenchArgs a) {
                         {"ttft_return_s", ret}, {"ttft_resident_s", res}, {"kv_resident_share", resident_share},
                         {"reprefill_s", reprefill}, {"restart_first_return_s", after_restart},
                         {"restart_open_s", restart_open}, {"from_zero_s", from_zero},
-                        {"restart_read_whole_first_return_s", whole_restart}, {"restart_read_whole_open_s", whole_open}, {"index_rebuild_s", restart_index},
+                        {"restart_read_whole_first_return_s", whole_restart},
+                        {"pressure_eased_restore_ahead_s", eased_ahead}, {"pressure_eased_on_request_s", eased_request},
+                        {"pressure_eased_budget_share_at_return", eased_ahead_resident}, {"calm_wait_s", a.calm_wait}, {"restart_read_whole_open_s", whole_open}, {"index_rebuild_s", restart_index},
                         {"conversations_found", found}, {"prefix_chunks_reused", prefix_reused},
                         {"system_prompt_kv_bytes", sys_bytes}, {"queries_detail", rows}};
   std::string data;
@@ -341,6 +402,8 @@ void AddPoolBench(CLI::App* bench, Runners& runners) {
   c->add_option("--queries", a->queries, "returns in the trace")->check(CLI::Range(1, 100000));
   c->add_option("--reprefill-reps", a->reprefill_reps, "re-prefill samples")->check(CLI::Range(1, 100));
   c->add_option("--restart-reps", a->restart_reps, "restart samples")->check(CLI::Range(1, 100));
+  c->add_option("--pressure-reps", a->pressure_reps, "return-after-pressure-eased samples per arm (0: skip)")->check(CLI::Range(0, 100));
+  c->add_option("--calm-wait", a->calm_wait, "seconds from the pressure's end to the return (phase 5)")->check(CLI::Range(0.0, 3600.0));
   c->add_option("-t,--threads", a->threads, "compute threads")->check(CLI::Range(1, 256));
   c->add_option("--seed", a->seed, "trace seed");
   c->add_option("--dir", a->dir, "where the pool's folder is made (removed at the end)");
