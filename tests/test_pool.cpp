@@ -841,6 +841,69 @@ TEST(Pool, RestoreAheadBringsEverythingBackOnceCalm) {
   EXPECT_EQ(got, Last(ref->logits(0), nv));
 }
 
+// Restore-ahead beside a generation (run under TSan in CI): one conversation decodes token by
+// token while the watch restores the other; neither waits for the other, and both end exact.
+TEST(Pool, RestoreAheadRunsBesideAGeneration) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(""), &pool).ok());
+  std::shared_ptr<Conversation> a, b;
+  ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
+  const auto ta = Tokens(0, 300, 45), tb = Tokens(0, 200, 46);
+  ASSERT_TRUE(a->Decode(ta.data(), 300, false).ok());
+  ASSERT_TRUE(b->Decode(tb.data(), 200, false).ok());
+  AheadWatch w;
+  PoolPressureOptions po = w.Options();
+  po.amount.calm_ns = 1'000'000ull;  // 1 ms: restore-ahead starts while b generates
+  po.tick_ms = 1;
+  ASSERT_TRUE(pool->WatchPressure(po, nullptr).ok());
+  std::vector<int32_t> hb = tb;
+  Status gen;
+  std::thread t([&] {
+    uint64_t freed = 0;
+    gen = pool->OnPressure(PressureEvent{PressureLevel::kCritical, m->env()->NowNs(), 0, "test"}, &freed);
+    for (int i = 0; i < 24 && gen.ok(); ++i) {
+      const int32_t tok = int32_t(300 + 17 * i);
+      gen = b->Decode(&tok, 1, false);
+      hb.push_back(tok);
+    }
+  });
+  t.join();
+  ASSERT_TRUE(gen.ok()) << gen.ToString();
+  ASSERT_TRUE(w.WaitFor([&] {
+    const PoolStats s = pool->Stats();
+    return s.weights_resident == s.weights_total && s.kv_mem_compressed == 0 && s.kv_storage == 0;
+  })) << [&] {
+    const PoolStats s = pool->Stats();
+    return "restored so far: " + std::to_string(s.restored_ahead) + ", weights " + std::to_string(s.weights_resident) +
+           "/" + std::to_string(s.weights_total) + ", KV resident " + std::to_string(s.kv_resident) + ", in-memory swap " +
+           std::to_string(s.kv_mem_compressed) + ", storage " + std::to_string(s.kv_storage);
+  }();
+  pool->StopWatchingPressure();
+  const int nv = int(m->hparams().n_vocab);
+  const int32_t probe = 555;
+  ASSERT_TRUE(a->Decode(&probe, 1, false).ok());
+  const std::vector<float> got_a = Last(a->logits(0), nv);
+  ASSERT_TRUE(b->Decode(&probe, 1, false).ok());
+  const std::vector<float> got_b = Last(b->logits(0), nv);
+  std::unique_ptr<Pool> ref_pool;
+  PoolOptions ro = Opts("");
+  ro.context.swap_path += ".ref";
+  ro.share_prefixes = false;
+  ASSERT_TRUE(Pool::Open(m.get(), ro, &ref_pool).ok());
+  std::shared_ptr<Conversation> ra, rb;
+  ASSERT_TRUE(ref_pool->OpenConversation("a", &ra).ok());
+  ASSERT_TRUE(ref_pool->OpenConversation("b", &rb).ok());
+  std::vector<int32_t> xa = ta;
+  xa.push_back(probe);
+  hb.push_back(probe);
+  ASSERT_TRUE(ra->Decode(xa.data(), int(xa.size()), false).ok());
+  ASSERT_TRUE(rb->Decode(hb.data(), int(hb.size()), false).ok());
+  EXPECT_EQ(got_a, Last(ra->logits(0), nv));
+  EXPECT_EQ(got_b, Last(rb->logits(0), nv));
+}
+
 TEST(Pool, RestoreAheadStopsAtTheMemoryBudgetMostRecentFirst) {
   auto m = LoadModel();
   std::unique_ptr<Pool> pool;

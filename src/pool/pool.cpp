@@ -554,27 +554,37 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
   return first_err;
 }
 
-void Pool::LlmBytes(uint64_t* llm, uint64_t* resident) {
-  const PoolStats s = Stats();
-  uint64_t base = 0;
-  {
-    std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
-    if (wl.owns_lock()) {
-      const WeightUnit& b = model_->unit(model_->base_unit());
-      base = b.resident() ? b.region_bytes : 0;
-    }
-  }
-  uint64_t kv_total = 0;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    for (auto& kv : convs_)
-      if (kv.second->ctx_) kv_total += kv.second->last_report_.kv_total;
-  }
+bool Pool::LlmBytes(uint64_t* llm, uint64_t* resident) {
   uint64_t layers = 0;  // region sizes are fixed at load: no lock needed
   for (int u = 0; u < model_->n_units(); ++u)
     if (u != model_->base_unit()) layers += model_->unit(u).region_bytes;
+  bool fresh = false;
+  uint64_t weights_ram = 0, base = 0, kv_total = 0, kv_ram = 0;
+  {
+    // Reports read the shared weight units' state: not while a generation moves them.
+    std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+    MemoryReport wr;
+    if (wl.owns_lock() && weights_ctx_->TryReport(&wr)) {
+      fresh = true;
+      weights_ram = wr.weights_resident;
+      const WeightUnit& b = model_->unit(model_->base_unit());
+      base = b.resident() ? b.region_bytes : 0;
+    } else {
+      weights_ram = layers;  // unknown now: assume resident (the KV figures still count)
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_) {
+      Conversation& c = *kv.second;
+      if (!c.ctx_) continue;
+      if (!(fresh && c.ctx_->TryReport(&c.last_report_))) fresh = false;  // busy: the last known figures
+      kv_total += c.last_report_.kv_total;
+      kv_ram += RamOf(c.last_report_);
+    }
+  }
   *llm = layers + kv_total;
-  *resident = std::min(s.in_memory > base ? s.in_memory - base : 0, *llm);
+  const uint64_t in_mem = weights_ram + kv_ram;
+  *resident = std::min(in_mem > base ? in_mem - base : 0, *llm);
+  return fresh;
 }
 
 Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
@@ -597,7 +607,9 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
 bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPressureAction* act) {
   Env* env = model_->env();
   uint64_t llm = 0, resident = 0;
-  LlmBytes(&llm, &resident);
+  // Stale figures (a conversation busy generating, the weights moving) could say "all resident"
+  // for a conversation whose KV was evicted since, and the policy would stop asking: skip the tick.
+  if (!LlmBytes(&llm, &resident)) return false;
   const uint64_t now = env->NowNs();
   AmountDecision d;
   AmountOptions o;

@@ -267,9 +267,11 @@ class Pool {
   // tokens are unchanged since the last call: only the full chunks past them are hashed again.
   void ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens);
   Status EnforceBudget();
-  // The pool's LLM memory (every weight unit but the base one, plus every open conversation's KV,
-  // last known) and how much of it is in RAM: the amount policy's inputs.
-  void LlmBytes(uint64_t* llm, uint64_t* resident);
+  // The pool's LLM memory (every weight unit but the base one, plus every open conversation's KV)
+  // and how much of it is in RAM: the amount policy's inputs. Never waits: a busy conversation
+  // counts with its last known figures, weights being moved as resident. Returns true when every
+  // figure is fresh.
+  bool LlmBytes(uint64_t* llm, uint64_t* resident);
   // REQUIRES evict_mu_. spare_active: step 2 and 3 are skipped when an idle conversation was
   // busy (budget_retry_ set: the next persist runs the budget pass again).
   Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false);
