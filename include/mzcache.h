@@ -420,7 +420,8 @@ enum mz_kv_type { MZ_KV_F16 = 0, MZ_KV_Q8_0 = 1 }; /* KV element format (one def
                                                       mz_context_params.kv_type at merge) */
 struct mz_plan_params {
   uint32_t struct_size;     /* set by mz_plan_default_params(): see "Params structs" above */
-  uint32_t n_ctx;           /* context to plan (default 8192); 0: the largest that fits (auto) */
+  uint32_t n_ctx;           /* context to plan (default 8192); 0: the largest that fits with the
+                               margin, at most the model's training context (auto) */
   uint32_t kv_chunk_tokens; /* default 256 */
   uint32_t n_ubatch;        /* default 512 */
   int32_t kv_type;          /* enum mz_kv_type (default MZ_KV_F16) */
@@ -444,7 +445,8 @@ struct mz_plan_result {
   uint64_t limit;                /* the smallest known: what the peak is set against (0: none) */
   char binding[32];              /* which limit that is ("cgroup limit", "MemAvailable", "memory budget", "") */
   bool fits;                     /* peak <= limit (true when no limit is known) */
-  uint32_t max_ctx;              /* largest context (whole chunks) whose peak is <= (1-margin)*limit */
+  uint32_t max_ctx;              /* largest context (whole chunks, at most the model's training
+                                    context) whose peak with the planned kv_type is <= (1-margin)*limit */
   uint32_t max_ctx_q8;           /* the same with q8_0 KV */
 };
 /* Plans a run of the model at model_path (only its header is read: nothing is loaded) with params

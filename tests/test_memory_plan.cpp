@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -243,71 +244,96 @@ struct RssCase {
   int ok = 0;
 };
 
-// In a fresh child (forked before this process ever computed): plan, load, fill n_ctx tokens of KV
-// (the first n_ctx - ubatch imported, the last ubatch decoded through every layer: the weights
-// touched as a run touches them, the compute buffers at their largest), then read VmHWM.
+// One case, run in a fresh process (the test binary re-executed with MZ_PLAN_RSS_CASE="path n_ctx
+// ubatch", see MeasureInChild): plan, load, fill n_ctx tokens of KV (the first n_ctx - ubatch
+// imported, the last ubatch decoded through every layer: the weights touched as a run touches them,
+// the compute buffers at their largest), then read VmHWM. Prints one "[rss-case] ..." line.
+TEST(MemoryPlanChild, MeasureOneCase) {
+  const char* spec = std::getenv("MZ_PLAN_RSS_CASE");
+  if (!spec) GTEST_SKIP() << "run by PredictedPeakWithinFivePercentOfMeasured";
+  char path_buf[4096] = {0};
+  int n_ctx = 0, ubatch = 0;
+  ASSERT_EQ(std::sscanf(spec, "%4095s %d %d", path_buf, &n_ctx, &ubatch), 3);
+  const std::string path = path_buf;
+  RssCase r;
+  Env* env = Env::Default();
+  // The peak from here on (Linux >= 4.0: reset to the current RSS).
+  (void)env->WriteSmallFile("/proc/self/clear_refs", "5", false);
+  PlanShape shape;
+  {
+    ModelOptions po;
+    po.load_weights = false;
+    std::unique_ptr<Model> parsed;
+    ASSERT_TRUE(Model::Load(env, path, po, &parsed).ok());
+    shape = ShapeOfModel(*parsed);
+  }
+  SelfMemory self;
+  ASSERT_TRUE(ReadSelfMemory(env, &self));
+  PlanRequest req;
+  req.n_ctx = n_ctx;
+  req.n_ubatch = ubatch;
+  req.overhead = self.rss + EstimateModelOverhead(shape);
+  const MemoryEstimate e = EstimatePeak(shape, req);
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tok;
+  ASSERT_TRUE(Model::Load(env, path, ModelOptions(), &model).ok());
+  ASSERT_TRUE(Tokenizer::Load(path, &tok).ok());
+  ContextOptions o;
+  o.n_ctx = n_ctx;
+  o.n_ubatch = ubatch;
+  o.n_threads = 1;
+  o.reconcile_min_missing = 0;
+  Context c(model.get(), o);
+  ASSERT_TRUE(c.Init().ok());
+  const int imported = n_ctx - ubatch;
+  const uint64_t elems = c.kv().geometry().chunk_bytes() / 2;
+  if (imported > 0)
+    ASSERT_TRUE(c.ImportKv(imported, [&](int l, int ch, uint16_t* dst) {
+                   for (uint64_t i = 0; i < elems; ++i) dst[i] = uint16_t(0x3c00 ^ ((uint64_t(l) * 7 + uint64_t(ch) + i) & 0xff));
+                 }).ok());
+  std::vector<int32_t> toks(static_cast<size_t>(ubatch), 0);
+  for (int i = 0; i < ubatch; ++i) toks[size_t(i)] = 100 + (i * 37) % 5000;
+  ASSERT_TRUE(c.Decode(toks.data(), ubatch, false).ok());
+  SelfMemory after;
+  ASSERT_TRUE(ReadSelfMemory(env, &after));
+  std::printf("[rss-case] %.0f %.0f %.0f %.0f %.0f %.0f\n", double(e.peak()), double(after.hwm), double(e.weights),
+              double(e.kv), double(e.compute), double(e.overhead));
+  std::fflush(stdout);
+}
+
+// Runs MeasureOneCase in a fresh process (this binary, re-executed): nothing earlier tests left in
+// this process (freed heap, initialized libraries) is counted.
 RssCase MeasureInChild(const std::string& path, int n_ctx, int ubatch) {
+  RssCase r;
+  char exe[4096] = {0};
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return r;
+  const std::string spec = path + " " + std::to_string(n_ctx) + " " + std::to_string(ubatch);
   int fd[2];
-  if (pipe(fd) != 0) return RssCase();
+  if (pipe(fd) != 0) return r;
   const pid_t pid = fork();
   if (pid == 0) {
+    dup2(fd[1], 1);
     close(fd[0]);
-    RssCase r;
-    Env* env = Env::Default();
-    // Reset the peak to the current RSS (Linux >= 4.0): the child's own peak from here on.
-    (void)env->WriteSmallFile("/proc/self/clear_refs", "5", false);
-    PlanShape shape;
-    {
-      ModelOptions po;
-      po.load_weights = false;
-      std::unique_ptr<Model> parsed;
-      if (Model::Load(env, path, po, &parsed).ok()) shape = ShapeOfModel(*parsed);
-    }
-    SelfMemory self;
-    ReadSelfMemory(env, &self);
-    PlanRequest req;
-    req.n_ctx = n_ctx;
-    req.n_ubatch = ubatch;
-    req.overhead = self.rss + EstimateModelOverhead(shape);
-    const MemoryEstimate e = EstimatePeak(shape, req);
-    r.predicted = double(e.peak());
-    r.weights = double(e.weights);
-    r.kv = double(e.kv);
-    r.compute = double(e.compute);
-    r.overhead = double(e.overhead);
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Tokenizer> tok;
-    bool ok = Model::Load(env, path, ModelOptions(), &model).ok() && Tokenizer::Load(path, &tok).ok();
-    if (ok) {
-      ContextOptions o;
-      o.n_ctx = n_ctx;
-      o.n_ubatch = ubatch;
-      o.n_threads = 1;
-      o.reconcile_min_missing = 0;
-      Context c(model.get(), o);
-      ok = c.Init().ok();
-      const int imported = n_ctx - ubatch;
-      const uint64_t row_elems = uint64_t(c.kv().geometry().chunk_bytes() / 2);
-      if (ok && imported > 0)
-        ok = c.ImportKv(imported, [&](int l, int ch, uint16_t* dst) {
-                for (uint64_t i = 0; i < row_elems; ++i) dst[i] = uint16_t(0x3c00 ^ ((l * 7 + ch + i) & 0xff));
-              }).ok();
-      std::vector<int32_t> toks(static_cast<size_t>(ubatch), 0);
-      for (int i = 0; i < ubatch; ++i) toks[size_t(i)] = 100 + (i * 37) % 5000;
-      if (ok) ok = c.Decode(toks.data(), ubatch, false).ok();
-      SelfMemory after;
-      if (ok && ReadSelfMemory(env, &after)) r.measured = double(after.hwm);
-    }
-    r.ok = ok ? 1 : 0;
-    (void)!write(fd[1], &r, sizeof r);
-    _exit(0);
+    close(fd[1]);
+    setenv("MZ_PLAN_RSS_CASE", spec.c_str(), 1);
+    execl(exe, exe, "--gtest_filter=MemoryPlanChild.MeasureOneCase", static_cast<char*>(nullptr));
+    _exit(127);
   }
   close(fd[1]);
-  RssCase r;
-  if (read(fd[0], &r, sizeof r) != ssize_t(sizeof r)) r.ok = 0;
+  std::string out;
+  char buf[4096];
+  for (ssize_t k; (k = read(fd[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(k));
   close(fd[0]);
   int status = 0;
   waitpid(pid, &status, 0);
+  const size_t p = out.find("[rss-case] ");
+  if (p != std::string::npos &&
+      std::sscanf(out.c_str() + p, "[rss-case] %lf %lf %lf %lf %lf %lf", &r.predicted, &r.measured, &r.weights, &r.kv,
+                  &r.compute, &r.overhead) == 6 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    r.ok = 1;
+  else
+    std::printf("%s\n", out.c_str());
   return r;
 }
 

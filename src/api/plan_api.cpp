@@ -43,8 +43,8 @@ mz::Status Plan(mz::PlanShape s, const mz_plan_params& p, mz_plan_result* out) {
   std::memset(static_cast<void*>(out), 0, sizeof *out);
   mz::PlanRequest q = r;
   q.kv_type = mz::KvType::kQ8_0;
-  // Without a known limit nothing bounds the context: report the model's training context.
-  const int cap = limit ? kMaxCtx : int(std::max<uint32_t>(s.hp.n_ctx_train, 1));
+  // Never past the model's training context (nor the largest n_ctx a context takes).
+  const int cap = int(std::min<uint32_t>(std::max<uint32_t>(s.hp.n_ctx_train, 1), uint32_t(kMaxCtx)));
   out->max_ctx = uint32_t(mz::LargestContext(s, r, limit, p.margin, cap));
   out->max_ctx_q8 = uint32_t(mz::LargestContext(s, q, limit, p.margin, cap));
   if (r.n_ctx == 0) r.n_ctx = int(out->max_ctx);

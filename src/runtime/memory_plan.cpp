@@ -255,7 +255,7 @@ Status CheckFits(const PlanShape& s, const PlanRequest& r, const MemoryLimits& l
     for (size_t i = 0; i < fits.size(); ++i) m += (i ? "; or " : "") + fits[i];
     m += ".";
   }
-  m += " (Set memory_check off to create it anyway.)";
+  m += " (memory_check off, or --no-memory-check, creates it anyway.)";
   return Status::NoMemory(m);
 }
 

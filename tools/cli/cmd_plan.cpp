@@ -141,8 +141,10 @@ int RunPlan(PlanArgs& a) {
   else
     std::printf("DOES NOT FIT: peak %s MiB exceeds the %s (%s MiB). A context would be refused at creation.\n",
                 Mib(r.peak).c_str(), r.binding, Mib(r.limit).c_str());
-  std::printf("Largest context with a %.0f%% margin: %u tokens with f16 KV, %u with q8_0 KV.\n", 100.0 * a.margin,
-              r.max_ctx, r.max_ctx_q8);
+  std::printf("Largest context with a %.0f%% margin (at most the training context): %u tokens with %s KV", 100.0 * a.margin,
+              r.max_ctx, a.kv_type.c_str());
+  if (a.kv_type == "f16") std::printf(", %u with q8_0 KV", r.max_ctx_q8);
+  std::printf(".\n");
   return r.fits ? 0 : 3;
 }
 
@@ -172,7 +174,13 @@ int RunRecommend(PlanArgs& a) {
   }
   // What an app may hold: the field notes' 8 GB phone gives 2.60 GB to the OS, 1.20 to background
   // apps kept warm and 0.50 to the app runtime: 4.30 of 8 (54%) is not the model's.
-  d.reserve = a.reserve_gib >= 0 ? a.reserve_gib * kGiB : 0.54 * d.ram;
+  // This machine (no --ram-gib): what it can give now, MemAvailable.
+  uint64_t avail = 0;
+  const size_t ap = mi.find("MemAvailable:");
+  if (ap != std::string::npos) avail = std::strtoull(mi.c_str() + ap + 13, nullptr, 10) * 1024;
+  if (a.reserve_gib >= 0) d.reserve = a.reserve_gib * kGiB;
+  else if (a.ram_gib <= 0 && avail > 0) d.reserve = d.ram - double(avail);
+  else d.reserve = 0.54 * d.ram;
   d.usable = d.ram - d.reserve;
   CpuTopology topo;
   if (a.cores > 0) d.cores = a.cores;
@@ -202,7 +210,7 @@ int RunRecommend(PlanArgs& a) {
                 d.read_from.c_str());
     std::printf("Headroom: a row fits when its peak is at most %.0f%% of the usable memory.\n\n",
                 100.0 * (1.0 - a.margin));
-    std::printf("| model | quant | weights GiB | max ctx (f16 KV) | max ctx (q8_0 KV) | peak at 4096 GiB | cold load s | verdict |\n");
+    std::printf("| model | quant | weights GiB | max ctx (f16 KV) | max ctx (q8_0 KV) | peak GiB at 4096 tokens | cold load s | verdict |\n");
     std::printf("|---|---|---:|---:|---:|---:|---:|---|\n");
   }
   for (const std::string& id : a.shapes) {
@@ -283,8 +291,8 @@ void AddPlanCommands(CLI::App& app, Runners& runners) {
               "device tiers: the model shapes, quants and contexts this device (or --ram-gib ...) holds with headroom");
   c->add_option("--ram-gib", a->ram_gib, "--recommend: the device's RAM in GiB (default: this machine's MemTotal)");
   c->add_option("--reserve-gib", a->reserve_gib,
-                "--recommend: RAM not the model's (OS, background apps, app runtime; default 54% of RAM, the field "
-                "notes' 8 GB phone)");
+                "--recommend: RAM not the model's (OS, background apps, app runtime; default: with --ram-gib 54% of "
+                "it, the field notes' 8 GB phone; else MemTotal - MemAvailable)");
   c->add_option("--cores", a->cores, "--recommend: cores (default: the fastest cluster's)");
   c->add_option("--read-mbps", a->read_mbps, "--recommend: storage read MB/s (default: the device profile's)");
   c->add_option("--profile", a->profile, "--recommend: device profile (default: <cache>/profile.json)");
