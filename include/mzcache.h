@@ -456,7 +456,8 @@ struct mz_plan_result {
 int mz_plan_estimate(const char* model_path, const struct mz_plan_params* params, struct mz_plan_result* out);
 /* A model that does not exist yet, by shape (device tiers: what would fit): weight_bytes and
  * weight_params as the file would have them, weight_type its matrix format ("f16", "q8_0", "q4_0",
- * "q4_k"). The overhead is this process's resident set + the tokenizer of n_vocab tokens. */
+ * "q4_k"). The overhead is this process's resident set + the tokenizer of n_vocab tokens. An input
+ * description, frozen like the output structs (no struct_size): a future need gets a new function. */
 struct mz_plan_shape {
   int32_t n_layer, n_head, n_head_kv, head_dim, n_embd, n_ff, n_vocab;
   uint64_t weight_bytes, weight_params;
