@@ -133,6 +133,15 @@ struct mz_context_params {
    * first, overlapped with prefill, instead of being faulted back a page at a time during compute.
    * Default 256 KiB; 0 turns the check off (the context trusts its own count). */
   uint64_t reconcile_min_missing;
+  /* since 0.9: fail at start, not later (docs/plan.md). mz_context_new estimates the peak memory of
+   * this context filled to n_ctx tokens (weights, KV, compute buffers, the process's overhead: see
+   * mz_plan_estimate) and, with memory_check on (the default), refuses with MZ_ERR_NO_MEMORY a
+   * context whose peak exceeds the smallest of: the process's memory cgroup limit, MemAvailable +
+   * the process's anonymous resident set, and memory_budget. mz_last_error then names the peak, the
+   * limit and what would fit (the largest context at this memory, q8_0 KV, a smaller quant), instead
+   * of the OOM killer or lmkd killing the process later. memory_check false: no check. */
+  uint64_t memory_budget;    /* bytes the process may use for this model and context (0: none) */
+  bool memory_check;         /* default true */
 };
 struct mz_context_params mz_context_default_params(void);
 
@@ -395,6 +404,67 @@ struct mz_profile_params mz_profile_default_params(void);
  * map memory). out_path is replaced crash-safely (written beside it, synced, renamed): on an error
  * or a crash it keeps its previous content; the read-test file is removed on every path. */
 int mz_profile_device(const char* model_path, const struct mz_profile_params* params, const char* out_path);
+
+/* ---- memory plan: the peak a run will need, known before it starts (since 0.9) ----
+ * The peak resident set of a run that fills n_ctx tokens with nothing evicted, by part, set against
+ * what the process may use. Parts: weights (every weight unit; file-backed page-cache mappings the
+ * kernel can reclaim, so a run that does not fit thrashes, or anonymous memory it cannot, so a run
+ * that does not fit is killed); KV at n_ctx tokens in whole kv_chunk_tokens chunks (f16:
+ * 2*n_layer*n_kv_head*head_dim*2 bytes per token; q8_0: 2*n_layer*n_kv_head*(2+head_dim)); the
+ * compute buffers of one ubatch; the in-memory swap stack (0: it only holds KV that left RAM,
+ * compressed); overhead (this process's resident set now + the tokenizer and model metadata).
+ * Limits (0 when unknown): the memory cgroup limit, MemAvailable + this process's anonymous RSS,
+ * memory_budget. The estimate is within 5% of the measured peak RSS on this engine
+ * (tests/test_memory_plan.cpp, docs/plan.md). */
+enum mz_kv_type { MZ_KV_F16 = 0, MZ_KV_Q8_0 = 1 }; /* KV element format (one definition with
+                                                      mz_context_params.kv_type at merge) */
+struct mz_plan_params {
+  uint32_t struct_size;     /* set by mz_plan_default_params(): see "Params structs" above */
+  uint32_t n_ctx;           /* context to plan (default 8192); 0: the largest that fits with the
+                               margin, at most the model's training context (auto) */
+  uint32_t kv_chunk_tokens; /* default 256 */
+  uint32_t n_ubatch;        /* default 512 */
+  int32_t kv_type;          /* enum mz_kv_type (default MZ_KV_F16) */
+  int32_t weight_memory;    /* MZ_WEIGHTS_PAGE_CACHE (default) or MZ_WEIGHTS_ANONYMOUS */
+  uint64_t memory_budget;   /* a budget to plan against (0: none) */
+  float margin;             /* share of the limit kept free by max_ctx and auto (default 0.1) */
+};
+struct mz_plan_params mz_plan_default_params(void);
+struct mz_plan_result {
+  /* the model */
+  int32_t n_layer, n_head_kv, head_dim, n_vocab;
+  uint64_t weight_params;        /* tensor elements */
+  uint64_t kv_bytes_per_token;   /* of the planned kv_type, before chunk rounding */
+  /* the peak at n_ctx, by part (bytes) */
+  uint32_t n_ctx;                /* planned (auto: the one chosen; 0 if nothing fits) */
+  uint64_t weights;
+  bool weights_file_backed;
+  uint64_t kv, compute, swap_stack, overhead, peak;
+  /* the limits (bytes; 0 = unknown / none) */
+  uint64_t cgroup_limit, mem_available, mem_total, self_anon, memory_budget;
+  uint64_t limit;                /* the smallest known: what the peak is set against (0: none) */
+  char binding[32];              /* which limit that is ("cgroup limit", "MemAvailable", "memory budget", "") */
+  bool fits;                     /* peak <= limit (true when no limit is known) */
+  uint32_t max_ctx;              /* largest context (whole chunks, at most the model's training
+                                    context) whose peak with the planned kv_type is <= (1-margin)*limit */
+  uint32_t max_ctx_q8;           /* the same with q8_0 KV */
+};
+/* Plans a run of the model at model_path (only its header is read: nothing is loaded) with params
+ * (NULL: defaults) in this process. Returns MZ_OK with *out filled; MZ_ERR_INVALID_ARG (NULL
+ * path/out, bad params); the model's parse error (MZ_ERR_IO, MZ_ERR_CORRUPT, MZ_ERR_UNSUPPORTED).
+ * It does not refuse: out->fits says whether it fits. */
+int mz_plan_estimate(const char* model_path, const struct mz_plan_params* params, struct mz_plan_result* out);
+/* A model that does not exist yet, by shape (device tiers: what would fit): weight_bytes and
+ * weight_params as the file would have them, weight_type its matrix format ("f16", "q8_0", "q4_0",
+ * "q4_k"). The overhead is this process's resident set + the tokenizer of n_vocab tokens. An input
+ * description, frozen like the output structs (no struct_size): a future need gets a new function. */
+struct mz_plan_shape {
+  int32_t n_layer, n_head, n_head_kv, head_dim, n_embd, n_ff, n_vocab;
+  uint64_t weight_bytes, weight_params;
+  const char* weight_type;
+};
+int mz_plan_estimate_shape(const struct mz_plan_shape* shape, const struct mz_plan_params* params,
+                           struct mz_plan_result* out);
 
 /* ---- pool: one model, many conversations, one memory budget, nothing lost (since 0.7) ----
  * A pool holds many conversations over one model (its weights held once). Each conversation is a

@@ -17,6 +17,7 @@ int RunConversationChat(const std::string& model, const std::string& dir, const 
                         int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed);
 void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
+void AddPlanCommands(CLI::App& app, Runners& runners);     // plan [--recommend] (tools/cli/cmd_plan.cpp)
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
 void AddPeersBench(CLI::App* bench, Runners& runners);      // bench peers, bench peers-worker (hidden)

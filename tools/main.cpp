@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   mz::cli::AddConversationCommands(app, runners);
   mz::cli::AddBenchCommands(app, runners);
   mz::cli::AddProfileCommands(app, runners);
+  mz::cli::AddPlanCommands(app, runners);
   mz::cli::AddOsPagingWorker(app, runners);
   mz::cli::AddMultitaskCommands(app, runners);  // after AddBenchCommands: adds `bench multitask`
   mz::cli::AddReliabilityCommands(app, runners);

@@ -153,6 +153,8 @@ mz_context_params mz_context_default_params(void) {
   p.direct_io = true;
   p.restore_threads = 2;
   p.reconcile_min_missing = mz::ContextOptions().reconcile_min_missing;
+  p.memory_budget = 0;
+  p.memory_check = true;
   return p;
 }
 
@@ -362,6 +364,8 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
   o->direct_io = p.direct_io;
   o->restore_threads = p.restore_threads > 0 ? p.restore_threads : 1;
   o->reconcile_min_missing = p.reconcile_min_missing;
+  o->memory_budget = p.memory_budget;
+  o->memory_check = p.memory_check;
   return mz::Status::Ok();
 }
 

@@ -65,6 +65,9 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
     MZ_RETURN_IF_ERROR(ReadParams(p.context, mz_context_default_params(), kContextParamsV1, "mz_context_params", &cp));
     mz::PoolOptions o;
     MZ_RETURN_IF_ERROR(ToContextOptions(cp, &o.context));
+    // The pool keeps RAM within its own memory_budget by evicting: its conversations are not
+    // each refused at start (mz_context_params.memory_check applies to mz_context_new).
+    o.context.memory_check = false;
     if (p.dir && !*p.dir) return mz::Status::InvalidArgument("dir is empty (NULL: nothing persisted)");
     o.dir = p.dir ? p.dir : "";
     o.memory_budget = p.memory_budget;

@@ -1,5 +1,7 @@
 #include "runtime/context.h"
 
+#include "runtime/memory_plan.h"
+
 #include "policy/partial_offload.h"
 #include "restore/executor.h"
 #include "core/sync_point.h"
@@ -34,6 +36,21 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
 }
 
 Status Context::Init() {
+  if (opts_.memory_check) {
+    // The model is loaded: what the process holds beyond its resident weights is the overhead.
+    PlanShape shape = ShapeOfModel(*model_);
+    PlanRequest req;
+    req.n_ctx = opts_.n_ctx;
+    req.chunk_tokens = opts_.kv_chunk_tokens;
+    req.n_ubatch = opts_.n_ubatch;
+    req.kv_type = KvType::kF16;  // the KvCache holds fp16 rows
+    SelfMemory self;
+    uint64_t resident_weights = 0;
+    for (int u = 0; u < model_->n_units(); ++u)
+      if (model_->unit(u).resident()) resident_weights += model_->unit(u).region_bytes;
+    if (ReadSelfMemory(model_->env(), &self)) req.overhead = self.rss > resident_weights ? self.rss - resident_weights : 0;
+    MZ_RETURN_IF_ERROR(CheckFits(shape, req, ReadMemoryLimits(model_->env(), opts_.memory_budget)));
+  }
   MZ_RETURN_IF_ERROR(units_->Init());
   if (opts_.fastest_cluster_only) {
     // A machine whose topology cannot be read is treated as homogeneous: nothing pinned.

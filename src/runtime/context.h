@@ -89,6 +89,14 @@ struct ContextOptions {
   // restores dropped weights it needs: the owner must serialize such a generation with the other
   // contexts' compute (the pool does, src/pool/pool.h).
   bool shared_weights = false;
+  // Fail at start, not later (runtime/memory_plan.h): Init estimates the peak memory of this
+  // context filled to n_ctx (weights, KV, compute buffers, the process's overhead) and refuses with
+  // kNoMemory, naming what would fit (the largest context, q8_0 KV, a smaller quant), when it
+  // exceeds the smallest of the memory cgroup limit, MemAvailable + the process's anonymous RSS and
+  // memory_budget (read through the model's Env). false (the default here; the C API's default is
+  // on): no check.
+  bool memory_check = false;
+  uint64_t memory_budget = 0;  // bytes the context may use in all (0: none); with memory_check
 };
 
 // What an EvictBytes call may move.

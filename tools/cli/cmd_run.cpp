@@ -10,6 +10,7 @@
 #include "pressure/monitor.h"
 #include "pressure/wiring.h"
 #include "runtime/context.h"
+#include "runtime/memory_plan.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 #include "runtime/session_file.h"
@@ -40,7 +41,27 @@ struct GenArgs {
   std::string kv_codec = "q8";
   std::string swap_path;
   std::string cpus;  // kernel CPU list to pin compute threads to ("" = default)
+  std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is loaded)
+  bool no_memory_check = false;
 };
+
+// --ctx: a token count into a.n_ctx, or "auto" (a.n_ctx = 0: the largest that fits, chosen in Open).
+Status ParseCtx(GenArgs& a) {
+  if (a.ctx_text == "auto") {
+    a.n_ctx = 0;
+    return Status::Ok();
+  }
+  try {
+    size_t pos = 0;
+    const long v = std::stol(a.ctx_text, &pos);
+    if (pos == a.ctx_text.size() && v >= 16 && v <= (1 << 24)) {
+      a.n_ctx = int(v);
+      return Status::Ok();
+    }
+  } catch (...) {
+  }
+  return Status::InvalidArgument("--ctx must be a token count in [16, 16777216] or auto, not '" + a.ctx_text + "'");
+}
 
 void AddGenOptions(CLI::App* c, GenArgs& a) {
   c->add_option("-m,--model", a.model, "GGUF path (default: the synthesized Qwen3-0.6B q8_0, made if missing)");
@@ -49,7 +70,10 @@ void AddGenOptions(CLI::App* c, GenArgs& a) {
                 "unless --cpus is given)")
       ->check(CLI::Range(1, 256));
   c->add_option("--cpus", a.cpus, "pin the compute threads to these CPUs (kernel list, e.g. 4-7 or 0,2)");
-  c->add_option("-c,--ctx", a.n_ctx, "maximum context tokens")->check(CLI::Range(16, 1 << 24));
+  c->add_option("-c,--ctx", a.ctx_text,
+                "maximum context tokens, or auto: the largest that fits in memory with a 10% margin (see `mzcache plan`)");
+  c->add_flag("--no-memory-check", a.no_memory_check,
+              "create the context even if its estimated peak memory exceeds the cgroup limit / MemAvailable");
   c->add_option("--chunk-tokens", a.chunk, "tokens per KV chunk")->check(CLI::Range(1, 65536));
   c->add_option("--temp", a.temp, "temperature (0 = greedy)");
   c->add_option("--top-k", a.top_k, "top-k");
@@ -108,6 +132,30 @@ bool ParseAmount(const std::string& s, uint64_t footprint, uint64_t* out) {
   }
 }
 
+// --ctx auto: the largest context (whole chunks, at most the model's training context) whose
+// estimated peak stays within 90% of what the process may use (runtime/memory_plan.h).
+Status AutoContext(const Model& m, GenArgs& a) {
+  PlanShape shape = ShapeOfModel(m);
+  PlanRequest req;
+  req.chunk_tokens = a.chunk;
+  uint64_t weights = 0;
+  for (int u = 0; u < m.n_units(); ++u)
+    if (m.unit(u).resident()) weights += m.unit(u).region_bytes;
+  SelfMemory self;
+  if (ReadSelfMemory(Env::Default(), &self)) req.overhead = self.rss > weights ? self.rss - weights : 0;
+  const MemoryLimits lim = ReadMemoryLimits(Env::Default(), 0);
+  const int cap = int(std::min<uint32_t>(m.hparams().n_ctx_train, 1u << 24));
+  a.n_ctx = LargestContext(shape, req, lim.effective(), 0.1, cap);
+  if (a.n_ctx < 16)
+    return Status::NoMemory("--ctx auto: not even one KV chunk fits in the " + std::string(lim.binding()) + " (" +
+                            Mib(lim.effective()) + ")");
+  req.n_ctx = a.n_ctx;
+  std::fprintf(stderr, "--ctx auto: %d tokens (peak %s of the %s, %s)\n", a.n_ctx,
+               Mib(EstimatePeak(shape, req).peak()).c_str(), lim.effective() ? lim.binding() : "no known limit",
+               Mib(lim.effective()).c_str());
+  return Status::Ok();
+}
+
 struct Session {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
@@ -120,8 +168,11 @@ Status Open(GenArgs& a, Session* s) {
   double t0 = Now();
   MZ_RETURN_IF_ERROR(Model::Load(Env::Default(), a.model, ModelOptions(), &s->model));
   MZ_RETURN_IF_ERROR(Tokenizer::Load(a.model, &s->tok));
+  MZ_RETURN_IF_ERROR(ParseCtx(a));
+  if (a.n_ctx == 0) MZ_RETURN_IF_ERROR(AutoContext(*s->model, a));
   ContextOptions co;
   co.n_ctx = a.n_ctx;
+  co.memory_check = !a.no_memory_check;
   co.kv_chunk_tokens = a.chunk;
   co.n_threads = a.threads;
   co.kv_codec = a.kv_codec;
@@ -511,6 +562,11 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   chat->add_option("--memory-budget", cv->budget_mib, "with --conversation: the pool's RAM budget in MiB (0: none)");
   runners.push_back([chat, ca, pa, cv]() -> int {
     if (!chat->parsed()) return -1;
+    if (!cv->name.empty()) {
+      Status st = ParseCtx(*ca);
+      if (st.ok() && ca->n_ctx == 0) st = Status::InvalidArgument("--ctx auto is not supported with --conversation");
+      if (!st.ok()) return Fail(st);
+    }
     if (!cv->name.empty())
       return RunConversationChat(ca->model, cv->dir, cv->name, ca->threads, ca->n_ctx, ca->n_predict, cv->budget_mib,
                                  ca->temp, ca->top_k, ca->top_p, ca->seed);
