@@ -179,6 +179,7 @@ static int check_pressure(mz_model* model, const mz_token* toks, int32_t n) {
     CHECK(mz_kernel_residency(NULL, &counted, &in_ram) == MZ_ERR_INVALID_ARG && counted == 0, "NULL ctx");
     /* Unit by unit (0.9): sized with cap 0, then filled; the same units the memory report counts. */
     struct mz_residency_summary sum;
+    CHECK(mz_kernel_residency(ctx, &counted, &in_ram) == MZ_OK, "kernel residency again");
     const int32_t nu = mz_residency_report(ctx, true, &sum, NULL, 0);
     CHECK(nu > 0 && sum.n_units == nu, "residency report: %d units (summary %d)", (int)nu, (int)sum.n_units);
     CHECK(sum.weights_file_counted + sum.weights_anon_counted + sum.kv_counted == counted,
