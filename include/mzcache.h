@@ -315,8 +315,10 @@ struct mz_residency_summary {
  * units (NULL with cap 0 to size) receives the first min(cap, n) units. with_smaps = false skips
  * /proc/self/smaps (its cost grows with the process's mappings). Returns n, the number of units
  * (>= 0), or a negative status: MZ_ERR_INVALID_ARG (NULL ctx, cap < 0, units NULL with cap > 0),
- * an error of mincore (MZ_ERR_IO...). Waits for a running call on the context (a foreground call:
- * restore-ahead yields to it). About 1 ms per GiB measured, plus smaps. */
+ * an error of mincore (MZ_ERR_IO...); *summary is then zeroed. Waits for a running call on the
+ * context (a foreground call: restore-ahead yields to it). Cost: one mincore per unit (as
+ * mz_kernel_residency), one page-cache query per unit with a file copy, and smaps. Both structs
+ * are output structs, frozen like the others (see the top of this header). */
 int32_t mz_residency_report(mz_context* ctx, bool with_smaps, struct mz_residency_summary* summary,
                             struct mz_unit_residency* units, int32_t cap);
 
