@@ -264,6 +264,73 @@ int mz_get_memory_report(mz_context* ctx, struct mz_memory_report* out);
  * decode. */
 int mz_kernel_residency(mz_context* ctx, uint64_t* counted, uint64_t* in_ram);
 
+/* ---- residency as the kernel sees it, unit by unit (since 0.9) ----
+ * For every weight unit and KV chunk: the context's own state and the kernel's view of its memory:
+ * what backs it, how much of it is in RAM (mincore), how much of its copy in a file the page cache
+ * holds, and the Rss/Pss of its mappings (/proc/self/smaps). The kernel accounts smaps per VMA,
+ * not per unit: a unit's vma_* fields are those of every VMA overlapping it, whole. When vma_bytes
+ * equals held_bytes they are exactly the unit's (a weight unit's file mappings usually are); when
+ * larger, the VMA also holds other memory (the kernel merges adjacent anonymous KV chunks into one
+ * VMA) and Rss/Pss are the VMA's. in_ram_bytes is always exact per unit. mincore says whether a
+ * file page is in the page cache; Rss counts it only while this process maps it. */
+enum mz_backing {
+  MZ_BACKING_NONE = 0,       /* holds no memory in its state (weights dropped, KV on storage) */
+  MZ_BACKING_ANONYMOUS = 1,  /* anonymous memory (the kernel can only swap it out) */
+  MZ_BACKING_MODEL_FILE = 2, /* private read-only mapping of the model file: clean page cache the
+                                kernel may reclaim under pressure (compute then faults it back) */
+  MZ_BACKING_SWAP_FILE = 3   /* private mapping of the swap file (a KV chunk restored by mapping) */
+};
+struct mz_unit_residency {
+  int32_t kind;      /* enum mz_unit_kind */
+  int32_t layer;     /* weights: layer, -1 the base unit (embeddings, output head); KV: layer */
+  int32_t chunk;     /* KV: chunk; weights: -1 */
+  int32_t state;     /* enum mz_unit_state: the context's own count */
+  int32_t backing;   /* enum mz_backing */
+  int32_t lost;      /* 1: a KV chunk whose stored copy failed verification */
+  uint64_t bytes;    /* RAM the unit takes when resident */
+  uint64_t held_bytes; /* RAM the context counts for it now (bytes if resident, its encoded bytes if
+                          compressed in memory, else 0) */
+  uint64_t address;  /* where those bytes start in this process (0: none) */
+  uint64_t counted_bytes, in_ram_bytes; /* mincore: bytes asked about (its mapped pages) and, of
+                          them, in RAM now; counted > in_ram: the kernel took pages behind the
+                          context's back */
+  uint64_t file_bytes, file_cached_bytes; /* its copy in a file (weights: the model file; KV on
+                          storage: its swap extent) and the part the page cache holds (a restore
+                          reads that part without storage I/O); 0 of 0 if none */
+  int32_t n_vmas;    /* smaps: the VMAs overlapping [address, address + held_bytes), whole */
+  uint64_t vma_bytes, vma_rss, vma_pss, vma_anonymous, vma_swap;
+};
+struct mz_residency_summary {
+  int32_t n_units;   /* weight units (layers, then the base unit) + KV chunks (layer by layer) */
+  /* mincore over what the context counts in RAM, by kind of memory: counted / in RAM */
+  uint64_t weights_file_counted, weights_file_in_ram; /* resident weights mapped from the model file */
+  uint64_t weights_anon_counted, weights_anon_in_ram; /* resident weights in anonymous memory */
+  uint64_t kv_counted, kv_in_ram;                     /* resident KV chunks */
+  uint64_t kv_compressed_counted, kv_compressed_in_ram; /* pages of KV chunks compressed in memory */
+  /* The warning: resident weight units mapped from the model file with pages the kernel reclaimed.
+   * A decode then stalls on major faults, reading them from storage a page at a time every token;
+   * mz_restore, or mz_restore_generate (which reconciles, see reconcile_min_missing), reads them
+   * back ahead. */
+  int32_t weight_units_out_of_page_cache;
+  uint64_t weights_out_of_page_cache; /* their bytes not in RAM */
+  bool warn;
+  char warning[384]; /* "" or the warning as a sentence (truncated to fit) */
+  bool smaps_ok;     /* false: smaps was not asked for, or could not be read or parsed: */
+  char smaps_error[256]; /* why ("" when smaps_ok); the rest of the report is complete */
+  int32_t n_vmas;    /* distinct VMAs overlapping some unit, and their totals (each counted once) */
+  uint64_t vma_bytes, vma_rss, vma_pss, vma_anonymous, vma_swap;
+};
+/* Measures every unit of the context. summary (optional) receives the totals and the warning;
+ * units (NULL with cap 0 to size) receives the first min(cap, n) units. with_smaps = false skips
+ * /proc/self/smaps (its cost grows with the process's mappings). Returns n, the number of units
+ * (>= 0), or a negative status: MZ_ERR_INVALID_ARG (NULL ctx, cap < 0, units NULL with cap > 0),
+ * an error of mincore (MZ_ERR_IO...); *summary is then zeroed. Waits for a running call on the
+ * context (a foreground call: restore-ahead yields to it). Cost: one mincore per unit (as
+ * mz_kernel_residency), one page-cache query per unit with a file copy, and smaps. Both structs
+ * are output structs, frozen like the others (see the top of this header). */
+int32_t mz_residency_report(mz_context* ctx, bool with_smaps, struct mz_residency_summary* summary,
+                            struct mz_unit_residency* units, int32_t cap);
+
 /* ---- sessions: a conversation saved to a file and loaded in another process ---- */
 /* Writes tokens + KV (codec "none" is lossless; default q8 when NULL) crash-safely. */
 int mz_session_save(mz_context* ctx, const char* path, const char* codec);

@@ -177,6 +177,34 @@ static int check_pressure(mz_model* model, const mz_token* toks, int32_t n) {
           "kernel residency: counted %llu, in RAM %llu, report %llu", (unsigned long long)counted,
           (unsigned long long)in_ram, (unsigned long long)(r.weights_resident + r.kv_resident));
     CHECK(mz_kernel_residency(NULL, &counted, &in_ram) == MZ_ERR_INVALID_ARG && counted == 0, "NULL ctx");
+    /* Unit by unit (0.9): sized with cap 0, then filled; the same units the memory report counts. */
+    struct mz_residency_summary sum;
+    CHECK(mz_kernel_residency(ctx, &counted, &in_ram) == MZ_OK, "kernel residency again");
+    const int32_t nu = mz_residency_report(ctx, true, &sum, NULL, 0);
+    CHECK(nu > 0 && sum.n_units == nu, "residency report: %d units (summary %d)", (int)nu, (int)sum.n_units);
+    CHECK(sum.weights_file_counted + sum.weights_anon_counted + sum.kv_counted == counted,
+          "residency summary counts %llu, mz_kernel_residency %llu",
+          (unsigned long long)(sum.weights_file_counted + sum.weights_anon_counted + sum.kv_counted),
+          (unsigned long long)counted);
+    struct mz_unit_residency* units = (struct mz_unit_residency*)calloc((size_t)nu, sizeof *units);
+    CHECK(units != NULL, "calloc");
+    CHECK(mz_residency_report(ctx, false, NULL, units, nu) == nu, "second call");
+    int32_t dropped = 0;
+    for (int32_t i = 0; i < nu; ++i) {
+      const struct mz_unit_residency* u = &units[i];
+      if (u->kind == MZ_UNIT_WEIGHTS && u->state == MZ_STATE_WEIGHTS_DROPPED) {
+        ++dropped;
+        CHECK(u->backing == MZ_BACKING_NONE && u->held_bytes == 0 && u->counted_bytes == 0, "dropped unit %d", (int)u->layer);
+      }
+      CHECK(u->in_ram_bytes <= u->counted_bytes, "unit %d: in RAM %llu of %llu", (int)i,
+            (unsigned long long)u->in_ram_bytes, (unsigned long long)u->counted_bytes);
+    }
+    CHECK(dropped == r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED], "dropped %d, report %d", (int)dropped,
+          (int)r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED]);
+    free(units);
+    CHECK(mz_residency_report(ctx, true, NULL, NULL, 1) == MZ_ERR_INVALID_ARG, "NULL units with cap 1");
+    CHECK(mz_residency_report(ctx, true, NULL, NULL, -1) == MZ_ERR_INVALID_ARG, "cap -1");
+    CHECK(mz_residency_report(NULL, true, &sum, NULL, 0) == MZ_ERR_INVALID_ARG && sum.n_units == 0, "NULL ctx");
   }
   CHECK(r.weights_dropped > 0 && r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED] > 0,
         "COMPLETE left every weight unit resident (dropped %llu)", (unsigned long long)r.weights_dropped);

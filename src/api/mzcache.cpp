@@ -273,6 +273,77 @@ int mz_kernel_residency(mz_context* ctx, uint64_t* counted, uint64_t* in_ram) {
   });
 }
 
+namespace {
+void CopyText(const std::string& from, char* to, size_t cap) {
+  const size_t n = std::min(from.size(), cap - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+}  // namespace
+
+int32_t mz_residency_report(mz_context* ctx, bool with_smaps, mz_residency_summary* summary, mz_unit_residency* units,
+                            int32_t cap) {
+  if (summary) *summary = mz_residency_summary{};
+  int32_t n = 0;
+  const int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("ctx must not be NULL");
+    if (cap < 0 || (!units && cap > 0)) return mz::Status::InvalidArgument("units must hold cap >= 0 entries");
+    mz::ResidencyReport r;
+    MZ_RETURN_IF_ERROR(ctx->ctx->MeasureResidency(with_smaps, &r));
+    n = int32_t(r.units.size());
+    for (int32_t i = 0; i < std::min(n, cap); ++i) {
+      const mz::UnitResidency& u = r.units[size_t(i)];
+      mz_unit_residency& o = units[i];
+      o = mz_unit_residency{};
+      o.kind = u.unit.kind == mz::UnitRef::kWeights ? MZ_UNIT_WEIGHTS : MZ_UNIT_KV;
+      o.layer = u.unit.layer;
+      o.chunk = u.unit.kind == mz::UnitRef::kWeights ? -1 : u.unit.chunk;
+      o.state = int32_t(u.state);
+      o.backing = int32_t(u.backing);
+      o.lost = u.lost ? 1 : 0;
+      o.bytes = u.bytes;
+      o.held_bytes = u.held_bytes;
+      o.address = u.addr;
+      o.counted_bytes = u.counted_bytes;
+      o.in_ram_bytes = u.in_ram_bytes;
+      o.file_bytes = u.file_bytes;
+      o.file_cached_bytes = u.file_cached_bytes;
+      o.n_vmas = u.n_vmas;
+      o.vma_bytes = u.vma_bytes;
+      o.vma_rss = u.vma_rss;
+      o.vma_pss = u.vma_pss;
+      o.vma_anonymous = u.vma_anonymous;
+      o.vma_swap = u.vma_swap;
+    }
+    if (summary) {
+      const mz::ResidencySummary& s = r.summary;
+      summary->n_units = n;
+      summary->weights_file_counted = s.weights_file_counted;
+      summary->weights_file_in_ram = s.weights_file_in_ram;
+      summary->weights_anon_counted = s.weights_anon_counted;
+      summary->weights_anon_in_ram = s.weights_anon_in_ram;
+      summary->kv_counted = s.kv_counted;
+      summary->kv_in_ram = s.kv_in_ram;
+      summary->kv_compressed_counted = s.kv_compressed_counted;
+      summary->kv_compressed_in_ram = s.kv_compressed_in_ram;
+      summary->weight_units_out_of_page_cache = s.weight_units_out_of_page_cache;
+      summary->weights_out_of_page_cache = s.weights_out_of_page_cache;
+      summary->warn = s.warn;
+      CopyText(s.warning, summary->warning, sizeof summary->warning);
+      summary->smaps_ok = s.smaps_ok;
+      CopyText(s.smaps_error, summary->smaps_error, sizeof summary->smaps_error);
+      summary->n_vmas = s.n_vmas;
+      summary->vma_bytes = s.vma_bytes;
+      summary->vma_rss = s.vma_rss;
+      summary->vma_pss = s.vma_pss;
+      summary->vma_anonymous = s.vma_anonymous;
+      summary->vma_swap = s.vma_swap;
+    }
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : int32_t(rc);
+}
+
 int mz_get_memory_report(mz_context* ctx, mz_memory_report* out) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx || !out) return mz::Status::InvalidArgument("null argument");

@@ -72,6 +72,31 @@ UnitState UnitTable::state(const UnitRef& u) const {
   return s ? s->state : UnitState::kResident;
 }
 
+KvChunkMemory UnitTable::LocateKv(int layer, int chunk) const {
+  KvChunkMemory m;
+  const KvSlot* s = find_slot(layer, chunk);
+  m.state = s ? s->state : UnitState::kResident;
+  m.lost = s && s->lost;
+  if (m.state == UnitState::kResident) {
+    m.addr = kv_->chunk(layer, chunk);
+    m.bytes = m.addr ? kv_->geometry().chunk_bytes() : 0;
+    m.mapped_from_swap = s && s->mapped;
+    m.clean = s && s->mapped && s->clean;
+  } else if (m.state == UnitState::kKvMemCompressed) {
+    size_t n = 0;
+    m.addr = stack_->Get(s->h, &n);
+    m.bytes = m.addr ? n : 0;
+  }
+  if (s && s->ext.valid() && (m.mapped_from_swap || m.state == UnitState::kKvStorageRaw ||
+                              m.state == UnitState::kKvStorageCompressed)) {
+    const SwapFile* sf = file_for(s->ext);
+    m.stored_file = sf ? sf->file() : nullptr;
+    m.stored_off = s->ext.off;
+    m.stored_len = s->ext.len;
+  }
+  return m;
+}
+
 bool UnitTable::lost(int layer, int chunk) const {
   const KvSlot* s = find_slot(layer, chunk);
   return s && s->lost;

@@ -106,6 +106,20 @@ struct UnitTableOptions {
   bool touch_restored = true;
 };
 
+// Where a KV chunk's bytes are now (UnitTable::LocateKv): a read-only view for reports
+// (memory/residency_report.h). Pointers are valid until the chunk's state next changes.
+struct KvChunkMemory {
+  UnitState state = UnitState::kResident;
+  bool lost = false;              // its stored copy failed verification
+  bool mapped_from_swap = false;  // resident as a private mapping of its swap extent (map_swap)
+  bool clean = false;             // mapped_from_swap and still equal to the stored copy
+  const void* addr = nullptr;     // its bytes in RAM: the fp16 chunk (resident) or its entry in the
+  uint64_t bytes = 0;             // in-memory swap (kKvMemCompressed); nullptr / 0 otherwise
+  File* stored_file = nullptr;    // the file holding a stored copy (on storage, or the extent a
+  uint64_t stored_off = 0;        // mapped chunk maps): the context's swap file or an adopted
+  uint64_t stored_len = 0;        // stored file; nullptr if none
+};
+
 class UnitTable {
  public:
   UnitTable(Model* model, KvCache* kv, const UnitTableOptions& opts);
@@ -249,6 +263,11 @@ class UnitTable {
   ChunkShape shape(int layer, int chunk) const;
 
   UnitState state(const UnitRef& u) const;
+  // Where KV chunk (layer, chunk) is now (REQUIRES has_chunk). Read-only; serialized with state
+  // changes like Report.
+  KvChunkMemory LocateKv(int layer, int chunk) const;
+  // The open file of the context's swap (nullptr before the first eviction to storage).
+  const SwapFile* swap_file() const { return swap_.get(); }
   // True if chunk c of layer exists in the context (resident or not).
   int n_layer() const { return kv_->geometry().n_layer; }
   bool has_chunk(int layer, int chunk) const { return chunk >= 0 && chunk < kv_->n_chunks() && layer >= 0 && layer < kv_->geometry().n_layer; }

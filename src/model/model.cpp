@@ -399,6 +399,23 @@ Status Model::UnitInRam(int u, uint64_t* in_ram, uint64_t* counted) const {
   return Status::Ok();
 }
 
+Status Model::UnitFileCached(int u, uint64_t* cached, uint64_t* file_bytes) const {
+  *cached = *file_bytes = 0;
+  if (u < 0 || u >= n_units()) return Status::InvalidArgument("no weight unit " + std::to_string(u));
+  for (const ReadRun& r : units_[u].runs) {
+    const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
+    uint64_t n = 0;
+    Status st = env_->CachedBytes(file_.get(), r.file_off, len, &n);
+    if (!st.ok()) {
+      *cached = 0;
+      return st.With("weight unit " + std::to_string(u));
+    }
+    *cached += n;
+    *file_bytes += len;
+  }
+  return Status::Ok();
+}
+
 void Model::DropRuns(const WeightUnit& w) const {
   // Best effort (a deleted file's pages go once the held file_ and the last mapping are closed). The page cache
   // holds a file in folios of up to 2 MiB, and the kernel only drops folios wholly inside the range:

@@ -158,6 +158,13 @@ class Model {
   // would fault them back from storage); an anonymous one's pages swapped out. A dropped unit: 0 of
   // 0. Errors: the Env's (then *in_ram is 0). Not thread-safe against LoadUnit/DropUnit of u.
   Status UnitInRam(int u, uint64_t* in_ram, uint64_t* counted) const;
+  // Bytes of unit u's file runs (resident or not, whatever its backing) that the page cache holds
+  // now (Env::CachedBytes: mincore over a mapping of the file), out of *file_bytes (the runs'
+  // bytes within the file). For a dropped unit: what a page-cache reload finds without reading
+  // storage. Errors: the Env's (then *cached is 0). Thread-safe (reads the held file only).
+  Status UnitFileCached(int u, uint64_t* cached, uint64_t* file_bytes) const;
+  // The model file as held since load (for reports naming it; nullptr before load).
+  File* file() const { return file_.get(); }
   // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
   // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
   Status VerifyIdentity() const;

@@ -115,6 +115,11 @@ Status Context::MeasureInRam(KernelResidency* out) {
   return units_->MeasureInRam(out);
 }
 
+Status Context::MeasureResidency(bool with_smaps, ResidencyReport* out) {
+  ForegroundLock lk(this);
+  return BuildResidencyReport(model_->env(), *model_, *kv_, *units_, with_smaps, out);
+}
+
 Status Context::EvictBytes(uint64_t bytes, uint64_t* freed, PolicyOutput* last_plan, EvictScope scope) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: eviction refused (retry when it finishes)");

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "core/sync_point.h"
 #include "env/cpu_topology.h"
+#include "memory/residency_report.h"
 #include "memory/unit_table.h"
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
@@ -219,6 +220,10 @@ class Context {
   // The kernel's view of what the table counts resident (UnitTable::MeasureInRam), serialized with
   // every other call; a foreground call (a restore-ahead slice yields to it). For tools and tests.
   Status MeasureInRam(KernelResidency* out);
+  // Every unit as the table counts it and as the kernel sees it (memory/residency_report.h:
+  // mincore, the page cache, smaps unless with_smaps is false), serialized with every other call;
+  // a foreground call (a restore-ahead slice yields to it). Errors: BuildResidencyReport's.
+  Status MeasureResidency(bool with_smaps, ResidencyReport* out);
 
   Model* model() const { return model_; }
   // Read-only views of the unit state. Every change goes through this class's operations (which

@@ -16,6 +16,7 @@
 #include "runtime/session_file.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "tools/cli/residency_text.h"
 
 namespace mz::cli {
 namespace {
@@ -43,6 +44,7 @@ struct GenArgs {
   std::string cpus;  // kernel CPU list to pin compute threads to ("" = default)
   std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is loaded)
   bool no_memory_check = false;
+  std::string residency_json;  // run: the residency report written there after generating
 };
 
 // --ctx: a token count into a.n_ctx, or "auto" (a.n_ctx = 0: the largest that fits, chosen in Open).
@@ -331,6 +333,14 @@ int RunOnce(GenArgs& ra) {  // Open resolves ra.model in place
                s.model->hparams().name.c_str(), s.load_s, ThreadsText(*s.ctx).c_str());
   Sampler sampler({ra.temp, ra.top_k, ra.top_p, ra.seed});
   st = Generate(s, sampler, toks, ra.n_predict, true, nullptr);
+  if (st.ok() && !ra.residency_json.empty()) {
+    ResidencyReport rr;
+    st = s.ctx->MeasureResidency(/*with_smaps=*/true, &rr);
+    if (st.ok()) {
+      std::fprintf(stderr, "%s", ResidencySummaryText(rr).c_str());
+      st = Env::Default()->WriteSmallFile(ra.residency_json, ResidencyJson(rr).dump(1) + "\n", /*create=*/true);
+    }
+  }
   if (st.ok() && !ra.session.empty()) {
     SessionInfo si;
     st = SaveSession(*s.ctx, ra.session, ra.session_codec, &si);
@@ -412,6 +422,11 @@ void ChatCommand(Session& s, const GenArgs& ca, PressureMonitor* mon, const std:
   MemoryReport r = s.ctx->Report();
   if (verb == "/memory") {
     PrintReport(r);
+    // The kernel's view (memory/residency_report.h); "/memory units": every unit, one per line.
+    ResidencyReport rr;
+    Status rst = s.ctx->MeasureResidency(/*with_smaps=*/true, &rr);
+    if (!rst.ok()) std::fprintf(stderr, "  kernel view unavailable: %s\n", rst.ToString().c_str());
+    else std::fprintf(stderr, "%s%s", ResidencySummaryText(rr).c_str(), arg == "units" ? ResidencyTableText(rr).c_str() : "");
   } else if (verb == "/evict" || verb == "/remaining") {
     ChatEvict(s, verb, arg, r);
   } else if (verb == "/restore") {
@@ -503,7 +518,7 @@ int RunChat(GenArgs& ca, const PressureArgs& pa) {  // Open resolves ca.model in
     if (!st.ok()) return Fail(st);
   }
   std::fprintf(stderr,
-               "[model %s loaded in %.2f s; type a message. Commands: /memory, /evict 40%% | 300MiB, "
+               "[model %s loaded in %.2f s; type a message. Commands: /memory [units], /evict 40%% | 300MiB, "
                "/remaining 50%%, /restore, /save FILE, /threads [N [CPUS]], %s/quit]\n",
                ca.model.c_str(), s.load_s, mon ? "/pressure low|medium|critical|none, " : "");
   Sampler sampler({ca.temp, ca.top_k, ca.top_p, ca.seed});
@@ -533,6 +548,9 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   run->add_option("-p,--prompt", ra->prompt, "prompt text");
   run->add_option("-n,--n-predict", ra->n_predict, "tokens to generate")->check(CLI::Range(1, 1 << 20));
   run->add_flag("--raw", ra->raw, "do not apply the chat template");
+  run->add_option("--residency-json", ra->residency_json,
+                  "after generating, write the residency report (every unit as mzcache counts it and as the kernel "
+                  "sees it: mincore, page cache, smaps) to this JSON file and print its summary");
   runners.push_back([run, ra]() -> int {
     if (!run->parsed()) return -1;
     return RunOnce(*ra);
@@ -542,7 +560,8 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   auto* chat = app.add_subcommand("chat", "interactive multi-turn chat; the KV cache is kept between turns");
   AddGenOptions(chat, *ca);
   chat->footer(
-      "Commands in the chat: /memory, /evict 40% | 300MiB, /remaining 50%, /restore, /save FILE,\n"
+      "Commands in the chat: /memory (with the kernel's view: mincore, smaps, and a warning when mapped\n"
+      "weights fell out of the page cache), /memory units (every unit), /evict 40% | 300MiB, /remaining 50%, /restore, /save FILE,\n"
       "/threads (show the compute threads and CPU clusters), /threads N [CPUS] (change them between\n"
       "turns, pinned to CPUS, e.g. /threads 2 6-7, or not pinned; the conversation stays),\n"
       "/pressure low|medium|critical|none (with --watch-pressure), /quit.");
