@@ -99,7 +99,8 @@ SustainedDecision SustainedController::Step(const SustainedSample& s) {
 uint64_t DutySleepNs(uint64_t busy_ns, uint64_t wall_ns, double duty) {
   if (!(duty > 0) || duty >= 1) return 0;
   const double wall = double(std::max(wall_ns, busy_ns));
-  const double target = std::ceil(double(busy_ns) / duty);
+  // Whole nanoseconds, rounded up (less a hair so that 70 / 0.7 is 100, not 101: 0.7 is inexact).
+  const double target = std::ceil(double(busy_ns) / duty - 1e-6);
   return target > wall ? uint64_t(target - wall) : 0;
 }
 
