@@ -174,6 +174,56 @@ int mz_context_truncate(mz_context* ctx, int32_t n_keep);
  * CPUs are as before the call. */
 int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cpus, int32_t n_cpus);
 
+/* ---- sustained runs: thread and duty-cycle caps, thermal stepping (since 0.9) ---- */
+/* A long generation on a phone heats it and the platform throttles (clocks, cores, DRAM) after
+ * ~25 s. Sustained mode steps the context's compute threads down before that and back up with
+ * hysteresis, from the thermal zones (/sys/class/thermal: each zone's lowest passive trip point
+ * minus a margin, or a configured high mark) or, with no readable sensor (a VM, a phone that hides
+ * them from apps), from tokens/s drifting down at an unchanged thread count; and it can cap the
+ * duty cycle (compute time / wall time) by sleeping after each step. Threads change through the
+ * mz_context_set_threads path: the conversation and the logits are as without it. Checked once per
+ * window, after mz_decode / mz_restore_generate return, on the calling thread (which also sleeps
+ * for the duty cycle there). See docs/results/sustained for what the caps cost. */
+struct mz_sustained_params {
+  uint32_t struct_size; /* set by mz_sustained_default_params(): see "Params structs" above */
+  int32_t max_threads;  /* cap (default 0: the context's compute threads when enabled; with pinned
+                           CPUs at most their number: the first n of them are used) */
+  int32_t min_threads;  /* never below (default 1) */
+  float duty_cycle;     /* (0, 1]: compute / wall time cap (default 1: no pacing) */
+  float high_c;         /* high mark in degrees C for every zone (default 0: per zone, its lowest
+                           passive trip point minus trip_margin_c; zones with no trip are unused) */
+  float trip_margin_c;  /* default 5 */
+  float band_c;         /* hysteresis: step up only below high - band (default 5) */
+  float hold_up_s;      /* ... for this long (default 30) */
+  float min_interval_s; /* at most one change per interval (default 10) */
+  float drift;          /* step down when a window's tokens/s < (1 - drift) x the best window of the
+                           last 60 s at the same threads, twice in a row (default 0.25; 0: off) */
+  float probe_up_s;     /* with no temperature, retry one more thread this long after a drift step
+                           down (default 120; 0: never) */
+  float window_s;       /* sensors read and decision made at most this often (default 1) */
+  const char* thermal_root; /* default NULL: /sys/class/thermal (tests pass a fake tree) */
+};
+struct mz_sustained_params mz_sustained_default_params(void);
+/* Enables (params != NULL, replacing an earlier setting) or disables (NULL) sustained mode on ctx.
+ * Enabling caps the threads at once. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL ctx, a field out of
+ * range, a bad struct_size); MZ_ERR_BUSY as mz_context_set_threads (nothing changed). Not
+ * thread-safe with other calls on ctx. */
+int mz_context_set_sustained(mz_context* ctx, const struct mz_sustained_params* params);
+struct mz_sustained_stats {
+  int32_t enabled;
+  int32_t threads;            /* compute threads now */
+  int32_t steps_down, steps_up;
+  int32_t n_zones;            /* thermal zones read at the last window (0: no sensors) */
+  int32_t has_temp;           /* a zone with a high mark was read at the last window */
+  float temp_c, high_c;       /* that zone's (the one nearest its mark) temperature and mark */
+  float window_tokens_per_s;  /* decode tokens per second of compute in the last window */
+  double slept_s;             /* duty-cycle sleeps so far */
+  double busy_s;              /* compute time of the steps seen so far */
+};
+/* Fills *out (zeros with enabled = 0 when sustained mode is off). May be called from any thread.
+ * MZ_ERR_INVALID_ARG for NULL arguments. */
+int mz_context_get_sustained_stats(mz_context* ctx, struct mz_sustained_stats* out);
+
 /* ---- elastic memory ---- */
 enum mz_unit_kind { MZ_UNIT_WEIGHTS = 0, MZ_UNIT_KV = 1 };
 enum mz_unit_state {

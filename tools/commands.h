@@ -25,6 +25,7 @@ void AddAccuracyBench(CLI::App* bench, Runners& runners);   // bench accuracy
 void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
 void AddPoolBench(CLI::App* bench, Runners& runners);       // bench pool
 void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)
+void AddSustainedBench(CLI::App* bench, Runners& runners);  // bench sustained (tools/bench/cmd_bench_sustained.cpp)
 void AddOsPagingWorker(CLI::App& app, Runners& runners);    // ospaging-worker (hidden)
 // bench multitask (added under `bench`: call after AddBenchCommands) + hidden multitask-worker/-app
 void AddMultitaskCommands(CLI::App& app, Runners& runners);

@@ -16,6 +16,7 @@
 #include "restore/restore_pipeline.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
+#include "runtime/sustained.h"
 #include "runtime/tokenizer.h"
 
 struct mz_model {
@@ -24,6 +25,11 @@ struct mz_model {
 };
 struct mz_context {
   std::unique_ptr<mz::Context> ctx;
+  // Sustained mode (mz_context_set_sustained; src/api/sustained_api.cpp), NULL when off. The
+  // pointer is replaced under sustained_mu (the stats getter may run on any thread); mz_decode reads
+  // it without the lock (setting is not concurrent with the context's other calls).
+  std::mutex sustained_mu;
+  std::unique_ptr<mz::SustainedMode> sustained;
   // Memory pressure (mz_on_trim_memory, mz_pressure_*). The monitor is declared last: destroyed
   // (thread joined, safe-point hook removed) before everything its callback uses and the context.
   std::mutex stats_mu;
@@ -69,6 +75,7 @@ inline constexpr uint32_t kRestoreParamsV1 = MZ_FIELD_END(mz_restore_params, att
 inline constexpr uint32_t kSamplerParamsV1 = MZ_FIELD_END(mz_sampler_params, seed);
 inline constexpr uint32_t kPressureParamsV1 = MZ_FIELD_END(mz_pressure_params, restore_margin);
 inline constexpr uint32_t kProfileParamsV1 = MZ_FIELD_END(mz_profile_params, user);
+inline constexpr uint32_t kSustainedParamsV1 = MZ_FIELD_END(mz_sustained_params, thermal_root);
 #undef MZ_FIELD_END
 
 // The caller's params over the defaults: NULL gives the defaults; a struct_size between the first
@@ -102,4 +109,15 @@ void ToRestoreStats(const mz::RestoreGenerateStats& st, mz_restore_stats* out);
 mz::Status ToPressureOptions(const mz_pressure_params& p, mz::PressureSourceOptions* so, mz::AmountOptions* ao);
 // Android onTrimMemory level -> pressure level (see mz_on_trim_memory); false: no action.
 bool TrimLevel(int32_t level, mz::PressureLevel* out);
+// Runs one generation step f (a Decode / RestoreGenerate of n tokens) and, when it succeeded and
+// sustained mode is on, lets it pace and step the threads (SustainedMode::AfterStep).
+template <class F>
+mz::Status SustainedStep(mz_context* c, int n, F&& f) {
+  if (!c->sustained) return f();
+  mz::Env* env = c->ctx->model()->env();
+  const uint64_t t0 = env->NowNs();
+  mz::Status st = f();
+  if (st.ok()) c->sustained->AfterStep(n, t0, env->NowNs());
+  return st;
+}
 }  // namespace mz_api

@@ -179,7 +179,7 @@ void mz_context_free(mz_context* ctx) { delete ctx; }
 int mz_decode(mz_context* ctx, const mz_token* tokens, int32_t n, bool all_logits) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx || !tokens || n <= 0) return mz::Status::InvalidArgument("need a context and at least one token");
-    return ctx->ctx->Decode(tokens, n, all_logits);
+    return SustainedStep(ctx, n, [&] { return ctx->ctx->Decode(tokens, n, all_logits); });
   });
 }
 
@@ -254,7 +254,7 @@ int mz_restore_generate(mz_context* ctx, const mz_token* tokens, int32_t n, cons
     mz::PipelineOptions po;
     MZ_RETURN_IF_ERROR(ToPipelineOptions(params, &po));
     mz::RestoreGenerateStats st;
-    MZ_RETURN_IF_ERROR(ctx->ctx->RestoreGenerate(tokens, n, po, &st));
+    MZ_RETURN_IF_ERROR(SustainedStep(ctx, n, [&] { return ctx->ctx->RestoreGenerate(tokens, n, po, &st); }));
     if (stats) ToRestoreStats(st, stats);
     return mz::Status::Ok();
   });

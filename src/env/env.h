@@ -199,6 +199,9 @@ class Env {
   virtual uint64_t WallClockMs() = 0;
   // CPU time used so far by the whole process, all threads (CLOCK_PROCESS_CPUTIME_ID), in ns.
   virtual uint64_t ProcessCpuNs() = 0;
+  // Blocks the calling thread for at least ns nanoseconds of the monotonic clock (0: returns at
+  // once). For pacing (a sustained mode's duty cycle, src/runtime/sustained.h); never fails.
+  virtual void SleepNs(uint64_t ns) = 0;
   // The size of a memory page (what MapFileAt offsets and addresses must be aligned to).
   virtual size_t PageSize() = 0;
 
@@ -282,6 +285,7 @@ class EnvWrapper : public Env {
   uint64_t NowNs() override { return target_->NowNs(); }
   uint64_t WallClockMs() override { return target_->WallClockMs(); }
   uint64_t ProcessCpuNs() override { return target_->ProcessCpuNs(); }
+  void SleepNs(uint64_t ns) override { target_->SleepNs(ns); }
   size_t PageSize() override { return target_->PageSize(); }
   Status ReadSmallFile(const std::string& p, std::string* out) override { return target_->ReadSmallFile(p, out); }
   Status WriteSmallFile(const std::string& p, const std::string& d, bool create) override {

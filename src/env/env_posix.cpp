@@ -416,6 +416,9 @@ class PosixEnv final : public Env {
     if (::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
   }
+  void SleepNs(uint64_t ns) override {
+    if (ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+  }
   Status ReadSmallFile(const std::string& path, std::string* out) override {
     out->clear();
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -342,6 +342,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   AddAccuracyBench(bench, runners);
   AddFootprintBench(bench, runners);
   AddPaperBench(bench, runners);
+  AddSustainedBench(bench, runners);
   auto a = std::make_shared<SpeedArgs>();
   auto* speed = bench->add_subcommand("speed", "pp512, tg128, pp8 at depth 8192: mzcache vs llama.cpp llama-bench");
   speed->add_option("-m,--model", a->model, "GGUF (default: the synthesized Qwen3-0.6B q8_0)");

@@ -14,6 +14,7 @@
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
 #include "runtime/session_file.h"
+#include "tools/cli/sustained_cli.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "tools/cli/residency_text.h"
@@ -45,6 +46,7 @@ struct GenArgs {
   std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is loaded)
   bool no_memory_check = false;
   std::string residency_json;  // run: the residency report written there after generating
+  SustainedArgs sus;  // --sustained and its caps (tools/cli/sustained_cli.h)
 };
 
 // --ctx: a token count into a.n_ctx, or "auto" (a.n_ctx = 0: the largest that fits, chosen in Open).
@@ -85,6 +87,7 @@ void AddGenOptions(CLI::App* c, GenArgs& a) {
   c->add_option("--session-codec", a.session_codec, "KV codec in the session file (none = lossless)");
   c->add_option("--kv-codec", a.kv_codec, "codec for compressed KV when evicting (q8, q4, cachegen, none, lz4, zstd)");
   c->add_option("--swap", a.swap_path, "storage swap file path (default in $TMPDIR or /var/tmp)");
+  AddSustainedOptions(c, a.sus);
 }
 
 // "2 threads" or "2 threads on CPUs 6,7": what the context computes on now.
@@ -162,6 +165,7 @@ struct Session {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<Context> ctx;
+  std::unique_ptr<SustainedMode> sustained;  // --sustained (after ctx: destroyed first)
   double load_s = 0;
 };
 
@@ -186,6 +190,7 @@ Status Open(GenArgs& a, Session* s) {
     MZ_RETURN_IF_ERROR(ParseCpuList(a.cpus, &cpus).With("--cpus"));
     MZ_RETURN_IF_ERROR(s->ctx->SetThreads(a.threads, cpus).With("--cpus"));
   }
+  MZ_RETURN_IF_ERROR(StartSustained(a.sus, s->ctx.get(), &s->sustained));
   s->load_s = Now() - t0;
   if (!a.session.empty()) {
     FileInfo fi;
@@ -207,6 +212,7 @@ Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, 
   double t0 = Now();
   // With a pressure monitor evicting from its own thread, the state may change under an unlocked
   // AllResident(): always prefill through restore_generate (a no-op restore when all is resident).
+  const uint64_t p0 = Env::Default()->NowNs();
   if (!pressure_watched && s.ctx->units().AllResident()) {
     MZ_RETURN_IF_ERROR(s.ctx->Decode(toks.data(), int(toks.size()), false));
   } else {
@@ -218,8 +224,10 @@ Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, 
                    st.pipeline.units, st.pipeline.bytes_from_storage / 1048576.0,
                    st.pipeline.bytes_decoded / 1048576.0, st.wait_s);
   }
+  const uint64_t p1 = Env::Default()->NowNs();
   int32_t tok = sampler.Sample(s.ctx->logits(0), nv);
   double ttft = Now() - t0;
+  SustainedAfterStep(s.sustained.get(), int(toks.size()), p0, p1);  // after TTFT: its pacing is not in it
   int produced = 0;
   double t1 = Now();
   while (true) {
@@ -230,7 +238,9 @@ Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, 
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     if (produced >= n) break;
+    const uint64_t d0 = Env::Default()->NowNs();
     MZ_RETURN_IF_ERROR(s.ctx->Decode(&tok, 1, false));
+    SustainedAfterStep(s.sustained.get(), 1, d0, Env::Default()->NowNs());
     tok = sampler.Sample(s.ctx->logits(0), nv);
   }
   double gen_s = Now() - t1;

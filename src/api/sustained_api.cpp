@@ -1,0 +1,108 @@
+// C API of sustained mode (mz_context_set_sustained, mz_context_get_sustained_stats): see
+// include/mzcache.h and src/runtime/sustained.h.
+#include <cmath>
+#include <memory>
+#include <mutex>
+
+#include "api/api_internal.h"
+#include "runtime/sustained.h"
+
+using namespace mz_api;
+
+namespace {
+
+uint64_t SecondsNs(float s) { return uint64_t(double(s) * 1e9); }
+
+mz::Status ToSustainedOptions(const mz_sustained_params& p, mz::SustainedModeOptions* o) {
+  auto finite_nonneg = [](float v) { return std::isfinite(v) && v >= 0; };
+  if (!finite_nonneg(p.hold_up_s) || !finite_nonneg(p.min_interval_s) || !finite_nonneg(p.probe_up_s) ||
+      p.hold_up_s > 86400 || p.min_interval_s > 86400 || p.probe_up_s > 86400)
+    return mz::Status::InvalidArgument("hold_up_s, min_interval_s and probe_up_s must be in [0, 86400] seconds");
+  if (!(std::isfinite(p.window_s) && p.window_s > 0 && p.window_s <= 3600))
+    return mz::Status::InvalidArgument("window_s must be in (0, 3600] seconds");
+  if (p.max_threads < 0) return mz::Status::InvalidArgument("max_threads must be >= 0 (0: the context's threads)");
+  mz::SustainedModeOptions m;
+  m.control.max_threads = p.max_threads;
+  m.control.min_threads = p.min_threads;
+  m.control.band_c = p.band_c;
+  m.control.hold_up_ns = SecondsNs(p.hold_up_s);
+  m.control.min_interval_ns = SecondsNs(p.min_interval_s);
+  m.control.drift = p.drift;
+  m.control.probe_up_ns = SecondsNs(p.probe_up_s);
+  m.duty = p.duty_cycle;
+  m.window_ns = SecondsNs(p.window_s);
+  m.high_c = p.high_c;
+  m.trip_margin_c = p.trip_margin_c;
+  if (p.thermal_root) m.thermal_root = p.thermal_root;
+  MZ_RETURN_IF_ERROR(mz::ValidateSustainedModeOptions(m));
+  *o = m;
+  return mz::Status::Ok();
+}
+
+}  // namespace
+
+extern "C" {
+
+mz_sustained_params mz_sustained_default_params(void) {
+  mz_sustained_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = uint32_t(sizeof(p));
+  const mz::SustainedModeOptions d;
+  p.max_threads = 0;
+  p.min_threads = d.control.min_threads;
+  p.duty_cycle = float(d.duty);
+  p.high_c = float(d.high_c);
+  p.trip_margin_c = float(d.trip_margin_c);
+  p.band_c = float(d.control.band_c);
+  p.hold_up_s = float(double(d.control.hold_up_ns) * 1e-9);
+  p.min_interval_s = float(double(d.control.min_interval_ns) * 1e-9);
+  p.drift = float(d.control.drift);
+  p.probe_up_s = float(double(d.control.probe_up_ns) * 1e-9);
+  p.window_s = float(double(d.window_ns) * 1e-9);
+  p.thermal_root = nullptr;
+  return p;
+}
+
+int mz_context_set_sustained(mz_context* ctx, const mz_sustained_params* params) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    if (!params) {
+      std::lock_guard<std::mutex> lk(ctx->sustained_mu);
+      ctx->sustained.reset();
+      return mz::Status::Ok();
+    }
+    mz_sustained_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_sustained_default_params(), kSustainedParamsV1, "mz_sustained_params", &p));
+    mz::SustainedModeOptions o;
+    MZ_RETURN_IF_ERROR(ToSustainedOptions(p, &o));
+    auto m = std::make_unique<mz::SustainedMode>(ctx->ctx->model()->env(), ctx->ctx.get(), o);
+    MZ_RETURN_IF_ERROR(m->Init());
+    std::lock_guard<std::mutex> lk(ctx->sustained_mu);
+    ctx->sustained = std::move(m);
+    return mz::Status::Ok();
+  });
+}
+
+int mz_context_get_sustained_stats(mz_context* ctx, mz_sustained_stats* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !out) return mz::Status::InvalidArgument("null argument");
+    std::memset(out, 0, sizeof *out);
+    std::lock_guard<std::mutex> lk(ctx->sustained_mu);
+    if (!ctx->sustained) return mz::Status::Ok();
+    const mz::SustainedStats s = ctx->sustained->stats();
+    out->enabled = 1;
+    out->threads = s.threads;
+    out->steps_down = s.steps_down;
+    out->steps_up = s.steps_up;
+    out->n_zones = s.n_zones;
+    out->has_temp = s.has_temp ? 1 : 0;
+    out->temp_c = float(s.temp_c);
+    out->high_c = float(s.high_c);
+    out->window_tokens_per_s = float(s.window_tokens_per_s);
+    out->slept_s = double(s.slept_ns) * 1e-9;
+    out->busy_s = double(s.busy_ns) * 1e-9;
+    return mz::Status::Ok();
+  });
+}
+
+}  // extern "C"
