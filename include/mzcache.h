@@ -133,7 +133,16 @@ struct mz_context_params {
    * first, overlapped with prefill, instead of being faulted back a page at a time during compute.
    * Default 256 KiB; 0 turns the check off (the context trusts its own count). */
   uint64_t reconcile_min_missing;
+  /* since 0.9 */
+  int32_t kv_type;           /* enum mz_kv_type: resident KV format (default MZ_KV_F16) */
 };
+/* Resident KV format (since 0.9). MZ_KV_Q8_0: KV rows are written as q8 blocks (int8 codes + one
+ * fp16 scale per row of head_dim values) as tokens are produced and stay q8 while resident: about
+ * half the KV memory (2 * n_kv_head * (head_dim + 2) bytes per token and layer instead of
+ * 2 * n_kv_head * head_dim * 2), attention reads them in place. Eviction with kv_codec "q8" stores
+ * the q8 rows as they are (no re-encoding); "none" / "lz4" / "zstd" are exact; "q4" / "cachegen"
+ * re-quantize the decoded rows. Saved sessions load into a context of either type (converted). */
+enum mz_kv_type { MZ_KV_F16 = 0, MZ_KV_Q8_0 = 1 };
 struct mz_context_params mz_context_default_params(void);
 
 int mz_context_new(mz_model* model, const struct mz_context_params* params, mz_context** out);

@@ -153,6 +153,7 @@ mz_context_params mz_context_default_params(void) {
   p.direct_io = true;
   p.restore_threads = 2;
   p.reconcile_min_missing = mz::ContextOptions().reconcile_min_missing;
+  p.kv_type = MZ_KV_F16;
   return p;
 }
 
@@ -362,6 +363,9 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
   o->direct_io = p.direct_io;
   o->restore_threads = p.restore_threads > 0 ? p.restore_threads : 1;
   o->reconcile_min_missing = p.reconcile_min_missing;
+  if (p.kv_type != MZ_KV_F16 && p.kv_type != MZ_KV_Q8_0)
+    return mz::Status::InvalidArgument("kv_type " + std::to_string(p.kv_type) + " is not MZ_KV_F16 or MZ_KV_Q8_0");
+  o->kv_type = mz::KvType(p.kv_type);
   return mz::Status::Ok();
 }
 
