@@ -134,7 +134,8 @@ struct mz_context_params {
    * Default 256 KiB; 0 turns the check off (the context trusts its own count). */
   uint64_t reconcile_min_missing;
   /* since 0.9 */
-  int32_t kv_type;           /* enum mz_kv_type: resident KV format (default MZ_KV_F16) */
+  int32_t kv_type;           /* enum mz_kv_type: resident KV format (default MZ_KV_F16; another value:
+                                mz_context_new returns MZ_ERR_INVALID_ARG) */
 };
 /* Resident KV format (since 0.9). MZ_KV_Q8_0: KV rows are written as q8 blocks (int8 codes + one
  * fp16 scale per row of head_dim values) as tokens are produced and stay q8 while resident: about
