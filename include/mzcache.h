@@ -142,7 +142,17 @@ struct mz_context_params {
    * of the OOM killer or lmkd killing the process later. memory_check false: no check. */
   uint64_t memory_budget;    /* bytes the process may use for this model and context (0: none) */
   bool memory_check;         /* default true */
+  /* since 0.9 */
+  int32_t kv_type;           /* enum mz_kv_type: resident KV format (default MZ_KV_F16; another value:
+                                mz_context_new returns MZ_ERR_INVALID_ARG) */
 };
+/* Resident KV format (since 0.9). MZ_KV_Q8_0: KV rows are written as q8 blocks (int8 codes + one
+ * fp16 scale per row of head_dim values) as tokens are produced and stay q8 while resident: about
+ * half the KV memory (2 * n_kv_head * (head_dim + 2) bytes per token and layer instead of
+ * 2 * n_kv_head * head_dim * 2), attention reads them in place. Eviction with kv_codec "q8" stores
+ * the q8 rows as they are (no re-encoding); "none" / "lz4" / "zstd" are exact; "q4" / "cachegen"
+ * re-quantize the decoded rows. Saved sessions load into a context of either type (converted). */
+enum mz_kv_type { MZ_KV_F16 = 0, MZ_KV_Q8_0 = 1 };
 struct mz_context_params mz_context_default_params(void);
 
 int mz_context_new(mz_model* model, const struct mz_context_params* params, mz_context** out);
@@ -533,8 +543,6 @@ int mz_profile_device(const char* model_path, const struct mz_profile_params* pa
  * Limits (0 when unknown): the memory cgroup limit, MemAvailable + this process's anonymous RSS,
  * memory_budget. The estimate is within 5% of the measured peak RSS on this engine
  * (tests/test_memory_plan.cpp, docs/plan.md). */
-enum mz_kv_type { MZ_KV_F16 = 0, MZ_KV_Q8_0 = 1 }; /* KV element format (one definition with
-                                                      mz_context_params.kv_type at merge) */
 struct mz_plan_params {
   uint32_t struct_size;     /* set by mz_plan_default_params(): see "Params structs" above */
   uint32_t n_ctx;           /* context to plan (default 8192); 0: the largest that fits with the

@@ -41,17 +41,17 @@ TEST(MemoryPlan, KvBytesFollowTheLayouts) {
   EXPECT_EQ(KvBytesPerToken(hp, KvType::kF16), 2ull * 28 * 8 * 128 * 2);
   EXPECT_EQ(KvBytesPerToken(hp, KvType::kF16), 114688u);
   // q8_0: one fp16 amax + 128 int8 codes per row (kernels/q8_block.h).
-  EXPECT_EQ(KvBytesPerToken(hp, KvType::kQ8_0), 2ull * 28 * 8 * (2 + 128));
-  EXPECT_EQ(KvBytesPerToken(hp, KvType::kQ8_0), 2ull * 28 * q8_segment_bytes(8, 128));
+  EXPECT_EQ(KvBytesPerToken(hp, KvType::kQ8), 2ull * 28 * 8 * (2 + 128));
+  EXPECT_EQ(KvBytesPerToken(hp, KvType::kQ8), 2ull * 28 * q8_segment_bytes(8, 128));
   // Whole 256-token chunks, as the KvCache allocates them.
   EXPECT_EQ(KvBytes(hp, KvType::kF16, 4096, 256), 4096ull * 114688);
   EXPECT_EQ(KvBytes(hp, KvType::kF16, 4097, 256), 4352ull * 114688);
-  EXPECT_EQ(KvBytes(hp, KvType::kQ8_0, 1, 256), 256ull * 2 * 28 * 8 * 130);
+  EXPECT_EQ(KvBytes(hp, KvType::kQ8, 1, 256), 256ull * 2 * 28 * 8 * 130);
   // The field notes' 8B (32 layers, 8 KV heads of 128): 128 KiB per token f16, 68 KiB q8_0.
   HParams l8 = hp;
   l8.n_layer = 32;
   EXPECT_EQ(KvBytesPerToken(l8, KvType::kF16), 128u * 1024);
-  EXPECT_NEAR(double(KvBytesPerToken(l8, KvType::kQ8_0)) / 1024.0, 65.0, 0.01);  // 8.125 bits: amax per 128, not per 32
+  EXPECT_NEAR(double(KvBytesPerToken(l8, KvType::kQ8)) / 1024.0, 65.0, 0.01);  // 8.125 bits: amax per 128, not per 32
 }
 
 TEST(MemoryPlan, PeakGrowsWithContextAndLargestContextFits) {
@@ -78,7 +78,7 @@ TEST(MemoryPlan, PeakGrowsWithContextAndLargestContextFits) {
   r.n_ctx = c + 256;
   EXPECT_GT(double(EstimatePeak(s, r).peak()), 0.9 * double(limit));
   // q8_0 KV holds more tokens in the same memory.
-  r.kv_type = KvType::kQ8_0;
+  r.kv_type = KvType::kQ8;
   EXPECT_GT(LargestContext(s, r, limit, 0.1, 1 << 24), c);
   // Nothing fits: 0.
   EXPECT_EQ(LargestContext(s, r, 100ull << 20, 0.1, 1 << 24), 0);

@@ -22,6 +22,7 @@ void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
 void AddPeersBench(CLI::App* bench, Runners& runners);      // bench peers, bench peers-worker (hidden)
 void AddAccuracyBench(CLI::App* bench, Runners& runners);   // bench accuracy
+void AddKvTypeBench(CLI::App* bench, Runners& runners);     // bench kv-type (q8_0 vs f16 KV)
 void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
 void AddPoolBench(CLI::App* bench, Runners& runners);       // bench pool
 void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)

@@ -155,6 +155,7 @@ mz_context_params mz_context_default_params(void) {
   p.reconcile_min_missing = mz::ContextOptions().reconcile_min_missing;
   p.memory_budget = 0;
   p.memory_check = true;
+  p.kv_type = MZ_KV_F16;
   return p;
 }
 
@@ -437,6 +438,9 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
   o->reconcile_min_missing = p.reconcile_min_missing;
   o->memory_budget = p.memory_budget;
   o->memory_check = p.memory_check;
+  if (p.kv_type != MZ_KV_F16 && p.kv_type != MZ_KV_Q8_0)
+    return mz::Status::InvalidArgument("kv_type " + std::to_string(p.kv_type) + " is not MZ_KV_F16 or MZ_KV_Q8_0");
+  o->kv_type = mz::KvType(p.kv_type);
   return mz::Status::Ok();
 }
 

@@ -25,7 +25,7 @@ mz::Status ToRequest(const mz_plan_params& p, mz::PlanRequest* r) {
   r->n_ctx = int(p.n_ctx);
   r->chunk_tokens = int(p.kv_chunk_tokens);
   r->n_ubatch = int(p.n_ubatch);
-  r->kv_type = p.kv_type == MZ_KV_Q8_0 ? mz::KvType::kQ8_0 : mz::KvType::kF16;
+  r->kv_type = p.kv_type == MZ_KV_Q8_0 ? mz::KvType::kQ8 : mz::KvType::kF16;
   return mz::Status::Ok();
 }
 
@@ -42,7 +42,7 @@ mz::Status Plan(mz::PlanShape s, const mz_plan_params& p, mz_plan_result* out) {
   constexpr int kMaxCtx = 1 << 24;
   std::memset(static_cast<void*>(out), 0, sizeof *out);
   mz::PlanRequest q = r;
-  q.kv_type = mz::KvType::kQ8_0;
+  q.kv_type = mz::KvType::kQ8;
   // Never past the model's training context (nor the largest n_ctx a context takes).
   const int cap = int(std::min<uint32_t>(std::max<uint32_t>(s.hp.n_ctx_train, 1), uint32_t(kMaxCtx)));
   out->max_ctx = uint32_t(mz::LargestContext(s, r, limit, p.margin, cap));

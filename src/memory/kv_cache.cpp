@@ -10,6 +10,14 @@ KvCache::~KvCache() { Truncate(0); }
 
 void KvCache::RefreshView(int layer, int c) {
   uint16_t* p = chunks_[layer][c];
+  if (g_.q8()) {  // a resident q8 chunk is read in place with rows = chunk_tokens
+    kptr_[layer][c] = vptr_[layer][c] = nullptr;
+    if (p) {
+      qptr_[layer][c] = reinterpret_cast<const uint8_t*>(p);
+      qrows_[layer][c] = g_.chunk_tokens;
+    }
+    return;
+  }
   kptr_[layer][c] = p;
   vptr_[layer][c] = p ? p + g_.block_elems() : nullptr;
   if (p) {
@@ -77,6 +85,10 @@ void KvCache::Truncate(int tokens) {
 uint16_t* KvCache::ReleaseChunk(int layer, int c) {
   uint16_t* p = chunks_[layer][c];
   chunks_[layer][c] = nullptr;
+  if (p && qptr_[layer][c] == reinterpret_cast<const uint8_t*>(p)) {  // q8: the view of the chunk itself
+    qptr_[layer][c] = nullptr;
+    qrows_[layer][c] = 0;
+  }
   RefreshView(layer, c);
   return p;
 }
@@ -90,7 +102,7 @@ KvLayerView KvCache::view(int layer, int n_kv) const {
   v.n_kv_head = g_.n_kv_head;
   v.head_dim = g_.head_dim;
   v.n_kv = n_kv;
-  if (any_compressed(layer)) {
+  if (g_.q8() || any_compressed(layer)) {
     v.q8_chunks = qptr_[layer].data();
     v.q8_rows = qrows_[layer].data();
   }

@@ -1,8 +1,10 @@
 // KvCache: per-layer K/V storage in fixed-size chunks, each its own anonymous mapping.
 //
 // Chunk c of layer l holds tokens [c*T, (c+1)*T) with T = chunk_tokens. One chunk is one allocation
-// of chunk_bytes(): the K block followed by the V block, each laid out head-major
-// [n_kv_head][T][head_dim] in fp16. Chunks are allocated as the context grows (Reserve), never n_ctx
+// of chunk_bytes(). KV type f16 (the default): the K block followed by the V block, each laid out
+// head-major [n_kv_head][T][head_dim] in fp16. KV type q8_0 (store/q8_kv.h): the q8 codec payload
+// layout with rows = T (kernels/q8_block.h), which the attention kernel reads in place; its chunk
+// pointers are still handed out as uint16_t* (cast them to uint8_t*), k_block / v_block are f16 only. Chunks are allocated as the context grows (Reserve), never n_ctx
 // up front. A chunk pointer may be null while its unit is evicted (later issues); compute requires
 // every chunk it reads to be resident.
 //
@@ -15,6 +17,7 @@
 #include "core/status.h"
 #include "env/env.h"
 #include "kernels/attention.h"
+#include "store/q8_kv.h"
 
 namespace mz {
 
@@ -23,8 +26,12 @@ struct KvGeometry {
   int n_kv_head = 0;
   int head_dim = 0;
   int chunk_tokens = 256;
-  // One chunk (K+V) in bytes.
-  uint64_t chunk_bytes() const { return 2ull * n_kv_head * uint64_t(chunk_tokens) * head_dim * 2; }
+  KvType kv_type = KvType::kF16;  // resident chunk format (see above)
+  bool q8() const { return kv_type == KvType::kQ8; }
+  // One resident chunk (K+V) in bytes: fp16, or the q8 layout (about half) for q8_0.
+  uint64_t chunk_bytes() const { return KvChunkBytes(kv_type, n_kv_head, chunk_tokens, head_dim); }
+  // One fp16 chunk in bytes, whatever the KV type (the codecs' raw form).
+  uint64_t f16_chunk_bytes() const { return KvChunkBytes(KvType::kF16, n_kv_head, chunk_tokens, head_dim); }
   uint64_t block_elems() const { return uint64_t(n_kv_head) * chunk_tokens * head_dim; }
 };
 
@@ -54,12 +61,14 @@ class KvCache {
   // non-const pointer.
   const uint16_t* chunk(int layer, int c) const { return chunks_[layer][c]; }
   uint16_t* chunk(int layer, int c) { return chunks_[layer][c]; }
+  // f16 KV only.
   uint16_t* k_block(int layer, int c) const { return chunks_[layer][c]; }
   uint16_t* v_block(int layer, int c) const { return chunks_[layer][c] + g_.block_elems(); }
   bool chunk_resident(int layer, int c) const { return chunks_[layer][c] != nullptr; }
   // The chunk is evicted but held compressed in memory in a form the attention kernel reads in
-  // place (KvLayerView::q8_chunks). Set and cleared by the UnitTable only.
-  bool chunk_compressed_view(int layer, int c) const { return qptr_[layer][c] != nullptr; }
+  // place (KvLayerView::q8_chunks). Set and cleared by the UnitTable only. (A resident chunk of a
+  // q8_0 cache is read through the same view, but is resident, not this.)
+  bool chunk_compressed_view(int layer, int c) const { return !chunks_[layer][c] && qptr_[layer][c] != nullptr; }
   // Compute can read chunk c of layer (resident, or a compressed view).
   bool chunk_readable(int layer, int c) const { return chunk_resident(layer, c) || chunk_compressed_view(layer, c); }
 

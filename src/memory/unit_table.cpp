@@ -8,6 +8,7 @@
 
 #include "core/sync_point.h"
 #include "core/touch.h"
+#include "store/q8_kv.h"
 
 namespace mz {
 
@@ -25,7 +26,7 @@ UnitTable::UnitTable(Model* model, KvCache* kv, const UnitTableOptions& opts)
 UnitTable::~UnitTable() = default;
 
 Status UnitTable::Init() {
-  codec_ = MakeKvCodec(opts_.codec);
+  codec_ = MakeKvCodecFor(kv_->geometry().kv_type, opts_.codec);  // q8_0 KV: the adapter (store/q8_kv.h)
   if (!codec_) return Status::InvalidArgument("unknown KV codec '" + opts_.codec + "'");
   if (opts_.swap_path.empty()) {
     std::string t;

@@ -257,7 +257,8 @@ class UnitTable {
   Status AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks);
 
   // Copies KV chunk (layer, chunk) in raw form into dst (chunk_bytes()) whatever its state, without
-  // changing it (decoding a compressed copy). Used to save sessions.
+  // changing it (decoding a compressed copy). Used to save sessions. Raw form = the resident form:
+  // fp16, or the resident q8 layout for a q8_0 cache (KvGeometry::kv_type).
   Status ReadChunk(int layer, int chunk, uint16_t* dst) const;
   // Valid token rows of chunk c in the current context (the codec shape).
   ChunkShape shape(int layer, int chunk) const;
@@ -273,6 +274,9 @@ class UnitTable {
   bool has_chunk(int layer, int chunk) const { return chunk >= 0 && chunk < kv_->n_chunks() && layer >= 0 && layer < kv_->geometry().n_layer; }
   bool lost(int layer, int chunk) const;
   MemoryReport Report() const;
+  // The swap codec. For a q8_0 cache it is the adapter of store/q8_kv.h (same name, id and blobs;
+  // it takes and gives resident q8 chunks): q8 is then the identity (no re-encoding on eviction),
+  // none / lz4 / zstd are exact, q4 / cachegen re-quantize the decoded rows.
   const KvCodec& codec() const { return *codec_; }
   const UnitTableOptions& options() const { return opts_; }
 

@@ -97,7 +97,8 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   const int n_prefix = depth * T;
   std::unique_ptr<SessionReader> reader;
   if (!src_ctx) {
-    MZ_RETURN_IF_ERROR(SessionReader::Open(*pool_->model_, T, src_path, &reader));
+    // Decoded into this context's resident form (q8_0 KV: q8 chunks), as ImportKv takes them.
+    MZ_RETURN_IF_ERROR(SessionReader::Open(*pool_->model_, T, src_path, &reader, ctx_->kv().geometry().kv_type));
     if (int(reader->tokens().size()) < n_prefix || !std::equal(tokens, tokens + n_prefix, reader->tokens().begin()))
       return Status::Ok();  // a hash collision or a file replaced since: compute everything
   }

@@ -20,6 +20,7 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   g.n_kv_head = int(hp.n_head_kv);
   g.head_dim = int(hp.head_dim);
   g.chunk_tokens = opts.kv_chunk_tokens;
+  g.kv_type = opts.kv_type;
   kv_ = std::make_unique<KvCache>(model->env(), g, opts.n_ctx);
   ForwardOptions fo;
   fo.n_threads = opts.n_threads;
@@ -43,7 +44,7 @@ Status Context::Init() {
     req.n_ctx = opts_.n_ctx;
     req.chunk_tokens = opts_.kv_chunk_tokens;
     req.n_ubatch = opts_.n_ubatch;
-    req.kv_type = KvType::kF16;  // the KvCache holds fp16 rows
+    req.kv_type = opts_.kv_type;
     SelfMemory self;
     uint64_t resident_weights = 0;
     for (int u = 0; u < model_->n_units(); ++u)
@@ -81,6 +82,9 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   in.base_bytes = model_->unit(model_->base_unit()).region_bytes;
   in.chunk_bytes = kv_->geometry().chunk_bytes();
   in.ratio = profile_.Ratio(opts_.kv_codec);
+  // The profile's ratio is against fp16 chunks; a q8_0 chunk is already about that small.
+  if (kv_->geometry().q8())
+    in.ratio = std::min(1.0, in.ratio * double(kv_->geometry().f16_chunk_bytes()) / double(in.chunk_bytes));
   const uint64_t mean_layer = in.layer_bytes.empty() ? 0 : in.layer_bytes[0];
   RestorePaths paths;
   if (opts_.cost_restore_paths) {

@@ -51,6 +51,9 @@ struct ContextOptions {
   std::string cpu_root = kSysCpuRoot;
   int n_ubatch = 512;
   std::string kv_codec = "q8";   // codec for compressed KV placements
+  // Resident KV chunk format (since 0.9): kF16, or kQ8 (q8_0: rows written as q8 blocks as tokens
+  // are produced, about half the memory; store/q8_kv.h).
+  KvType kv_type = KvType::kF16;
   std::string swap_path;         // storage swap file (default: $TMPDIR or /var/tmp)
   bool direct_io = true;
   // KV chunks come back from the storage swap as mappings of it (UnitTableOptions::map_swap).
@@ -166,7 +169,8 @@ class Context {
   Status Restore();
   MemoryReport Report();
   // Replaces the conversation with n_tokens tokens whose KV is written by fill(layer, chunk, dst)
-  // (dst: chunk_bytes() of fp16 K then V, head-major) instead of computed: benches and tests that
+  // (dst: chunk_bytes() of fp16 K then V, head-major; q8_0 KV: the resident q8 layout,
+  // store/q8_kv.h) instead of computed: benches and tests that
   // need a large filled context fast. history() becomes n_tokens copies of token 0 (the KV stands
   // for no real tokens). Chunks are filled before the context is touched: kContextFull past n_ctx
   // and kNoMemory for a chunk that cannot be mapped change nothing; a failure once the old

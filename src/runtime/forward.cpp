@@ -4,6 +4,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
+
+#include "kernels/q8_block.h"
+#include "store/q8_kv.h"
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -25,13 +29,35 @@ struct LayerOpData {
   float scale;
 };
 
-// dst->src[0] = k [D, Hkv, n] f32, dst->src[1] = v [D, Hkv, n] f32. Writes fp16 rows into chunks.
+// dst->src[0] = k [D, Hkv, n] f32, dst->src[1] = v [D, Hkv, n] f32. Writes fp16 rows into chunks
+// (q8_0 KV: q8 rows, store/q8_kv.h).
 void KvStoreOp(ggml_tensor* dst, int ith, int nth, void* ud) {
   auto* d = static_cast<LayerOpData*>(ud);
   const ggml_tensor* k = dst->src[0];
   const ggml_tensor* v = dst->src[1];
   const KvGeometry& g = d->kv->geometry();
   const int D = g.head_dim, H = g.n_kv_head, T = g.chunk_tokens;
+  if (g.q8()) {
+    // q8_0 KV: each row (one token of one kv head) rounded to fp16 as below, then q8-encoded into
+    // row `off` of its segment (rows = T); rows are independent, so threads split tokens as below.
+    thread_local std::vector<uint16_t> h16;
+    if (int(h16.size()) < D) h16.resize(size_t(D));
+    for (int i = ith; i < d->n_tokens; i += nth) {
+      const int pos = d->pos0 + i;
+      const int c = pos / T, off = pos % T;
+      uint8_t* q = reinterpret_cast<uint8_t*>(d->kv->chunk(d->layer, c));
+      for (int b = 0; b < 2; ++b) {
+        const ggml_tensor* src = b == 0 ? k : v;
+        for (int h = 0; h < H; ++h) {
+          const float* x = reinterpret_cast<const float*>(static_cast<const char*>(src->data) + i * src->nb[2] + h * src->nb[1]);
+          ggml_fp32_to_fp16_row(x, reinterpret_cast<ggml_fp16_t*>(h16.data()), D);
+          uint8_t* seg = q8_segment(q, T, D, b * H + h);
+          Q8KvEncodeRow(h16.data(), D, q8_row_codes(seg, T, D, off), q8_row_amax(seg, off));
+        }
+      }
+    }
+    return;
+  }
   for (int i = ith; i < d->n_tokens; i += nth) {
     const int pos = d->pos0 + i;
     const int c = pos / T, off = pos % T;

@@ -70,15 +70,6 @@ constexpr uint64_t kFixedOverhead = 6ull << 20;
 
 }  // namespace
 
-const char* KvTypeName(KvType t) { return t == KvType::kQ8_0 ? "q8_0" : "f16"; }
-
-bool ParseKvType(const std::string& s, KvType* out) {
-  if (s == "f16") *out = KvType::kF16;
-  else if (s == "q8_0" || s == "q8") *out = KvType::kQ8_0;
-  else return false;
-  return true;
-}
-
 PlanShape ShapeOfModel(const Model& m) {
   PlanShape s;
   s.hp = m.hparams();
@@ -100,7 +91,7 @@ PlanShape ShapeOfModel(const Model& m) {
 
 uint64_t KvBytesPerToken(const HParams& hp, KvType t) {
   const uint64_t rows = 2ull * hp.n_layer * hp.n_head_kv;  // K and V rows of one token
-  return t == KvType::kQ8_0 ? rows * (2ull + hp.head_dim) : rows * hp.head_dim * 2ull;
+  return t == KvType::kQ8 ? rows * (2ull + hp.head_dim) : rows * hp.head_dim * 2ull;
 }
 
 uint64_t KvBytes(const HParams& hp, KvType t, int n_ctx, int chunk_tokens) {
@@ -233,7 +224,7 @@ Status CheckFits(const PlanShape& s, const PlanRequest& r, const MemoryLimits& l
   if (c > 0) fits.push_back("n_ctx " + std::to_string(c) + " (the largest context at this memory)");
   if (r.kv_type == KvType::kF16) {
     PlanRequest q = r;
-    q.kv_type = KvType::kQ8_0;
+    q.kv_type = KvType::kQ8;
     const int cq = LargestContext(s, q, limit, 0.0, r.n_ctx);
     if (cq >= r.n_ctx) fits.push_back("q8_0 KV at n_ctx " + std::to_string(r.n_ctx));
     else if (cq > c) fits.push_back("q8_0 KV up to n_ctx " + std::to_string(cq));

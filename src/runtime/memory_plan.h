@@ -37,15 +37,13 @@
 #include "core/status.h"
 #include "env/env.h"
 #include "model/hparams.h"
+#include "store/q8_kv.h"
 
 namespace mz {
 
 class Model;
 
-enum class KvType : int { kF16 = 0, kQ8_0 = 1 };
-const char* KvTypeName(KvType t);  // "f16", "q8_0"
-// "f16" / "q8_0" (also "q8"): false for anything else.
-bool ParseKvType(const std::string& s, KvType* out);
+// KvType, KvTypeName and ParseKvType: store/q8_kv.h (one definition: the context's resident KV type).
 
 // What the estimate needs of a model: its shape and its weights.
 struct PlanShape {

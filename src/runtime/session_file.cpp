@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "runtime/context.h"
 #include "store/kv_codec.h"
+#include "store/q8_kv.h"
 
 namespace mz {
 namespace {
@@ -24,7 +25,8 @@ struct Header {
   uint32_t reserved0;
   uint64_t model_hash;
   uint32_t n_layer, n_kv_head, head_dim, chunk_tokens;
-  uint32_t codec_id, n_tokens, n_chunks, reserved1;
+  uint32_t codec_id, n_tokens, n_chunks;
+  uint32_t kv_type;  // KvType of the context that saved it (0 before 0.9: f16); informational
   uint64_t index_offset, index_bytes, data_offset;
   uint64_t header_hash;  // xxh64 of the bytes above
 };
@@ -49,11 +51,12 @@ struct Aligned {
 Status SaveSession(Context& ctx, const std::string& path, const std::string& codec_name, SessionInfo* info) {
   Context::ForegroundLock lk(&ctx);
   MZ_SYNC_POINT("session:save_locked", 0);  // tests: a save in progress (the context is busy)
-  auto codec = MakeKvCodec(codec_name);
-  if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
-  Env* env = ctx.model_->env();
   const KvCache& kv = *ctx.kv_;
   const KvGeometry& g = kv.geometry();
+  // Chunks are read in their resident form (q8_0 KV: q8) and written as the codec's ordinary blobs.
+  auto codec = MakeKvCodecFor(g.kv_type, codec_name);
+  if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
+  Env* env = ctx.model_->env();
   const int n_tokens = int(ctx.history_.size());
   const int n_chunks = kv.n_chunks_for(n_tokens);
 
@@ -68,6 +71,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   h.codec_id = codec->id();
   h.n_tokens = uint32_t(n_tokens);
   h.n_chunks = uint32_t(n_chunks);
+  h.kv_type = uint32_t(g.kv_type);
   h.index_offset = kHeaderBytes;
   h.index_bytes = uint64_t(n_tokens) * 4 + uint64_t(g.n_layer) * n_chunks * sizeof(ChunkRecord) + 8;
   h.data_offset = AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign);
@@ -154,7 +158,7 @@ SessionReader::~SessionReader() = default;
 std::string SessionReader::codec() const { return impl_->codec->name(); }
 
 Status SessionReader::Open(const Model& model, int chunk_tokens, const std::string& path,
-                           std::unique_ptr<SessionReader>* out) {
+                           std::unique_ptr<SessionReader>* out, KvType kv_type) {
   std::unique_ptr<SessionReader> r(new SessionReader());
   r->impl_ = std::make_unique<Impl>();
   Impl& m = *r->impl_;
@@ -165,6 +169,7 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   m.g.n_kv_head = int(hp.n_head_kv);
   m.g.head_dim = int(hp.head_dim);
   m.g.chunk_tokens = chunk_tokens;
+  m.g.kv_type = kv_type;
   MZ_RETURN_IF_ERROR(m.env->Open(path, OpenMode::kRead, /*direct=*/true, &m.f));
   FileInfo fi;
   MZ_RETURN_IF_ERROR(m.f->Stat(&fi));
@@ -183,7 +188,7 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   if (int(h.n_layer) != g.n_layer || int(h.n_kv_head) != g.n_kv_head || int(h.head_dim) != g.head_dim ||
       int(h.chunk_tokens) != g.chunk_tokens)
     return m.Bad("KV geometry differs from this context (n_layer/n_kv_head/head_dim/chunk_tokens)");
-  m.codec = h.codec_id > 255 ? nullptr : MakeKvCodecById(uint8_t(h.codec_id));
+  m.codec = h.codec_id > 255 ? nullptr : MakeKvCodecByIdFor(g.kv_type, uint8_t(h.codec_id));
   if (!m.codec) return m.Bad("unknown codec id " + std::to_string(h.codec_id));
   if (uint64_t(h.n_chunks) != (uint64_t(h.n_tokens) + h.chunk_tokens - 1) / h.chunk_tokens)
     return m.Bad("chunk count inconsistent with token count");
@@ -255,7 +260,7 @@ namespace {
 // SessionReader::Open for a context of this model and KV cache, refusing a session longer than its
 // n_ctx (kContextFull): the first step of LoadSession and OpenSessionAsStorage.
 Status OpenFor(const Model& model, const KvCache& kv, const std::string& path, std::unique_ptr<SessionReader>* out) {
-  MZ_RETURN_IF_ERROR(SessionReader::Open(model, kv.geometry().chunk_tokens, path, out));
+  MZ_RETURN_IF_ERROR(SessionReader::Open(model, kv.geometry().chunk_tokens, path, out, kv.geometry().kv_type));
   const int n_tokens = int((*out)->tokens().size());
   if (n_tokens > kv.n_ctx_max()) {
     out->reset();

@@ -5,7 +5,8 @@
 // Format (little-endian), version 1:
 //   [0, 4096)  header: magic "MZSESS01", u32 version, u32 reserved, u64 model header hash,
 //              u32 n_layer, n_kv_head, head_dim, chunk_tokens, u32 codec id, u32 n_tokens,
-//              u32 n_chunks (per layer), u32 reserved, u64 index_offset, u64 index_bytes,
+//              u32 n_chunks (per layer), u32 KV type of the saving context (0 f16, 1 q8_0; 0 in
+//              files before 0.9, which were all f16), u64 index_offset, u64 index_bytes,
 //              u64 data_offset, u64 xxh64 of the header bytes before this field
 //   index      n_tokens x i32 tokens, then n_layer x n_chunks records {u64 offset, u64 size,
 //              u64 xxh64, u32 enc_tokens, u32 reserved}, then u64 xxh64 of the index
@@ -13,6 +14,10 @@
 // Writing is crash-safe: a temporary name, fsync, rename over the target, fsync of the directory.
 // Loading verifies every checksum, the model identity and the KV geometry before touching the
 // context; on any error the context is left unchanged (kCorruption names what is wrong).
+// KV type (store/q8_kv.h): chunk blobs are the codec's ordinary blobs whatever the KV type of the
+// context that saved them, so a session loads into a context of either KV type, converted: a q8_0
+// context q8-encodes fp16 rows, an fp16 context gets the q8 decode of q8 rows. Same type: exact
+// for lossless codecs and for q8 from a q8_0 context.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "store/q8_kv.h"
 
 namespace mz {
 
@@ -47,14 +53,16 @@ class SessionReader {
  public:
   ~SessionReader();
   // model: the model the session must have been saved with (identity and geometry checked).
-  // chunk_tokens: the reading context's chunk size (must equal the file's).
+  // chunk_tokens: the reading context's chunk size (must equal the file's). kv_type: the form
+  // ReadChunk decodes chunks into (the reading context's KV type).
   static Status Open(const Model& model, int chunk_tokens, const std::string& path,
-                     std::unique_ptr<SessionReader>* out);
+                     std::unique_ptr<SessionReader>* out, KvType kv_type = KvType::kF16);
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int n_chunks() const { return n_chunks_; }
   std::string codec() const;
   uint64_t file_bytes() const { return file_bytes_; }
-  // Decodes chunk (layer, chunk) into dst (chunk_bytes() of fp16 K then V). kCorruption on a bad
+  // Decodes chunk (layer, chunk) into dst (chunk_bytes() of fp16 K then V; q8_0: of the resident q8
+  // layout). kCorruption on a bad
   // record or checksum, kIOError on a read error.
   Status ReadChunk(int layer, int chunk, uint16_t* dst);
   // Where chunk (layer, chunk) lies in the file, as Open verified it (inside the file, aligned):

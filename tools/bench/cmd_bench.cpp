@@ -9,6 +9,7 @@
 
 #include "mzcache.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/peers_common.h"
 #include "tools/bench/report.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -30,6 +31,10 @@ struct SpeedArgs {
   std::string out_dir = "results/bench-speed";
   bool no_llama = false;
   std::string threads_sweep;  // "1,2": mzcache only, one context, threads changed between runs
+  // Resident KV formats compared in the same run ("f16", "q8_0" or "f16,q8_0"): each repetition
+  // runs every type in turn on both engines (llama.cpp: -ctk/-ctv of the type; q8_0 needs its
+  // flash attention, so -fa on).
+  std::string kv_types = "f16";
 };
 
 std::vector<SpeedTest> ParseTests(const std::string& spec) {
@@ -59,7 +64,8 @@ std::vector<SpeedTest> ParseTests(const std::string& spec) {
 // truncated back between runs.
 class MzRunner {
  public:
-  MzRunner(mz_model* m, int n_vocab, int threads) : model_(m), n_vocab_(n_vocab), threads_(threads) {}
+  MzRunner(mz_model* m, int n_vocab, int threads, int32_t kv_type = MZ_KV_F16)
+      : model_(m), n_vocab_(n_vocab), threads_(threads), kv_type_(kv_type) {}
   // Later runs compute on n threads: the context is kept (mz_context_set_threads), not rebuilt.
   Status SetThreads(int n) {
     threads_ = n;
@@ -77,6 +83,7 @@ class MzRunner {
     mz_context_params cp = mz_context_default_params();
     cp.n_ctx = uint32_t(t.depth + t.n_prompt + t.n_gen + 16);
     cp.n_threads = threads_;
+    cp.kv_type = kv_type_;
     if (!ctx_ || ctx_depth_ != t.depth || ctx_n_ctx_ < cp.n_ctx) {
       ctx_.reset();
       mz_context* c = nullptr;
@@ -106,17 +113,20 @@ class MzRunner {
   mz_model* model_;
   int n_vocab_;
   int threads_;
+  int32_t kv_type_;
   MzContext ctx_;
   int ctx_depth_ = -1;
   uint32_t ctx_n_ctx_ = 0;
 };
 
-// One llama-bench run (-r 1) of a test; returns seconds of the timed part.
-Status LlamaRun(const SpeedArgs& a, const SpeedTest& t, double* seconds, std::string* raw) {
+// One llama-bench run (-r 1) of a test; returns seconds of the timed part. kv_q8: -ctk q8_0
+// -ctv q8_0 (with -fa on, which llama.cpp needs for a quantized V cache).
+Status LlamaRun(const SpeedArgs& a, const SpeedTest& t, double* seconds, std::string* raw, bool kv_q8 = false) {
+  const bool fa = t.fa || kv_q8;
   std::string cmd = "'" + LlamaBenchPath() + "' -m '" + a.model + "' -t " + std::to_string(a.threads) +
                     " -r 1 -o json -p " + std::to_string(t.n_prompt) + " -n " + std::to_string(t.n_gen) + " -d " +
-                    std::to_string(t.depth) + " -fa " + (t.fa ? "on" : "off") + (t.depth > 0 ? " --no-warmup" : "") +
-                    " 2>/dev/null";
+                    std::to_string(t.depth) + " -fa " + (fa ? "on" : "off") + (kv_q8 ? " -ctk q8_0 -ctv q8_0" : "") +
+                    (t.depth > 0 ? " --no-warmup" : "") + " 2>/dev/null";
   int rc = 0;
   std::string out = RunCapture(cmd, &rc);
   if (rc != 0) return Status::IOError("llama-bench failed (exit " + std::to_string(rc) + "): " + cmd);
@@ -307,6 +317,96 @@ Status RunThreadsSweep(SpeedArgs& a, SpeedSetup& su) {
   return Status::Ok();
 }
 
+// bench speed --kv-types f16,q8_0: for each test and repetition, every KV type in turn, mzcache then
+// llama.cpp (one mzcache context per type and test; untimed warm-up per type for tests without
+// depth). Writes bench-speed-kv.{md,json}: t/s median, min and max per (test, type, engine) and
+// the median ratio of each type to the first one.
+Status RunKvTypes(SpeedArgs& a, SpeedSetup& su) {
+  std::vector<std::string> types;
+  {
+    std::stringstream ss(a.kv_types);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) {
+        if (item != "f16" && item != "q8_0") return Status::InvalidArgument("--kv-types: " + item + " is not f16 or q8_0");
+        types.push_back(item);
+      }
+  }
+  if (types.empty()) return Status::InvalidArgument("--kv-types: no KV type");
+  nlohmann::json results = nlohmann::json::array();
+  std::string md = "| test | KV | mzcache t/s median (min-max) | vs " + types[0] +
+                   " | llama.cpp t/s median (min-max) | vs " + types[0] + " | mzcache / llama.cpp |\n|---|---|---|---|---|---|---|\n";
+  for (const SpeedTest& t : ParseTests(a.tests)) {
+    const int n_tok = t.n_prompt + t.n_gen;
+    std::vector<std::unique_ptr<MzRunner>> mz;
+    for (const std::string& ty : types)
+      mz.push_back(std::make_unique<MzRunner>(su.model.get(), su.info.n_vocab, a.threads, ty == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16));
+    std::vector<std::vector<double>> ours(types.size()), theirs(types.size());
+    for (size_t k = 0; k < types.size(); ++k) {  // warm-up (also builds a depth context once per type)
+      double dummy;
+      MZ_RETURN_IF_ERROR(mz[k]->Run(t, &dummy));
+    }
+    for (int r = 0; r < a.reps; ++r)
+      for (size_t k = 0; k < types.size(); ++k) {
+        double s = 0;
+        MZ_RETURN_IF_ERROR(mz[k]->Run(t, &s));
+        ours[k].push_back(s);
+        std::fprintf(stderr, "[%s] rep %d/%d, KV %s: mzcache %.3f s", t.name.c_str(), r + 1, a.reps, types[k].c_str(), s);
+        if (!a.no_llama) {
+          std::string raw;
+          MZ_RETURN_IF_ERROR(LlamaRun(a, t, &s, &raw, types[k] == "q8_0"));
+          theirs[k].push_back(s);
+          std::fprintf(stderr, "; llama.cpp %.3f s", s);
+        }
+        std::fprintf(stderr, "\n");
+      }
+    auto tps = [&](const std::vector<double>& xs) {
+      std::vector<double> v;
+      for (double x : xs) v.push_back(n_tok / x);
+      return Summarize(v);
+    };
+    const Stats base_o = tps(ours[0]), base_l = theirs[0].empty() ? Stats() : tps(theirs[0]);
+    for (size_t k = 0; k < types.size(); ++k) {
+      const Stats so = tps(ours[k]);
+      const Stats sl = theirs[k].empty() ? Stats() : tps(theirs[k]);
+      const bool has_l = !theirs[k].empty();
+      std::string line = Sprintf("| %s | %s | %.2f (%.2f-%.2f) | %.3fx | ", t.name.c_str(), types[k].c_str(), so.median,
+                                 so.min, so.max, so.median / base_o.median);
+      line += has_l ? Sprintf("%.2f (%.2f-%.2f) | %.3fx | %.2fx |\n", sl.median, sl.min, sl.max, sl.median / base_l.median,
+                              so.median / sl.median)
+                    : std::string("- | - | - |\n");
+      md += line;
+      std::fputs(line.c_str(), stdout);
+      results.push_back({{"test", t.name},
+                         {"kv_type", types[k]},
+                         {"n_prompt", t.n_prompt},
+                         {"n_gen", t.n_gen},
+                         {"depth", t.depth},
+                         {"llama_flash_attn", t.fa || types[k] == "q8_0"},
+                         {"llama_cache_type", types[k] == "q8_0" ? "q8_0" : "f16"},
+                         {"mzcache_seconds", ours[k]},
+                         {"llama_seconds", theirs[k]},
+                         {"mzcache_tps_median", so.median},
+                         {"mzcache_tps_min", so.min},
+                         {"mzcache_tps_max", so.max},
+                         {"llama_tps_median", has_l ? sl.median : 0.0},
+                         {"llama_tps_min", has_l ? sl.min : 0.0},
+                         {"llama_tps_max", has_l ? sl.max : 0.0}});
+    }
+  }
+  const std::string machine = MachineDescription();
+  nlohmann::json doc = {{"model", a.model}, {"model_name", su.info.name}, {"threads", a.threads}, {"reps", a.reps},
+                        {"kv_types", types}, {"machine", machine},         {"results", results}};
+  std::string header = "# bench speed --kv-types\n\nmodel: `" + a.model + "` (" + su.info.name + "), threads " +
+                       std::to_string(a.threads) + ", reps " + std::to_string(a.reps) +
+                       " (each repetition runs every KV type in turn, mzcache then llama.cpp; llama.cpp q8_0 is "
+                       "-ctk q8_0 -ctv q8_0 -fa on, f16 is its default cache with -fa on only for depth tests)\n"
+                       "machine: " + machine + "\n\n";
+  WriteReport(a.out_dir, "bench-speed-kv", header + md, doc);
+  std::fprintf(stderr, "wrote %s/bench-speed-kv.{md,json}\n", a.out_dir.c_str());
+  return Status::Ok();
+}
+
 // bench speed: every test in turn, then the report.
 Status RunSpeed(SpeedArgs& a) {
   SpeedSetup su;
@@ -315,6 +415,7 @@ Status RunSpeed(SpeedArgs& a) {
   a.model = path;
   MZ_RETURN_IF_ERROR(MzStatus(mz_model_get_info(su.model.get(), &su.info)));
   if (!a.threads_sweep.empty()) return RunThreadsSweep(a, su);
+  if (a.kv_types != "f16") return RunKvTypes(a, su);
   su.bw = MeasureReadBandwidth(a.threads);
   std::fprintf(stderr, "memory read bandwidth (%d threads): %.1f GB/s\n", a.threads, su.bw / 1e9);
   MzRunner mz(su.model.get(), su.info.n_vocab, a.threads);
@@ -340,6 +441,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   AddPoolBench(bench, runners);
   AddPeersBench(bench, runners);
   AddAccuracyBench(bench, runners);
+  AddKvTypeBench(bench, runners);
   AddFootprintBench(bench, runners);
   AddPaperBench(bench, runners);
   AddSustainedBench(bench, runners);
@@ -351,6 +453,9 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   speed->add_option("--tests", a->tests, "comma-separated: ppN, tgN, ppN@dDEPTH");
   speed->add_option("-o,--out", a->out_dir, "folder for bench-speed.{md,json}");
   speed->add_flag("--no-llama", a->no_llama, "only mzcache");
+  speed->add_option("--kv-types", a->kv_types,
+                    "resident KV formats, comma-separated (f16, q8_0): every repetition runs each in turn on both "
+                    "engines (llama.cpp -ctk/-ctv q8_0 -fa on); writes bench-speed-kv.{md,json}");
   speed->add_option("--threads-sweep", a->threads_sweep,
                     "mzcache only: thread counts (e.g. 1,2) alternated run by run on one context per test "
                     "(mz_context_set_threads); writes bench-threads.{md,json}");

@@ -41,6 +41,7 @@ struct GenArgs {
   std::string session;
   std::string session_codec = "q8";
   std::string kv_codec = "q8";
+  std::string kv_type = "f16";  // resident KV format: f16 or q8_0
   std::string swap_path;
   std::string cpus;  // kernel CPU list to pin compute threads to ("" = default)
   std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is loaded)
@@ -88,6 +89,8 @@ void AddGenOptions(CLI::App* c, GenArgs& a) {
   c->add_option("--kv-codec", a.kv_codec, "codec for compressed KV when evicting (q8, q4, cachegen, none, lz4, zstd)");
   c->add_option("--swap", a.swap_path, "storage swap file path (default in $TMPDIR or /var/tmp)");
   AddSustainedOptions(c, a.sus);
+  c->add_option("--kv-type", a.kv_type, "resident KV format: f16, or q8_0 (q8 rows written live, about half the KV memory)")
+      ->check(CLI::IsMember({"f16", "q8_0"}));
 }
 
 // "2 threads" or "2 threads on CPUs 6,7": what the context computes on now.
@@ -143,6 +146,7 @@ Status AutoContext(const Model& m, GenArgs& a) {
   PlanShape shape = ShapeOfModel(m);
   PlanRequest req;
   req.chunk_tokens = a.chunk;
+  if (!ParseKvType(a.kv_type, &req.kv_type)) return Status::InvalidArgument("--kv-type must be f16 or q8_0");
   uint64_t weights = 0;
   for (int u = 0; u < m.n_units(); ++u)
     if (m.unit(u).resident()) weights += m.unit(u).region_bytes;
@@ -182,6 +186,7 @@ Status Open(GenArgs& a, Session* s) {
   co.kv_chunk_tokens = a.chunk;
   co.n_threads = a.threads;
   co.kv_codec = a.kv_codec;
+  if (!ParseKvType(a.kv_type, &co.kv_type)) return Status::InvalidArgument("--kv-type must be f16 or q8_0");
   co.swap_path = a.swap_path;
   s->ctx = std::make_unique<Context>(s->model.get(), co);
   MZ_RETURN_IF_ERROR(s->ctx->Init());
