@@ -141,7 +141,8 @@ struct mz_context_params {
    * limit and what would fit (the largest context at this memory, q8_0 KV, a smaller quant), instead
    * of the OOM killer or lmkd killing the process later. memory_check false: no check. */
   uint64_t memory_budget;    /* bytes the process may use for this model and context (0: none) */
-  bool memory_check;         /* default true */
+  bool memory_check;         /* default true (false for a params struct of 0.8 or older: its
+                                struct_size ends before this field) */
   /* since 0.9 */
   int32_t kv_type;           /* enum mz_kv_type: resident KV format (default MZ_KV_F16; another value:
                                 mz_context_new returns MZ_ERR_INVALID_ARG) */
@@ -215,7 +216,9 @@ struct mz_sustained_params {
 };
 struct mz_sustained_params mz_sustained_default_params(void);
 /* Enables (params != NULL, replacing an earlier setting) or disables (NULL) sustained mode on ctx.
- * Enabling caps the threads at once. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL ctx, a field out of
+ * Enabling caps the threads at once. Disabling or replacing first puts back the compute threads
+ * (count and pinning) the context had when sustained mode was enabled: a new setting does not
+ * start from what the old one stepped down to. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL ctx, a field out of
  * range, a bad struct_size); MZ_ERR_BUSY as mz_context_set_threads (nothing changed). Not
  * thread-safe with other calls on ctx. */
 int mz_context_set_sustained(mz_context* ctx, const struct mz_sustained_params* params);

@@ -511,6 +511,13 @@ TEST(SustainedApi, EnableStatsDisable) {
   EXPECT_GT(st.busy_s, 0.0);
   EXPECT_EQ(st.slept_s, 0.0);
   EXPECT_EQ(mz_context_n_tokens(c), int32_t(p.size()) + 3);
+  // Replacing the setting starts from the threads the context had before sustained mode (2), not
+  // from what the old setting capped them to (1).
+  sp = mz_sustained_default_params();
+  sp.thermal_root = "/nonexistent/thermal";
+  ASSERT_EQ(mz_context_set_sustained(c, &sp), MZ_OK) << mz_last_error();
+  ASSERT_EQ(mz_context_get_sustained_stats(c, &st), MZ_OK);
+  EXPECT_EQ(st.threads, 2);
   ASSERT_EQ(mz_context_set_sustained(c, nullptr), MZ_OK);
   ASSERT_EQ(mz_context_get_sustained_stats(c, &st), MZ_OK);
   EXPECT_EQ(st.enabled, 0);

@@ -30,6 +30,10 @@ struct mz_context {
   // it without the lock (setting is not concurrent with the context's other calls).
   std::mutex sustained_mu;
   std::unique_ptr<mz::SustainedMode> sustained;
+  // The compute threads (count, pinned CPUs) before sustained mode was enabled: put back when it is
+  // disabled or replaced, so a new setting does not start from what the old one stepped down to.
+  int pre_sustained_threads = 0;
+  std::vector<int> pre_sustained_cpus;
   // Memory pressure (mz_on_trim_memory, mz_pressure_*). The monitor is declared last: destroyed
   // (thread joined, safe-point hook removed) before everything its callback uses and the context.
   std::mutex stats_mu;

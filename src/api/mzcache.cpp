@@ -165,6 +165,9 @@ int mz_context_new(mz_model* model, const mz_context_params* params, mz_context*
     if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
     mz_context_params p;
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_context_default_params(), kContextParamsV1, "mz_context_params", &p));
+    // A caller built against 0.8 or older does not know the memory check: it stays off for it, so
+    // an unchanged app is not refused a context it was given before.
+    if (params && params->struct_size < offsetof(mz_context_params, memory_check) + sizeof(params->memory_check)) p.memory_check = false;
     mz::ContextOptions o;
     MZ_RETURN_IF_ERROR(ToContextOptions(p, &o));
     auto c = std::make_unique<mz_context>();

@@ -122,8 +122,13 @@ int mz_plan_estimate_shape(const mz_plan_shape* shape, const mz_plan_params* par
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_plan_default_params(), kPlanParamsV1, "mz_plan_params", &p));
     const mz_plan_shape& h = *shape;
     if (h.n_layer <= 0 || h.n_head <= 0 || h.n_head_kv <= 0 || h.head_dim <= 0 || h.n_embd <= 0 || h.n_ff <= 0 ||
-        h.n_vocab <= 0 || h.n_layer > 4096 || h.head_dim > 4096 || h.n_head_kv > h.n_head)
-      return mz::Status::InvalidArgument("shape: every dimension must be positive (and n_head_kv <= n_head)");
+        h.n_vocab <= 0 || h.n_layer > 4096 || h.head_dim > 4096 || h.n_head_kv > h.n_head || h.n_head > 4096 ||
+        h.n_embd > (1 << 20) || h.n_ff > (1 << 22) || h.n_vocab > (1 << 24))
+      // The bounds keep every byte count of the plan (at up to 2^24 tokens) far inside 64 bits, so
+      // the search for the largest context stays monotonic.
+      return mz::Status::InvalidArgument(
+          "shape: every dimension must be positive and at most n_layer/head_dim/n_head 4096, n_embd 2^20, n_ff 2^22, "
+          "n_vocab 2^24 (and n_head_kv <= n_head)");
     mz::PlanShape s;
     if (!GgmlType(h.weight_type, &s.weight_type))
       return mz::Status::InvalidArgument("shape: weight_type must be f16, q8_0, q4_0 or q4_k");

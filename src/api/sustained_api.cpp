@@ -66,15 +66,21 @@ mz_sustained_params mz_sustained_default_params(void) {
 int mz_context_set_sustained(mz_context* ctx, const mz_sustained_params* params) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx) return mz::Status::InvalidArgument("null context");
-    if (!params) {
+    mz_sustained_params p;
+    mz::SustainedModeOptions o;
+    if (params) {
+      MZ_RETURN_IF_ERROR(ReadParams(params, mz_sustained_default_params(), kSustainedParamsV1, "mz_sustained_params", &p));
+      MZ_RETURN_IF_ERROR(ToSustainedOptions(p, &o));
+    }
+    if (ctx->sustained) {
+      // Disabling or replacing: the threads the context had before sustained mode come back first.
+      MZ_RETURN_IF_ERROR(ctx->ctx->SetThreads(ctx->pre_sustained_threads, ctx->pre_sustained_cpus));
       std::lock_guard<std::mutex> lk(ctx->sustained_mu);
       ctx->sustained.reset();
-      return mz::Status::Ok();
     }
-    mz_sustained_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_sustained_default_params(), kSustainedParamsV1, "mz_sustained_params", &p));
-    mz::SustainedModeOptions o;
-    MZ_RETURN_IF_ERROR(ToSustainedOptions(p, &o));
+    if (!params) return mz::Status::Ok();
+    ctx->pre_sustained_threads = ctx->ctx->n_threads();
+    ctx->pre_sustained_cpus = ctx->ctx->compute_cpus();
     auto m = std::make_unique<mz::SustainedMode>(ctx->ctx->model()->env(), ctx->ctx.get(), o);
     MZ_RETURN_IF_ERROR(m->Init());
     std::lock_guard<std::mutex> lk(ctx->sustained_mu);

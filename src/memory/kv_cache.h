@@ -101,7 +101,7 @@ class KvCache {
   KvGeometry g_;
   int n_ctx_max_;
   int n_tokens_ = 0;
-  std::vector<std::vector<uint16_t*>> chunks_;        // [layer][chunk] -> K block (V follows)
+  std::vector<std::vector<uint16_t*>> chunks_;        // [layer][chunk] -> the chunk: f16, K block then V; q8_0, the q8 payload (kernels/q8_block.h)
   std::vector<std::vector<const uint16_t*>> kptr_, vptr_;  // views for the kernel
   std::vector<std::vector<const uint8_t*>> qptr_;          // compressed views (nullptr: none)
   std::vector<std::vector<int>> qrows_;

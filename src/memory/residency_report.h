@@ -28,7 +28,7 @@
 // compute; a plain decode does not.
 //
 // Thread-safety: BuildResidencyReport reads the unit table, the KV cache and the model: the caller
-// serializes it with every state change (Context::ResidencyReport takes the context's lock).
+// serializes it with every state change (Context::MeasureResidency takes the context's lock).
 #pragma once
 #include <cstdint>
 #include <string>

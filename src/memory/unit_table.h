@@ -113,7 +113,7 @@ struct KvChunkMemory {
   bool lost = false;              // its stored copy failed verification
   bool mapped_from_swap = false;  // resident as a private mapping of its swap extent (map_swap)
   bool clean = false;             // mapped_from_swap and still equal to the stored copy
-  const void* addr = nullptr;     // its bytes in RAM: the fp16 chunk (resident) or its entry in the
+  const void* addr = nullptr;     // its bytes in RAM: the chunk (fp16 or q8, resident) or its entry in the
   uint64_t bytes = 0;             // in-memory swap (kKvMemCompressed); nullptr / 0 otherwise
   File* stored_file = nullptr;    // the file holding a stored copy (on storage, or the extent a
   uint64_t stored_off = 0;        // mapped chunk maps): the context's swap file or an adopted

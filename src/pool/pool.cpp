@@ -159,11 +159,17 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     {
       // Weights: shared while all are resident (others may compute too); exclusive when this
       // generation must restore some (nobody else reads them meanwhile).
-      std::shared_lock<std::shared_mutex> sl(pool_->weights_mu_);
+      std::shared_lock<std::shared_mutex> sl(pool_->weights_mu_, std::defer_lock);
       std::unique_lock<std::shared_mutex> xl(pool_->weights_mu_, std::defer_lock);
-      if (!pool_->AllWeightsResident()) {
-        sl.unlock();
-        xl.lock();
+      {
+        // A restore-ahead slice holding the weights (Pool::RestoreAheadTick) stops after its
+        // units in flight for this call instead of running to its end.
+        Context::ForegroundIntent intent(pool_->weights_ctx_.get());
+        sl.lock();
+        if (!pool_->AllWeightsResident()) {
+          sl.unlock();
+          xl.lock();
+        }
       }
       if (pipeline && !all_logits)
         st = ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
@@ -635,8 +641,15 @@ bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPre
   act->event.source = "restore-ahead";
   Status st;
   uint64_t got_all = 0;
-  // 1. Weights: they move only under the exclusive weights lock, never waited for.
-  if (!AllWeightsResident()) {
+  // 1. Weights: they move only under the exclusive weights lock, never waited for (their state is
+  // read under the lock too: a generation may be restoring them).
+  bool weights_all = false;
+  {
+    std::shared_lock<std::shared_mutex> sl(weights_mu_, std::try_to_lock);
+    if (!sl.owns_lock()) return false;  // a generation restores them: it restores what it needs
+    weights_all = AllWeightsResident();
+  }
+  if (!weights_all) {
     std::unique_lock<std::shared_mutex> xl(weights_mu_, std::try_to_lock);
     if (!xl.owns_lock()) return false;  // a generation runs: it restores what it needs
     uint64_t got = 0;
@@ -684,7 +697,7 @@ bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPre
     std::lock_guard<std::mutex> lk(mu_);
     stats_.restored_ahead += got_all;
     for (auto& kv : convs_)  // the figures Stats and the budget read
-      if (kv.second->ctx_) kv.second->ctx_->TryReport(&kv.second->last_report_);
+      if (kv.second->ctx_) TryReportShared(*kv.second->ctx_, &kv.second->last_report_);
   }
   if (!st.ok()) {
     std::lock_guard<std::mutex> lk(pressure_mu_);
