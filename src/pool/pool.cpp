@@ -601,18 +601,30 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
   AmountDecision d;
   {
     std::lock_guard<std::mutex> lk(pressure_mu_);
+    ++pressure_gen_;  // odd: an eviction is on its way (restore-ahead ticks skip)
     d = amount_.OnEvent(ev, llm, resident);
   }
-  if (d.evict_bytes == 0) return Status::Ok();
-  // Critical, with no floor: everything (units move whole, and compression frees less than a
-  // unit's size: a byte count would stop one unit short).
-  const bool all = ev.level == PressureLevel::kCritical && amount_.options().critical_to_floor &&
-                   amount_.options().floor_points <= 0;
-  return Evict(all ? ~uint64_t(0) : d.evict_bytes, freed);
+  Status st;
+  if (d.evict_bytes > 0) {
+    // Critical, with no floor: everything (units move whole, and compression frees less than a
+    // unit's size: a byte count would stop one unit short).
+    const bool all = ev.level == PressureLevel::kCritical && amount_.options().critical_to_floor &&
+                     amount_.options().floor_points <= 0;
+    st = Evict(all ? ~uint64_t(0) : d.evict_bytes, freed);
+  }
+  std::lock_guard<std::mutex> lk(pressure_mu_);
+  ++pressure_gen_;
+  return st;
 }
 
 bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPressureAction* act) {
   Env* env = model_->env();
+  uint64_t gen0 = 0;
+  {
+    std::lock_guard<std::mutex> lk(pressure_mu_);
+    gen0 = pressure_gen_;
+  }
+  if (gen0 & 1) return false;  // an eviction runs: its figures are not settled
   uint64_t llm = 0, resident = 0;
   // Stale figures (a conversation busy generating, the weights moving) could say "all resident"
   // for a conversation whose KV was evicted since, and the policy would stop asking: skip the tick.
@@ -622,6 +634,9 @@ bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPre
   AmountOptions o;
   {
     std::lock_guard<std::mutex> lk(pressure_mu_);
+    // Figures read before an eviction that ran meanwhile would say "resident" and stop the policy
+    // asking for good: skip this tick.
+    if (pressure_gen_ != gen0) return false;
     d = amount_.Tick(now, llm, resident);
     o = amount_.options();
   }

@@ -298,6 +298,9 @@ class Pool {
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
   std::mutex pressure_mu_;
   AmountPolicy amount_{AmountOptions()};  // under pressure_mu_
+  // Odd while an OnPressure runs; bumped at its start and end (under pressure_mu_). A restore-ahead
+  // tick whose figures were read across a change skips: they may predate that eviction.
+  uint64_t pressure_gen_ = 0;
   // The pressure watch (WatchPressure): its source and thread, under watch_mu_.
   std::mutex watch_mu_;
   std::unique_ptr<PressureSource> watch_src_;
