@@ -770,6 +770,17 @@ struct AheadWatch {
     };
     return po;
   }
+  // Waits for the first action (the pressure event's) and returns a copy (status kTimeout: none
+  // within 60 s).
+  PoolPressureAction FirstAction() {
+    std::unique_lock<std::mutex> lk(mu);
+    if (!cv.wait_for(lk, std::chrono::seconds(60), [&] { return !acts.empty(); })) {
+      PoolPressureAction none;
+      none.status = Status::Timeout("no pressure action within 60 s");
+      return none;
+    }
+    return acts[0];
+  }
   // Waits until pred() holds (checked after every action and every 20 ms), up to 60 s.
   template <class P>
   bool WaitFor(P pred) {
@@ -799,14 +810,9 @@ TEST(Pool, RestoreAheadBringsEverythingBackOnceCalm) {
   ASSERT_TRUE(pool->WatchPressure(w.Options(), nullptr).ok());
   w.manual->Push(PressureLevel::kCritical);
   // The event's action, then (after 50 ms of calm) restore-ahead's.
-  ASSERT_TRUE(w.WaitFor([&] {
-    std::lock_guard<std::mutex> lk(w.mu);
-    return !w.acts.empty();
-  }));
-  {
-    std::lock_guard<std::mutex> lk(w.mu);
-    EXPECT_GT(w.acts[0].freed, 0u);
-  }
+  const PoolPressureAction first = w.FirstAction();
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  EXPECT_GT(first.freed, 0u);
   ASSERT_TRUE(w.WaitFor([&] {
     const PoolStats s = pool->Stats();
     return s.weights_resident == s.weights_total && s.kv_resident == full.kv_resident;
@@ -929,15 +935,10 @@ TEST(Pool, RestoreAheadStopsAtTheMemoryBudgetMostRecentFirst) {
   AheadWatch w;
   ASSERT_TRUE(pool->WatchPressure(w.Options(), nullptr).ok());
   w.manual->Push(PressureLevel::kCritical);
-  ASSERT_TRUE(w.WaitFor([&] {
-    std::lock_guard<std::mutex> lk(w.mu);
-    return !w.acts.empty();
-  }));
-  {
-    std::lock_guard<std::mutex> lk(w.mu);
-    EXPECT_GT(w.acts[0].freed, 0u);
-    EXPECT_LT(w.acts[0].in_memory, full.weights_total);  // the weights went too
-  }
+  const PoolPressureAction first = w.FirstAction();
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  EXPECT_GT(first.freed, 0u);
+  EXPECT_LT(first.in_memory, full.weights_total);  // the weights went too
   ASSERT_TRUE(w.WaitFor([&] {
     const PoolStats s = pool->Stats();
     ConversationReport r;
