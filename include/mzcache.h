@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 9
+#define MZ_VERSION_MINOR 10
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -715,6 +715,14 @@ struct mz_pool_report {
   uint64_t evictions, bytes_evicted;
 };
 int mz_pool_get_report(mz_pool* pool, struct mz_pool_report* out);
+/* The token history of conversation id (since 0.10): an open conversation's, or a stored one's
+ * (read from its stored file's header and index; nothing is loaded into memory). Writes up to cap
+ * tokens to out (out may be NULL with cap 0) and returns the full count, or a negative status:
+ * MZ_ERR_INVALID_ARG (NULL pool or id, negative cap, no such conversation), MZ_ERR_BUSY (a call
+ * runs on it: it is not waited for; ask again after), MZ_ERR_CORRUPT / MZ_ERR_IO (its stored file
+ * cannot be read; opening it would report the same). A server that receives whole histories
+ * (OpenAI's chat API) uses it to find the conversation a request continues. */
+int32_t mz_pool_conversation_tokens(mz_pool* pool, const char* id, mz_token* out, int32_t cap);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

@@ -7,6 +7,9 @@
 #
 #   MZ_DEPS_CACHE   cache root (default ~/.cache/mzcache)
 #   MZ_SKIP_APT=1   do not run apt-get (packages are known to be present)
+#   MZ_DEPS_SERVER=1 also build llama.cpp's llama-server (the peer `bench serve` races; not needed by
+#                    the tests, so the test command does not pay for it); added to a finished build
+#                    incrementally
 set -euo pipefail
 
 NLC_VERSION=3.21.1
@@ -14,7 +17,7 @@ NLC_SHA256=7a231d6bafa14142a1cbed9893d4ec5bc6041b2a5f5939a623accaab4203c11f
 # Build flags are part of the cache key: change them and a new build is made.
 BUILD_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_CPU=ON \
  -DGGML_OPENMP=ON -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
- -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DCMAKE_BUILD_TYPE=Release"
+ -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DCMAKE_BUILD_TYPE=Release"
 KEY=$(printf '%s %s %s' "$NLC_VERSION" "$NLC_SHA256" "$BUILD_FLAGS" | sha256sum | cut -c1-12)
 
 CACHE=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}
@@ -25,7 +28,7 @@ log() { echo "[deps] $*" >&2; }
 
 APT_PACKAGES="build-essential cmake ninja-build git libgtest-dev libgmock-dev libbenchmark-dev \
  libcli11-dev nlohmann-json3-dev libzstd-dev liblz4-dev liburing-dev libxxhash-dev gnuplot-nox libfmt-dev \
- libspdlog-dev libomp-dev ccache bible-kjv pkg-config binutils"
+ libspdlog-dev libomp-dev ccache bible-kjv pkg-config binutils libcpp-httplib-dev curl"
 
 install_apt() {
   [ "${MZ_SKIP_APT:-0}" = 1 ] && return 0
@@ -44,7 +47,15 @@ install_apt() {
 
 install_apt
 
+build_server() {  # llama-server into $PREFIX/bin, from the cached build tree (incremental)
+  [ -x "$PREFIX/bin/llama-server" ] && return 0
+  log "building llama-server (once)"
+  cmake --build "$ROOT/build" --target llama-server -j "$(nproc)" >&2
+  cp "$ROOT/build/bin/llama-server" "$PREFIX/bin/"
+}
+
 if [ -f "$PREFIX/.complete" ]; then
+  [ "${MZ_DEPS_SERVER:-0}" = 1 ] && build_server
   echo "$PREFIX"
   exit 0
 fi
@@ -77,7 +88,7 @@ cmake --build build --target llama ggml llama-bench llama-cli llama-simple -j "$
 rm -rf "$PREFIX" && mkdir -p "$PREFIX/include" "$PREFIX/lib" "$PREFIX/bin"
 cp src/include/*.h src/ggml/include/*.h "$PREFIX/include/"
 cp -P build/bin/*.so* "$PREFIX/lib/"
-for b in llama-bench llama-cli llama-simple; do
+for b in llama-bench llama-cli llama-simple llama-server; do
   [ -x build/bin/$b ] && cp build/bin/$b "$PREFIX/bin/"
 done
 # Models' vocabularies: the synthesizer copies tokenizers from here.
@@ -88,5 +99,6 @@ for lib in libllama.so libggml.so libggml-base.so libggml-cpu.so; do
 done
 [ -x "$PREFIX/bin/llama-bench" ] || { log "install incomplete: llama-bench missing"; exit 1; }
 touch "$PREFIX/.complete"
+[ "${MZ_DEPS_SERVER:-0}" = 1 ] && build_server
 log "done: $PREFIX"
 echo "$PREFIX"

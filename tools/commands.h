@@ -18,6 +18,7 @@ int RunConversationChat(const std::string& model, const std::string& dir, const 
 void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddPlanCommands(CLI::App& app, Runners& runners);     // plan [--recommend] (tools/cli/cmd_plan.cpp)
+void AddServeCommands(CLI::App& app, Runners& runners);    // serve (tools/serve/cmd_serve.cpp)
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
 void AddPeersBench(CLI::App* bench, Runners& runners);      // bench peers, bench peers-worker (hidden)

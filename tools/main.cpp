@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   mz::cli::AddBenchCommands(app, runners);
   mz::cli::AddProfileCommands(app, runners);
   mz::cli::AddPlanCommands(app, runners);
+  mz::cli::AddServeCommands(app, runners);
   mz::cli::AddOsPagingWorker(app, runners);
   mz::cli::AddMultitaskCommands(app, runners);  // after AddBenchCommands: adds `bench multitask`
   mz::cli::AddReliabilityCommands(app, runners);

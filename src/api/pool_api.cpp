@@ -262,6 +262,20 @@ int mz_pool_get_report(mz_pool* pool, mz_pool_report* out) {
   });
 }
 
+int32_t mz_pool_conversation_tokens(mz_pool* pool, const char* id, mz_token* out, int32_t cap) {
+  int32_t n = 0;
+  int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id || cap < 0 || (cap > 0 && !out)) return mz::Status::InvalidArgument("bad pool, id, out or cap");
+    std::vector<int32_t> h;
+    MZ_RETURN_IF_ERROR(pool->pool->History(id, &h));
+    if (h.size() > size_t(INT32_MAX)) return mz::Status::Internal("history too long");
+    std::copy_n(h.begin(), std::min(h.size(), size_t(cap)), out);
+    n = int32_t(h.size());
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : rc;
+}
+
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap) {
   if (!pool || i < 0 || (cap > 0 && !buf)) return MZ_ERR_INVALID_ARG;
   const auto d = pool->pool->Damaged();

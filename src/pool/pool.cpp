@@ -985,6 +985,36 @@ std::vector<ConversationReport> Pool::List() {
   return out;
 }
 
+Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
+  std::shared_ptr<Conversation> c;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
+    c = it->second;
+  }
+  std::unique_lock<std::mutex> use(c->use_mu_, std::try_to_lock);
+  if (!use.owns_lock()) return Status::Busy("conversation '" + id + "' is in use");
+  if (c->closed_) return Status::InvalidArgument("conversation '" + id + "' was closed or deleted");
+  if (c->ctx_) {
+    *out = c->ctx_->history();
+    return Status::Ok();
+  }
+  std::string path;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    path = c->stored_path_;
+  }
+  if (path.empty()) {
+    out->clear();
+    return Status::Ok();
+  }
+  std::unique_ptr<SessionReader> r;
+  MZ_RETURN_IF_ERROR(SessionReader::Open(*model_, opts_.context.kv_chunk_tokens, path, &r));
+  *out = r->tokens();
+  return Status::Ok();
+}
+
 std::vector<DamagedFile> Pool::Damaged() {
   std::lock_guard<std::mutex> lk(mu_);
   return damaged_;

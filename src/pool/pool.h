@@ -253,6 +253,12 @@ class Pool {
   PoolStats Stats();
   std::vector<ConversationReport> List();
   Status Report(const std::string& id, ConversationReport* out);
+  // The token history of conversation id: an open one's context history, a stored one's (only its
+  // stored file's header and index are read; nothing is loaded). kInvalidArgument: no such
+  // conversation (or closed meanwhile); kBusy: a call runs on it (never waited for: ask again
+  // after it); kCorruption / kIOError: its stored file could not be read (it is not marked
+  // damaged here: the next open reports it).
+  Status History(const std::string& id, std::vector<int32_t>* out);
   std::vector<DamagedFile> Damaged();
   Model* model() const { return model_; }
   const PoolOptions& options() const { return opts_; }

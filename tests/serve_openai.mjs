@@ -1,0 +1,83 @@
+// `mzcache serve` through the official `openai` npm client, as an app would use it.
+// Usage: node serve_openai.mjs BASE_URL API_KEY OPENAI_PACKAGE_DIR
+//   BASE_URL e.g. http://127.0.0.1:PORT/v1; the server must require API_KEY.
+// Exits 0 when every check passed, 1 (with the failed check on stderr) otherwise.
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+
+const [baseURL, apiKey, pkgDir] = process.argv.slice(2);
+if (!baseURL || !apiKey || !pkgDir) {
+  console.error('usage: node serve_openai.mjs BASE_URL API_KEY OPENAI_PACKAGE_DIR');
+  process.exit(2);
+}
+const require = createRequire(import.meta.url);
+const mod = await import(pathToFileURL(require.resolve('openai', { paths: [pkgDir] })).href);
+const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
+
+let failed = 0;
+function check(ok, what) {
+  if (ok) {
+    console.log(`ok: ${what}`);
+  } else {
+    console.error(`FAILED: ${what}`);
+    failed++;
+  }
+}
+
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 120000 });
+
+const models = await client.models.list();
+const ids = [];
+for await (const m of models) ids.push(m.id);
+check(ids.length === 1, `models.list gives the one model (${ids.join(',')})`);
+const model = ids[0];
+
+const messages = [
+  { role: 'system', content: 'You are terse.' },
+  { role: 'user', content: 'Say something.' },
+];
+const r1 = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0 });
+check(r1.object === 'chat.completion', 'non-streamed: object chat.completion');
+check(typeof r1.choices[0].message.content === 'string', 'non-streamed: a message');
+check(['stop', 'length'].includes(r1.choices[0].finish_reason), `finish_reason ${r1.choices[0].finish_reason}`);
+check(r1.usage.prompt_tokens > 0 && r1.usage.completion_tokens > 0, 'usage counted');
+
+// The next turn resends the history: the server continues the same conversation.
+const turn2 = [...messages, { role: 'assistant', content: r1.choices[0].message.content }, { role: 'user', content: 'More.' }];
+const stream = await client.chat.completions.create({
+  model, messages: turn2, max_tokens: 6, temperature: 0, stream: true, stream_options: { include_usage: true },
+});
+let text = '', finish = null, usage = null, chunks = 0;
+for await (const chunk of stream) {
+  chunks++;
+  if (chunk.choices.length > 0) {
+    text += chunk.choices[0].delta?.content ?? '';
+    if (chunk.choices[0].finish_reason) finish = chunk.choices[0].finish_reason;
+  }
+  if (chunk.usage) usage = chunk.usage;
+}
+check(chunks >= 3, `streamed: ${chunks} chunks`);
+check(finish === 'stop' || finish === 'length', `streamed: finish_reason ${finish}`);
+check(usage && usage.prompt_tokens > r1.usage.prompt_tokens, 'streamed: usage chunk');
+check(usage && usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1,
+  `the resent history was not computed again (cached_tokens ${usage?.prompt_tokens_details?.cached_tokens}, turn 1 prompt ${r1.usage.prompt_tokens})`);
+
+const completion = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, temperature: 0 });
+check(completion.object === 'text_completion' && typeof completion.choices[0].text === 'string', 'completions.create');
+
+// Errors arrive as the client's typed errors.
+try {
+  await client.chat.completions.create({ model, messages: [], max_tokens: 4 });
+  check(false, 'empty messages refused');
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.status === 400, `empty messages: BadRequestError (${e.status})`);
+}
+const wrong = new OpenAI({ baseURL, apiKey: 'not-the-key', maxRetries: 0 });
+try {
+  await wrong.models.list();
+  check(false, 'a wrong key is refused');
+} catch (e) {
+  check(e instanceof OpenAI.AuthenticationError && e.status === 401, `wrong key: AuthenticationError (${e.status})`);
+}
+console.log(`openai client: ${failed === 0 ? 'all checks passed' : failed + ' failed'}`);
+process.exit(failed === 0 ? 0 : 1);

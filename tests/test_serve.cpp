@@ -1,0 +1,262 @@
+// `mzcache serve`'s pure parts: request validation (every refusal is a 400 naming its field), the
+// text stream (UTF-8 and stop strings across token pieces), and the router (continuation vs fork,
+// a conversation in use is never shared, nothing is cut that another history still needs).
+// The HTTP server itself is tested end to end by tests/check_serve.sh (curl, the openai client).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tools/serve/openai_api.h"
+#include "tools/serve/router.h"
+#include "tools/serve/text_stream.h"
+
+namespace mz::serve {
+namespace {
+
+ChatRequest Parse(const std::string& body, bool ok = true, std::string param = "") {
+  ChatRequest r;
+  ApiError e;
+  const bool got = ParseRequest(body, true, Limits(), &r, &e);
+  EXPECT_EQ(got, ok) << body << " -> " << e.message;
+  if (!ok) {
+    EXPECT_EQ(e.http, 400);
+    EXPECT_FALSE(e.message.empty());
+    if (!param.empty()) EXPECT_EQ(e.param, param) << body;
+  }
+  return r;
+}
+
+TEST(ServeApi, AcceptsATypicalRequest) {
+  ChatRequest r = Parse(R"({"model":"x","messages":[{"role":"developer","content":"be brief"},
+    {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
+    "stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":7,"temperature":0,
+    "top_p":0.5,"seed":3,"stop":["\n\n","END"],"n":1,"unknown_field":{"a":[1,2]}})");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages[1].content, "hi there");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.temperature, 0.0f);
+  EXPECT_EQ(r.top_p, 0.5f);
+  ASSERT_TRUE(r.seed.has_value());
+  EXPECT_EQ(*r.seed, 3u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n\n", "END"}));
+}
+
+TEST(ServeApi, RefusesWhatItCannotHonour) {
+  Parse("", false);
+  Parse("not json", false);
+  Parse("[1,2]", false);
+  Parse(R"({"messages":[]})", false, "messages");
+  Parse(R"({"model":"x"})", false, "messages");
+  Parse(R"({"messages":"hi"})", false, "messages");
+  Parse(R"({"messages":[{"role":"tool","content":"x"}]})", false, "messages[0].role");
+  Parse(R"({"messages":[{"role":"user"}]})", false, "messages[0].content");
+  Parse(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", false,
+        "messages[0].content[0]");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"n":2})", false, "n");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"temperature":3})", false, "temperature");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"temperature":"hot"})", false, "temperature");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":0})", false, "max_tokens");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"max_tokens":1.5})", false, "max_tokens");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", false, "stop");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"stop":[""]})", false, "stop");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5})", false, "presence_penalty");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", false, "logprobs");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", false, "tools");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", false, "stream");
+  // A conversation id can never name a file.
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"conversation":"../etc/passwd"})", false, "conversation");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"conversation":".hidden"})", false, "conversation");
+  EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}],"conversation":"my-chat_1.a"})").conversation,
+            "my-chat_1.a");
+}
+
+TEST(ServeApi, DeepNestingIsRefusedBeforeParsing) {
+  std::string deep = R"({"messages":[{"role":"user","content":"x"}],"x":)";
+  for (int i = 0; i < 100000; ++i) deep += '[';
+  for (int i = 0; i < 100000; ++i) deep += ']';
+  deep += '}';
+  Parse(deep, false);
+  EXPECT_EQ(JsonDepth(R"({"a":"[[[[[[[[{{{{\"]]]","b":[{"c":[]}]})", 32), 4);  // brackets in strings do not count
+  EXPECT_EQ(JsonDepth("[[[[[[", 3), 4);                                       // stops counting past the limit
+}
+
+TEST(ServeApi, CompletionsTakeAPrompt) {
+  ChatRequest r;
+  ApiError e;
+  ASSERT_TRUE(ParseRequest(R"({"prompt":"Once upon","max_tokens":4})", false, Limits(), &r, &e)) << e.message;
+  EXPECT_FALSE(r.chat);
+  EXPECT_EQ(r.prompt, "Once upon");
+  EXPECT_FALSE(ParseRequest(R"({"prompt":["a","b"]})", false, Limits(), &r, &e));
+  EXPECT_EQ(e.param, "prompt");
+}
+
+TEST(ServeApi, ErrorBodyIsOpenAIs) {
+  ApiError e;
+  e.http = 401;
+  e.message = "incorrect API key";
+  e.code = "invalid_api_key";
+  const auto j = nlohmann::json::parse(ErrorBody(e));
+  EXPECT_EQ(j["error"]["message"], "incorrect API key");
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(j["error"]["code"], "invalid_api_key");
+  EXPECT_TRUE(j["error"]["param"].is_null());
+}
+
+TEST(ServeText, SplitsUtf8OnlyAtCharacterBoundaries) {
+  TextStream ts({});
+  bool stopped = false;
+  const std::string euro = "\xE2\x82\xAC";  // U+20AC, three bytes
+  EXPECT_EQ(ts.Push("a" + euro.substr(0, 1), &stopped), "a");
+  EXPECT_EQ(ts.Push(euro.substr(1, 1), &stopped), "");
+  EXPECT_EQ(ts.Push(euro.substr(2, 1) + "b", &stopped), euro + "b");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(ts.Finish(), "");
+  EXPECT_EQ(ts.released(), "a" + euro + "b");
+}
+
+TEST(ServeText, InvalidBytesBecomeReplacementCharacters) {
+  EXPECT_EQ(SanitizeUtf8("a\xFF" "b"), "a\xEF\xBF\xBD" "b");
+  EXPECT_EQ(SanitizeUtf8("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");          // overlong '/'
+  EXPECT_EQ(SanitizeUtf8("\xED\xA0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
+  EXPECT_EQ(SanitizeUtf8("\xF0\x9F\x98\x80"), "\xF0\x9F\x98\x80");          // U+1F600 stays
+  // A truncated sequence at the very end is held by the stream, and sanitized only at Finish.
+  TextStream ts({});
+  bool stopped = false;
+  EXPECT_EQ(ts.Push("x\xF0\x9F", &stopped), "x");
+  EXPECT_EQ(ts.Finish(), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  // A lead byte that can never start a valid sequence is not held.
+  TextStream ts2({});
+  EXPECT_EQ(ts2.Push("y\xC1", &stopped), "y\xEF\xBF\xBD");
+}
+
+TEST(ServeText, StopStringsAcrossPiecesAreNeverShown) {
+  TextStream ts({"STOP", "\n\n"});
+  bool stopped = false;
+  EXPECT_EQ(ts.Push("hello S", &stopped), "hello ");  // "S" may begin STOP: held
+  EXPECT_EQ(ts.Push("T", &stopped), "");
+  EXPECT_EQ(ts.Push("x", &stopped), "STx");           // it did not: released
+  EXPECT_EQ(ts.Push(" ST", &stopped), " ");
+  EXPECT_EQ(ts.Push("OP and more", &stopped), "");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(ts.Push("later", &stopped), "");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(ts.Finish(), "");
+  EXPECT_EQ(ts.released(), "hello STx ");
+  TextStream nl({"\n\n"});
+  EXPECT_EQ(nl.Push("a\n", &stopped), "a");
+  EXPECT_EQ(nl.Push("\nb", &stopped), "");
+  EXPECT_TRUE(stopped);
+}
+
+std::vector<int32_t> Seq(int from, int n) {
+  std::vector<int32_t> v;
+  for (int i = 0; i < n; ++i) v.push_back(from + i);
+  return v;
+}
+std::vector<int32_t> Cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(ServeRouter, ContinuesTheConversationWhoseHistoryTheRequestResends) {
+  Router r;
+  const auto sys = Seq(1000, 50), q1 = Seq(2000, 10), reply = Seq(3000, 20), q2 = Seq(4000, 8);
+  Router::Claim c = r.Acquire(Cat(sys, q1), "A");
+  EXPECT_TRUE(c.is_new);
+  r.Release("A", Cat(Cat(sys, q1), reply), int(sys.size() + q1.size()));
+  // Turn 2 resends the reply: all of it is kept.
+  c = r.Acquire(Cat(Cat(Cat(sys, q1), reply), q2), "B");
+  EXPECT_FALSE(c.is_new);
+  EXPECT_EQ(c.id, "A");
+  EXPECT_EQ(c.keep, int(sys.size() + q1.size() + reply.size()));
+  r.Release("A", Cat(Cat(Cat(sys, q1), reply), q2), 88);
+  // A client that re-tokenized the reply differently: kept up to where they differ (past the prompt).
+  Router r2;
+  r2.Acquire(Cat(sys, q1), "A");
+  r2.Release("A", Cat(Cat(sys, q1), reply), 60);
+  auto other_reply = reply;
+  other_reply[5] = 7;
+  c = r2.Acquire(Cat(Cat(Cat(sys, q1), other_reply), q2), "B");
+  EXPECT_EQ(c.id, "A");
+  EXPECT_EQ(c.keep, 65);
+}
+
+TEST(ServeRouter, AHistoryThatDivergesEarlierForksInsteadOfCutting) {
+  Router r;
+  const auto sys = Seq(1000, 50);
+  r.Acquire(Cat(sys, Seq(2000, 10)), "A");
+  r.Release("A", Cat(Cat(sys, Seq(2000, 10)), Seq(3000, 20)), 60);
+  // Another user with the same system prompt: a new conversation (the pool shares the prefix
+  // chunks); A keeps its whole history.
+  Router::Claim c = r.Acquire(Cat(sys, Seq(5000, 10)), "B");
+  EXPECT_TRUE(c.is_new);
+  EXPECT_EQ(c.id, "B");
+  r.Release("B", Cat(sys, Seq(5000, 12)), 60);
+  // An edit of A's first question forks too.
+  auto edited = Cat(sys, Seq(2000, 10));
+  edited[55] = 1;
+  c = r.Acquire(edited, "C");
+  EXPECT_TRUE(c.is_new);
+  // Regenerating A's reply (the same prompt again) continues A, cutting only its last reply.
+  c = r.Acquire(Cat(sys, Seq(2000, 10)), "D");
+  EXPECT_EQ(c.id, "A");
+  EXPECT_EQ(c.keep, 59);  // one prompt token is always computed
+}
+
+TEST(ServeRouter, AConversationInUseIsNeverShared) {
+  Router r;
+  r.Acquire(Seq(1, 10), "A");
+  r.Release("A", Seq(1, 30), 10);
+  Router::Claim a = r.Acquire(Seq(1, 40), "X");
+  EXPECT_EQ(a.id, "A");
+  Router::Claim b = r.Acquire(Seq(1, 40), "Y");  // the same history while A generates: a fork
+  EXPECT_EQ(b.id, "Y");
+  EXPECT_TRUE(b.is_new);
+  std::string why;
+  Router::Claim c;
+  EXPECT_FALSE(r.AcquireId("A", Seq(1, 40), &c, &why));
+  EXPECT_NE(why.find("in use"), std::string::npos);
+  r.Abandon("A", /*damaged=*/false);
+  EXPECT_TRUE(r.AcquireId("A", Seq(1, 40), &c, &why));
+  EXPECT_EQ(c.keep, 30);
+  r.Abandon("A", /*damaged=*/true);
+  EXPECT_FALSE(r.AcquireId("A", Seq(1, 40), &c, &why));
+  EXPECT_NE(why.find("damaged"), std::string::npos);
+  // A damaged conversation is not matched implicitly either.
+  Router::Claim d = r.Acquire(Seq(1, 40), "Z");
+  EXPECT_NE(d.id, "A");
+}
+
+TEST(ServeRouter, NamedConversationsAreReachedByNameOnly) {
+  Router r([](const std::string& id) { return id.rfind("c-", 0) == 0; });
+  std::string why;
+  Router::Claim c;
+  ASSERT_TRUE(r.AcquireId("mine", Seq(1, 10), &c, &why));
+  EXPECT_TRUE(c.is_new);
+  r.Release("mine", Seq(1, 20), 10);
+  c = r.Acquire(Seq(1, 30), "c-1");  // mine's history, but mine was named: not routed there
+  EXPECT_EQ(c.id, "c-1");
+  r.Release("c-1", Seq(1, 31), 30);
+  c = r.Acquire(Seq(1, 40), "c-2");
+  EXPECT_EQ(c.id, "c-1");
+  EXPECT_EQ(c.keep, 31);
+}
+
+TEST(ServeRouter, AfterARestartWithoutTurnMarksOnlyWholeExtensionsContinue) {
+  Router r;
+  r.Put("A", Seq(1, 30), /*prompt_end=*/30);
+  Router::Claim c = r.Acquire(Cat(Seq(1, 25), Seq(100, 5)), "B");  // diverges inside A's history
+  EXPECT_TRUE(c.is_new);
+  c = r.Acquire(Cat(Seq(1, 30), Seq(100, 5)), "C");
+  EXPECT_EQ(c.id, "A");
+  EXPECT_EQ(c.keep, 30);
+  r.Put("E", Seq(1, 10), 99);  // a mark past the history is clamped to it
+  EXPECT_EQ(r.PromptEnd("E"), 10);
+}
+
+}  // namespace
+}  // namespace mz::serve

@@ -1,0 +1,756 @@
+// `mzcache serve`: an OpenAI-compatible HTTP server over a pool (one model, many conversations, one
+// memory budget), built on the public C API only (include/mzcache.h).
+//
+// What it promises (docs/server.md):
+//   - Memory goes back to the system under pressure (the pool's pressure watch: idle
+//     conversations' KV first, then the active one's, then weights) and no conversation is ever
+//     forgotten for it: each is persisted after every turn (write-behind), and a request that
+//     resends a history finds its conversation again in any tier, after a restart or a kill -9.
+//   - Secure by default: it binds to loopback; binding anywhere else needs an API key (--api-key
+//     or $MZ_API_KEY), and with a key every endpoint but /health needs "Authorization: Bearer KEY".
+//     Bodies are limited (--max-body), nesting is limited before parsing, every bad request is a
+//     400 with OpenAI's error object, and no request names a file (conversation ids are checked
+//     against the pool's rule; the model is the one loaded).
+//
+// Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (stream
+// or not); mzcache's own: GET /v1/mzcache/pool (pool report and conversations), POST
+// /v1/mzcache/trim {"level": N} (Android's onTrimMemory levels) and POST /v1/mzcache/evict
+// {"bytes": N}, DELETE /v1/mzcache/conversations/ID.
+//
+// Threads: httplib's worker pool runs the handlers; at most --parallel turns generate at once
+// (others wait in a queue of at most --queue, then 503); the pool's own threads persist and watch
+// pressure. Shutdown (SIGINT/SIGTERM): stop accepting, finish the turns, persist, exit 0.
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mzcache.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+#include "tools/serve/openai_api.h"
+#include "tools/serve/router.h"
+#include "tools/serve/turn.h"
+
+namespace mz::cli {
+namespace {
+
+using nlohmann::json;
+using serve::ApiError;
+using serve::ChatRequest;
+
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", api_key, dir, alias, persist_codec = "q8", kv_codec = "q8";
+  int port = 8080, threads = 2, n_ctx = 8192, parallel = 1, queue = 64, max_tokens = 1024, http_threads = 32;
+  uint64_t memory_budget_mib = 0, disk_budget_mib = 8192, max_body_kib = 1024;
+  int read_timeout_s = 10;
+  bool watch_pressure = true, restore_ahead = true;
+  std::string pressure_source = "auto", pressure_cgroup;
+  std::string port_file;
+};
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Constant-time comparison of the presented key with the configured one.
+bool KeyMatches(const std::string& got, const std::string& want) {
+  unsigned diff = unsigned(got.size() ^ want.size());
+  for (size_t i = 0; i < want.size(); ++i) diff |= unsigned(uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0));
+  return diff == 0;
+}
+
+std::string RandomId(const char* prefix) {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lk(mu);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx", prefix, (unsigned long long)rng());
+  return buf;
+}
+
+// The ids the server gives conversations it found no match for ("c-" and 16 hex digits): the only
+// ones requests are routed to by their history. A client's own names are reached by name only.
+bool ImplicitId(const std::string& id) {
+  if (id.size() != 18 || id.compare(0, 2, "c-") != 0) return false;
+  for (size_t i = 2; i < id.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(id[i]))) return false;
+  return true;
+}
+
+int64_t UnixNow() { return int64_t(std::time(nullptr)); }
+
+// At most n turns at once; at most max_wait waiting (then Acquire refuses).
+class Slots {
+ public:
+  Slots(int n, int max_wait) : free_(n), max_wait_(max_wait) {}
+  bool Acquire() {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (free_ == 0 && waiting_ >= max_wait_) return false;
+    ++waiting_;
+    cv_.wait(lk, [&] { return free_ > 0; });
+    --waiting_;
+    --free_;
+    return true;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++free_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int free_, waiting_ = 0;
+  const int max_wait_;
+};
+
+class Server {
+ public:
+  explicit Server(const ServeArgs& a) : a_(a), router_(&ImplicitId), slots_(a.parallel, a.queue) {}
+  ~Server() {
+    if (pool_) mz_pool_free(pool_);  // persists every changed conversation
+    if (model_) mz_model_free(model_);
+  }
+  int Start();
+  int Run();
+
+ private:
+  struct Job;  // one turn in flight: its claim, slot and conversation handle (released in its destructor)
+  bool Authorized(const httplib::Request& req, httplib::Response& res);
+  void Error(httplib::Response& res, const ApiError& e);
+  void Routes();
+  void Completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  bool Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* err);
+  std::shared_ptr<Job> Claim(const ChatRequest& r, std::vector<mz_token> prompt, ApiError* err);
+  serve::TurnResult Turn(Job& job, const std::function<bool(const std::string&)>& emit);
+  void FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history);
+  int History(const std::string& id, std::vector<mz_token>* out);
+  std::string TurnMarkPath(const std::string& id) const { return a_.dir + "/serve/" + id + ".turn"; }
+  void WriteTurnMark(const std::string& id, int prompt_end);
+  json PoolJson();
+
+  ServeArgs a_;
+  mz_model* model_ = nullptr;
+  mz_pool* pool_ = nullptr;
+  std::string model_id_;
+  int chunk_tokens_ = 256;
+  serve::Limits limits_;
+  serve::Router router_;
+  Slots slots_;
+  httplib::Server http_;
+  std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};
+};
+
+struct Server::Job {
+  Server* s = nullptr;
+  ChatRequest req;
+  std::vector<mz_token> prompt;
+  serve::Router::Claim claim;
+  mz_conversation* conv = nullptr;
+  bool slot = false, finished = false, was_empty = false;
+  int shared_before = 0;
+  ~Job() {
+    if (conv) mz_conversation_release(conv);
+    if (!finished && !claim.id.empty()) s->router_.Abandon(claim.id, false);
+    if (slot) s->slots_.Release();
+  }
+};
+
+bool Server::Authorized(const httplib::Request& req, httplib::Response& res) {
+  if (a_.api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 && KeyMatches(h.substr(prefix.size()), a_.api_key))
+    return true;
+  ApiError e;
+  e.http = 401;
+  e.message = h.empty() ? "missing API key (Authorization: Bearer KEY)" : "incorrect API key";
+  e.code = "invalid_api_key";
+  Error(res, e);
+  return false;
+}
+
+void Server::Error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http;
+  res.set_content(serve::ErrorBody(e), "application/json");
+}
+
+bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* err) {
+  std::string text;
+  if (r.chat) {
+    std::vector<mz_chat_message> cm;
+    for (const auto& m : r.messages) cm.push_back({m.role.c_str(), m.content.c_str()});
+    int32_t n = mz_chat_apply_template(model_, cm.data(), cm.size(), true, nullptr, 0);
+    if (n >= 0) {
+      text.assign(size_t(n) + 1, '\0');
+      n = mz_chat_apply_template(model_, cm.data(), cm.size(), true, text.data(), n + 1);
+    }
+    if (n < 0) {
+      err->http = 400;
+      err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
+      return false;
+    }
+    text.resize(size_t(n));
+  } else {
+    text = r.prompt;
+  }
+  int32_t n = 0;
+  mz_tokenize(model_, text.c_str(), true, r.chat, nullptr, 0, &n);
+  out->resize(size_t(n));
+  if (n <= 0 || mz_tokenize(model_, text.c_str(), true, r.chat, out->data(), n, &n) != MZ_OK) {
+    err->http = 400;
+    err->message = "the prompt tokenizes to nothing";
+    return false;
+  }
+  if (n >= a_.n_ctx) {
+    err->http = 400;
+    err->message = "the prompt has " + std::to_string(n) + " tokens; this server's context holds " +
+                   std::to_string(a_.n_ctx) + " (prompt and reply)";
+    err->code = "context_length_exceeded";
+    err->param = r.chat ? "messages" : "prompt";
+    return false;
+  }
+  return true;
+}
+
+std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_token> prompt, ApiError* err) {
+  auto job = std::make_shared<Job>();
+  job->s = this;
+  job->req = r;
+  job->prompt = std::move(prompt);
+  if (!slots_.Acquire()) {
+    err->http = 503;
+    err->type = "server_error";
+    err->message = "too many requests waiting; retry later";
+    return nullptr;
+  }
+  job->slot = true;
+  if (!r.conversation.empty()) {
+    std::string why;
+    if (!router_.AcquireId(r.conversation, job->prompt, &job->claim, &why)) {
+      err->http = 409;
+      err->message = why;
+      err->param = "conversation";
+      return nullptr;
+    }
+  } else {
+    job->claim = router_.Acquire(job->prompt, RandomId("c-"));
+  }
+  if (mz_pool_open(pool_, job->claim.id.c_str(), &job->conv) != MZ_OK) {
+    err->http = 500;
+    err->type = "server_error";
+    err->message = "opening conversation " + job->claim.id + ": " + mz_last_error();
+    router_.Abandon(job->claim.id, true);
+    job->claim.id.clear();
+    return nullptr;
+  }
+  // What the pool really holds decides what is kept. A conversation whose history is not the one
+  // the router matched (it changed behind the router: the disk budget deleted it, a failed call)
+  // is not cut: the request forks into a new conversation instead. An empty one (deleted) is
+  // simply filled again.
+  std::vector<mz_token> history;
+  int st = History(job->claim.id, &history);
+  if (st == MZ_OK && !job->claim.is_new && r.conversation.empty() && !history.empty() && history != job->claim.expected) {
+    std::fprintf(stderr, "[serve] conversation %s changed behind the router (%zu tokens, %zu expected): forking\n",
+                 job->claim.id.c_str(), history.size(), job->claim.expected.size());
+    router_.Put(job->claim.id, history, int(history.size()));
+    router_.Abandon(job->claim.id, false);
+    mz_conversation_release(job->conv);
+    job->conv = nullptr;
+    job->claim = router_.Acquire(job->prompt, RandomId("c-"));
+    if (mz_pool_open(pool_, job->claim.id.c_str(), &job->conv) != MZ_OK) st = MZ_ERR_INTERNAL;
+    else st = History(job->claim.id, &history);
+  }
+  if (st != MZ_OK) {
+    err->http = 503;
+    err->type = "server_error";
+    err->message = "conversation " + job->claim.id + " cannot be read now: " + mz_last_error();
+    return nullptr;
+  }
+  job->claim.keep = int(std::min(serve::CommonPrefix(history, job->prompt), job->prompt.size() - 1));
+  job->was_empty = history.empty();
+  return job;
+}
+
+// The pool's history of conversation id, waiting (up to 10 s) while the pool's own threads hold
+// it (a write-behind persisting it, a restore-ahead slice): MZ_OK, or the pool's error.
+int Server::History(const std::string& id, std::vector<mz_token>* out) {
+  for (int attempt = 0;; ++attempt) {
+    const int32_t n = mz_pool_conversation_tokens(pool_, id.c_str(), nullptr, 0);
+    if (n >= 0) {
+      out->resize(size_t(n));
+      const int32_t m = n > 0 ? mz_pool_conversation_tokens(pool_, id.c_str(), out->data(), n) : 0;
+      if (m == n) return MZ_OK;
+      if (m >= 0) continue;  // it changed between the two calls: ask again
+      if (m != MZ_ERR_BUSY) return m;
+    } else if (n != MZ_ERR_BUSY) {
+      return n;
+    }
+    if (attempt >= 1000) return MZ_ERR_BUSY;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+serve::TurnResult Server::Turn(Job& job, const std::function<bool(const std::string&)>& emit) {
+  serve::TurnParams tp;
+  tp.sampler.temperature = job.req.temperature;
+  tp.sampler.top_p = job.req.top_p;
+  tp.sampler.top_k = job.req.top_k;
+  tp.sampler.seed = job.req.seed ? *job.req.seed : uint32_t(std::random_device{}());
+  tp.max_tokens = std::min(job.req.max_tokens > 0 ? job.req.max_tokens : a_.max_tokens, a_.max_tokens);
+  tp.n_ctx = a_.n_ctx;
+  tp.stop = job.req.stop;
+  bool emitted = false;
+  auto counting = [&](const std::string& s) {
+    emitted = true;
+    return emit(s);
+  };
+  serve::TurnResult r = serve::RunTurn(model_, job.conv, job.prompt, job.claim.keep, tp, counting);
+  const bool storage_fault = r.status == MZ_ERR_CORRUPT || r.status == MZ_ERR_IO;
+  if (storage_fault && !emitted) {
+    // The conversation's stored or swapped data failed its checksum or could not be read: it is
+    // never used again (kept in the pool for the operator), and this turn is computed from the
+    // request's own history in a new conversation. Nothing wrong is ever answered from it.
+    std::fprintf(stderr, "[serve] conversation %s is damaged (%s): recomputing the request in a new one\n",
+                 job.claim.id.c_str(), r.error.c_str());
+    recovered_++;
+    FinishJob(job, /*damaged=*/true, {});
+    job.finished = false;
+    mz_conversation_release(job.conv);
+    job.conv = nullptr;
+    job.claim = router_.Acquire(job.prompt, RandomId("c-"));
+    if (mz_pool_open(pool_, job.claim.id.c_str(), &job.conv) != MZ_OK) {
+      r.status = MZ_ERR_INTERNAL;
+      r.error = mz_last_error();
+      return r;
+    }
+    job.claim.keep = 0;
+    job.was_empty = true;
+    r = serve::RunTurn(model_, job.conv, job.prompt, 0, tp, counting);
+  }
+  return r;
+}
+
+// Ends the job's claim: the router learns the conversation's history after the turn (the turn's
+// own account of it: what it kept, computed and decoded), or that it is damaged.
+void Server::FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history) {
+  if (job.finished || job.claim.id.empty()) return;
+  job.finished = true;
+  if (damaged) {
+    router_.Abandon(job.claim.id, true);
+    return;
+  }
+  router_.Release(job.claim.id, history, int(job.prompt.size()));
+  WriteTurnMark(job.claim.id, int(job.prompt.size()));
+}
+
+// <dir>/serve/<id>.turn: where the conversation's last prompt ended, so that after a restart the
+// router still tells a continuation from a fork. Written crash-safely (temporary name, rename); a
+// missing or stale mark only makes the router stricter (it forks instead of cutting a reply).
+void Server::WriteTurnMark(const std::string& id, int prompt_end) {
+  const std::string path = TurnMarkPath(id), tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << prompt_end << "\n";
+    if (!f) return;
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void Server::Completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  requests_++;
+  ChatRequest r;
+  ApiError err;
+  std::vector<mz_token> prompt;
+  if (!serve::ParseRequest(req.body, chat, limits_, &r, &err) || !Prompt(r, &prompt, &err)) {
+    failures_++;
+    return Error(res, err);
+  }
+  std::shared_ptr<Job> job = Claim(r, std::move(prompt), &err);
+  if (!job) {
+    failures_++;
+    return Error(res, err);
+  }
+  const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = UnixNow();
+  auto usage = [this](const Job& j, const serve::TurnResult& t, serve::Usage* u, serve::TurnInfo* info) {
+    u->prompt_tokens = int(j.prompt.size());
+    u->completion_tokens = t.completion_tokens;
+    mz_conversation_report cr;
+    int shared = 0;
+    if (mz_pool_conversation_report(pool_, j.claim.id.c_str(), &cr) == MZ_OK) shared = cr.shared_chunks;
+    u->cached_tokens = j.was_empty ? std::min(int(j.prompt.size()) - 1, shared * chunk_tokens_) : j.claim.keep;
+    info->conversation = j.claim.id;
+    info->new_conversation = j.was_empty;
+    info->ttft_s = t.restore.ttft_s;
+    info->bytes_from_storage = t.restore.bytes_from_storage;
+    info->units_restored = t.restore.units_restored;
+  };
+  if (!r.stream) {
+    serve::TurnResult t = Turn(*job, [](const std::string&) { return true; });
+    FinishJob(*job, false, t.history);
+    if (t.status != MZ_OK) {
+      failures_++;
+      ApiError e;
+      e.http = 500;
+      e.type = "server_error";
+      e.message = std::string(mz_status_str(t.status)) + ": " + t.error;
+      return Error(res, e);
+    }
+    serve::Usage u;
+    serve::TurnInfo info;
+    usage(*job, t, &u, &info);
+    res.set_header("X-Mz-Conversation", job->claim.id);
+    res.set_content(serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info)
+                        .dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Mz-Conversation", job->claim.id);
+  res.set_chunked_content_provider("text/event-stream", [this, job, id, created, usage](size_t, httplib::DataSink& sink) {
+    const ChatRequest& r = job->req;
+    auto send = [&](const json& j) {
+      const std::string ev = serve::SseEvent(j);
+      return sink.write(ev.data(), ev.size());
+    };
+    bool alive = true;
+    if (r.chat) alive = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, /*role_only=*/true));
+    serve::TurnResult t;
+    if (alive) {
+      t = Turn(*job, [&](const std::string& text) { return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false)); });
+      FinishJob(*job, false, t.history);
+    } else {
+      t.finish_reason = "cancelled";  // the turn never ran: the job's destructor abandons the claim
+    }
+    if (t.status != MZ_OK) {
+      failures_++;
+      ApiError e;
+      e.type = "server_error";
+      e.message = std::string(mz_status_str(t.status)) + ": " + t.error;
+      const std::string ev = "data: " + serve::ErrorBody(e) + "\n\n";
+      sink.write(ev.data(), ev.size());
+    } else if (t.finish_reason != "cancelled") {
+      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false));
+      if (r.include_usage) {
+        serve::Usage u;
+        serve::TurnInfo info;
+        usage(*job, t, &u, &info);
+        send(serve::UsageChunkBody(r, id, model_id_, created, u, info));
+      }
+    }
+    if (t.finish_reason != "cancelled") {
+      static const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+    }
+    sink.done();
+    return true;
+  });
+}
+
+json Server::PoolJson() {
+  mz_pool_report p;
+  json j = json::object();
+  if (mz_pool_get_report(pool_, &p) == MZ_OK) {
+    j["pool"] = {{"conversations", p.n_conversations}, {"open", p.n_open}, {"damaged", p.n_damaged},
+                 {"weights_total", p.weights_total}, {"weights_resident", p.weights_resident},
+                 {"kv_resident", p.kv_resident}, {"kv_mem_compressed", p.kv_mem_compressed},
+                 {"kv_storage", p.kv_storage}, {"in_memory", p.in_memory}, {"stored_bytes", p.stored_bytes},
+                 {"memory_budget", p.memory_budget}, {"disk_budget", p.disk_budget},
+                 {"conversations_lost", p.conversations_lost}, {"persists", p.persists},
+                 {"persist_failures", p.persist_failures}, {"prefix_chunks_reused", p.prefix_chunks_reused},
+                 {"evictions", p.evictions}, {"bytes_evicted", p.bytes_evicted}};
+  }
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
+  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
+  json list = json::array();
+  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+    const auto& r = all[size_t(i)];
+    list.push_back({{"id", r.id}, {"tokens", r.n_tokens}, {"open", r.open}, {"busy", r.busy},
+                    {"kv_resident", r.kv_resident}, {"kv_mem_compressed", r.kv_mem_compressed},
+                    {"kv_storage", r.kv_storage}, {"stored_bytes", r.stored_bytes}, {"stored_tokens", r.stored_tokens},
+                    {"last_use_unix_ms", r.last_use_unix_ms}, {"shared_chunks", r.shared_chunks}});
+  }
+  j["conversations"] = list;
+  json dmg = json::array();
+  char buf[1024];
+  for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i) dmg.push_back(buf);
+  j["damaged_files"] = dmg;
+  j["server"] = {{"requests", requests_.load()}, {"failures", failures_.load()}, {"recovered", recovered_.load()}};
+  return j;
+}
+
+void Server::Routes() {
+  const auto json_body = [](httplib::Response& res, const json& j) {
+    res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  };
+  http_.Get("/health", [json_body](const httplib::Request&, httplib::Response& res) { json_body(res, {{"status", "ok"}}); });
+  http_.Get("/v1/models", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    json_body(res, {{"object", "list"},
+                    {"data", json::array({{{"id", model_id_}, {"object", "model"}, {"created", UnixNow()}, {"owned_by", "mzcache"}}})}});
+  });
+  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) Completions(req, res, true);
+  });
+  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) Completions(req, res, false);
+  });
+  http_.Get("/v1/mzcache/pool", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) json_body(res, PoolJson());
+  });
+  // Memory given back on request: as Android's onTrimMemory(level), or a number of bytes.
+  http_.Post("/v1/mzcache/(trim|evict)", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const bool trim = req.matches[1] == "trim";
+    const char* key = trim ? "level" : "bytes";
+    json j = json::parse(req.body, nullptr, false);
+    ApiError e;
+    e.param = key;
+    if (j.is_discarded() || !j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) {
+      e.message = std::string("the body must be {\"") + key + "\": N} with N a non-negative integer";
+      return Error(res, e);
+    }
+    uint64_t freed = 0;
+    const uint64_t v = j[key].get<uint64_t>();
+    int st = trim ? (v > 1000 ? MZ_ERR_INVALID_ARG : mz_pool_on_trim_memory(pool_, int32_t(v), &freed))
+                  : mz_pool_evict(pool_, v, &freed);
+    if (st != MZ_OK) {
+      e.http = st == MZ_ERR_INVALID_ARG ? 400 : 500;
+      e.message = mz_last_error();
+      return Error(res, e);
+    }
+    json out = PoolJson();
+    out["freed"] = freed;
+    json_body(res, out);
+  });
+  http_.Delete(R"(/v1/mzcache/conversations/([A-Za-z0-9._-]{1,128}))", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    ApiError e;
+    if (!serve::ValidConversationId(id)) {
+      e.message = "not a conversation id";
+      return Error(res, e);
+    }
+    if (int st = mz_pool_delete(pool_, id.c_str()); st != MZ_OK) {
+      e.http = st == MZ_ERR_INVALID_ARG ? 404 : 500;
+      e.message = mz_last_error();
+      return Error(res, e);
+    }
+    router_.Forget(id);
+    std::remove(TurnMarkPath(id).c_str());
+    json_body(res, {{"id", id}, {"deleted", true}});
+  });
+  http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    ApiError e;
+    e.http = 500;
+    e.type = "server_error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      e.message = ex.what();
+    } catch (...) {
+      e.message = "internal error";
+    }
+    Error(res, e);
+  });
+  // httplib's own refusals (413 over --max-body, 404, 400 of a malformed request line) get
+  // OpenAI's error body too.
+  http_.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.http = res.status;
+    e.message = res.status == 413   ? "the body is larger than this server accepts (--max-body)"
+                : res.status == 404 ? "no such endpoint"
+                                    : "bad request";
+    if (res.status >= 500) e.type = "server_error";
+    Error(res, e);
+  });
+}
+
+int Server::Start() {
+  if (!IsLoopback(a_.host) && a_.api_key.empty()) {
+    std::fprintf(stderr, "error: --host %s is not loopback: set an API key first (--api-key or MZ_API_KEY)\n", a_.host.c_str());
+    return 2;
+  }
+  if (a_.model.empty()) {
+    Status st = EnsureDefaultModel(&a_.model);
+    if (!st.ok()) return Fail(st);
+  }
+  if (a_.dir.empty()) a_.dir = CacheDir() + "/server";
+  std::error_code ec;
+  std::filesystem::create_directories(a_.dir + "/serve", ec);
+  if (ec) {
+    std::fprintf(stderr, "error: cannot create %s/serve: %s\n", a_.dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  if (mz_model_load(a_.model.c_str(), nullptr, &model_) != MZ_OK) {
+    std::fprintf(stderr, "error: loading %s: %s\n", a_.model.c_str(), mz_last_error());
+    return 1;
+  }
+  model_id_ = a_.alias.empty() ? std::filesystem::path(a_.model).stem().string() : a_.alias;
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a_.n_ctx);
+  cp.n_threads = a_.threads;
+  cp.kv_codec = a_.kv_codec.c_str();
+  chunk_tokens_ = int(cp.kv_chunk_tokens);
+  mz_pool_params pp = mz_pool_default_params();
+  pp.dir = a_.dir.c_str();
+  pp.context = &cp;
+  pp.memory_budget = a_.memory_budget_mib << 20;
+  pp.disk_budget = a_.disk_budget_mib << 20;
+  pp.persist_codec = a_.persist_codec.c_str();
+  if (mz_pool_new(model_, &pp, &pool_) != MZ_OK) {
+    std::fprintf(stderr, "error: opening the pool in %s: %s\n", a_.dir.c_str(), mz_last_error());
+    return 1;
+  }
+  char buf[1024];
+  for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i)
+    std::fprintf(stderr, "[serve] warning: damaged, skipped: %s\n", buf);
+  // The router learns every stored conversation's history (header and index reads only).
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
+  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
+  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+    const std::string id = all[size_t(i)].id;
+    std::vector<mz_token> h;
+    if (History(id, &h) != MZ_OK) {
+      std::fprintf(stderr, "[serve] warning: conversation %s unreadable (%s): not routed to\n", id.c_str(), mz_last_error());
+      continue;
+    }
+    const int k = int(h.size());
+    int prompt_end = k;  // without a mark: only a request extending the whole history continues it
+    std::ifstream f(TurnMarkPath(id));
+    if (f && !(f >> prompt_end)) prompt_end = k;
+    router_.Put(id, std::move(h), prompt_end);
+  }
+  if (a_.watch_pressure) {
+    mz_pressure_params pr = mz_pressure_default_params();
+    pr.source = a_.pressure_source.c_str();
+    pr.cgroup_dir = a_.pressure_cgroup.empty() ? nullptr : a_.pressure_cgroup.c_str();
+    pr.restore_in_background = a_.restore_ahead;
+    if (mz_pool_pressure_watch_start(pool_, &pr) != MZ_OK)
+      std::fprintf(stderr, "[serve] warning: no memory-pressure watch (%s): memory is given back only by the budget and /v1/mzcache/trim\n",
+                   mz_last_error());
+  }
+  Routes();
+  http_.set_payload_max_length(size_t(a_.max_body_kib) << 10);
+  http_.set_read_timeout(a_.read_timeout_s, 0);
+  http_.set_write_timeout(a_.read_timeout_s, 0);
+  const int http_threads = a_.http_threads;
+  http_.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
+  int port = a_.port;
+  if (port == 0) {
+    port = http_.bind_to_any_port(a_.host);
+  } else if (!http_.bind_to_port(a_.host, port)) {
+    port = -1;
+  }
+  if (port <= 0) {
+    std::fprintf(stderr, "error: cannot listen on %s:%d\n", a_.host.c_str(), a_.port);
+    return 1;
+  }
+  a_.port = port;
+  std::fprintf(stderr, "[serve] %s: %zu conversations in %s; listening on http://%s:%d%s\n", model_id_.c_str(),
+               router_.size(), a_.dir.c_str(), a_.host.c_str(), port, a_.api_key.empty() ? "" : " (API key required)");
+  if (!a_.port_file.empty()) {
+    std::ofstream f(a_.port_file + ".tmp");
+    f << port << "\n";
+    f.close();
+    std::rename((a_.port_file + ".tmp").c_str(), a_.port_file.c_str());
+  }
+  return 0;
+}
+
+int Server::Run() {
+  // SIGINT/SIGTERM end the server cleanly: the listener stops, turns in flight finish, the pool
+  // persists every changed conversation (its destructor).
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  std::thread waiter([this, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != 0) std::fprintf(stderr, "[serve] signal %d: stopping\n", sig);
+    http_.stop();
+  });
+  http_.listen_after_bind();
+  // listen_after_bind returns after stop(): wake the waiter if it is still waiting (stop by error).
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::fprintf(stderr, "[serve] persisting conversations\n");
+  if (mz_pool_flush(pool_) != MZ_OK) std::fprintf(stderr, "[serve] warning: %s\n", mz_last_error());
+  return 0;
+}
+
+int RunServe(ServeArgs a) {
+  if (a.api_key.empty())
+    if (const char* k = std::getenv("MZ_API_KEY")) a.api_key = k;
+  // Block the stop signals in every thread (the pool's and httplib's inherit the mask); one thread
+  // waits for them (Server::Run). SIGPIPE: a client gone is an error of its write, not a signal.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  Server s(a);
+  if (int rc = s.Start()) return rc;
+  return s.Run();
+}
+
+}  // namespace
+
+void AddServeCommands(CLI::App& app, Runners& runners) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* c = app.add_subcommand("serve",
+                               "OpenAI-compatible HTTP server over a pool: gives memory back under pressure and never "
+                               "forgets a conversation (docs/server.md)");
+  c->add_option("-m,--model", a->model, "GGUF to serve (default: the synthesized Qwen3-0.6B)");
+  c->add_option("--host", a->host, "address to bind (default 127.0.0.1; another needs an API key)");
+  c->add_option("--port", a->port, "port (default 8080; 0: any free port, printed)");
+  c->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (default: $MZ_API_KEY; none on loopback)");
+  c->add_option("--pool-dir", a->dir, "folder of the stored conversations (default <cache>/server)");
+  c->add_option("--alias", a->alias, "model id reported to clients (default: the GGUF file's name)");
+  c->add_option("-t,--threads", a->threads, "compute threads per turn (default 2)")->check(CLI::Range(1, 512));
+  c->add_option("-c,--ctx", a->n_ctx, "tokens per conversation, prompt and reply (default 8192)")->check(CLI::Range(64, 1 << 20));
+  c->add_option("--parallel", a->parallel, "turns generating at once (default 1; more wait)")->check(CLI::Range(1, 64));
+  c->add_option("--queue", a->queue, "requests waiting for a turn before 503 (default 64)")->check(CLI::Range(0, 100000));
+  c->add_option("--max-tokens", a->max_tokens, "most tokens of a reply (default 1024; a request may ask fewer)")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--memory-budget", a->memory_budget_mib, "MiB of RAM for weights and every conversation (default 0: none; pressure still applies)");
+  c->add_option("--disk-budget", a->disk_budget_mib, "MiB of stored conversations; beyond it the least recently used are deleted and counted (default 8192; 0: none)");
+  c->add_option("--max-body", a->max_body_kib, "largest request body in KiB (default 1024; larger: 413)")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--timeout", a->read_timeout_s, "seconds a client may stay silent while sending or receiving (default 10)")->check(CLI::Range(1, 3600));
+  c->add_option("--http-threads", a->http_threads, "connection handler threads (default 32)")->check(CLI::Range(2, 4096));
+  c->add_option("--persist-codec", a->persist_codec, "codec of stored conversations: q8 (default), none (lossless), lz4, zstd");
+  c->add_option("--kv-codec", a->kv_codec, "codec of KV evicted under pressure: q8 (default), none, lz4, zstd, q4, cachegen");
+  c->add_flag("!--no-watch-pressure", a->watch_pressure, "do not watch the system's memory pressure");
+  c->add_flag("!--no-restore-ahead", a->restore_ahead, "do not restore in the background once pressure is over");
+  c->add_option("--pressure-source", a->pressure_source, "auto (default), psi, cgroup-v1, watermark");
+  c->add_option("--pressure-cgroup", a->pressure_cgroup, "memory cgroup folder to watch (default: system-wide)");
+  c->add_option("--port-file", a->port_file, "write the port listened on to this file once listening (for scripts)");
+  runners.push_back([c, a]() -> int {
+    if (!c->parsed()) return -1;
+    return RunServe(*a);
+  });
+}
+
+}  // namespace mz::cli

@@ -1,0 +1,281 @@
+#include "tools/serve/openai_api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace mz::serve {
+namespace {
+
+using nlohmann::json;
+
+bool Fail(ApiError* err, std::string message, std::string param = "", int http = 400) {
+  err->http = http;
+  err->message = std::move(message);
+  err->param = std::move(param);
+  return false;
+}
+
+// Reads an optional number field within [lo, hi].
+bool Number(const json& j, const char* key, double lo, double hi, double* out, ApiError* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_number()) return Fail(err, std::string("'") + key + "' must be a number", key);
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi)
+    return Fail(err, std::string("'") + key + "' must be within [" + json(lo).dump() + ", " + json(hi).dump() + "]", key);
+  *out = v;
+  return true;
+}
+
+bool Integer(const json& j, const char* key, int64_t lo, int64_t hi, std::optional<int64_t>* out, ApiError* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_number_integer() && !it->is_number_unsigned())
+    return Fail(err, std::string("'") + key + "' must be an integer", key);
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    return Fail(err, std::string("'") + key + "' is out of range", key);
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi)
+    return Fail(err, std::string("'") + key + "' must be within [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                key);
+  *out = v;
+  return true;
+}
+
+bool Bool(const json& j, const char* key, bool* out, ApiError* err) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return true;
+  if (!it->is_boolean()) return Fail(err, std::string("'") + key + "' must be a boolean", key);
+  *out = it->get<bool>();
+  return true;
+}
+
+bool Content(const json& c, const std::string& param, std::string* out, ApiError* err) {
+  if (c.is_string()) {
+    *out = c.get<std::string>();
+    return true;
+  }
+  if (!c.is_array()) return Fail(err, "'content' must be a string or an array of text parts", param);
+  out->clear();
+  for (size_t i = 0; i < c.size(); ++i) {
+    const json& p = c[i];
+    const std::string pp = param + "[" + std::to_string(i) + "]";
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+      return Fail(err, "a content part must be an object with a 'type'", pp);
+    if (p["type"] != "text") return Fail(err, "content parts of type '" + p["type"].get<std::string>() + "' are not supported (text only)", pp);
+    if (!p.contains("text") || !p["text"].is_string()) return Fail(err, "a text part needs a string 'text'", pp);
+    *out += p["text"].get<std::string>();
+  }
+  return true;
+}
+
+bool Messages(const json& j, const Limits& limits, std::vector<ChatMessage>* out, ApiError* err) {
+  auto it = j.find("messages");
+  if (it == j.end()) return Fail(err, "'messages' is required", "messages");
+  if (!it->is_array() || it->empty()) return Fail(err, "'messages' must be a non-empty array", "messages");
+  if (int(it->size()) > limits.max_messages)
+    return Fail(err, "at most " + std::to_string(limits.max_messages) + " messages", "messages");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return Fail(err, "a message must be an object", p);
+    auto r = m.find("role");
+    if (r == m.end() || !r->is_string()) return Fail(err, "a message needs a string 'role'", p + ".role");
+    std::string role = r->get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant")
+      return Fail(err, "role '" + role + "' is not supported (system, developer, user, assistant)", p + ".role");
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null())
+      return Fail(err, "tool calls are not supported", p + ".tool_calls");
+    auto c = m.find("content");
+    if (c == m.end() || c->is_null()) return Fail(err, "a message needs 'content'", p + ".content");
+    ChatMessage msg;
+    msg.role = role;
+    if (!Content(*c, p + ".content", &msg.content, err)) return false;
+    out->push_back(std::move(msg));
+  }
+  return true;
+}
+
+bool Stop(const json& j, const Limits& limits, std::vector<std::string>* out, ApiError* err) {
+  auto it = j.find("stop");
+  if (it == j.end() || it->is_null()) return true;
+  std::vector<std::string> v;
+  if (it->is_string()) {
+    v.push_back(it->get<std::string>());
+  } else if (it->is_array()) {
+    for (const auto& s : *it) {
+      if (!s.is_string()) return Fail(err, "'stop' must be a string or an array of strings", "stop");
+      v.push_back(s.get<std::string>());
+    }
+  } else {
+    return Fail(err, "'stop' must be a string or an array of strings", "stop");
+  }
+  if (v.size() > limits.max_stop) return Fail(err, "at most " + std::to_string(limits.max_stop) + " stop sequences", "stop");
+  for (const auto& s : v)
+    if (s.empty() || s.size() > limits.max_stop_bytes)
+      return Fail(err, "a stop sequence must have 1 to " + std::to_string(limits.max_stop_bytes) + " bytes", "stop");
+  *out = std::move(v);
+  return true;
+}
+
+std::string Object(const ChatRequest& req, bool chunk) {
+  if (!req.chat) return "text_completion";
+  return chunk ? "chat.completion.chunk" : "chat.completion";
+}
+
+json UsageJson(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json InfoJson(const TurnInfo& t) {
+  return {{"conversation", t.conversation},
+          {"new_conversation", t.new_conversation},
+          {"ttft_s", t.ttft_s},
+          {"bytes_from_storage", t.bytes_from_storage},
+          {"units_restored", t.units_restored}};
+}
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& e) {
+  json j = {{"error",
+             {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+int JsonDepth(const std::string& text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escape = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escape) escape = false;
+      else if (ch == '\\') escape = true;
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > deepest) deepest = depth;
+      if (deepest > limit) return deepest;
+    } else if (ch == ']' || ch == '}') {
+      if (depth > 0) --depth;
+    }
+  }
+  return deepest;
+}
+
+bool ValidConversationId(const std::string& id) {
+  if (id.empty() || id.size() > 128 || id[0] == '.') return false;
+  for (unsigned char c : id)
+    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
+bool ParseRequest(const std::string& body, bool chat, const Limits& limits, ChatRequest* out, ApiError* err) {
+  *out = ChatRequest();
+  out->chat = chat;
+  if (JsonDepth(body, limits.max_depth) > limits.max_depth)
+    return Fail(err, "the body nests deeper than " + std::to_string(limits.max_depth) + " levels");
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Fail(err, "the body is not valid JSON");
+  if (!j.is_object()) return Fail(err, "the body must be a JSON object");
+  if (chat) {
+    if (!Messages(j, limits, &out->messages, err)) return false;
+  } else {
+    auto p = j.find("prompt");
+    if (p == j.end() || !p->is_string()) return Fail(err, "'prompt' is required and must be a string (one prompt)", "prompt");
+    out->prompt = p->get<std::string>();
+    if (out->prompt.empty()) return Fail(err, "'prompt' is empty", "prompt");
+  }
+  auto m = j.find("model");
+  if (m != j.end() && !m->is_null()) {
+    if (!m->is_string()) return Fail(err, "'model' must be a string", "model");
+    out->model = m->get<std::string>();
+  }
+  if (!Bool(j, "stream", &out->stream, err)) return false;
+  auto so = j.find("stream_options");
+  if (so != j.end() && !so->is_null()) {
+    if (!so->is_object()) return Fail(err, "'stream_options' must be an object", "stream_options");
+    if (!Bool(*so, "include_usage", &out->include_usage, err)) return false;
+  }
+  std::optional<int64_t> n;
+  if (!Integer(j, "max_tokens", 1, 1 << 24, &n, err)) return false;
+  if (!Integer(j, "max_completion_tokens", 1, 1 << 24, &n, err)) return false;
+  if (n) out->max_tokens = int(*n);
+  double t = out->temperature, tp = out->top_p;
+  if (!Number(j, "temperature", 0, 2, &t, err)) return false;
+  if (!Number(j, "top_p", std::numeric_limits<double>::min(), 1, &tp, err)) return false;
+  out->temperature = float(t);
+  out->top_p = float(tp);
+  std::optional<int64_t> k, seed, count;
+  if (!Integer(j, "top_k", 0, 1 << 20, &k, err)) return false;
+  if (k) out->top_k = int(*k);
+  if (!Integer(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed, err))
+    return false;
+  if (seed) out->seed = uint32_t(uint64_t(*seed));
+  if (!Integer(j, "n", 1, 1, &count, err)) return false;
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    double v = 0;
+    if (!Number(j, key, -2, 2, &v, err)) return false;
+    if (v != 0) return Fail(err, std::string("'") + key + "' is not supported (only 0)", key);
+  }
+  bool logprobs = false;
+  if (!Bool(j, "logprobs", &logprobs, err)) return false;
+  if (logprobs) return Fail(err, "'logprobs' is not supported", "logprobs");
+  if (j.contains("tools") && !j["tools"].is_null() && !(j["tools"].is_array() && j["tools"].empty()))
+    return Fail(err, "tools are not supported", "tools");
+  if (!Stop(j, limits, &out->stop, err)) return false;
+  auto c = j.find("conversation");
+  if (c != j.end() && !c->is_null()) {
+    if (!c->is_string() || !ValidConversationId(c->get<std::string>()))
+      return Fail(err, "'conversation' must be 1-128 of [A-Za-z0-9._-], not starting with '.'", "conversation");
+    out->conversation = c->get<std::string>();
+  }
+  return true;
+}
+
+json CompletionBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
+                    const std::string& text, const std::string& finish_reason, const Usage& u, const TurnInfo& info) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+  if (req.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  return {{"id", id},         {"object", Object(req, false)}, {"created", created},
+          {"model", model},   {"choices", json::array({choice})}, {"usage", UsageJson(u)},
+          {"mzcache", InfoJson(info)}};
+}
+
+json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
+               const std::string* delta, const std::string* finish_reason, bool role_only) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}, {"logprobs", nullptr}};
+  if (req.chat) {
+    json d = json::object();
+    if (role_only) d["role"] = "assistant";
+    if (delta) d["content"] = *delta;
+    choice["delta"] = d;
+  } else {
+    choice["text"] = delta ? *delta : std::string();
+  }
+  return {{"id", id}, {"object", Object(req, true)}, {"created", created}, {"model", model}, {"choices", json::array({choice})}};
+}
+
+json UsageChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
+                    const Usage& u, const TurnInfo& info) {
+  return {{"id", id},       {"object", Object(req, true)}, {"created", created}, {"model", model},
+          {"choices", json::array()}, {"usage", UsageJson(u)}, {"mzcache", InfoJson(info)}};
+}
+
+std::string SseEvent(const json& j) {
+  return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace mz::serve

@@ -1,0 +1,103 @@
+// The OpenAI-compatible wire format of `mzcache serve`: request parsing and validation, and the
+// response / stream-chunk / error bodies. Pure functions of their inputs (no I/O, no globals), so
+// every rule below is unit-tested (tests/test_serve.cpp) and fuzzable.
+//
+// What is accepted (POST /v1/chat/completions; POST /v1/completions takes `prompt` instead of
+// `messages`):
+//   messages      1..limits.max_messages of {role, content}; role system|developer (as system)|user|
+//                 assistant; content a string, or an array of {type:"text", text} parts (joined);
+//                 anything else (images, audio, tool calls, role "tool") is a 400 naming the field
+//   model         a string (any: the server has one model and answers with its own id)
+//   stream, stream_options.include_usage
+//   max_tokens | max_completion_tokens   >= 1 (the server caps it at its --max-tokens and n_ctx)
+//   temperature [0, 2] (default 1; 0 = greedy), top_p (0, 1] (default 1), top_k >= 0 (extension,
+//   default 0 = off), seed (integer), stop (a string or 1..4 non-empty strings, each <= 256 bytes)
+//   n = 1, presence_penalty = frequency_penalty = 0, logprobs false: other values are refused
+//   (400), never silently ignored
+//   conversation  (extension) a conversation id of the pool to continue, [A-Za-z0-9._-]{1,128}
+// Unknown fields are ignored, as OpenAI-compatible servers do. The body is refused before it is
+// parsed when it nests deeper than limits.max_depth (a deeply nested body costs no stack).
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mz::serve {
+
+struct ChatMessage {
+  std::string role;     // "system", "user" or "assistant"
+  std::string content;
+};
+
+struct Limits {
+  int max_depth = 32;        // JSON nesting
+  int max_messages = 4096;
+  size_t max_stop = 4, max_stop_bytes = 256;
+};
+
+struct ChatRequest {
+  bool chat = true;                   // false: /v1/completions (prompt, no template)
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt;                 // completions
+  std::string model;
+  bool stream = false, include_usage = false;
+  int max_tokens = 0;                 // 0: not given
+  float temperature = 1.0f, top_p = 1.0f;
+  int top_k = 0;
+  std::optional<uint32_t> seed;
+  std::vector<std::string> stop;
+  std::string conversation;           // extension; "" = found by the history it continues
+};
+
+// An error as OpenAI reports it: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int http = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // the offending field ("" = none)
+  std::string code;   // e.g. "invalid_api_key", "context_length_exceeded" ("" = none)
+};
+std::string ErrorBody(const ApiError& e);
+
+// Depth of the deepest array/object nesting in text (strings and escapes skipped); stops counting
+// at limit + 1. Linear, no recursion.
+int JsonDepth(const std::string& text, int limit);
+
+// Parses and validates a request body. false with *err (http 400) on any problem; *out is then
+// unspecified.
+bool ParseRequest(const std::string& body, bool chat, const Limits& limits, ChatRequest* out, ApiError* err);
+
+// Whether id is a valid conversation id (the pool's rule: 1-128 of [A-Za-z0-9._-], not starting '.').
+bool ValidConversationId(const std::string& id);
+
+struct Usage {
+  int prompt_tokens = 0, completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens not computed: kept from the conversation or shared prefix chunks
+};
+// mzcache's own figures of one turn, added to responses as "mzcache" (clients ignore unknown fields).
+struct TurnInfo {
+  std::string conversation;
+  bool new_conversation = false;
+  double ttft_s = 0;
+  uint64_t bytes_from_storage = 0;
+  int units_restored = 0;
+};
+
+// The non-streamed response (object "chat.completion" or "text_completion").
+nlohmann::json CompletionBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
+                              const std::string& text, const std::string& finish_reason, const Usage& u,
+                              const TurnInfo& info);
+// One streamed chunk ("chat.completion.chunk" / "text_completion"): role only (first chat chunk:
+// role_only), a text delta, or the end (finish_reason set, empty delta). Usage and mzcache figures
+// go in a last chunk with empty choices (stream_options.include_usage, as OpenAI does).
+nlohmann::json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
+                         const std::string* delta, const std::string* finish_reason, bool role_only);
+nlohmann::json UsageChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
+                              const Usage& u, const TurnInfo& info);
+// "data: <json>\n\n": one server-sent event.
+std::string SseEvent(const nlohmann::json& j);
+
+}  // namespace mz::serve

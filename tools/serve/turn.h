@@ -1,0 +1,44 @@
+// One turn of `mzcache serve` on a conversation of the pool, over the public C API only.
+//
+// The conversation is cut back to the tokens it shares with the prompt (Router::Claim::keep), the
+// rest of the prompt is computed with mz_conversation_restore_generate (whatever the pool or the
+// OS took of this conversation, its weights or its KV in any tier, is restored front layers first
+// while that prefill runs), then tokens are sampled and decoded one at a time until an
+// end-of-generation token, a stop string, max_tokens or the context's end. The turn is committed
+// (the pool persists it in the background) however it ended, so what was computed is kept.
+// Thread-safety: one turn per conversation at a time (the router's claim); turns on distinct
+// conversations may run at once.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mzcache.h"
+
+namespace mz::serve {
+
+struct TurnParams {
+  mz_sampler_params sampler = mz_sampler_default_params();
+  int max_tokens = 256;   // >= 1
+  int n_ctx = 8192;       // the conversation's context size
+  std::vector<std::string> stop;
+};
+
+struct TurnResult {
+  int status = MZ_OK;          // MZ_OK, or the C API's error (error holds mz_last_error)
+  std::string error;
+  std::string text;            // what was released to emit (valid UTF-8, no stop string)
+  std::string finish_reason;   // "stop", "length", or "cancelled" (emit returned false)
+  int completion_tokens = 0;
+  mz_restore_stats restore{};  // of the prompt's restore_generate
+  // The conversation's history after the turn: the prompt (when its restore_generate succeeded)
+  // and the sampled tokens that were decoded (the last sampled one is not).
+  std::vector<mz_token> history;
+};
+
+// REQUIRES: 0 <= keep < prompt.size(); conv claimed by the caller. emit gets each piece of text as
+// soon as it may be shown; returning false stops the generation (a client gone).
+TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_token>& prompt, int keep,
+                   const TurnParams& params, const std::function<bool(const std::string&)>& emit);
+
+}  // namespace mz::serve
