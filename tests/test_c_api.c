@@ -487,8 +487,23 @@ static int check_pool(const char* path) {
   struct mz_conversation_report list[4];
   CHECK(mz_pool_list(pool, list, 4) == 2, "after a restart %d conversations", (int)mz_pool_list(pool, NULL, 0));
   CHECK(mz_pool_damaged(pool, 0, NULL, 0) == MZ_ERR_INVALID_ARG, "a damaged file reported");
+  /* The history of a stored conversation (0.10), from its file's header and index, before it is
+   * opened; then of the open one; a count query; a short buffer gets the prefix. */
+  {
+    mz_token h[256];
+    CHECK(mz_pool_conversation_tokens(pool, "b", NULL, 0) == 200, "stored history count");
+    CHECK(mz_pool_conversation_tokens(pool, "b", h, 256) == 200 && h[0] == t[0] && h[198] == t[198] && h[199] == 7,
+          "stored history of b");
+    CHECK(mz_pool_conversation_tokens(pool, "b", h, 3) == 200 && h[2] == t[2], "short buffer");
+    CHECK(mz_pool_conversation_tokens(pool, "nobody", h, 256) == MZ_ERR_INVALID_ARG, "unknown conversation");
+    CHECK(mz_pool_conversation_tokens(pool, "b", NULL, 5) == MZ_ERR_INVALID_ARG, "NULL out with cap 5");
+  }
   CHECK(mz_pool_open(pool, "a", &a) == MZ_OK && mz_conversation_n_tokens(a) == 200, "a after restart: %s",
         mz_last_error());
+  {
+    mz_token h[256];
+    CHECK(mz_pool_conversation_tokens(pool, "a", h, 256) == 200 && h[199] == 100 + (199 * 37) % 3000, "open history of a");
+  }
   mz_conversation_release(a);
   /* The pool's pressure watch (0.8): the watermark source works everywhere; one at a time;
    * restore-ahead is accepted for a pool since 0.9; stop is idempotent. */
