@@ -11,7 +11,7 @@
 #   FUZZ_ARGS   extra libFuzzer flags (e.g. -jobs=2 -workers=2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL="gguf session codec profile chat"
+ALL="gguf session codec profile chat serve"
 
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "[fuzz] installing clang"

@@ -59,7 +59,7 @@ struct ServeArgs {
   int port = 8080, threads = 2, n_ctx = 8192, parallel = 1, queue = 64, max_tokens = 1024, http_threads = 32;
   uint64_t memory_budget_mib = 0, disk_budget_mib = 8192, max_body_kib = 1024;
   int read_timeout_s = 10;
-  bool watch_pressure = true, restore_ahead = true;
+  bool watch_pressure = true, restore_ahead = true, sync_persist = false;
   std::string pressure_source = "auto", pressure_cgroup;
   std::string port_file;
 };
@@ -619,6 +619,7 @@ int Server::Start() {
   pp.memory_budget = a_.memory_budget_mib << 20;
   pp.disk_budget = a_.disk_budget_mib << 20;
   pp.persist_codec = a_.persist_codec.c_str();
+  pp.write_behind = !a_.sync_persist;
   if (mz_pool_new(model_, &pp, &pool_) != MZ_OK) {
     std::fprintf(stderr, "error: opening the pool in %s: %s\n", a_.dir.c_str(), mz_last_error());
     return 1;
@@ -742,6 +743,8 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   c->add_option("--http-threads", a->http_threads, "connection handler threads (default 32)")->check(CLI::Range(2, 4096));
   c->add_option("--persist-codec", a->persist_codec, "codec of stored conversations: q8 (default), none (lossless), lz4, zstd");
   c->add_option("--kv-codec", a->kv_codec, "codec of KV evicted under pressure: q8 (default), none, lz4, zstd, q4, cachegen");
+  c->add_flag("--sync-persist", a->sync_persist,
+              "persist each turn before answering it (default: write-behind, at most one turn behind on a kill -9)");
   c->add_flag("!--no-watch-pressure", a->watch_pressure, "do not watch the system's memory pressure");
   c->add_flag("!--no-restore-ahead", a->restore_ahead, "do not restore in the background once pressure is over");
   c->add_option("--pressure-source", a->pressure_source, "auto (default), psi, cgroup-v1, watermark");

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""kill -9 of `mzcache serve` at random points of its turns and their persistence (issue 25).
+
+Usage: serve_kill.py MZCACHE_CLI MODEL.gguf WORK_DIR [--kills N] [--seed S] [--conversations K]
+
+A client holds K named conversations and sends turns to them (each turn resends the whole history,
+as OpenAI clients do). After a random 0-600 ms, while turns run and the pool writes them behind,
+the server is SIGKILLed and started again on the same folder. Then, for every conversation:
+  - the server lists it, and no stored file is reported damaged;
+  - its stored token count is one the client saw acknowledged (the last acknowledged turn or the
+    one before it: write-behind is at most one turn behind, so a conversation with one turn may
+    not be stored yet) or the turn in flight: never less, never a count no turn produced;
+  - the client's next turn continues it (cached_tokens covers what was stored) and succeeds.
+Prints a table of kills and reopened states by outcome; exits 1 on the first violation.
+Loopback only; every wait is bounded.
+"""
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+
+def fail(msg):
+    print(f"serve_kill: FAILED: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+class Server:
+    def __init__(self, cli, model, work):
+        self.cli, self.model, self.work = cli, model, work
+        self.proc = None
+        self.port = None
+
+    def start(self):
+        pf = os.path.join(self.work, "port")
+        if os.path.exists(pf):
+            os.remove(pf)
+        log = open(os.path.join(self.work, "server.log"), "a")
+        self.proc = subprocess.Popen([self.cli, "serve", "-m", self.model, "--port", "0", "--port-file", pf,
+                                      "--pool-dir", os.path.join(self.work, "pool"), "--persist-codec", "none",
+                                      "--kv-codec", "none", "-c", "4096", "--max-tokens", "8", "-t", "1",
+                                      "--parallel", "2", "--no-watch-pressure"], stdout=log, stderr=log)
+        deadline = time.time() + 120
+        while not (os.path.exists(pf) and os.path.getsize(pf) > 0):
+            if self.proc.poll() is not None:
+                fail("the server exited at start (see server.log)")
+            if time.time() > deadline:
+                fail("the server did not listen within 120 s")
+            time.sleep(0.05)
+        self.port = int(open(pf).read())
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def call(self, method, path, body=None, timeout=120):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        c.request(method, path, body=json.dumps(body) if body is not None else None)
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, json.loads(data) if data else None
+
+
+def main():
+    if len(sys.argv) < 4:
+        print(__doc__)
+        sys.exit(2)
+    cli, model, work = sys.argv[1:4]
+    if os.environ.get("MZ_TEST_MODEL_DIR_OVERRIDE"):  # the sanitizer stages share the normal build's models
+        model = os.path.join(os.environ["MZ_TEST_MODEL_DIR_OVERRIDE"], os.path.basename(model))
+    opt = lambda name, d: int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else d
+    kills, seed, k = opt("--kills", 20), opt("--seed", 1), opt("--conversations", 3)
+    rng = random.Random(seed)
+    os.makedirs(work, exist_ok=True)
+    subprocess.run(["rm", "-rf", os.path.join(work, "pool")])
+    srv = Server(cli, model, work)
+    srv.start()
+    # Per conversation: the messages acknowledged, and the token counts the pool reported after each
+    # acknowledged turn (index = turns acknowledged).
+    msgs = {f"k{i}": [{"role": "system", "content": f"conversation {i}"}] for i in range(k)}
+    counts = {c: [0] for c in msgs}
+    prompts = {c: [0] for c in msgs}  # prompt tokens of each acknowledged turn (its reply follows them)
+    outcomes = {"latest": 0, "one behind": 0, "in flight": 0}
+    t0 = time.time()
+    for kill in range(kills):
+        deadline = time.time() + rng.uniform(0.0, 0.6)
+        inflight = {}
+        while True:
+            c = rng.choice(sorted(msgs))
+            turn = msgs[c] + [{"role": "user", "content": f"turn {len(counts[c])} of {c}"}]
+            inflight[c] = turn
+            if time.time() >= deadline:
+                break  # killed while this turn is sent (below), or right after it
+            status, r = srv.call("POST", "/v1/chat/completions",
+                                 {"messages": turn, "max_tokens": 3, "temperature": 0, "conversation": c})
+            if status != 200:
+                fail(f"turn on {c}: HTTP {status}: {r}")
+            msgs[c] = turn + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]}]
+            _, pool = srv.call("GET", "/v1/mzcache/pool")
+            tokens = {x["id"]: x["tokens"] for x in pool["conversations"]}
+            counts[c].append(tokens[c])
+            prompts[c].append(r["usage"]["prompt_tokens"])
+            inflight.pop(c)
+        # Kill during a turn in flight: send it and kill without waiting for the answer.
+        c = next(iter(inflight))
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        conn.request("POST", "/v1/chat/completions",
+                     json.dumps({"messages": inflight[c], "max_tokens": 3, "temperature": 0, "conversation": c}))
+        time.sleep(rng.uniform(0.0, 0.05))
+        srv.kill()
+        conn.close()
+        srv.start()
+        _, pool = srv.call("GET", "/v1/mzcache/pool")
+        if pool["damaged_files"]:
+            fail(f"kill {kill}: damaged files after a restart: {pool['damaged_files']}")
+        listed = {x["id"]: x for x in pool["conversations"]}
+        for conv, seen in counts.items():
+            acked = len(seen) - 1
+            if acked == 0:
+                continue
+            if conv not in listed and acked > 1:
+                fail(f"kill {kill}: conversation {conv} ({acked} turns acknowledged) lost")
+            stored = listed[conv]["tokens"] if conv in listed else 0  # absent: its first turn not yet written
+            if stored == seen[acked]:
+                outcomes["latest"] += 1
+                j = acked
+            elif acked >= 1 and stored == seen[acked - 1]:
+                outcomes["one behind"] += 1
+                j = acked - 1
+            elif conv == c and stored > seen[acked]:
+                outcomes["in flight"] += 1  # the turn cut by the kill was persisted whole
+                j = acked
+            else:
+                fail(f"kill {kill}: {conv} holds {stored} tokens; acknowledged turns gave {seen[-3:]}")
+            # The client carries on from what it has: the stored part is not computed again.
+            turn = msgs[conv] + [{"role": "user", "content": f"turn {len(seen)} of {conv}"}]
+            status, r = srv.call("POST", "/v1/chat/completions",
+                                 {"messages": turn, "max_tokens": 3, "temperature": 0, "conversation": conv})
+            if status != 200:
+                fail(f"kill {kill}: turn on {conv} after restart: HTTP {status}: {r}")
+            # Everything up to the stored turn's prompt is the same tokens in the resent history (the
+            # reply after it may tokenize differently): at least that is not computed again.
+            cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            if j > 0 and cached < prompts[conv][j] - 1:
+                fail(f"kill {kill}: {conv} after restart computed its stored history again (cached {cached}, "
+                     f"stored {stored}, turn {j}'s prompt {prompts[conv][j]})")
+            msgs[conv] = turn + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]}]
+            _, p2 = srv.call("GET", "/v1/mzcache/pool")
+            counts[conv].append({x["id"]: x["tokens"] for x in p2["conversations"]}[conv])
+            prompts[conv].append(r["usage"]["prompt_tokens"])
+        print(f"serve_kill: kill {kill + 1}/{kills}: {outcomes}", file=sys.stderr)
+    srv.kill()
+    n = sum(outcomes.values())
+    print(f"| kills | reopened states | latest | one turn behind | the turn in flight | failures |")
+    print(f"|---|---|---|---|---|---|")
+    print(f"| {kills} | {n} | {outcomes['latest']} | {outcomes['one behind']} | {outcomes['in flight']} | 0 |")
+    print(f"serve_kill: {kills} kills in {time.time() - t0:.0f} s, every state the old or the new one")
+
+
+if __name__ == "__main__":
+    main()
