@@ -160,6 +160,27 @@ call POST /v1/chat/completions "{\"messages\":$M,\"max_tokens\":4,\"temperature\
 [ "$(jget 'd["mzcache"]["conversation"]' <<<"$r")" = "$conv" ] || fail "after restart a resent history went to another conversation"
 ok "after kill -9 and restart: stored conversations continued from storage ($cached tokens cached), same answer"
 
+# A stored conversation damaged on disk (bytes flipped across its file while the server was down):
+# the next turn is answered from the request's own history, never from the damaged data.
+call POST /v1/chat/completions "{\"messages\":$M1,\"max_tokens\":6,\"temperature\":0,\"conversation\":\"flipped\"}"
+wait_persisted
+stop9
+python3 - "$W/pool/flipped.mzs" <<'PY'
+import sys
+p = sys.argv[1]
+b = bytearray(open(p, 'rb').read())
+for k in range(10):
+    b[int(len(b) * (0.3 + 0.065 * k))] ^= 0x5A
+open(p, 'wb').write(bytes(b))
+PY
+start "$W/pool"
+call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":6,\"temperature\":0,\"conversation\":\"flipped\"}"; r=$(cat "$W/resp")
+expect 200 "a turn on a damaged stored conversation"
+[ "$(jget 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$r")" = 0 ] || fail "a damaged conversation's data was used"
+call GET /v1/mzcache/pool
+jq_ 'len(d["damaged_files"]) + d["server"]["recovered"]' | grep -qv '^0$' || fail "the damage was neither reported nor recovered from"
+ok "a damaged stored conversation: answered from the request's history ($(jq_ 'str(len(d["damaged_files"])) + " damaged at open, " + str(d["server"]["recovered"]) + " recovered"'))"
+
 # --- 5. the openai client
 NPM_DIR=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}/npm/openai-$OPENAI_VERSION
 if [ ! -f "$NPM_DIR/node_modules/openai/package.json" ]; then
