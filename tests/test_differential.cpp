@@ -227,6 +227,15 @@ TEST_P(Differential, LogitsAndGreedyMatchLlamaCpp) {
 // only shows at distance: RoPE at large positions, rope scaling (Llama 3), precision of the
 // attention accumulation over thousands of keys. Prefilled in ubatches as a session would be.
 TEST_P(Differential, LongContextLogitsMatchLlamaCpp) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Under a sanitizer, one architecture (issue 21: each of these took ~100 s there, most of it the
+  // two uninstrumented llama.cpp prefills, which a sanitizer stage does not check). What the
+  // sanitizer adds is mzcache's forward over 32 KV chunks and 16 ubatches, the same code for the
+  // three architectures; tiny-llama is kept because it also takes the rope-frequency-factor path
+  // (Llama 3 scaling). The numerical comparison at 8k for all three runs in the normal build, and
+  // every architecture's forward runs under the sanitizers in LogitsAndGreedyMatchLlamaCpp.
+  if (GetParam() != "tiny-llama") GTEST_SKIP() << "long context under a sanitizer: tiny-llama only";
+#endif
   const std::string path = test::ModelPath(GetParam(), "q8_0");
   const int kTail = 16, kChunk = 256, kUbatch = 512;
   std::unique_ptr<Tokenizer> tok;

@@ -3,6 +3,7 @@
 // invariants; injected I/O faults give clear errors and never a silently corrupted context; the
 // reported resident bytes agree with the kernel's view of the process.
 #include <gtest/gtest.h>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <utime.h>
@@ -13,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <atomic>
 #include <cstring>
 
@@ -148,11 +150,25 @@ TEST_P(ElasticStates, EvictRestoreMatchesNeverEvicted) {
   }
 }
 
+// Every codec x every evicted KV state (18) in the normal build. Under a sanitizer (issue 21: 30-60 s
+// a case in the normal build, several times that under TSan) the raw-storage state runs with the
+// codecs none and q8 only (14): a chunk evicted raw to storage is written and read back (or mapped)
+// as raw bytes, without the codec (UnitTable: kKvStorageRaw never calls codec_), so the other four
+// codecs would run the same code again; both compressed states keep every codec.
+std::vector<std::tuple<std::string, UnitState>> ElasticCases() {
+  std::vector<std::tuple<std::string, UnitState>> v;
+  for (std::string codec : {"none", "q8", "q4", "cachegen", "lz4", "zstd"})
+    for (UnitState st : {UnitState::kKvMemCompressed, UnitState::kKvStorageRaw, UnitState::kKvStorageCompressed}) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+      if (st == UnitState::kKvStorageRaw && codec != "none" && codec != "q8") continue;
+#endif
+      v.emplace_back(codec, st);
+    }
+  return v;
+}
+
 INSTANTIATE_TEST_SUITE_P(
-    AllStatesAllCodecs, ElasticStates,
-    ::testing::Combine(::testing::Values("none", "q8", "q4", "cachegen", "lz4", "zstd"),
-                       ::testing::Values(UnitState::kKvMemCompressed, UnitState::kKvStorageRaw,
-                                         UnitState::kKvStorageCompressed)),
+    AllStatesAllCodecs, ElasticStates, ::testing::ValuesIn(ElasticCases()),
     [](const auto& info) {
       std::string s = std::get<0>(info.param) + "_" + UnitStateName(std::get<1>(info.param));
       for (auto& c : s)
