@@ -402,6 +402,8 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     info->conversation = j.claim.id;
     info->new_conversation = j.was_empty;
     info->ttft_s = t.restore.ttft_s;
+    info->reload_s = t.restore.reload_s;
+    info->wait_s = t.restore.wait_s;
     info->bytes_from_storage = t.restore.bytes_from_storage;
     info->units_restored = t.restore.units_restored;
   };

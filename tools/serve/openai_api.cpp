@@ -135,6 +135,8 @@ json InfoJson(const TurnInfo& t) {
   return {{"conversation", t.conversation},
           {"new_conversation", t.new_conversation},
           {"ttft_s", t.ttft_s},
+          {"reload_s", t.reload_s},
+          {"wait_s", t.wait_s},
           {"bytes_from_storage", t.bytes_from_storage},
           {"units_restored", t.units_restored}};
 }

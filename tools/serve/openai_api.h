@@ -82,6 +82,7 @@ struct TurnInfo {
   std::string conversation;
   bool new_conversation = false;
   double ttft_s = 0;
+  double reload_s = 0, wait_s = 0;  // the restore's reload phase, and compute's wait for units
   uint64_t bytes_from_storage = 0;
   int units_restored = 0;
 };
