@@ -1123,6 +1123,15 @@ std::vector<float> Plain(Model* m, const std::vector<std::vector<int32_t>>& call
   return Last(c.logits(0), int(m->hparams().n_vocab));
 }
 
+// a decodes ta, then b decodes tb in the pool: b borrows the full chunks of their common prefix.
+void Sharers(Pool* pool, const std::vector<int32_t>& ta, const std::vector<int32_t>& tb,
+             std::shared_ptr<Conversation>* ca, std::shared_ptr<Conversation>* cb) {
+  ASSERT_TRUE(pool->OpenConversation("a", ca).ok());
+  ASSERT_TRUE((*ca)->Decode(ta.data(), int(ta.size()), false).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", cb).ok());
+  ASSERT_TRUE((*cb)->Decode(tb.data(), int(tb.size()), false).ok());
+}
+
 // Two conversations with a 200-token common prefix hold its 3 full chunks once: the store has 3
 // chunks x n_layer units, two references each, and every figure counts them once (the pool's
 // in_memory = weights + each conversation's own KV + the shared chunks). The partial chunk of the
@@ -1193,10 +1202,7 @@ TEST(SharedChunks, DeletingOneOfTwoSharersDropsItsReferences) {
   const int L = int(m->hparams().n_layer), nv = int(m->hparams().n_vocab);
   const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
   std::shared_ptr<Conversation> ca, cb;
-  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-  ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
-  ASSERT_TRUE(cb->Decode(b.data(), int(b.size()), false).ok());
+  Sharers(pool.get(), a, b, &ca, &cb);
   ASSERT_EQ(pool->Stats().shared.refs, uint64_t(2 * 3 * L));
   ASSERT_TRUE(pool->Delete("a").ok());
   PoolStats s = pool->Stats();
@@ -1286,10 +1292,7 @@ TEST(SharedChunks, Q8StoreEvictionStaysWithinBoundedKl) {
   const int nv = int(m->hparams().n_vocab);
   const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
   std::shared_ptr<Conversation> ca, cb;
-  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-  ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
-  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
-  ASSERT_TRUE(cb->Decode(b.data(), int(b.size()), false).ok());
+  Sharers(pool.get(), a, b, &ca, &cb);
   ContextOptions co = Ctx();
   co.swap_path = test::TempDir() + "/pool-ref-shq8-" + std::to_string(getpid()) + ".swap";
   Context ref(m.get(), co);
@@ -1331,10 +1334,7 @@ TEST(PoolConcurrency, SharedChunksEvictedWhileAnotherConversationGenerates) {
   const int nv = int(m->hparams().n_vocab);
   const auto a = Tokens(200, 256, 1), b = Tokens(200, 256, 2);
   std::shared_ptr<Conversation> ca, cb;
-  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
-  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
-  ASSERT_TRUE(ca->Decode(a.data(), 256, false).ok());
-  ASSERT_TRUE(cb->Decode(b.data(), 256, false).ok());
+  Sharers(pool.get(), a, b, &ca, &cb);
   ASSERT_EQ(pool->Stats().shared.chunks, 3);
   const int L = int(m->hparams().n_layer);
   // b generates (held inside its context, its chunks attached) while the pool evicts everything:
