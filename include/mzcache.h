@@ -723,6 +723,21 @@ int mz_pool_get_report(mz_pool* pool, struct mz_pool_report* out);
  * cannot be read; opening it would report the same). A server that receives whole histories
  * (OpenAI's chat API) uses it to find the conversation a request continues. */
 int32_t mz_pool_conversation_tokens(mz_pool* pool, const char* id, mz_token* out, int32_t cap);
+/* Shared prefix chunks (since 0.10): a full chunk (256 tokens, all layers) that several
+ * conversations start with is held once in the pool's store, reference-counted, borrowed by each
+ * of them and freed when the last one lets it go (truncated before it, closed, deleted). Since
+ * then mz_pool_report's kv_resident / kv_mem_compressed / kv_storage and mz_conversation_report's
+ * kv_* figures count a conversation's own chunks only, and in_memory adds resident_bytes below
+ * once. An output struct, frozen like the others. */
+struct mz_pool_shared_report {
+  int32_t chunks;            /* distinct shared chunks held */
+  int32_t units;             /* (chunk, layer) units held */
+  uint64_t resident_bytes;   /* their RAM, once for every borrower (part of in_memory) */
+  uint64_t storage_bytes;    /* units evicted to the store's swap file (while nobody uses them) */
+  uint64_t refs;             /* references: borrowing (conversation, chunk, layer) slots */
+  uint64_t bytes_if_copied;  /* refs x chunk bytes: what a copy per conversation would take */
+};
+int mz_pool_get_shared_report(mz_pool* pool, struct mz_pool_shared_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

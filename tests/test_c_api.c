@@ -467,6 +467,13 @@ static int check_pool(const char* path) {
   CHECK(mz_pool_conversation_report(pool, "b", &r) == MZ_OK, "report b");
   CHECK(r.shared_chunks == 3 && r.n_tokens == 200 && r.open, "b: shared %d tokens %d", (int)r.shared_chunks,
         (int)r.n_tokens);
+  /* The 3 chunks are held once for a and b (since 0.10). */
+  struct mz_pool_shared_report sh;
+  CHECK(mz_pool_get_shared_report(pool, NULL) == MZ_ERR_INVALID_ARG, "shared report without out");
+  CHECK(mz_pool_get_shared_report(pool, &sh) == MZ_OK && sh.chunks == 3 && sh.units > 0 &&
+            sh.refs == 2 * (uint64_t)sh.units && sh.bytes_if_copied == 2 * sh.resident_bytes && sh.resident_bytes > 0,
+        "shared report: %d chunks, %d units, %llu refs, %llu resident, %llu if copied", (int)sh.chunks, (int)sh.units,
+        (unsigned long long)sh.refs, (unsigned long long)sh.resident_bytes, (unsigned long long)sh.bytes_if_copied);
   struct mz_sampler_params sp = mz_sampler_default_params();
   mz_sampler* s = mz_sampler_new(&sp);
   const mz_token next = mz_conversation_sample(b, s, 0);

@@ -1102,6 +1102,317 @@ TEST(PoolConcurrency, EvictionDoesNotWaitForAGeneration) {
   }
 }
 
+// ---- Deduplicated shared chunks (issue 22): held once in the pool's store, borrowed ----
+
+uint64_t ChunkBytes(Model* m) {
+  KvGeometry g;
+  g.n_layer = int(m->hparams().n_layer);
+  g.n_kv_head = int(m->hparams().n_head_kv);
+  g.head_dim = int(m->hparams().head_dim);
+  g.chunk_tokens = T;
+  return g.chunk_bytes();
+}
+
+// A plain context's logits after decoding `calls` one after another (the batches a conversation made).
+std::vector<float> Plain(Model* m, const std::vector<std::vector<int32_t>>& calls) {
+  ContextOptions co = Ctx();
+  co.swap_path = test::TempDir() + "/pool-plain-" + std::to_string(getpid()) + ".swap";
+  Context c(m, co);
+  EXPECT_TRUE(c.Init().ok());
+  for (const auto& t : calls) EXPECT_TRUE(c.Decode(t.data(), int(t.size()), false).ok());
+  return Last(c.logits(0), int(m->hparams().n_vocab));
+}
+
+// a decodes ta, then b decodes tb in the pool: b borrows the full chunks of their common prefix.
+void Sharers(Pool* pool, const std::vector<int32_t>& ta, const std::vector<int32_t>& tb,
+             std::shared_ptr<Conversation>* ca, std::shared_ptr<Conversation>* cb) {
+  ASSERT_TRUE(pool->OpenConversation("a", ca).ok());
+  ASSERT_TRUE((*ca)->Decode(ta.data(), int(ta.size()), false).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", cb).ok());
+  ASSERT_TRUE((*cb)->Decode(tb.data(), int(tb.size()), false).ok());
+}
+
+// Two conversations with a 200-token common prefix hold its 3 full chunks once: the store has 3
+// chunks x n_layer units, two references each, and every figure counts them once (the pool's
+// in_memory = weights + each conversation's own KV + the shared chunks). The partial chunk of the
+// prefix (tokens 192-199) is each conversation's own. Truncating b inside shared chunk 2 copies it
+// (copy-on-write): b's writes never reach a's chunk, and both go on exactly as never-pooled contexts.
+TEST(SharedChunks, HeldOnceWithReferenceCountsAndCopyOnWrite) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(""), &pool).ok());
+  const int L = int(m->hparams().n_layer), nv = int(m->hparams().n_vocab);
+  const uint64_t cb = ChunkBytes(m.get());
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  std::shared_ptr<Conversation> ca, cb_;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &cb_).ok());
+  ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
+  SharedChunkReport s0 = pool->Stats().shared;
+  EXPECT_EQ(s0.units, 0);  // nothing shared while one conversation has these tokens
+  ASSERT_TRUE(cb_->Decode(b.data(), int(b.size()), false).ok());
+  EXPECT_EQ(Last(cb_->logits(0), nv), Reference(m.get(), a, 3 * T, b));
+  PoolStats s = pool->Stats();
+  EXPECT_EQ(s.shared.chunks, 3);
+  EXPECT_EQ(s.shared.units, 3 * L);
+  EXPECT_EQ(s.shared.refs, uint64_t(2 * 3 * L));  // a (whose copies were freed) and b
+  EXPECT_EQ(s.shared.resident_bytes, uint64_t(3 * L) * cb);
+  EXPECT_EQ(s.shared.bytes_if_copied, 2 * s.shared.resident_bytes);
+  ConversationReport ra, rb;
+  ASSERT_TRUE(pool->Report("a", &ra).ok());
+  ASSERT_TRUE(pool->Report("b", &rb).ok());
+  EXPECT_EQ(ra.shared_chunks, 3);
+  EXPECT_EQ(rb.shared_chunks, 3);
+  EXPECT_EQ(ra.kv_shared, uint64_t(3 * L) * cb);
+  EXPECT_EQ(ra.kv_resident, uint64_t(2 * L) * cb);  // 300 tokens: 5 chunks, 2 its own
+  EXPECT_EQ(rb.kv_resident, uint64_t(2 * L) * cb);  // 280 tokens: 5 chunks, 2 its own
+  EXPECT_EQ(s.in_memory, s.weights_resident + ra.kv_resident + rb.kv_resident + s.shared.resident_bytes);
+
+  // Copy-on-write: b keeps 150 tokens (inside chunk 2), then writes rows 150.. of its copy.
+  ASSERT_TRUE(cb_->Truncate(150).ok());
+  s = pool->Stats();
+  EXPECT_EQ(s.shared.chunks, 3);                         // chunk 2 is still a's
+  EXPECT_EQ(s.shared.refs, uint64_t(2 * 2 * L + L));     // chunks 0, 1: two users; chunk 2: a
+  ASSERT_TRUE(pool->Report("b", &rb).ok());
+  EXPECT_EQ(rb.shared_chunks, 2);
+  EXPECT_EQ(rb.kv_resident, uint64_t(L) * cb);           // its copy of chunk 2
+  std::vector<int32_t> b2(b.begin(), b.begin() + 150);
+  for (int i = 0; i < 60; ++i) b2.push_back(int32_t(900 + i));
+  ASSERT_TRUE(cb_->Decode(b2.data() + 150, 60, false).ok());
+  EXPECT_EQ(Last(cb_->logits(0), nv), Reference(m.get(), a, 150, b2));
+  // a's chunk 2 was not written: a's next token is a never-pooled context's.
+  const int32_t next = 33;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+  // Truncating a before every shared chunk drops its references: chunk 2 (a's alone) leaves.
+  ASSERT_TRUE(ca->Truncate(100).ok());
+  s = pool->Stats();
+  EXPECT_EQ(s.shared.chunks, 2);
+  EXPECT_EQ(s.shared.refs, uint64_t(2 * L + L));  // chunk 0: both; chunk 1: b (a keeps 100 tokens: copy of chunk 1)
+  EXPECT_EQ(s.shared.resident_bytes, uint64_t(2 * L) * cb);
+}
+
+// Deleting one of two conversations that share chunks drops its references only: the other goes
+// on exactly; deleting the last one frees the shared chunks (store empty, no bytes).
+TEST(SharedChunks, DeletingOneOfTwoSharersDropsItsReferences) {
+  auto m = LoadModel();
+  const std::string dir = FreshDir("shdelete");
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  const int L = int(m->hparams().n_layer), nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  std::shared_ptr<Conversation> ca, cb;
+  Sharers(pool.get(), a, b, &ca, &cb);
+  ASSERT_EQ(pool->Stats().shared.refs, uint64_t(2 * 3 * L));
+  ASSERT_TRUE(pool->Delete("a").ok());
+  PoolStats s = pool->Stats();
+  EXPECT_EQ(s.shared.chunks, 3);
+  EXPECT_EQ(s.shared.refs, uint64_t(3 * L));
+  const int32_t next = 77;
+  ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
+  std::vector<int32_t> b1 = b;
+  b1.push_back(next);
+  EXPECT_EQ(Last(cb->logits(0), nv), Reference(m.get(), a, 3 * T, b1));
+  ASSERT_TRUE(pool->Delete("b").ok());
+  s = pool->Stats();
+  EXPECT_EQ(s.shared.chunks, 0);
+  EXPECT_EQ(s.shared.units, 0);
+  EXPECT_EQ(s.shared.resident_bytes, 0u);
+}
+
+// Prefix reuse from every tier: the source resident; evicted (its own tiers, then the store's
+// storage: nobody attached); closed (its stored file); after a restart (stored file), where the
+// restarted source then borrows the store's chunks instead of its file's copies. Every result is
+// a never-pooled context's, exactly (lossless codec).
+TEST(SharedChunks, ReusedFromEveryTierAndAfterARestart) {
+  auto m = LoadModel();
+  const int L = int(m->hparams().n_layer), nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1);
+  enum Tier { kResident, kEvicted, kStoreEvicted, kClosed, kRestart };
+  for (int tier = kResident; tier <= kRestart; ++tier) {
+    SCOPED_TRACE("tier " + std::to_string(tier));
+    const std::string dir = FreshDir("shtier" + std::to_string(tier));
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    std::shared_ptr<Conversation> ca, cb, cc;
+    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+    ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
+    uint64_t freed = 0;
+    if (tier == kEvicted) ASSERT_TRUE(pool->Evict(uint64_t(1) << 40, &freed).ok());
+    if (tier == kStoreEvicted) {
+      // The chunks are shared (b), then everyone is evicted: the store's units go to its storage.
+      const auto b = Tokens(200, 250, 9);
+      ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+      ASSERT_TRUE(cb->Decode(b.data(), int(b.size()), false).ok());
+      ASSERT_TRUE(pool->Evict(uint64_t(1) << 40, &freed).ok());
+      const SharedChunkReport sr = pool->Stats().shared;
+      EXPECT_EQ(sr.units_stored, 3 * L);
+      EXPECT_EQ(sr.resident_bytes, 0u);
+      EXPECT_GT(sr.storage_bytes, 0u);
+    }
+    if (tier == kClosed || tier == kRestart) {
+      ASSERT_TRUE(ca->Commit().ok());
+      ASSERT_TRUE(pool->Flush().ok());
+      ASSERT_TRUE(pool->Close("a").ok());
+      ca.reset();
+    }
+    if (tier == kRestart) {
+      pool.reset();
+      ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    }
+    const auto c = Tokens(200, 270, 20 + tier);
+    ASSERT_TRUE(pool->OpenConversation("c", &cc).ok());
+    ASSERT_TRUE(cc->Decode(c.data(), int(c.size()), false).ok());
+    ConversationReport rc;
+    ASSERT_TRUE(pool->Report("c", &rc).ok());
+    EXPECT_EQ(rc.shared_chunks, 3);
+    EXPECT_EQ(Last(cc->logits(0), nv), Reference(m.get(), a, 3 * T, c));
+    if (tier == kRestart || tier == kClosed) {
+      // a opened again borrows the store's chunks (held once in RAM) and resumes exactly.
+      ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+      ConversationReport ra;
+      ASSERT_TRUE(pool->Report("a", &ra).ok());
+      EXPECT_EQ(ra.shared_chunks, 3);
+      EXPECT_EQ(pool->Stats().shared.refs, uint64_t(2 * 3 * L));
+      const int32_t next = 5;
+      ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+      EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+    }
+  }
+}
+
+// With q8 (lossy) the store's evicted chunks come back within a bounded KL of a never-evicted
+// context: two sharers, everything evicted twice, 12 generated tokens each time.
+TEST(SharedChunks, Q8StoreEvictionStaysWithinBoundedKl) {
+  auto m = LoadModel();
+  PoolOptions o = Opts("");
+  o.context.kv_codec = "q8";
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  std::shared_ptr<Conversation> ca, cb;
+  Sharers(pool.get(), a, b, &ca, &cb);
+  ContextOptions co = Ctx();
+  co.swap_path = test::TempDir() + "/pool-ref-shq8-" + std::to_string(getpid()) + ".swap";
+  Context ref(m.get(), co);
+  ASSERT_TRUE(ref.Init().ok());
+  ASSERT_TRUE(ref.Decode(a.data(), int(a.size()), false).ok());
+  ref.Truncate(3 * T);
+  ASSERT_TRUE(ref.Decode(b.data() + 3 * T, int(b.size()) - 3 * T, false).ok());
+  double kl_sum = 0;
+  int agree = 0;
+  const int kGen = 12;
+  int32_t t = 17;
+  for (int step = 0; step < kGen; ++step) {
+    if (step % 6 == 0) {
+      uint64_t freed = 0;
+      ASSERT_TRUE(pool->Evict(uint64_t(1) << 40, &freed).ok());
+      EXPECT_GT(pool->Stats().shared.units_stored, 0);
+    }
+    ASSERT_TRUE(cb->Decode(&t, 1, false).ok());
+    ASSERT_TRUE(ref.Decode(&t, 1, false).ok());
+    const auto g = Last(cb->logits(0), nv), w = Last(ref.logits(0), nv);
+    kl_sum += KlDiv(w, g);
+    const int32_t wt = int32_t(std::max_element(w.begin(), w.end()) - w.begin());
+    agree += wt == int32_t(std::max_element(g.begin(), g.end()) - g.begin());
+    t = wt;
+  }
+  std::printf("[q8 shared chunks] mean KL %.2e, top-1 agreement %d/%d\n", kl_sum / kGen, agree, kGen);
+  EXPECT_LT(kl_sum / kGen, 5e-3);
+  EXPECT_GE(agree, kGen * 9 / 10);
+}
+
+// Pool eviction while another conversation generates (TSan): a and b share 3 chunks; b and a
+// generate one token at a time on two threads while a third evicts the pool (idle conversations
+// detach their chunks, the store evicts what nobody has attached) and reads its figures. A chunk
+// attached for a generation is never evicted under it; every result is exact.
+TEST(PoolConcurrency, SharedChunksEvictedWhileAnotherConversationGenerates) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(""), &pool).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 256, 1), b = Tokens(200, 256, 2);
+  std::shared_ptr<Conversation> ca, cb;
+  Sharers(pool.get(), a, b, &ca, &cb);
+  ASSERT_EQ(pool->Stats().shared.chunks, 3);
+  const int L = int(m->hparams().n_layer);
+  // b generates (held inside its context, its chunks attached) while the pool evicts everything:
+  // a (idle) goes out and detaches; the shared chunks stay, pinned by b's generation.
+  std::atomic<bool> in_b{false}, release{false};
+  SyncPoints::SetCallback("context:decode_locked", [&](int n) {
+    if (n != 1 || in_b) return;
+    in_b = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  std::vector<int32_t> ga = a, gb = b;
+  gb.push_back(399);
+  std::thread tb([&] { EXPECT_TRUE(cb->Decode(&gb.back(), 1, false).ok()); });
+  while (!in_b) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  uint64_t freed = 0;
+  Status st = pool->Evict(uint64_t(1) << 40, &freed);  // returns although b holds its context
+  const SharedChunkReport held = pool->Stats().shared;
+  release = true;
+  tb.join();
+  SyncPoints::ClearAll();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GT(freed, 0u);                        // a's own KV
+  EXPECT_EQ(held.units_resident, 3 * L);       // pinned by b: not evicted under its generation
+  EXPECT_EQ(held.pins, uint64_t(3 * L));       // b's alone: a detached
+  // Once b is idle too, nobody holds them attached: the store evicts them (counted once).
+  ASSERT_TRUE(pool->Evict(uint64_t(1) << 40, &freed).ok());
+  EXPECT_EQ(pool->Stats().shared.units_stored, 3 * L);
+
+  // Both generate while evictions run beside them; results stay exact.
+  std::atomic<bool> stop{false};
+  std::atomic<int> store_evictions{0};
+  std::thread ev([&] {
+    while (!stop) {
+      uint64_t f = 0;
+      pool->Evict(uint64_t(1) << 40, &f);
+      if (pool->Stats().shared.units_stored > 0) store_evictions++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  auto gen = [&](std::shared_ptr<Conversation>& c, std::vector<int32_t>* g, int base) {
+    for (int i = 0; i < 6; ++i) {
+      const int32_t x = base + i;
+      Status st = c->Decode(&x, 1, false);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      g->push_back(x);
+    }
+  };
+  std::thread t1([&] { gen(ca, &ga, 300); });
+  std::thread t2([&] { gen(cb, &gb, 400); });
+  t1.join();
+  t2.join();
+  stop = true;
+  ev.join();
+  std::printf("[shared chunks under eviction] %d eviction passes found shared units on storage\n", store_evictions.load());
+  for (int which = 0; which < 2; ++which) {
+    const auto& g = which ? gb : ga;
+    std::vector<std::vector<int32_t>> calls{std::vector<int32_t>(g.begin(), g.begin() + 256)};
+    for (size_t i = 256; i < g.size(); ++i) calls.push_back({g[i]});
+    auto& conv = which ? cb : ca;
+    if (which == 1) {
+      // b's first call reused a's 3 chunks: its reference is a's chunks, then its own tokens.
+      EXPECT_EQ(Last(conv->logits(0), nv), [&] {
+        ContextOptions co = Ctx();
+        co.swap_path = test::TempDir() + "/pool-ref4-" + std::to_string(getpid()) + ".swap";
+        Context ref(m.get(), co);
+        EXPECT_TRUE(ref.Init().ok());
+        EXPECT_TRUE(ref.Decode(a.data(), 256, false).ok());
+        ref.Truncate(3 * T);
+        EXPECT_TRUE(ref.Decode(g.data() + 3 * T, 256 - 3 * T, false).ok());
+        for (size_t i = 256; i < g.size(); ++i) EXPECT_TRUE(ref.Decode(&g[i], 1, false).ok());
+        return Last(ref.logits(0), nv);
+      }());
+    } else {
+      EXPECT_EQ(Last(conv->logits(0), nv), Plain(m.get(), calls));
+    }
+  }
+}
+
 // kill -9 during write-behind: the child (this binary, re-run) appends turns to two conversations
 // and commits each (write-behind on), the parent kills it at a random moment. After every kill
 // every stored conversation opens (no damaged file) and holds exactly the tokens of a committed

@@ -235,6 +235,21 @@ int32_t mz_pool_list(mz_pool* pool, mz_conversation_report* out, int32_t cap) {
   return rc == MZ_OK ? n : rc;
 }
 
+int mz_pool_get_shared_report(mz_pool* pool, mz_pool_shared_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::SharedChunkReport s = pool->pool->Stats().shared;
+    std::memset(out, 0, sizeof *out);
+    out->chunks = s.chunks;
+    out->units = s.units;
+    out->resident_bytes = s.resident_bytes;
+    out->storage_bytes = s.storage_bytes;
+    out->refs = s.refs;
+    out->bytes_if_copied = s.bytes_if_copied;
+    return mz::Status::Ok();
+  });
+}
+
 int mz_pool_get_report(mz_pool* pool, mz_pool_report* out) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");

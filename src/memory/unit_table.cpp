@@ -23,7 +23,15 @@ UnitTable::UnitTable(Model* model, KvCache* kv, const UnitTableOptions& opts)
   stack_ = std::make_unique<CompressedStack>(model->env());
 }
 
-UnitTable::~UnitTable() = default;
+UnitTable::~UnitTable() {
+  // Borrowed chunks go back to their store (the KvCache, destroyed after this table, must not
+  // unmap the store's memory).
+  for (int l = 0; l < int(slots_.size()); ++l)
+    for (int c = 0; c < int(slots_[size_t(l)].size()); ++c) {
+      KvSlot& s = slots_[size_t(l)][size_t(c)];
+      if (s.shared) DropShared(l, c, s);
+    }
+}
 
 Status UnitTable::Init() {
   codec_ = MakeKvCodecFor(kv_->geometry().kv_type, opts_.codec);  // q8_0 KV: the adapter (store/q8_kv.h)
@@ -73,11 +81,181 @@ UnitState UnitTable::state(const UnitRef& u) const {
   return s ? s->state : UnitState::kResident;
 }
 
+UnitState UnitTable::policy_state(const UnitRef& u) const {
+  if (u.kind == UnitRef::kKv) {
+    const KvSlot* s = find_slot(u.layer, u.chunk);
+    if (s && s->shared) return UnitState::kKvShared;
+  }
+  return state(u);
+}
+
+bool UnitTable::shared(int layer, int chunk) const {
+  const KvSlot* s = find_slot(layer, chunk);
+  return s && s->shared;
+}
+
+void UnitTable::DropShared(int layer, int chunk, KvSlot& s) {
+  if (s.attached) {
+    if (chunk < kv_->n_chunks()) kv_->ReleaseChunk(layer, chunk);
+    store_->Unpin(s.shared);
+  }
+  store_->Release(s.shared);
+  s.shared = nullptr;
+  s.attached = false;
+}
+
+int UnitTable::DetachShared() {
+  int n = 0;
+  for (int l = 0; l < int(slots_.size()); ++l)
+    for (int c = 0; c < int(slots_[size_t(l)].size()); ++c) {
+      KvSlot& s = slots_[size_t(l)][size_t(c)];
+      if (!s.shared || !s.attached) continue;
+      kv_->ReleaseChunk(l, c);
+      store_->Unpin(s.shared);
+      s.attached = false;
+      s.state = UnitState::kKvShared;
+      ++n;
+    }
+  return n;
+}
+
+void UnitTable::ForgetSlot(int l, int c, KvSlot& s) {
+  if (s.shared) {
+    DropShared(l, c, s);
+  } else if (s.state == UnitState::kKvMemCompressed) {
+    if (c < kv_->n_chunks()) kv_->SetCompressedView(l, c, nullptr, 0);
+    stack_->Free(s.h);
+  } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) {
+    file_for(s.ext)->Free(s.ext);
+  } else if (s.mapped && c < kv_->n_chunks()) {
+    UnmapFromSwap(s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
+  }
+  // A plain resident chunk's memory is the KvCache's (unmapped by KvCache::Truncate, or by the
+  // caller); an evicted chunk's pointer is null.
+}
+
+Status UnitTable::ShareChunk(int layer, int chunk, const std::shared_ptr<SharedChunkStore>& store,
+                             SharedChunkStore::Ref ref, bool attach) {
+  const UnitRef u = UnitRef::Kv(layer, chunk);
+  if (!store || !ref) return Status::InvalidArgument("ShareChunk: no store or reference");
+  if (store_ && store_ != store) {
+    store->Release(ref);
+    return Status::InvalidArgument("ShareChunk: " + UnitName(u) + ": the table borrows from another store");
+  }
+  const KvGeometry& g = kv_->geometry();
+  if (!has_chunk(layer, chunk) || (chunk + 1) * g.chunk_tokens > kv_->n_tokens()) {
+    store->Release(ref);
+    return Status::InvalidArgument("ShareChunk: " + UnitName(u) + " is not a full chunk of the context");
+  }
+  KvSlot& s = slot(layer, chunk);
+  if (s.shared == ref) {  // borrowed already
+    store->Release(ref);
+    return Status::Ok();
+  }
+  uint16_t* p = nullptr;
+  if (attach) {
+    Status st = store->Pin(ref, &p);
+    if (!st.ok()) {
+      store->Release(ref);
+      return st.With("sharing " + UnitName(u));
+    }
+  }
+  store_ = store;
+  ForgetSlot(layer, chunk, s);
+  if (uint16_t* own = kv_->ReleaseChunk(layer, chunk)) kv_->env()->Unmap(own, g.chunk_bytes());
+  s = KvSlot();
+  s.shared = ref;
+  if (attach) {
+    kv_->SetChunk(layer, chunk, p);
+    s.attached = true;
+    s.state = UnitState::kResident;
+  } else {
+    s.state = UnitState::kKvShared;
+  }
+  return Status::Ok();
+}
+
+Status UnitTable::AdoptShared(int n_tokens, const std::shared_ptr<SharedChunkStore>& store,
+                              const std::vector<SharedChunkStore::Ref>& refs) {
+  const KvGeometry& g = kv_->geometry();
+  auto release_all = [&] {
+    for (auto r : refs)
+      if (r && store) store->Release(r);
+  };
+  const int n = n_tokens < 0 ? -1 : n_tokens / g.chunk_tokens;
+  Status bad;
+  if (!store || (store_ && store_ != store)) bad = Status::InvalidArgument("AdoptShared: no store, or another store");
+  else if (n < 0 || n_tokens % g.chunk_tokens != 0 || refs.size() != size_t(g.n_layer) * size_t(n))
+    bad = Status::InvalidArgument("AdoptShared: " + std::to_string(refs.size()) + " chunks for " +
+                                  std::to_string(n_tokens) + " tokens of " + std::to_string(g.n_layer) + " layers");
+  else if (n_tokens > kv_->n_ctx_max())
+    bad = Status::ContextFull("AdoptShared: " + std::to_string(n_tokens) + " tokens exceed n_ctx " +
+                              std::to_string(kv_->n_ctx_max()));
+  else if (store->geometry().chunk_bytes() != g.chunk_bytes() || store->geometry().n_layer != g.n_layer ||
+           store->geometry().chunk_tokens != g.chunk_tokens)
+    bad = Status::InvalidArgument("AdoptShared: the store's KV geometry is not the context's");
+  for (auto r : refs)
+    if (bad.ok() && !r) bad = Status::InvalidArgument("AdoptShared: a null reference");
+  if (!bad.ok()) {
+    release_all();
+    return bad;
+  }
+  ForgetChunksFrom(0);
+  kv_->Truncate(0);
+  MZ_RETURN_IF_ERROR(kv_->ReserveUnbacked(n_tokens));  // cannot fail: n_ctx checked above
+  store_ = store;
+  for (int l = 0; l < g.n_layer; ++l)
+    for (int c = 0; c < n; ++c) {
+      KvSlot& s = slot(l, c);
+      s = KvSlot();
+      s.shared = refs[size_t(l) * size_t(n) + size_t(c)];
+      s.state = UnitState::kKvShared;
+    }
+  kv_->SetTokens(n_tokens);
+  return Status::Ok();
+}
+
+Status UnitTable::Unshare(int chunk) {
+  const KvGeometry& g = kv_->geometry();
+  Env* env = kv_->env();
+  std::vector<std::pair<int, uint16_t*>> copies;  // (layer, own copy)
+  auto free_copies = [&] {
+    for (auto& e : copies) env->Unmap(e.second, g.chunk_bytes());
+  };
+  for (int l = 0; l < g.n_layer; ++l) {
+    const KvSlot* s = find_slot(l, chunk);
+    if (!s || !s->shared) continue;
+    void* p = env->MapAnon(g.chunk_bytes());
+    if (!p) {
+      free_copies();
+      return Status::NoMemory("copying shared " + UnitName(UnitRef::Kv(l, chunk)) + " to write it");
+    }
+    copies.emplace_back(l, static_cast<uint16_t*>(p));
+    Status st = store_->Read(s->shared, copies.back().second);
+    if (!st.ok()) {
+      free_copies();
+      return st.With("copying shared " + UnitName(UnitRef::Kv(l, chunk)) + " to write it");
+    }
+  }
+  for (auto& e : copies) {
+    KvSlot& s = slot(e.first, chunk);
+    DropShared(e.first, chunk, s);
+    s = KvSlot();
+    kv_->SetChunk(e.first, chunk, e.second);
+  }
+  return Status::Ok();
+}
+
 KvChunkMemory UnitTable::LocateKv(int layer, int chunk) const {
   KvChunkMemory m;
   const KvSlot* s = find_slot(layer, chunk);
   m.state = s ? s->state : UnitState::kResident;
   m.lost = s && s->lost;
+  if (s && s->shared) {  // the store's bytes, not this context's
+    m.shared = true;
+    m.state = UnitState::kKvShared;
+    return m;
+  }
   if (m.state == UnitState::kResident) {
     m.addr = kv_->chunk(layer, chunk);
     m.bytes = m.addr ? kv_->geometry().chunk_bytes() : 0;
@@ -107,6 +285,17 @@ Status UnitTable::EvictKv(int layer, int chunk, UnitState target) {
   KvSlot& s = slot(layer, chunk);
   const KvGeometry& g = kv_->geometry();
   const size_t raw = g.chunk_bytes();
+  if (s.shared) {
+    // A borrowed chunk leaves this context by detaching, whatever the target: its bytes are the
+    // store's, which moves them once no borrower has them attached.
+    if (s.attached) {
+      kv_->ReleaseChunk(layer, chunk);
+      store_->Unpin(s.shared);
+      s.attached = false;
+    }
+    s.state = UnitState::kKvShared;
+    return Status::Ok();
+  }
   if (s.state == UnitState::kKvMemCompressed && target == UnitState::kKvStorageCompressed) {
     // CompKV: move the encoded bytes from the stack to storage.
     MZ_RETURN_IF_ERROR(EnsureSwap());
@@ -188,6 +377,19 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
     if (mem) kv_->env()->Unmap(mem, raw);
     if (s.lost)
       return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost (its stored copy failed verification)");
+    return Status::Ok();
+  }
+  if (s.shared) {  // attach: the store's unit, pinned in RAM (restored by the store if it was evicted)
+    if (mem) kv_->env()->Unmap(mem, raw);
+    uint16_t* p = nullptr;
+    Status st = store_->Pin(s.shared, &p);
+    if (!st.ok()) {
+      if (st.code() == Status::kCorruption) s.lost = true;
+      return st.With("attaching shared " + UnitName(UnitRef::Kv(layer, chunk)));
+    }
+    kv_->SetChunk(layer, chunk, p);
+    s.attached = true;
+    s.state = UnitState::kResident;
     return Status::Ok();
   }
   if (s.state == UnitState::kKvStorageRaw && RestoresByMapping(UnitRef::Kv(layer, chunk))) {
@@ -365,6 +567,10 @@ Status UnitTable::LoadCompressedRun(int layer, const int* chunks, LoadSlot* cons
 Status UnitTable::ReadChunk(int layer, int chunk, uint16_t* dst) const {
   const KvSlot* s = find_slot(layer, chunk);
   const size_t raw = kv_->geometry().chunk_bytes();
+  if (s && s->shared) {
+    if (s->lost) return Status::Corruption(UnitName(UnitRef::Kv(layer, chunk)) + " was lost");
+    return store_->Read(s->shared, dst);
+  }
   if (!s || s->state == UnitState::kResident) {
     std::memcpy(dst, kv_->chunk(layer, chunk), raw);
     return Status::Ok();
@@ -505,6 +711,7 @@ bool UnitTable::KvStorageMapped() const { return MapsSwapWith(swap_ ? swap_->dir
 bool UnitTable::RestoresByMapping(const UnitRef& u) const {
   if (u.kind != UnitRef::kKv) return false;
   const KvSlot* s = find_slot(u.layer, u.chunk);
+  if (s && s->shared) return true;  // attached from the store: no memory of this context's
   // Only full chunks: their rows are never written again unless the context is truncated inside
   // them (WillRewriteChunk), so the extent stays a valid copy while mapped.
   const SwapFile* sf = s ? file_for(s->ext) : nullptr;
@@ -552,18 +759,7 @@ void UnitTable::WillRewriteChunk(int chunk) {
 void UnitTable::ForgetChunksFrom(int first_chunk) {
   for (int l = 0; l < int(slots_.size()); ++l) {
     auto& v = slots_[size_t(l)];
-    for (int c = int(v.size()) - 1; c >= first_chunk && c >= 0; --c) {
-      KvSlot& s = v[size_t(c)];
-      if (s.state == UnitState::kKvMemCompressed) {
-        if (c < kv_->n_chunks()) kv_->SetCompressedView(l, c, nullptr, 0);
-        stack_->Free(s.h);
-      } else if (s.state == UnitState::kKvStorageRaw || s.state == UnitState::kKvStorageCompressed) {
-        file_for(s.ext)->Free(s.ext);
-      } else if (s.mapped && c < kv_->n_chunks()) {
-        UnmapFromSwap(s, /*free_extent=*/true, kv_->ReleaseChunk(l, c));
-      }
-      // An evicted chunk's pointer is null; KvCache::Truncate skips it when unmapping.
-    }
+    for (int c = int(v.size()) - 1; c >= first_chunk && c >= 0; --c) ForgetSlot(l, c, v[size_t(c)]);
     if (int(v.size()) > first_chunk) v.resize(size_t(std::max(0, first_chunk)));
   }
   if (first_chunk <= 0) origin_.reset();  // no chunk refers to it any more
@@ -659,7 +855,7 @@ Status UnitTable::MeasureInRam(KernelResidency* out) const {
   for (int l = 0; l < kv_->geometry().n_layer; ++l)
     for (int c = 0; c < kv_->n_chunks(); ++c) {
       const uint16_t* p = kv_->chunk(l, c);
-      if (!p) continue;
+      if (!p || shared(l, c)) continue;  // a borrowed chunk is the store's
       uint64_t in = 0;
       MZ_RETURN_IF_ERROR(env->ResidentBytes(p, cb, &in).With(UnitName(UnitRef::Kv(l, c))));
       out->kv_counted += cb;
@@ -690,7 +886,7 @@ Status UnitTable::Reconcile(uint64_t min_missing, ReconcileStats* out, bool weig
   for (int l = 0; l < kv_->geometry().n_layer; ++l)
     for (int c = 0; c < kv_->n_chunks(); ++c) {
       uint16_t* p = kv_->chunk(l, c);
-      if (!p) continue;
+      if (!p || shared(l, c)) continue;  // a borrowed chunk is the store's (anonymous, never reclaimed)
       uint64_t in = 0;
       MZ_RETURN_IF_ERROR(env->ResidentBytes(p, cb, &in).With(UnitName(UnitRef::Kv(l, c))));
       const KvSlot* fs = find_slot(l, c);
@@ -727,6 +923,13 @@ MemoryReport UnitTable::Report() const {
   for (int l = 0; l < kv_->geometry().n_layer; ++l) {
     for (int c = 0; c < kv_->n_chunks(); ++c) {
       const KvSlot* s = find_slot(l, c);
+      if (s && s->shared) {  // the store's bytes: counted apart (once, by the store)
+        r.kv_shared += cb;
+        if (s->attached) r.kv_shared_attached += cb;
+        r.n_kv_chunks[int(UnitState::kKvShared)]++;
+        if (s->lost) r.n_kv_lost++;
+        continue;
+      }
       const UnitState st = s ? s->state : UnitState::kResident;
       r.kv_total += cb;
       r.n_kv_chunks[int(st)]++;

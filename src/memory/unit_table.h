@@ -40,6 +40,7 @@
 
 #include "core/status.h"
 #include "memory/kv_cache.h"
+#include "memory/shared_chunks.h"
 #include "model/model.h"
 #include "policy/unit_plan.h"
 #include "store/kv_codec.h"
@@ -60,6 +61,11 @@ struct MemoryReport {
   uint64_t kv_storage_raw = 0;
   uint64_t kv_storage_compressed_raw = 0, kv_storage_compressed = 0;
   uint64_t stack_mapped = 0;        // RAM held by the in-memory swap (segments)
+  // Chunks borrowed from a store of shared chunks (memory/shared_chunks.h), counted apart: their
+  // bytes are the store's, held once for every borrower, and are in none of the figures above
+  // (kv_total, kv_resident and in_memory() are this context's own). kv_shared: chunk bytes of
+  // every borrowed chunk; kv_shared_attached: of them, installed for compute (pinned in RAM).
+  uint64_t kv_shared = 0, kv_shared_attached = 0;
   uint64_t swap_file_used = 0;      // storage held by the swap file
   int n_weight_units[kNumUnitStates] = {};
   int n_kv_chunks[kNumUnitStates] = {};
@@ -118,6 +124,8 @@ struct KvChunkMemory {
   File* stored_file = nullptr;    // the file holding a stored copy (on storage, or the extent a
   uint64_t stored_off = 0;        // mapped chunk maps): the context's swap file or an adopted
   uint64_t stored_len = 0;        // stored file; nullptr if none
+  bool shared = false;            // borrowed from a store of shared chunks (state kKvShared, or
+                                  // kResident while attached): addr / bytes are not this context's
 };
 
 class UnitTable {
@@ -264,6 +272,35 @@ class UnitTable {
   ChunkShape shape(int layer, int chunk) const;
 
   UnitState state(const UnitRef& u) const;
+  // The state a policy plans from: state(), but kKvShared for every borrowed chunk, attached or
+  // not (a policy never moves them: their bytes are the store's; DetachShared lets them go).
+  UnitState policy_state(const UnitRef& u) const;
+
+  // ---- chunks borrowed from a store of shared chunks (memory/shared_chunks.h) ----
+  // A borrowed chunk's slot holds one reference to the store's unit; attached (state kResident)
+  // it also holds a pin and the KvCache points at the store's memory. Only this table changes the
+  // slot; only the store changes the unit. One store per table (kInvalidArgument for another).
+  //
+  // Makes the KV cache n_tokens valid tokens (a multiple of chunk_tokens) whose chunks are all
+  // borrowed and detached (kKvShared; the next restore attaches them): refs[l * n + c], references
+  // taken in every case (released on error). Checks first (count, n_ctx, the store's geometry):
+  // on error nothing changed. On success every chunk held before is forgotten (as ReplaceKv).
+  Status AdoptShared(int n_tokens, const std::shared_ptr<SharedChunkStore>& store,
+                     const std::vector<SharedChunkStore::Ref>& refs);
+  // Chunk (layer, chunk), full, becomes borrowed (ref taken in every case): the context's own copy
+  // (any tier) is freed. attach: installed at once (pinned); if the pin fails the reference is
+  // released, the own copy stays and the error is returned. A chunk already borrowing that unit
+  // keeps it (the extra reference is released).
+  Status ShareChunk(int layer, int chunk, const std::shared_ptr<SharedChunkStore>& store, SharedChunkStore::Ref ref,
+                    bool attach);
+  bool shared(int layer, int chunk) const;
+  // Copy-on-write: every borrowed slot of chunk `chunk` becomes the context's own resident copy
+  // (the reference released), so its rows may be written (truncation inside it). All or nothing:
+  // on kNoMemory or the store's read error nothing changed.
+  Status Unshare(int chunk);
+  // Detaches every attached borrowed chunk (unpinned; kKvShared): the store may then evict it once
+  // no borrower has it attached. Returns how many were detached.
+  int DetachShared();
   // Where KV chunk (layer, chunk) is now (REQUIRES has_chunk). Read-only; serialized with state
   // changes like Report.
   KvChunkMemory LocateKv(int layer, int chunk) const;
@@ -296,7 +333,17 @@ class UnitTable {
     // stored copy past the truncation will be written again once it is back, so a restore by
     // mapping must not count it clean (its next eviction writes it anew).
     bool will_rewrite = false;
+    // Borrowed from store_ (a reference; attached: also a pin, and the KvCache points at the
+    // store's memory). nullptr: the context's own chunk.
+    SharedChunkStore::Ref shared = nullptr;
+    bool attached = false;
   };
+  // Releases a borrowed slot's pin (detaching it from the KvCache) and reference; the slot is
+  // then empty of sharing (its state is left to the caller).
+  void DropShared(int layer, int chunk, KvSlot& s);
+  // Frees the context's own evicted copy of a slot (stack entry, swap extent, a mapping of its
+  // extent) or its borrowed unit: ForgetChunksFrom's step and ShareChunk's.
+  void ForgetSlot(int layer, int chunk, KvSlot& s);
   // Unmaps a chunk mapped from its extent (data: its memory, already released from the KvCache), drops the extent's pages from the page cache and,
   // free_extent, frees the extent. The slot's state is left to the caller.
   // drop_cached = false keeps the extent's pages in the page cache (Reconcile: they serve the
@@ -331,6 +378,7 @@ class UnitTable {
   std::unique_ptr<SwapFile> swap_;
   std::unique_ptr<SwapFile> origin_;  // a stored file adopted as storage (AdoptStored), read-only
   std::vector<std::vector<KvSlot>> slots_;  // [layer][chunk]; missing = resident
+  std::shared_ptr<SharedChunkStore> store_;  // the store borrowed chunks come from (kept alive)
 };
 
 }  // namespace mz

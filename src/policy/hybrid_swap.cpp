@@ -55,7 +55,7 @@ PolicyOutput PlanHybridSwap(const PolicyInput& in) {
       if (s == UnitState::kResident) ++n_kv;
       else if (s == UnitState::kKvMemCompressed) mem_s += in.t.t_d_kv;
       else if (s == UnitState::kKvStorageRaw) sto_s += in.t.t_r_kv;
-      else sto_s += in.t.t_r_kvc;
+      else if (s != UnitState::kKvShared) sto_s += in.t.t_r_kvc;  // a borrowed chunk is the store's
     }
   }
   if (!base && !in.kv_only) sto_s += in.t.t_r_w * double(in.base_bytes) / double(std::max<uint64_t>(1, in.layer_bytes.empty() ? 1 : in.layer_bytes[0]));

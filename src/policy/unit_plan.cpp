@@ -9,6 +9,7 @@ const char* UnitStateName(UnitState s) {
     case UnitState::kKvStorageRaw: return "kv-storage-raw";
     case UnitState::kKvStorageCompressed: return "kv-storage-compressed";
     case UnitState::kWeightsDropped: return "weights-dropped";
+    case UnitState::kKvShared: return "kv-shared";
   }
   return "?";
 }

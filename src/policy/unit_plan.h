@@ -17,8 +17,12 @@ enum class UnitState : uint8_t {
   kKvStorageRaw = 2,
   kKvStorageCompressed = 3,
   kWeightsDropped = 4,
+  // A KV chunk borrowed from a pool's store of shared chunks (memory/shared_chunks.h) and not
+  // installed in this context: its bytes are the store's (held once for every borrower, in
+  // whichever tier the store keeps them). Restoring it attaches it. Never a policy's target.
+  kKvShared = 5,
 };
-constexpr int kNumUnitStates = 5;
+constexpr int kNumUnitStates = 6;
 const char* UnitStateName(UnitState s);
 
 // A unit: weight unit `layer` (-1: the base unit: embeddings + output head) or KV chunk

@@ -24,6 +24,7 @@ bool EndsWith(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 
+// A conversation's own RAM: borrowed shared chunks are the store's, counted once by the pool.
 uint64_t RamOf(const MemoryReport& r) { return r.kv_resident + r.stack_mapped; }
 
 }  // namespace
@@ -53,6 +54,18 @@ Status Conversation::EnsureOpenLocked() {
         pool_->damaged_.push_back({path, st.message()});
       }
       return st.With("opening conversation '" + id_ + "'");
+    }
+    // Chunks the shared store holds (another conversation borrows them) are borrowed instead of
+    // the file's copies: held once in RAM. Only what is found; nothing is copied into the store.
+    if (pool_->shared_) {
+      const std::vector<int32_t>& hist = ctx->history();
+      const int T = ctx->kv().geometry().chunk_tokens;
+      const std::vector<uint64_t> h =
+          ChainHashes(pool_->model_->identity().header_hash, hist.data(), int(hist.size()), T);
+      std::vector<SharedChunkStore::Ref> refs;
+      int got = 0;
+      if (pool_->GatherShared(h, hist.data(), int(h.size()), nullptr, &refs, &got).ok() && got > 0)
+        (void)ctx->BorrowShared(hist.data(), got, pool_->shared_, refs);  // a failure keeps the file's copies
     }
   }
   std::lock_guard<std::mutex> lk(pool_->mu_);
@@ -97,24 +110,32 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   const int n_prefix = depth * T;
   std::unique_ptr<SessionReader> reader;
   if (!src_ctx) {
-    // Decoded into this context's resident form (q8_0 KV: q8 chunks), as ImportKv takes them.
+    // Decoded into this context's resident form (q8_0 KV: q8 chunks), as the store holds them.
     MZ_RETURN_IF_ERROR(SessionReader::Open(*pool_->model_, T, src_path, &reader, ctx_->kv().geometry().kv_type));
     if (int(reader->tokens().size()) < n_prefix || !std::equal(tokens, tokens + n_prefix, reader->tokens().begin()))
       return Status::Ok();  // a hash collision or a file replaced since: compute everything
   }
-  Status copy_st;
-  std::vector<int32_t> prefix(tokens, tokens + n_prefix);
-  Status st = ctx_->ImportKv(
-      n_prefix,
+  // The chunks the store lacks are copied into it once, from the source in whichever tier it
+  // holds them (ReadKvChunk confirms the source still starts with these tokens).
+  std::vector<SharedChunkStore::Ref> mine;
+  int got = 0;
+  Status st = pool_->GatherShared(
+      h, tokens, depth,
       [&](int l, int c, uint16_t* dst) {
-        if (!copy_st.ok()) return;
-        copy_st = src_ctx ? src_ctx->ReadKvChunk(tokens, n_prefix, l, c, dst) : reader->ReadChunk(l, c, dst);
+        return src_ctx ? src_ctx->ReadKvChunk(tokens, n_prefix, l, c, dst) : reader->ReadChunk(l, c, dst);
       },
-      &prefix);
-  if (st.ok() && !copy_st.ok()) st = copy_st;
-  if (!st.ok()) {
-    // Reuse is an optimization: on any failure the conversation is emptied again and the caller
-    // computes every token (the error is not the request's).
+      &mine, &got);
+  // Reuse is an optimization: on any failure the caller computes every token (the error is not
+  // the request's).
+  if (!st.ok() || got != depth) return Status::Ok();
+  if (src_ctx) {
+    // The source borrows them too, its own copies freed: the chunks are held once. A chunk it
+    // cannot attach (the store cannot restore it) stays its own copy: held twice, never wrong.
+    std::vector<SharedChunkStore::Ref> theirs = mine;
+    for (auto r : theirs) pool_->shared_->AddRef(r);
+    (void)src_ctx->BorrowShared(tokens, depth, pool_->shared_, theirs);
+  }
+  if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, mine).ok()) {
     ctx_->Truncate(0);
     return Status::Ok();
   }
@@ -343,9 +364,83 @@ Status Pool::Init() {
   wo.shared_weights = true;
   weights_ctx_ = std::make_shared<Context>(model_, wo);
   MZ_RETURN_IF_ERROR(weights_ctx_->Init());
+  if (opts_.share_prefixes) {
+    SharedChunkOptions so;
+    so.codec = opts_.context.kv_codec;
+    so.direct_io = opts_.context.direct_io;
+    if (!opts_.dir.empty()) {
+      so.swap_path = opts_.dir + "/swap/shared.swap";
+    } else if (!opts_.context.swap_path.empty()) {
+      so.swap_path = opts_.context.swap_path + ".shared";
+    } else {
+      std::string t;
+      MZ_RETURN_IF_ERROR(env->GetEnvVar("TMPDIR", &t).With("choosing the shared chunks' swap folder"));
+      so.swap_path = (t.empty() ? std::string("/var/tmp") : t) + "/mzcache-shared-" +
+                     std::to_string(reinterpret_cast<uintptr_t>(this)) + ".swap";
+    }
+    shared_ = std::make_shared<SharedChunkStore>(env, weights_ctx_->kv().geometry(), so);
+    MZ_RETURN_IF_ERROR(shared_->Init());
+  }
   if (!opts_.dir.empty()) {
     MZ_RETURN_IF_ERROR(env->StartThread([this] { WriteBehindLoop(); }, &wb_thread_));
   }
+  return Status::Ok();
+}
+
+Status Pool::GatherShared(const std::vector<uint64_t>& h, const int32_t* tokens, int depth,
+                          const std::function<Status(int, int, uint16_t*)>& fill,
+                          std::vector<SharedChunkStore::Ref>* refs, int* got) {
+  refs->clear();
+  *got = 0;
+  if (!shared_) return Status::Ok();
+  const KvGeometry& g = shared_->geometry();
+  const int L = g.n_layer, T = g.chunk_tokens;
+  Env* env = model_->env();
+  std::vector<std::vector<SharedChunkStore::Ref>> per_chunk;  // [c][l]
+  auto release = [&](const std::vector<SharedChunkStore::Ref>& v) {
+    for (auto r : v)
+      if (r) shared_->Release(r);
+  };
+  Status st;
+  for (int c = 0; c < depth && c < int(h.size()) && st.ok(); ++c) {
+    const uint64_t parent = c ? h[size_t(c) - 1] : 0;
+    const int32_t* ct = tokens + size_t(c) * size_t(T);
+    std::vector<SharedChunkStore::Ref> row(size_t(L), nullptr);
+    bool missing = false;
+    for (int l = 0; l < L && st.ok() && !missing; ++l) {
+      row[size_t(l)] = shared_->Find(h[size_t(c)], parent, ct, l);
+      if (row[size_t(l)]) continue;
+      if (!fill) {
+        missing = true;
+        break;
+      }
+      auto* mem = static_cast<uint16_t*>(env->MapAnon(g.chunk_bytes()));
+      if (!mem) {
+        st = Status::NoMemory("a shared KV chunk");
+        break;
+      }
+      st = fill(l, c, mem);
+      if (!st.ok()) {
+        env->Unmap(mem, g.chunk_bytes());
+        break;
+      }
+      st = shared_->Insert(h[size_t(c)], parent, ct, c, l, mem, &row[size_t(l)]);  // takes mem
+    }
+    if (!st.ok() || missing) {
+      release(row);
+      break;
+    }
+    per_chunk.push_back(std::move(row));
+  }
+  if (!st.ok()) {
+    for (auto& row : per_chunk) release(row);
+    return st;
+  }
+  const int n = int(per_chunk.size());
+  refs->assign(size_t(L) * size_t(n), nullptr);
+  for (int c = 0; c < n; ++c)
+    for (int l = 0; l < L; ++l) (*refs)[size_t(l) * size_t(n) + size_t(c)] = per_chunk[size_t(c)][size_t(l)];
+  *got = n;
   return Status::Ok();
 }
 
@@ -479,6 +574,7 @@ Status Pool::EnforceBudget() {
       in_memory += RamOf(c.last_report_);
     }
   }
+  if (shared_) in_memory += shared_->Report().resident_bytes;  // shared chunks, once
   if (in_memory <= opts_.memory_budget) return Status::Ok();
   std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
   if (!ev.owns_lock()) return Status::Ok();  // a pass is under way
@@ -515,22 +611,41 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
     std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);  // the planner reads weight states
     if (wl.owns_lock()) {
       bool idle_busy = false;
+      // Shared chunks that no conversation has attached go to the store's storage (each counted
+      // once; attached ones are pinned: a generation may read them).
+      auto evict_shared = [&] {
+        if (!shared_ || total >= bytes) return;
+        uint64_t f = 0;
+        Status st = shared_->Evict(bytes - total, &f);
+        total += f;
+        if (!st.ok() && first_err.ok()) first_err = st;
+      };
       for (size_t i = 0; i < order.size(); ++i) {
         if (total >= bytes) break;
         const auto& v = order[i];
         // An idle conversation goes out whole, its in-memory swap included: the swap is a stack
         // whose segments come back only once it is empty, so moving part of it frees nothing.
-        // The most recently used one (last) gives only what is still needed.
+        // It lets its borrowed shared chunks go too (detached: its next call attaches them).
+        // The most recently used one (last) gives only what is still needed, after the shared
+        // chunks nobody holds attached.
         const bool idle = i + 1 < order.size();
         if (!idle && spare_active && idle_busy) {
           deferred = true;  // not the conversation in use: the busy one goes once it is free
           break;
+        }
+        if (!idle) {
+          evict_shared();
+          if (total >= bytes) break;
         }
         uint64_t f = 0;
         Status st = v.ctx->EvictBytes(idle ? ~uint64_t(0) : bytes - total, &f, nullptr, EvictScope::kKvOnly);
         total += f;
         if (st.code() == Status::kBusy && idle) idle_busy = true;
         if (!st.ok() && st.code() != Status::kBusy && first_err.ok()) first_err = st;
+        if (idle || total < bytes) {
+          if (v.ctx->DetachShared(nullptr).code() == Status::kBusy && idle) idle_busy = true;
+          if (!idle) evict_shared();
+        }
       }
     }
   }
@@ -587,6 +702,11 @@ bool Pool::LlmBytes(uint64_t* llm, uint64_t* resident) {
       kv_total += c.last_report_.kv_total;
       kv_ram += RamOf(c.last_report_);
     }
+  }
+  if (shared_) {  // shared chunks, once
+    const SharedChunkReport sr = shared_->Report();
+    kv_total += uint64_t(sr.units) * shared_->geometry().chunk_bytes();
+    kv_ram += sr.resident_bytes;
   }
   *llm = layers + kv_total;
   const uint64_t in_mem = weights_ram + kv_ram;
@@ -685,7 +805,8 @@ bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPre
         for (auto& kv : convs_) {
           Conversation& c = *kv.second;
           const MemoryReport& m = c.last_report_;
-          if (c.ctx_ && m.kv_total > m.kv_resident) mru.emplace_back(c.last_use_ns_.load(), c.ctx_);
+          if (c.ctx_ && (m.kv_total > m.kv_resident || m.kv_shared > m.kv_shared_attached))
+            mru.emplace_back(c.last_use_ns_.load(), c.ctx_);
         }
       }
       std::sort(mru.begin(), mru.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -941,7 +1062,8 @@ PoolStats Pool::Stats() {
     s.kv_mem_compressed += c.last_report_.stack_mapped;
     s.kv_storage += c.last_report_.kv_storage_raw + c.last_report_.kv_storage_compressed;
   }
-  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed;
+  if (shared_) s.shared = shared_->Report();
+  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes;
   return s;
 }
 
@@ -960,13 +1082,15 @@ Status Pool::Report(const std::string& id, ConversationReport* out) {
     r.kv_resident = m.kv_resident;
     r.kv_mem_compressed = m.stack_mapped;
     r.kv_storage = m.kv_storage_raw + m.kv_storage_compressed;
+    r.kv_shared = m.kv_shared;
+    r.shared_chunks = m.n_kv_chunks[int(UnitState::kKvShared)] / std::max(1, c.ctx_->kv().geometry().n_layer);
   } else {
     r.n_tokens = c.stored_tokens_;
   }
   r.stored_bytes = c.stored_bytes_;
   r.stored_tokens = c.stored_tokens_;
   r.last_use_unix_ms = c.last_use_unix_ms_.load();
-  r.shared_chunks = c.shared_chunks_;
+  if (!c.ctx_) r.shared_chunks = c.shared_chunks_;
   *out = r;
   return Status::Ok();
 }

@@ -29,10 +29,17 @@
 //
 // Shared prefixes: full 256-token chunks are named by chained hashes (pool/chunk_hash.h). The
 // first call that feeds an empty conversation looks up the longest chain of its tokens among every
-// conversation (open in any tier, or stored), confirms it token by token, copies those chunks' KV
-// (decoding compressed or stored copies) and computes only the rest. The copy is a copy: a shared
-// chunk is held once per conversation using it (deduplicated storage is not built yet,
-// docs/pool.md).
+// conversation (open in any tier, or stored), confirms it token by token and computes only the
+// rest. Those chunks are held once, in the pool's store of shared chunks
+// (memory/shared_chunks.h): reference-counted, borrowed by every conversation that uses them (the
+// one they came from too: its own copies are freed), copied on write when a conversation truncates
+// into one, and freed when the last conversation using them lets go (truncated before them,
+// closed, deleted). A stored conversation opened again borrows the chunks the store holds. The
+// store owns a shared chunk's state: resident, or evicted to its own swap file by the pool's
+// eviction (after the idle conversations, which detach their borrowed chunks first); a chunk
+// attached to a conversation (pinned) is never evicted, so no generation waits and none reads a
+// moving chunk. Memory figures count a shared chunk once. Stored files still hold a copy of every
+// chunk (the session format is unchanged).
 //
 // Nothing lost (with a folder): every conversation is written to <dir>/<id>.mzs as a session file
 // (runtime/session_file.h: crash-safe by temporary name, fsync and rename) by a write-behind thread,
@@ -61,6 +68,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "memory/shared_chunks.h"
 #include "model/model.h"
 #include "pressure/amount_policy.h"
 #include "pressure/headroom_window.h"
@@ -101,7 +109,8 @@ struct ConversationReport {
   uint64_t stored_bytes = 0;     // its session file
   int stored_tokens = 0;         // tokens in the session file (what a kill -9 now would keep)
   uint64_t last_use_unix_ms = 0;
-  int shared_chunks = 0;         // full chunks per layer copied from another conversation's prefix
+  int shared_chunks = 0;         // full chunks per layer borrowed from the pool's shared store
+  uint64_t kv_shared = 0;        // their bytes (the store's, held once for every borrower)
 };
 
 struct PoolStats {
@@ -113,10 +122,12 @@ struct PoolStats {
   uint64_t memory_budget = 0, disk_budget = 0;
   uint64_t conversations_lost = 0;  // deleted by the disk budget
   uint64_t persists = 0, persist_failures = 0;
-  uint64_t prefix_chunks_reused = 0;  // chunks (per layer) copied instead of computed
+  uint64_t prefix_chunks_reused = 0;  // chunks (per layer) reused instead of computed
   uint64_t evictions = 0, bytes_evicted = 0;
   uint64_t restored_ahead = 0;  // bytes brought back by restore-ahead (PoolPressureOptions)
   uint64_t budget_deferred = 0;  // budget passes that spared the conversation in use (an idle one was busy)
+  // The store of shared chunks (counted once; in_memory includes shared_resident).
+  SharedChunkReport shared;
 };
 
 struct DamagedFile {
@@ -269,6 +280,13 @@ class Pool {
   Status Init();
   Status NewContext(const std::string& id, std::shared_ptr<Context>* out);
   std::string StoredPath(const std::string& id) const;
+  // References to the first chunks of the chain h (hashes of tokens' full chunks) in the shared
+  // store, at most depth chunks: refs[l * *got + c]. A chunk the store lacks is filled by
+  // fill(layer, chunk, dst) and added when fill is given (its error ends the call: every reference
+  // released, the error returned), else the chain stops before it (*got chunks found).
+  Status GatherShared(const std::vector<uint64_t>& h, const int32_t* tokens, int depth,
+                      const std::function<Status(int, int, uint16_t*)>& fill, std::vector<SharedChunkStore::Ref>* refs,
+                      int* got);
   // REQUIRES mu_. c's chunk hashes in the prefix index follow history, whose first keep_tokens
   // tokens are unchanged since the last call: only the full chunks past them are hashed again.
   void ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens);
@@ -302,6 +320,8 @@ class Pool {
   std::mutex evict_mu_;           // one eviction pass at a time
   std::atomic<bool> budget_retry_{false};  // a budget pass stopped at a busy idle conversation
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
+  // Full chunks held once for every conversation using them (share_prefixes); thread-safe itself.
+  std::shared_ptr<SharedChunkStore> shared_;
   std::mutex pressure_mu_;
   AmountPolicy amount_{AmountOptions()};  // under pressure_mu_
   // Odd while an OnPressure runs; bumped at its start and end (under pressure_mu_). A restore-ahead

@@ -94,7 +94,7 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   }
   in.t = DeriveUnitTimes(profile_, opts_.kv_codec, in.chunk_bytes, mean_layer, paths);
   UnitTable* e = units_.get();
-  in.state = [e](const UnitRef& u) { return e->state(u); };
+  in.state = [e](const UnitRef& u) { return e->policy_state(u); };  // borrowed chunks are never planned
   in.bytes = bytes;
   in.order = opts_.evict_order;
   in.seed = opts_.evict_seed;
@@ -205,6 +205,48 @@ Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16
   return st;
 }
 
+Status Context::BorrowShared(const int32_t* expect, int n_chunks, const std::shared_ptr<SharedChunkStore>& store,
+                             const std::vector<SharedChunkStore::Ref>& refs) {
+  ForegroundLock lk(this);
+  const KvGeometry& g = kv_->geometry();
+  const int n_tok = n_chunks * g.chunk_tokens;
+  auto release_all = [&] {
+    for (auto r : refs)
+      if (r && store) store->Release(r);
+  };
+  if (!store || n_chunks <= 0 || refs.size() != size_t(g.n_layer) * size_t(n_chunks)) {
+    release_all();
+    return Status::InvalidArgument("BorrowShared: " + std::to_string(refs.size()) + " references for " +
+                                   std::to_string(n_chunks) + " chunks");
+  }
+  if (history_.empty()) {
+    MZ_RETURN_IF_ERROR(units_->AdoptShared(n_tok, store, refs));
+    history_.assign(expect, expect + n_tok);
+    logits_.clear();
+    return Status::Ok();
+  }
+  if (int(history_.size()) < n_tok || !std::equal(expect, expect + n_tok, history_.begin())) {
+    release_all();
+    return Status::InvalidArgument("BorrowShared: the conversation no longer starts with the expected tokens");
+  }
+  Status first;
+  for (int l = 0; l < g.n_layer; ++l)
+    for (int c = 0; c < n_chunks; ++c) {
+      const bool attach = units_->state(UnitRef::Kv(l, c)) == UnitState::kResident;
+      Status st = units_->ShareChunk(l, c, store, refs[size_t(l) * size_t(n_chunks) + size_t(c)], attach);
+      if (!st.ok() && first.ok()) first = st;
+    }
+  return first;
+}
+
+Status Context::DetachShared(int* n) {
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a generation is running: shared chunks stay attached");
+  const int d = units_->DetachShared();
+  if (n) *n = d;
+  return Status::Ok();
+}
+
 Status Context::ReadKvChunk(const int32_t* expect, int n_expect, int layer, int chunk, uint16_t* dst) {
   ForegroundLock lk(this);
   const KvGeometry& g = kv_->geometry();
@@ -242,6 +284,8 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
   // Chunks this call writes must be resident; earlier ones may stay compressed if compute reads
   // them in place (opts_.attend_compressed).
   const int first_write = int(history_.size()) / kv_->geometry().chunk_tokens;
+  if (units_->shared(0, first_write))  // a full chunk is never written: a borrowed one least of all
+    return Status::Internal("Decode: the chunk to write is borrowed from the shared store");
   RestoreRequest req;
   if (opts_.attend_compressed) {
     req.mode = RestoreMode::kForCompute;
@@ -267,6 +311,14 @@ void Context::Truncate(int n_keep) {
   std::lock_guard<std::mutex> lk(mu_);
   if (n_keep < 0) n_keep = 0;
   if (n_keep >= int(history_.size())) return;
+  const int T = kv_->geometry().chunk_tokens;
+  if (n_keep % T != 0) {
+    // Copy-on-write: rows of the chunk kept in part will be written again; a borrowed (shared)
+    // chunk becomes this context's own copy first. If it cannot be copied, it is dropped whole.
+    bool any = false;
+    for (int l = 0; l < kv_->geometry().n_layer; ++l) any = any || units_->shared(l, n_keep / T);
+    if (any && !units_->Unshare(n_keep / T).ok()) n_keep = n_keep / T * T;
+  }
   history_.resize(size_t(n_keep));
   units_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
   // Rows from n_keep on will be written again: a chunk mapped from the swap that holds them is no

@@ -120,6 +120,9 @@ class Context {
   Status Decode(const int32_t* tokens, int n, bool all_logits);
   const float* logits(int row) const;  // nullptr if out of range
   int n_logit_rows() const;
+  // Keeps the first n_keep tokens. A borrowed (shared) chunk kept in part is copied first
+  // (copy-on-write: the store's unit is never written); if that copy fails (no memory, the
+  // store's copy unreadable) the chunk is dropped whole: history() then ends at its start.
   void Truncate(int n_keep);
 
   // Changes the compute threads (n) and their CPUs (the first n of cpus; empty: not pinned) between
@@ -185,6 +188,21 @@ class Context {
   // conversation changed since it was looked up). Errors: UnitTable::ReadChunk's (kCorruption for
   // a lost chunk, kIOError). Serialized with every other call (a foreground call).
   Status ReadKvChunk(const int32_t* expect, int n_expect, int layer, int chunk, uint16_t* dst);
+  // ---- chunks shared with other contexts (a pool's deduplicated prefixes, memory/shared_chunks.h) ----
+  // The first n_chunks chunks (every layer) become units borrowed from store: refs[l * n_chunks +
+  // c], references taken in every case (released on error). An empty context becomes those
+  // n_chunks * T tokens (history: expect's first n_chunks * T), its chunks detached: the next call
+  // attaches them as it restores evicted chunks. A non-empty one must start with those tokens (else
+  // kInvalidArgument, nothing changed); each chunk's own copy (any tier) is freed, and a chunk
+  // that was resident is attached at once. A chunk whose attach fails keeps its own copy (its
+  // reference released); the first such error is returned and the other chunks are shared.
+  // Serialized with every other call (a foreground call).
+  Status BorrowShared(const int32_t* expect, int n_chunks, const std::shared_ptr<SharedChunkStore>& store,
+                      const std::vector<SharedChunkStore::Ref>& refs);
+  // Detaches every attached borrowed chunk (unpinned: the store may evict it once no borrower has
+  // it attached; the next call attaches it again). Never waits: kBusy at once while any call holds
+  // the context. *n (optional): how many were detached.
+  Status DetachShared(int* n);
   // Restored KV chunks map their swap extents (UnitTableOptions::map_swap; ablation switch).
   void set_map_swap(bool on);
 
