@@ -99,7 +99,7 @@ run_suite() {  # run_suite NAME FILTER: one gtest program under qemu, in the bui
 # The suites that synthesize tiny-qwen3 come after loader in every mode (c_api needs it).
 for e in "${RUN[@]}"; do run_suite "${e%%:*}" "${e#*:}"; done
 
-# The JNI example (docs/examples/jni_trim_memory.c), built as an app's NDK build builds it: against
+# The JNI examples (docs/examples/jni_trim_memory.c, jni_pool_lifecycle.c), built as an app's NDK build builds them: against
 # the installed AArch64 libmzcache.so (cmake --install) and liblog (here a stand-in,
 # tests/android/), -Wall -Wextra -Werror, no undefined symbols; then driven under qemu.
 log "JNI example: building libllmjni.so against the installed AArch64 libmzcache"
@@ -117,13 +117,18 @@ CFLAGS=(-std=c11 -O2 -Wall -Wextra -Werror -fPIC -I"$JDK_INC" -I"$JDK_INC/linux"
 $CC "${CFLAGS[@]}" -shared tests/android/liblog_shim.c -o "$J/liblog.so"
 $CC "${CFLAGS[@]}" -shared docs/examples/jni_trim_memory.c -L"$J/prefix/lib" -lmzcache -L"$J" -llog \
   -Wl,--no-undefined -Wl,-rpath,"$J/prefix/lib:$J" -o "$J/libllmjni.so"
+$CC "${CFLAGS[@]}" -shared docs/examples/jni_pool_lifecycle.c -L"$J/prefix/lib" -lmzcache -L"$J" -llog \
+  -Wl,--no-undefined -Wl,-rpath,"$J/prefix/lib:$J" -o "$J/libllmjni_pool.so"
 $CC "${CFLAGS[@]}" tests/android/jni_driver.c -L"$J" -lllmjni -llog -L"$J/prefix/lib" -lmzcache \
   -Wl,-rpath,"$J/prefix/lib:$J" -o "$J/jni_driver"
-file "$J/libllmjni.so" | grep -q 'ARM aarch64' || { log "libllmjni.so is not AArch64"; exit 1; }
+for f in libllmjni.so libllmjni_pool.so jni_driver; do
+  file "$J/$f" | grep -q 'ARM aarch64' || { log "$f is not AArch64"; exit 1; }
+done
 [ -f "$MODELS/tiny-qwen3-q8_0.gguf" ] || run_suite loader 'LoaderValid.*'
 log "running the JNI driver under qemu-aarch64"
 t=$(date +%s)
-if "${QEMU[@]}" "$J/jni_driver" "$MODELS/tiny-qwen3-q8_0.gguf"; then log "jni: $(( $(date +%s) - t )) s"; else failed+=(jni); fi
+mkdir -p "$J/conversations"
+if "${QEMU[@]}" "$J/jni_driver" "$MODELS/tiny-qwen3-q8_0.gguf" "$J/conversations"; then log "jni: $(( $(date +%s) - t )) s"; else failed+=(jni); fi
 
 if [ ${#failed[@]} -gt 0 ]; then
   log "FAILED: ${failed[*]}"
