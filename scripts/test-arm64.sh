@@ -14,7 +14,7 @@
 #   --build-dir D  build folder (default build-arm64)
 #   --list         print the CI subset and its filters, and exit
 #   MZ_DEPS_SRC    the pinned llama.cpp source for scripts/deps-arm64.sh (default: from scripts/deps.sh)
-#   JOBS           parallel compile jobs (default: nproc)
+#   JOBS           parallel compile jobs, and suites run at once under qemu (default: nproc)
 #
 # Contract: exits 0 only if the build succeeded, every suite run passed (gtest's exit status) and the
 # JNI driver passed; prints "[arm64] <suite>: <s> s" per suite and gtest's "[  PASSED  ] N tests."
@@ -81,23 +81,44 @@ log "build: $(( $(date +%s) - t0 )) s"
 file -L "$BUILD/libmzcache.so" | grep -q 'ARM aarch64' || { log "libmzcache.so is not AArch64"; exit 1; }
 
 MODELS=$BUILD/test-models
-failed=()
-run_suite() {  # run_suite NAME FILTER: one gtest program under qemu, in the build folder
+LOGS=$BUILD/arm64-logs
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+run_suite() {  # run_suite NAME FILTER: one gtest program under qemu, in build/tests; output to $LOGS/NAME.log
   local s=$1 filter=$2 bin args=() t rc=0
   case $s in
     replay_*) bin=$BUILD/fuzz/$s; args=("$PWD/fuzz/corpus/${s#replay_}" "$PWD/fuzz/regressions/${s#replay_}") ;;
     c_api) bin=$BUILD/tests/test_c_api ;;
     *) bin=$BUILD/tests/test_$s; args=("--gtest_filter=$filter") ;;
   esac
-  log "running $s ${filter:+($filter)} under qemu-aarch64"
   t=$(date +%s)
-  # c_api reads its model from MZ_TEST_MODEL; the gtest suites synthesize theirs on first use.
-  (cd "$BUILD/tests" && MZ_TEST_MODEL=$MODELS/tiny-qwen3-q8_0.gguf "${QEMU[@]}" "$bin" "${args[@]}") || rc=$?
-  if [ "$rc" = 0 ]; then log "$s: $(( $(date +%s) - t )) s"; else log "$s: $(( $(date +%s) - t )) s, FAILED (exit $rc)"; fi
-  [ "$rc" = 0 ] || failed+=("$s")
+  # c_api reads its model from MZ_TEST_MODEL; the gtest suites synthesize theirs on first use (to a
+  # private name, then renamed: suites running at once do not collide).
+  (cd "$BUILD/tests" && MZ_TEST_MODEL=$MODELS/tiny-qwen3-q8_0.gguf "${QEMU[@]}" "$bin" "${args[@]}") \
+    >"$LOGS/$s.log" 2>&1 || rc=$?
+  echo "$rc $(( $(date +%s) - t ))" >"$LOGS/$s.status"
 }
-# The suites that synthesize tiny-qwen3 come after loader in every mode (c_api needs it).
-for e in "${RUN[@]}"; do run_suite "${e%%:*}" "${e#*:}"; done
+# Suites run JOBS at a time (each is one qemu process; most run one thread); their output is printed
+# whole, in list order, once all have finished. c_api (needs tiny-qwen3, which the gtest suites make) runs
+# after the others.
+failed=()
+report() {  # report NAME: prints the suite's output and its time, records a failure
+  local s=$1 rc secs
+  read -r rc secs <"$LOGS/$s.status"
+  cat "$LOGS/$s.log"
+  if [ "$rc" = 0 ]; then log "$s: $secs s"; else log "$s: $secs s, FAILED (exit $rc)"; failed+=("$s"); fi
+}
+names=() later=()
+for e in "${RUN[@]}"; do
+  s=${e%%:*} f=${e#*:}
+  if [ "$s" = c_api ]; then later+=("$e"); continue; fi
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  log "running $s ($f) under qemu-aarch64"
+  run_suite "$s" "$f" &
+  names+=("$s")
+done
+wait
+for e in "${later[@]}"; do log "running ${e%%:*} under qemu-aarch64"; run_suite "${e%%:*}" "${e#*:}"; names+=("${e%%:*}"); done
+for s in "${names[@]}"; do report "$s"; done
 
 # The JNI examples (docs/examples/jni_trim_memory.c, jni_pool_lifecycle.c), built as an app's NDK build builds them: against
 # the installed AArch64 libmzcache.so (cmake --install) and liblog (here a stand-in,
@@ -124,7 +145,7 @@ $CC "${CFLAGS[@]}" tests/android/jni_driver.c -L"$J" -lllmjni -llog -L"$J/prefix
 for f in libllmjni.so libllmjni_pool.so jni_driver; do
   file "$J/$f" | grep -q 'ARM aarch64' || { log "$f is not AArch64"; exit 1; }
 done
-[ -f "$MODELS/tiny-qwen3-q8_0.gguf" ] || run_suite loader 'LoaderValid.*'
+[ -f "$MODELS/tiny-qwen3-q8_0.gguf" ] || { run_suite loader 'LoaderValid.*'; report loader; }
 log "running the JNI driver under qemu-aarch64"
 t=$(date +%s)
 mkdir -p "$J/conversations"
