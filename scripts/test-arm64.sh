@@ -14,6 +14,8 @@
 #   --build-dir D  build folder (default build-arm64)
 #   --list         print the CI subset and its filters, and exit
 #   MZ_DEPS_SRC    the pinned llama.cpp source for scripts/deps-arm64.sh (default: from scripts/deps.sh)
+#   MZ_TEST_MODEL_DIR_OVERRIDE  folder of synthesized test models to use (and add to); scripts/test.sh
+#                  sets it to the x86 build's build/test-models
 #   JOBS           parallel compile jobs, and suites run at once under qemu (default: nproc)
 #
 # Contract: exits 0 only if the build succeeded, every suite run passed (gtest's exit status) and the
@@ -80,7 +82,11 @@ ninja -C "$BUILD" -j "$JOBS" "${targets[@]}" | grep -vE '^\[[0-9]+/[0-9]+\] (Bui
 log "build: $(( $(date +%s) - t0 )) s"
 file -L "$BUILD/libmzcache.so" | grep -q 'ARM aarch64' || { log "libmzcache.so is not AArch64"; exit 1; }
 
-MODELS=$BUILD/test-models
+# Test models: GGUF files are the same on every architecture, so the ones the x86 build synthesized
+# are used when MZ_TEST_MODEL_DIR_OVERRIDE names them (scripts/test.sh exports it: build/test-models).
+# Synthesizing one under qemu is slow (tiny-qwen3, 50 MB: more than 10 minutes on the 2-core VM
+# under load); without the override the suites synthesize their own into build-arm64/test-models.
+MODELS=${MZ_TEST_MODEL_DIR_OVERRIDE:-$BUILD/test-models}
 LOGS=$BUILD/arm64-logs
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 run_suite() {  # run_suite NAME FILTER: one gtest program under qemu, in build/tests; output to $LOGS/NAME.log
