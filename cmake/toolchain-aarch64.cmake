@@ -26,6 +26,10 @@ set(ENV{PKG_CONFIG_PATH} "")
 # Generic ARMv8-A: every 64-bit Arm phone runs it. NEON is part of the base architecture.
 set(CMAKE_C_FLAGS_INIT "-march=armv8-a")
 set(CMAKE_CXX_FLAGS_INIT "-march=armv8-a")
-# Target programs run under qemu-user; -L gives the loader and libc of the cross toolchain.
+# Target programs run under qemu-user with the host's multiarch arm64 runtime (libc6:arm64,
+# libstdc++6:arm64, libgomp1:arm64: /lib/ld-linux-aarch64.so.1 and /lib/aarch64-linux-gnu). Not
+# `-L /usr/aarch64-linux-gnu`: that takes the cross toolchain's ld.so (glibc 2.36-8cross1) while the
+# multiarch libraries pull the multiarch libc.so.6 (2.36-9+deb12u14), and with that mix every
+# program hung at its first pthread_create (measured: > 10 min, no syscalls).
 find_program(MZ_QEMU_AARCH64 qemu-aarch64 REQUIRED)
-set(CMAKE_CROSSCOMPILING_EMULATOR ${MZ_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
+set(CMAKE_CROSSCOMPILING_EMULATOR ${MZ_QEMU_AARCH64})

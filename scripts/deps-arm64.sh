@@ -40,7 +40,7 @@ log() { echo "[deps-arm64] $*" >&2; }
 # Multi-Arch: same, so they install beside the amd64 ones (--no-remove: apt must never trade the
 # host's packages for them).
 HOST_PACKAGES="g++-aarch64-linux-gnu qemu-user file cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev"
-ARM64_PACKAGES="libzstd-dev:arm64 liblz4-dev:arm64 liburing-dev:arm64 libxxhash-dev:arm64 libfmt-dev:arm64 \
+ARM64_PACKAGES="libc6:arm64 libstdc++6:arm64 libgomp1:arm64 libzstd-dev:arm64 liblz4-dev:arm64 liburing-dev:arm64 libxxhash-dev:arm64 libfmt-dev:arm64 \
  libgtest-dev:arm64 libgmock-dev:arm64"
 install_apt() {
   [ "${MZ_SKIP_APT:-0}" = 1 ] && return 0

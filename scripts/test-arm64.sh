@@ -54,7 +54,9 @@ log() { echo "[arm64] $*"; }
 PREFIX=$(scripts/deps-arm64.sh | tail -n 1)
 log "deps: $PREFIX"
 . scripts/ccache-env.sh
-QEMU=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
+# The host's multiarch arm64 runtime (ld.so and libc of one build), not -L /usr/aarch64-linux-gnu:
+# see cmake/toolchain-aarch64.cmake.
+QEMU=(qemu-aarch64)
 
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/toolchain-aarch64.cmake" \
   -DMZ_DEPS_PREFIX="$PREFIX" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
