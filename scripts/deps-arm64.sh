@@ -15,7 +15,7 @@
 # message on stderr on failure. The prefix has the layout CMakeLists.txt expects of MZ_DEPS_PREFIX
 # (include/, lib/libllama.so libggml*.so, share/vocab/, .complete), all AArch64. It is cached in
 # $MZ_DEPS_CACHE/deps/node-llama-cpp-<version>-aarch64-<key>/install, keyed by the source commit,
-# the build flags, the toolchain file and the cross compiler's version; a cached build is reused in
+# the build flags, the toolchain file (its build settings) and the cross compiler's version; a cached build is reused in
 # well under a second. Nothing is written inside the source tree or the x86 dependency folder.
 #
 # ggml is built for generic armv8-a (NEON, no dotprod/i8mm/SVE: runs on every 64-bit Arm phone and
@@ -74,7 +74,10 @@ BUILD_FLAGS="-DGGML_NATIVE=OFF -DGGML_CPU_ARM_ARCH=armv8-a -DGGML_CPU=ON -DGGML_
  -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
  -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release"
 CXX_VERSION=$(aarch64-linux-gnu-g++ -dumpfullversion)
-KEY=$(printf '%s %s %s %s' "$COMMIT" "$BUILD_FLAGS" "$(sha256sum < "$TOOLCHAIN")" "$CXX_VERSION" | sha256sum | cut -c1-12)
+# The toolchain file counts without its comments and without the emulator lines (how target
+# programs are run does not change what is built).
+TOOLCHAIN_KEY=$(grep -vE '^[[:space:]]*#|QEMU|EMULATOR' "$TOOLCHAIN" | sha256sum | cut -c1-16)
+KEY=$(printf '%s %s %s %s' "$COMMIT" "$BUILD_FLAGS" "$TOOLCHAIN_KEY" "$CXX_VERSION" | sha256sum | cut -c1-12)
 CACHE=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}
 ROOT=$CACHE/deps/node-llama-cpp-$VERSION-aarch64-$KEY
 PREFIX=$ROOT/install
