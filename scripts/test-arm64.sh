@@ -27,15 +27,24 @@ cd "$(dirname "$0")/.."
 MODE=ci
 SUITES=
 BUILD=build-arm64
-# The CI subset: suite and gtest filter ('*' = whole). Measured under qemu on the 2-core VM
-# (docs/android.md has the full-run table this was chosen from).
+# The CI subset: suite and gtest filter ('*' = whole). Chosen from the per-test times of the qemu
+# runs in docs/android.md (under heavy load on the 2-core VM; the subset's own time on a quiet
+# machine was not measured yet): every core suite is represented; left out here, run by --full:
+#   codecs     LossyErrorBounds and Idempotence (the longest codec tests: each lossy codec over many
+#              seeded shapes; the lossless round trip, the q8 layout and the bounds stay)
+#   unit_table all but UnitTableAgreement (random evict/decode/restore/truncate sequences, the table
+#              against the KvCache views): the Elastic* tests (states x codecs, faults, RSS)
+#   pipeline   all but RestoreGenerateCompressed (q8 chunks read in place, bit-identical to restoring
+#              them): 79 of 81 tests, minutes each here
+#   differential  tiny-llama and tiny-qwen2 and the long-context cases (tiny-qwen3, 640 tokens,
+#              against libllama for AArch64, stays)
 CI_SUITES=(
   "attention:*"
   "loader:*"
-  "codecs:*"
-  "unit_table:*"
-  "pipeline:*"
-  "differential:*"
+  "codecs:*-Codecs.LossyErrorBounds:Codecs.Idempotence"
+  "unit_table:UnitTableAgreement.*"
+  "pipeline:RestoreGenerateCompressed.*"
+  "differential:Models/Differential.LogitsAndGreedyMatchLlamaCpp/0"
 )
 while [ $# -gt 0 ]; do
   case $1 in
