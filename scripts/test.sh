@@ -2,8 +2,8 @@
 # The test command: installs what is missing (Debian packages, the pinned llama.cpp build, cached
 # in ~/.cache/mzcache), builds mzcache, and runs every test: the normal build, then ASan+UBSan,
 # then the concurrency tests under TSan, then a short run of every fuzz target (libFuzzer, clang,
-# ASan+UBSan; scripts/fuzz.sh), then the NEON attention path cross-built for AArch64 and run under
-# qemu. Exits non-zero if anything fails.
+# ASan+UBSan; scripts/fuzz.sh), then the library and its core suites cross-built for AArch64 and run
+# under qemu (scripts/test-arm64.sh). Exits non-zero if anything fails.
 #   MZ_FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips the stage)
 #   MZ_TEST_QUICK=1  only the normal build (for a fast local loop)
 set -euo pipefail
@@ -74,8 +74,11 @@ if [ "${MZ_FUZZ_SECONDS:-20}" != 0 ]; then
   fi
 fi
 stage arm64
-echo "[test] NEON attention path: AArch64 cross build under qemu"
-scripts/test-arm64.sh | tee -a "$LOG"
+# The library, the core suites (CI subset: scripts/test-arm64.sh --list) and the JNI examples
+# cross-built for AArch64 against the pinned llama.cpp built for AArch64 from the same source,
+# run under qemu.
+echo "[test] AArch64: cross build of the library and the core suites, run under qemu"
+MZ_DEPS_SRC=$(dirname "$PREFIX")/src scripts/test-arm64.sh | tee -a "$LOG"
 # One closing line over all stages (each stage above already stopped the script on any failure).
 passed=$(sed -n -e 's/.*tests failed out of \([0-9]*\).*/\1/p' -e 's/^\[  PASSED  \] \([0-9]*\) tests\?\.$/\1/p' "$LOG" |
   awk '{s += $1} END {print s + 0}')

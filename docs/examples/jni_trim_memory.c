@@ -1,7 +1,9 @@
 /*
- * Example JNI glue (not built here): forwards Android's Application.onTrimMemory(level) to
- * mz_on_trim_memory(), so the app gives memory back when the system asks instead of being paged
- * out or killed. See docs/pressure.md for the level -> action mapping.
+ * Example JNI glue: forwards Android's Application.onTrimMemory(level) to mz_on_trim_memory(), so
+ * the app gives memory back when the system asks instead of being paged out or killed. See
+ * docs/pressure.md for the level -> action mapping and docs/android.md for the app's wiring (the
+ * pool variant with backgrounding: jni_pool_lifecycle.c). Built for AArch64 against the installed
+ * libmzcache.so and driven under qemu by scripts/test-arm64.sh (tests/android/jni_driver.c).
  *
  * Java side:
  *
