@@ -80,6 +80,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -448,6 +449,10 @@ bool Soak::Setup() {
     const char* t = std::getenv("TMPDIR");
     base = t && *t ? t : "/var/tmp";
   }
+  // --work-dir may not exist yet (ctest can start the soak before anything made the build's
+  // reliability/ folder): it is created with its parents.
+  std::error_code mk_err;
+  std::filesystem::create_directories(base, mk_err);
   std::string templ = base + "/mzcache-soak-XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
