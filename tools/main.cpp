@@ -13,7 +13,9 @@ int main(int argc, char** argv) {
   mz::cli::AddBenchCommands(app, runners);
   mz::cli::AddProfileCommands(app, runners);
   mz::cli::AddPlanCommands(app, runners);
+#ifdef MZ_HAVE_SERVE
   mz::cli::AddServeCommands(app, runners);
+#endif
   mz::cli::AddOsPagingWorker(app, runners);
   mz::cli::AddMultitaskCommands(app, runners);  // after AddBenchCommands: adds `bench multitask`
   mz::cli::AddReliabilityCommands(app, runners);
