@@ -16,7 +16,10 @@
 #   6. abuse: slow client, 1000 dropped connections, garbage, disconnect mid-stream;
 #   7. ENOSPC on persistence (a full tmpfs, as root): turns still answered, the failure counted,
 #      and persisted once space is back;
-#   8. SIGTERM: exit 0 with every conversation persisted.
+#   8. SIGTERM: exit 0 with every conversation persisted;
+#   9. EIO on restore (as root, a FUSE file system that fails reads: tests/eio_fs.py): the turn is
+#      answered from the request's own history with the never-evicted logprobs, the failure is
+#      counted, and another conversation restores from the same storage once reads work again.
 set -euo pipefail
 CLI=$1 MODEL=$2 W=$3
 # The sanitizer stages share the normal build's synthesized models (as tests/test_util.cpp does).
@@ -29,6 +32,7 @@ PID=
 cleanup() {
   [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true
   if mountpoint -q "$W/full" 2>/dev/null; then umount "$W/full" || true; fi
+  if mountpoint -q "$W/eio" 2>/dev/null; then umount -l "$W/eio" || true; fi
 }
 trap cleanup EXIT
 fail() { echo "check_serve: FAILED: $*" >&2; [ -f "$W/server.log" ] && tail -20 "$W/server.log" >&2; exit 1; }
@@ -106,7 +110,8 @@ P1=$(jget 'd["usage"]["prompt_tokens"]' <<<"$r1")
 call POST /v1/chat/completions "{\"messages\":$M1,\"max_tokens\":12,\"temperature\":0,\"conversation\":\"evicted\"}" 
 expect 200 "turn 1 (second conversation)"
 M2=$(python3 -c "import json,sys; m=json.loads(sys.argv[1]); m += [{'role':'assistant','content':sys.argv[2]},{'role':'user','content':'And then?'}]; print(json.dumps(m))" "$M1" "$A1")
-call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,\"conversation\":\"ref\"}"; r2=$(cat "$W/resp")
+LP='"logprobs":true,"top_logprobs":3'
+call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,$LP,\"conversation\":\"ref\"}"; r2=$(cat "$W/resp")
 expect 200 "turn 2 (in memory)"
 REF2=$(jget 'd["choices"][0]["message"]["content"]' <<<"$r2")
 cached=$(jget 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$r2")
@@ -127,6 +132,23 @@ grep -q '"usage"' "$W/stream.txt" || fail "stream without the usage chunk"
 call POST /v1/completions '{"prompt":"Once upon a time","max_tokens":4}'; grep -q text_completion "$W/resp" || fail "completions"
 ok "chat, stream, completions; a resent history continues its conversation ($cached of $P1+ tokens cached)"
 
+# same_logprobs RESPONSE: the response's logprobs (every token, its 3 alternatives) equal turn 2's in
+# memory ($r2) within 1e-4: the logits, not only the greedy text, are those of a conversation that
+# never left memory (lossless codecs).
+same_logprobs() {
+  python3 - "$r2" "$1" <<'PY' || fail "$2: logprobs differ from the never-evicted conversation's"
+import json, sys
+a, b = (json.loads(x)["choices"][0]["logprobs"]["content"] for x in sys.argv[1:3])
+assert len(a) == len(b) and a, (len(a), len(b))
+d = max(max(abs(x["logprob"] - y["logprob"]), *(abs(p["logprob"] - q["logprob"]) for p, q in zip(x["top_logprobs"], y["top_logprobs"])))
+        for x, y in zip(a, b))
+assert all(x["token"] == y["token"] and [p["token"] for p in x["top_logprobs"]] == [q["token"] for q in y["top_logprobs"]]
+           for x, y in zip(a, b))
+assert d <= 1e-4, d
+print(f"check_serve: logprobs of {len(a)} tokens x 4 within {d:.1e} of the never-evicted conversation's")
+PY
+}
+
 # --- 4. nothing forgotten: trim everything, then kill -9 and restart
 wait_persisted() {  # every conversation's stored tokens == its tokens
   for _ in $(seq 300); do
@@ -139,7 +161,8 @@ wait_persisted() {  # every conversation's stored tokens == its tokens
 call POST /v1/mzcache/trim '{"level": 80}'; freed=$(jq_ 'd["freed"]')
 expect 200 "trim"
 [ "$freed" -gt 0 ] || fail "trim 80 gave nothing back"
-call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,\"conversation\":\"evicted\"}"; r=$(cat "$W/resp")
+call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,$LP,\"conversation\":\"evicted\"}"; r=$(cat "$W/resp")
+same_logprobs "$r" "after trim"
 [ "$(jget 'd["choices"][0]["message"]["content"]' <<<"$r")" = "$REF2" ] || fail "after trim: '$(jget 'd["choices"][0]["message"]["content"]' <<<"$r")' != '$REF2'"
 [ "$(jget 'd["mzcache"]["units_restored"]' <<<"$r")" -gt 0 ] || fail "after trim nothing was restored"
 ok "after the pool gave back $freed bytes, turn 2 answers exactly as in memory"
@@ -149,8 +172,9 @@ wait_persisted
 [ -n "${MZ_DEBUG:-}" ] && { ls "$W/pool"; cat "$W/resp"; }
 stop9
 start "$W/pool"
-call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,\"conversation\":\"restarted\"}"; r=$(cat "$W/resp")
+call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,$LP,\"conversation\":\"restarted\"}"; r=$(cat "$W/resp")
 expect 200 "after restart"
+same_logprobs "$r" "after kill -9 and restart"
 [ "$(jget 'd["choices"][0]["message"]["content"]' <<<"$r")" = "$REF2" ] || fail "after kill -9 and restart: a different answer"
 cached=$(jget 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$r")
 [ "$cached" -ge "$((P1 - 1))" ] || fail "after restart the history was computed again (cached $cached)"
@@ -226,5 +250,42 @@ if [ "$(id -u)" = 0 ] && mkdir -p "$W/full" && mount -t tmpfs -o size=2m tmpfs "
   ok "ENOSPC: answered, $pf persist failures counted, persisted once space was back"
 else
   echo "check_serve: skipped: ENOSPC (needs root to mount a tmpfs)"
+fi
+# --- 9. EIO on restore: the pool's folder on a FUSE file system whose reads fail while a control
+# file exists (a real kernel EIO, not an injected status)
+if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ] && /usr/bin/python3 -c 'import fusepy' 2>/dev/null; then
+  mkdir -p "$W/eio-back" "$W/eio"
+  rm -f "$W/eio.ctl" "$W/eio.ctl.count"
+  /usr/bin/python3 "$HERE/eio_fs.py" "$W/eio-back" "$W/eio" "$W/eio.ctl" >"$W/eiofs.log" 2>&1 &
+  for _ in $(seq 100); do mountpoint -q "$W/eio" && break; sleep 0.1; done
+  mountpoint -q "$W/eio" || fail "the FUSE file system did not mount: $(cat "$W/eiofs.log")"
+  start "$W/eio/pool"
+  for c in ea eb; do
+    call POST /v1/chat/completions "{\"messages\":$M1,\"max_tokens\":12,\"temperature\":0,\"conversation\":\"$c\"}"
+    expect 200 "turn 1 of $c on the FUSE folder"
+  done
+  wait_persisted
+  call POST /v1/mzcache/trim '{"level": 80}'; expect 200 "trim"
+  call GET /v1/mzcache/pool; rec0=$(jq_ 'd["server"]["recovered"]')
+  touch "$W/eio.ctl"
+  call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,$LP,\"conversation\":\"ea\"}"; r=$(cat "$W/resp")
+  expect 200 "a turn whose restore reads fail with EIO"
+  [ -s "$W/eio.ctl.count" ] || fail "no read failed: the turn did not read the storage"
+  same_logprobs "$r" "a turn recomputed after EIO"
+  call GET /v1/mzcache/pool; rec1=$(jq_ 'd["server"]["recovered"]')
+  [ "$rec1" -gt "$rec0" ] || fail "an EIO on restore was not counted as a recovery ($rec0 -> $rec1)"
+  rm -f "$W/eio.ctl"
+  call POST /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":12,\"temperature\":0,$LP,\"conversation\":\"eb\"}"; r=$(cat "$W/resp")
+  expect 200 "the other conversation once reads work"
+  same_logprobs "$r" "the other conversation after the EIO"
+  [ "$(jget 'd["usage"]["prompt_tokens_details"]["cached_tokens"]' <<<"$r")" -ge "$((P1 - 1))" ] ||
+    fail "the other conversation was computed again instead of restored"
+  [ "$(jget 'd["mzcache"]["units_restored"]' <<<"$r")" -gt 0 ] || fail "the other conversation restored nothing"
+  kill -0 "$PID" || fail "the server died"
+  ok "EIO on restore ($(cat "$W/eio.ctl.count") failed reads): answered from the request's history, recovery counted; the other conversation restored"
+  stop9
+  umount "$W/eio" || umount -l "$W/eio"
+else
+  echo "check_serve: skipped: EIO (needs root, /dev/fuse and python3-fusepy)"
 fi
 echo "check_serve: all checks passed"

@@ -62,8 +62,32 @@ check(usage && usage.prompt_tokens > r1.usage.prompt_tokens, 'streamed: usage ch
 check(usage && usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens - 1,
   `the resent history was not computed again (cached_tokens ${usage?.prompt_tokens_details?.cached_tokens}, turn 1 prompt ${r1.usage.prompt_tokens})`);
 
+// logprobs, non-streamed and streamed: one entry per sampled token, the same figures both ways
+// (greedy: the sampled token is the most likely one).
+const lpReq = { model, messages, max_tokens: 5, temperature: 0, logprobs: true, top_logprobs: 3 };
+const lp1 = await client.chat.completions.create(lpReq);
+const content = lp1.choices[0].logprobs?.content ?? [];
+check(content.length === lp1.usage.completion_tokens, `logprobs: ${content.length} entries for ${lp1.usage.completion_tokens} tokens`);
+check(content.every((e) => e.logprob <= 0 && e.top_logprobs.length === 3 && Array.isArray(e.bytes) &&
+  Math.abs(e.top_logprobs[0].logprob - e.logprob) < 1e-6 && e.top_logprobs[0].logprob >= e.top_logprobs[2].logprob),
+  'logprobs: <= 0, 3 alternatives, greedy picks the first');
+const lpStream = await client.chat.completions.create({ ...lpReq, stream: true });
+const streamed = [];
+for await (const chunk of lpStream) for (const e of chunk.choices[0]?.logprobs?.content ?? []) streamed.push(e);
+check(streamed.length === content.length && streamed.every((e, i) => e.token === content[i].token &&
+  Math.abs(e.logprob - content[i].logprob) < 1e-4), `streamed logprobs equal the non-streamed (${streamed.length})`);
+try {
+  await client.chat.completions.create({ model, messages, max_tokens: 2, top_logprobs: 2 });
+  check(false, 'top_logprobs without logprobs refused');
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.status === 400, `top_logprobs without logprobs: BadRequestError (${e.status})`);
+}
+
 const completion = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, temperature: 0 });
 check(completion.object === 'text_completion' && typeof completion.choices[0].text === 'string', 'completions.create');
+const clp = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, temperature: 0, logprobs: 2 });
+check(clp.choices[0].logprobs?.token_logprobs?.length === clp.usage.completion_tokens &&
+  clp.choices[0].logprobs.top_logprobs.every((t) => Object.keys(t).length >= 1), 'completions logprobs (legacy form)');
 
 // Errors arrive as the client's typed errors.
 try {

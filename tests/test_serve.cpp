@@ -64,7 +64,12 @@ TEST(ServeApi, RefusesWhatItCannotHonour) {
   Parse(R"({"messages":[{"role":"user","content":"x"}],"stop":["a","b","c","d","e"]})", false, "stop");
   Parse(R"({"messages":[{"role":"user","content":"x"}],"stop":[""]})", false, "stop");
   Parse(R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":0.5})", false, "presence_penalty");
-  Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})", false, "logprobs");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":"yes"})", false, "logprobs");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":2})", false, "top_logprobs");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", false, "top_logprobs");
+  EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}]})").top_logprobs, -1);
+  EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})").top_logprobs, 0);
+  EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})").top_logprobs, 20);
   Parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", false, "tools");
   Parse(R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", false, "stream");
   // A conversation id can never name a file.
@@ -92,6 +97,36 @@ TEST(ServeApi, CompletionsTakeAPrompt) {
   EXPECT_EQ(r.prompt, "Once upon");
   EXPECT_FALSE(ParseRequest(R"({"prompt":["a","b"]})", false, Limits(), &r, &e));
   EXPECT_EQ(e.param, "prompt");
+}
+
+TEST(ServeApi, LogprobsInBothFormsKeepTheExactBytes) {
+  ChatRequest r;
+  ApiError e;
+  // A piece that is half of a UTF-8 character: the token text is sanitized, the bytes are exact.
+  std::vector<TokenLogprob> lps(2);
+  lps[0].piece = "\xE2\x82";
+  lps[0].logprob = -0.5f;
+  lps[0].top = {{"\xE2\x82", -0.5f}, {"b", -1.5f}};
+  lps[1].piece = "ok";
+  lps[1].logprob = -0.25f;
+  ASSERT_TRUE(ParseRequest(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})", true,
+                           Limits(), &r, &e));
+  nlohmann::json j = LogprobsJson(r, lps);
+  ASSERT_EQ(j["content"].size(), 2u);
+  EXPECT_EQ(j["content"][0]["bytes"], nlohmann::json::array({0xE2, 0x82}));
+  EXPECT_EQ(j["content"][0]["token"], "\xEF\xBF\xBD\xEF\xBF\xBD");  // two U+FFFD: valid JSON text
+  EXPECT_FLOAT_EQ(j["content"][0]["top_logprobs"][1]["logprob"].get<float>(), -1.5f);
+  EXPECT_TRUE(j["refusal"].is_null());
+  (void)j.dump();  // would throw on invalid UTF-8
+  ASSERT_TRUE(ParseRequest(R"({"prompt":"x","logprobs":1})", false, Limits(), &r, &e));
+  EXPECT_EQ(r.top_logprobs, 1);
+  j = LogprobsJson(r, lps, 10);
+  EXPECT_EQ(j["text_offset"], nlohmann::json::array({10, 12}));
+  EXPECT_FLOAT_EQ(j["token_logprobs"][1].get<float>(), -0.25f);
+  EXPECT_FALSE(ParseRequest(R"({"prompt":"x","logprobs":6})", false, Limits(), &r, &e));
+  EXPECT_EQ(e.param, "logprobs");
+  ASSERT_TRUE(ParseRequest(R"({"messages":[{"role":"user","content":"x"}]})", true, Limits(), &r, &e));
+  EXPECT_TRUE(LogprobsJson(r, lps).is_null());  // not asked for: null, as OpenAI
 }
 
 TEST(ServeApi, ErrorBodyIsOpenAIs) {

@@ -141,7 +141,7 @@ class Server {
   void Completions(const httplib::Request& req, httplib::Response& res, bool chat);
   bool Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* err);
   std::shared_ptr<Job> Claim(const ChatRequest& r, std::vector<mz_token> prompt, ApiError* err);
-  serve::TurnResult Turn(Job& job, const std::function<bool(const std::string&)>& emit);
+  serve::TurnResult Turn(Job& job, const serve::EmitFn& emit);
   void FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history);
   int History(const std::string& id, std::vector<mz_token>* out);
   std::string TurnMarkPath(const std::string& id) const { return a_.dir + "/serve/" + id + ".turn"; }
@@ -310,7 +310,7 @@ int Server::History(const std::string& id, std::vector<mz_token>* out) {
   }
 }
 
-serve::TurnResult Server::Turn(Job& job, const std::function<bool(const std::string&)>& emit) {
+serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
   serve::TurnParams tp;
   tp.sampler.temperature = job.req.temperature;
   tp.sampler.top_p = job.req.top_p;
@@ -319,10 +319,11 @@ serve::TurnResult Server::Turn(Job& job, const std::function<bool(const std::str
   tp.max_tokens = std::min(job.req.max_tokens > 0 ? job.req.max_tokens : a_.max_tokens, a_.max_tokens);
   tp.n_ctx = a_.n_ctx;
   tp.stop = job.req.stop;
+  tp.top_logprobs = job.req.top_logprobs;
   bool emitted = false;
-  auto counting = [&](const std::string& s) {
+  auto counting = [&](const std::string& s, const std::vector<serve::TokenLogprob>& lps) {
     emitted = true;
-    return emit(s);
+    return emit(s, lps);
   };
   serve::TurnResult r = serve::RunTurn(model_, job.conv, job.prompt, job.claim.keep, tp, counting);
   const bool storage_fault = r.status == MZ_ERR_CORRUPT || r.status == MZ_ERR_IO;
@@ -408,7 +409,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     info->units_restored = t.restore.units_restored;
   };
   if (!r.stream) {
-    serve::TurnResult t = Turn(*job, [](const std::string&) { return true; });
+    serve::TurnResult t = Turn(*job, [](const std::string&, const std::vector<serve::TokenLogprob>&) { return true; });
     FinishJob(*job, false, t.history);
     if (t.status != MZ_OK) {
       failures_++;
@@ -422,7 +423,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     serve::TurnInfo info;
     usage(*job, t, &u, &info);
     res.set_header("X-Mz-Conversation", job->claim.id);
-    res.set_content(serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info)
+    res.set_content(serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info, t.logprobs)
                         .dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
     return;
@@ -439,7 +440,9 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     if (r.chat) alive = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, /*role_only=*/true));
     serve::TurnResult t;
     if (alive) {
-      t = Turn(*job, [&](const std::string& text) { return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false)); });
+      t = Turn(*job, [&](const std::string& text, const std::vector<serve::TokenLogprob>& lps) {
+        return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false, &lps));
+      });
       FinishJob(*job, false, t.history);
     } else {
       t.finish_reason = "cancelled";  // the turn never ran: the job's destructor abandons the claim
@@ -452,7 +455,11 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
       const std::string ev = "data: " + serve::ErrorBody(e) + "\n\n";
       sink.write(ev.data(), ev.size());
     } else if (t.finish_reason != "cancelled") {
-      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false));
+      // The last chunk carries the logprobs of tokens whose text never went out (held back, or
+      // after a stop string).
+      const std::vector<serve::TokenLogprob> rest(t.logprobs.begin() + std::ptrdiff_t(t.logprobs_emitted),
+                                                  t.logprobs.end());
+      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest));
       if (r.include_usage) {
         serve::Usage u;
         serve::TurnInfo info;

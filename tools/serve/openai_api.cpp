@@ -1,5 +1,7 @@
 #include "tools/serve/openai_api.h"
 
+#include "tools/serve/text_stream.h"
+
 #include <cmath>
 #include <limits>
 
@@ -119,6 +121,29 @@ bool Stop(const json& j, const Limits& limits, std::vector<std::string>* out, Ap
   return true;
 }
 
+// chat: logprobs (bool) and top_logprobs (0..20, needs logprobs); completions: logprobs (0..5).
+bool Logprobs(const json& j, bool chat, ChatRequest* out, ApiError* err) {
+  out->top_logprobs = -1;
+  std::optional<int64_t> n;
+  if (!chat) {
+    if (!Integer(j, "logprobs", 0, 5, &n, err)) return false;
+    if (n) out->top_logprobs = int(*n);
+    return true;
+  }
+  bool on = false;
+  if (!Bool(j, "logprobs", &on, err)) return false;
+  if (!Integer(j, "top_logprobs", 0, 20, &n, err)) return false;
+  if (n && !on) return Fail(err, "'top_logprobs' requires 'logprobs': true", "top_logprobs");
+  if (on) out->top_logprobs = n ? int(*n) : 0;
+  return true;
+}
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
 std::string Object(const ChatRequest& req, bool chunk) {
   if (!req.chat) return "text_completion";
   return chunk ? "chat.completion.chunk" : "chat.completion";
@@ -229,9 +254,7 @@ bool ParseRequest(const std::string& body, bool chat, const Limits& limits, Chat
     if (!Number(j, key, -2, 2, &v, err)) return false;
     if (v != 0) return Fail(err, std::string("'") + key + "' is not supported (only 0)", key);
   }
-  bool logprobs = false;
-  if (!Bool(j, "logprobs", &logprobs, err)) return false;
-  if (logprobs) return Fail(err, "'logprobs' is not supported", "logprobs");
+  if (!Logprobs(j, chat, out, err)) return false;
   if (j.contains("tools") && !j["tools"].is_null() && !(j["tools"].is_array() && j["tools"].empty()))
     return Fail(err, "tools are not supported", "tools");
   if (!Stop(j, limits, &out->stop, err)) return false;
@@ -244,9 +267,37 @@ bool ParseRequest(const std::string& body, bool chat, const Limits& limits, Chat
   return true;
 }
 
+json LogprobsJson(const ChatRequest& req, const std::vector<TokenLogprob>& lps, size_t text_offset0) {
+  if (req.top_logprobs < 0) return nullptr;
+  if (req.chat) {
+    json content = json::array();
+    for (const TokenLogprob& t : lps) {
+      json top = json::array();
+      for (const auto& [piece, lp] : t.top)
+        top.push_back({{"token", SanitizeUtf8(piece)}, {"logprob", lp}, {"bytes", Bytes(piece)}});
+      content.push_back({{"token", SanitizeUtf8(t.piece)}, {"logprob", t.logprob}, {"bytes", Bytes(t.piece)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), lp = json::array(), top = json::array(), off = json::array();
+  size_t at = text_offset0;
+  for (const TokenLogprob& t : lps) {
+    tokens.push_back(SanitizeUtf8(t.piece));
+    lp.push_back(t.logprob);
+    json alt = json::object();
+    for (const auto& [piece, l] : t.top) alt[SanitizeUtf8(piece)] = l;
+    top.push_back(alt);
+    off.push_back(at);
+    at += t.piece.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", off}};
+}
+
 json CompletionBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
-                    const std::string& text, const std::string& finish_reason, const Usage& u, const TurnInfo& info) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+                    const std::string& text, const std::string& finish_reason, const Usage& u, const TurnInfo& info,
+                    const std::vector<TokenLogprob>& logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", LogprobsJson(req, logprobs)}};
   if (req.chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
@@ -257,8 +308,11 @@ json CompletionBody(const ChatRequest& req, const std::string& id, const std::st
 }
 
 json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
-               const std::string* delta, const std::string* finish_reason, bool role_only) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}, {"logprobs", nullptr}};
+               const std::string* delta, const std::string* finish_reason, bool role_only,
+               const std::vector<TokenLogprob>* logprobs) {
+  json choice = {{"index", 0},
+                 {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
+                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json(nullptr)}};
   if (req.chat) {
     json d = json::object();
     if (role_only) d["role"] = "assistant";

@@ -12,8 +12,11 @@
 //   max_tokens | max_completion_tokens   >= 1 (the server caps it at its --max-tokens and n_ctx)
 //   temperature [0, 2] (default 1; 0 = greedy), top_p (0, 1] (default 1), top_k >= 0 (extension,
 //   default 0 = off), seed (integer), stop (a string or 1..4 non-empty strings, each <= 256 bytes)
-//   n = 1, presence_penalty = frequency_penalty = 0, logprobs false: other values are refused
-//   (400), never silently ignored
+//   logprobs: chat: `logprobs` true (and `top_logprobs` 0..20, which needs it); completions:
+//   `logprobs` 0..5 (the legacy form). The log-probabilities are the model's own distribution
+//   (log-softmax of the logits), whatever temperature, top_k and top_p do to the sampling
+//   n = 1, presence_penalty = frequency_penalty = 0: other values are refused (400), never
+//   silently ignored
 //   conversation  (extension) a conversation id of the pool to continue, [A-Za-z0-9._-]{1,128}
 // Unknown fields are ignored, as OpenAI-compatible servers do. The body is refused before it is
 // parsed when it nests deeper than limits.max_depth (a deeply nested body costs no stack).
@@ -50,6 +53,16 @@ struct ChatRequest {
   std::optional<uint32_t> seed;
   std::vector<std::string> stop;
   std::string conversation;           // extension; "" = found by the history it continues
+  int top_logprobs = -1;              // -1: no logprobs; else the alternatives per token (0..20)
+};
+
+// One sampled token's log-probability under the model (log-softmax of its logits row), and the
+// most likely alternatives, most likely first. Pieces are raw bytes: a piece may be part of a
+// UTF-8 character (bodies give the text sanitized and the exact bytes, as OpenAI does).
+struct TokenLogprob {
+  std::string piece;
+  float logprob = 0;
+  std::vector<std::pair<std::string, float>> top;
 };
 
 // An error as OpenAI reports it: {"error": {"message", "type", "param", "code"}} with an HTTP status.
@@ -87,15 +100,25 @@ struct TurnInfo {
   int units_restored = 0;
 };
 
-// The non-streamed response (object "chat.completion" or "text_completion").
+// A choice's "logprobs" value for these tokens: null unless req.top_logprobs >= 0; chat:
+// {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], "refusal": null};
+// completions: {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset} (offsets
+// from text_offset0, in bytes of the pieces).
+nlohmann::json LogprobsJson(const ChatRequest& req, const std::vector<TokenLogprob>& lps, size_t text_offset0 = 0);
+
+// The non-streamed response (object "chat.completion" or "text_completion"); logprobs: every
+// sampled token's (ignored unless req.top_logprobs >= 0).
 nlohmann::json CompletionBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
                               const std::string& text, const std::string& finish_reason, const Usage& u,
-                              const TurnInfo& info);
+                              const TurnInfo& info, const std::vector<TokenLogprob>& logprobs = {});
 // One streamed chunk ("chat.completion.chunk" / "text_completion"): role only (first chat chunk:
 // role_only), a text delta, or the end (finish_reason set, empty delta). Usage and mzcache figures
-// go in a last chunk with empty choices (stream_options.include_usage, as OpenAI does).
+// go in a last chunk with empty choices (stream_options.include_usage, as OpenAI does). logprobs:
+// the tokens sampled since the previous chunk (with req.top_logprobs >= 0; every token appears in
+// exactly one chunk, in order: those whose text is still held back go with a later one).
 nlohmann::json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
-                         const std::string* delta, const std::string* finish_reason, bool role_only);
+                         const std::string* delta, const std::string* finish_reason, bool role_only,
+                         const std::vector<TokenLogprob>* logprobs = nullptr);
 nlohmann::json UsageChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
                               const Usage& u, const TurnInfo& info);
 // "data: <json>\n\n": one server-sent event.

@@ -1,5 +1,7 @@
 #include "tools/serve/turn.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "tools/serve/text_stream.h"
@@ -24,11 +26,47 @@ std::string Piece(mz_model* model, mz_token t) {
   return big;
 }
 
+// The sampled token's log-probability under logits (n floats) and the k most likely, most likely
+// first: a log-softmax, computed in double.
+TokenLogprob Logprob(mz_model* model, const float* logits, int32_t n, mz_token t, int k) {
+  TokenLogprob out;
+  const float mx = *std::max_element(logits, logits + n);
+  double sum = 0;
+  for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
+  const double lse = double(mx) + std::log(sum);
+  out.piece = Piece(model, t);
+  out.logprob = float(double(logits[t]) - lse);
+  k = std::min(k, int(n));
+  if (k > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) idx[size_t(i)] = i;
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int i = 0; i < k; ++i)
+      out.top.emplace_back(Piece(model, idx[size_t(i)]), float(double(logits[idx[size_t(i)]]) - lse));
+  }
+  return out;
+}
+
 }  // namespace
 
 TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_token>& prompt, int keep,
-                   const TurnParams& params, const std::function<bool(const std::string&)>& emit) {
+                   const TurnParams& params, const EmitFn& emit) {
   TurnResult r;
+  int32_t n_vocab = 0;
+  if (params.top_logprobs >= 0) {
+    mz_model_info info;
+    if (int st = mz_model_get_info(model, &info); st != MZ_OK) return Failed(r, st);
+    n_vocab = info.n_vocab;
+  }
+  std::vector<TokenLogprob> pending;  // logprobs not yet given to emit
+  auto send = [&](const std::string& text) {
+    const bool go_on = emit(text, pending);
+    for (TokenLogprob& t : pending) r.logprobs.push_back(std::move(t));
+    r.logprobs_emitted = r.logprobs.size();
+    pending.clear();
+    return go_on;
+  };
   const int held = mz_conversation_n_tokens(conv);
   if (held < 0) return Failed(r, held);
   if (keep > held) keep = held;
@@ -57,9 +95,17 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       r.finish_reason = "stop";
       break;
     }
+    if (params.top_logprobs >= 0) {
+      const float* logits = mz_conversation_logits(conv, 0);  // the row mz_conversation_sample used
+      if (!logits) {
+        mz_conversation_commit(conv);
+        return Failed(r, MZ_ERR_INTERNAL);
+      }
+      pending.push_back(Logprob(model, logits, n_vocab, t, params.top_logprobs));
+    }
     ++r.completion_tokens;
     const std::string out = text.Push(Piece(model, t), &stopped);
-    if (!out.empty() && !emit(out)) {
+    if (!out.empty() && !send(out)) {
       r.finish_reason = "cancelled";
       break;
     }
@@ -78,8 +124,9 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
   }
   if (r.finish_reason != "cancelled") {
     const std::string rest = text.Finish();
-    if (!rest.empty() && !emit(rest)) r.finish_reason = "cancelled";
+    if (!rest.empty() && !send(rest)) r.finish_reason = "cancelled";
   }
+  for (TokenLogprob& t : pending) r.logprobs.push_back(std::move(t));  // after logprobs_emitted
   r.text = text.released();
   if (int st = mz_conversation_commit(conv); st != MZ_OK) return Failed(r, st);
   return r;

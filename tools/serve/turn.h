@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/serve/openai_api.h"
 
 namespace mz::serve {
 
@@ -22,6 +23,7 @@ struct TurnParams {
   int max_tokens = 256;   // >= 1
   int n_ctx = 8192;       // the conversation's context size
   std::vector<std::string> stop;
+  int top_logprobs = -1;  // >= 0: each sampled token's logprob and this many alternatives
 };
 
 struct TurnResult {
@@ -34,11 +36,19 @@ struct TurnResult {
   // The conversation's history after the turn: the prompt (when its restore_generate succeeded)
   // and the sampled tokens that were decoded (the last sampled one is not).
   std::vector<mz_token> history;
+  // With params.top_logprobs >= 0: every sampled token's, in order (an end-of-generation token is
+  // not listed). The first logprobs_emitted went to emit with text; the rest after them did not.
+  std::vector<TokenLogprob> logprobs;
+  size_t logprobs_emitted = 0;
 };
+
+// emit(text, logprobs): text that may be shown now, and the logprobs of the tokens sampled since
+// the previous call (empty unless params.top_logprobs >= 0).
+using EmitFn = std::function<bool(const std::string& text, const std::vector<TokenLogprob>& logprobs)>;
 
 // REQUIRES: 0 <= keep < prompt.size(); conv claimed by the caller. emit gets each piece of text as
 // soon as it may be shown; returning false stops the generation (a client gone).
 TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_token>& prompt, int keep,
-                   const TurnParams& params, const std::function<bool(const std::string&)>& emit);
+                   const TurnParams& params, const EmitFn& emit);
 
 }  // namespace mz::serve
