@@ -36,15 +36,18 @@ TokenLogprob Logprob(mz_model* model, const float* logits, int32_t n, mz_token t
   const double lse = double(mx) + std::log(sum);
   out.piece = Piece(model, t);
   out.logprob = float(double(logits[t]) - lse);
+  // The k best by one pass over the row, kept sorted (k <= 20): no per-token vocabulary-sized
+  // allocation. Ties go to the lower id.
   k = std::min(k, int(n));
-  if (k > 0) {
-    std::vector<int32_t> idx(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i) idx[size_t(i)] = i;
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    for (int i = 0; i < k; ++i)
-      out.top.emplace_back(Piece(model, idx[size_t(i)]), float(double(logits[idx[size_t(i)]]) - lse));
+  std::vector<int32_t> best;
+  best.reserve(size_t(k) + 1);
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  for (int32_t i = 0; i < n && k > 0; ++i) {
+    if (int(best.size()) == k && !better(i, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
+    if (int(best.size()) > k) best.pop_back();
   }
+  for (int32_t id : best) out.top.emplace_back(Piece(model, id), float(double(logits[id]) - lse));
   return out;
 }
 
