@@ -4,7 +4,7 @@
 # then the concurrency tests under TSan, then a short run of every fuzz target (libFuzzer, clang,
 # ASan+UBSan; scripts/fuzz.sh), then the library and its core suites cross-built for AArch64 and run
 # under qemu (scripts/test-arm64.sh). Exits non-zero if anything fails.
-#   MZ_FUZZ_SECONDS  seconds per fuzz target (default 20; 0 skips the stage)
+#   MZ_FUZZ_SECONDS  seconds per fuzz target (default 60, two targets at a time; 0 skips the stage)
 #   MZ_TEST_QUICK=1  only the normal build (for a fast local loop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,9 +67,9 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 stage fuzz
 # Each target for MZ_FUZZ_SECONDS from the committed seeds (fuzz/corpus/) plus what earlier runs on
 # this machine found; a crash fails the test. Per-target executions and coverage are printed.
-if [ "${MZ_FUZZ_SECONDS:-20}" != 0 ]; then
-  echo "[test] fuzz targets, ${MZ_FUZZ_SECONDS:-20} s each"
-  if ! scripts/fuzz.sh "${MZ_FUZZ_SECONDS:-20}" | tee -a "$LOG"; then
+if [ "${MZ_FUZZ_SECONDS:-60}" != 0 ]; then
+  echo "[test] fuzz targets, ${MZ_FUZZ_SECONDS:-60} s each"
+  if ! scripts/fuzz.sh "${MZ_FUZZ_SECONDS:-60}" | tee -a "$LOG"; then
     echo "[test] fuzzing failed (a crash, or the fuzz build)"; exit 1
   fi
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """kill -9 of `mzcache serve` at random points of its turns and their persistence (issue 25).
 
-Usage: serve_kill.py MZCACHE_CLI MODEL.gguf WORK_DIR [--kills N] [--seed S] [--conversations K]
+Usage: serve_kill.py MZCACHE_CLI MODEL.gguf WORK_DIR [--kills N] [--seed S] [--conversations K] [--tol T]
+                     [--perturb-reference]
 
 A client holds K named conversations and sends turns to them (each turn resends the whole history,
 as OpenAI clients do). After a random 0-600 ms, while turns run and the pool writes them behind,
@@ -11,7 +12,16 @@ the server is SIGKILLed and started again on the same folder. Then, for every co
     one before it: write-behind is at most one turn behind, so a conversation with one turn may
     not be stored yet), a prefix within the last acknowledged turn (write-behind saves between the
     calls of a turn), or the turn in flight: never less, never past what was computed;
-  - the client's next turn continues it (cached_tokens covers what was stored) and succeeds.
+  - the client's next turn continues it (cached_tokens covers what was stored) and succeeds, and
+    its logprobs (every sampled token and its 3 alternatives) equal those of a reference server
+    that is never killed and gets the same history: a state that was reopened silently wrong
+    (right length, wrong KV) would change them. The reference computes the history in other
+    batch splits, so equal means within --tol (default 0.05; the largest difference is printed;
+    a 500-kill run at 1e-3 saw one token 0.015 apart, with the same token: docs/reliability.md),
+    and a near tie (top two within --tol) may pick the other token, after which the rest of that
+    reply is not compared.
+--perturb-reference is the negative control: the reference gets the history with one word of its
+system message changed, and the run must see the difference (exit 0 when it does, 1 when not).
 Prints a table of kills and reopened states by outcome; exits 1 on the first violation.
 Loopback only; every wait is bounded.
 """
@@ -25,8 +35,14 @@ import sys
 import time
 
 
+SERVERS = []  # every server started, killed on failure so that none outlives the harness
+
+
 def fail(msg):
     print(f"serve_kill: FAILED: {msg}", file=sys.stderr)
+    for s in SERVERS:
+        if s.proc is not None and s.proc.poll() is None:
+            s.proc.kill()
     sys.exit(1)
 
 
@@ -35,6 +51,8 @@ class Server:
         self.cli, self.model, self.work = cli, model, work
         self.proc = None
         self.port = None
+        os.makedirs(work, exist_ok=True)
+        SERVERS.append(self)
 
     def start(self):
         pf = os.path.join(self.work, "port")
@@ -76,11 +94,47 @@ def main():
         model = os.path.join(os.environ["MZ_TEST_MODEL_DIR_OVERRIDE"], os.path.basename(model))
     opt = lambda name, d: int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else d
     kills, seed, k = opt("--kills", 20), opt("--seed", 1), opt("--conversations", 3)
+    tol = float(sys.argv[sys.argv.index("--tol") + 1]) if "--tol" in sys.argv else 0.05
+    perturb = "--perturb-reference" in sys.argv
     rng = random.Random(seed)
     os.makedirs(work, exist_ok=True)
-    subprocess.run(["rm", "-rf", os.path.join(work, "pool")])
+    subprocess.run(["rm", "-rf", os.path.join(work, "pool"), os.path.join(work, "ref")])
     srv = Server(cli, model, work)
     srv.start()
+    ref = Server(cli, model, os.path.join(work, "ref"))  # never killed: the logprobs to compare with
+    ref.start()
+    worst = {"diff": 0.0, "compared": 0, "ties": 0}
+
+    def differ(msg):
+        if perturb:
+            print(f"serve_kill: negative control: the perturbed reference was told apart ({msg})")
+            srv.kill()
+            ref.kill()
+            sys.exit(0)
+        fail(msg)
+
+    def same_logprobs(kill, conv, got, want):
+        """Fails unless the two replies' logprobs agree (see the module's docstring)."""
+        a = got["choices"][0]["logprobs"]["content"]
+        b = want["choices"][0]["logprobs"]["content"]
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x["token"] != y["token"]:
+                top = y["top_logprobs"]
+                if len(top) >= 2 and abs(top[0]["logprob"] - top[1]["logprob"]) <= tol:
+                    worst["ties"] += 1
+                    return
+                differ(f"kill {kill}: {conv} after restart sampled {x['token']!r} at token {i}, the never-killed "
+                     f"reference {y['token']!r}: the reopened state is not the one stored")
+            pairs = [(x["logprob"], y["logprob"])] + [(p["logprob"], q["logprob"]) for p, q in
+                                                      zip(x["top_logprobs"], y["top_logprobs"])]
+            for u, v in pairs:
+                d = abs(u - v)
+                worst["diff"] = max(worst["diff"], d)
+                if d > tol:
+                    differ(f"kill {kill}: {conv} after restart: logprob {u} vs the reference's {v} at token {i}")
+            worst["compared"] += 1
+        if len(a) != len(b):
+            fail(f"kill {kill}: {conv} after restart: {len(a)} tokens, the reference {len(b)}")
     # Per conversation: the messages acknowledged, and the token counts the pool reported after each
     # acknowledged turn (index = turns acknowledged).
     msgs = {f"k{i}": [{"role": "system", "content": f"conversation {i}"}] for i in range(k)}
@@ -153,10 +207,20 @@ def main():
                 fail(f"kill {kill}: {conv} holds {stored} tokens; acknowledged turns gave {seen[-3:]}")
             # The client carries on from what it has: the stored part is not computed again.
             turn = msgs[conv] + [{"role": "user", "content": f"turn {len(seen)} of {conv}"}]
-            status, r = srv.call("POST", "/v1/chat/completions",
-                                 {"messages": turn, "max_tokens": 3, "temperature": 0, "conversation": conv})
+            body = {"messages": turn, "max_tokens": 3, "temperature": 0, "conversation": conv, "logprobs": True,
+                    "top_logprobs": 3}
+            status, r = srv.call("POST", "/v1/chat/completions", body)
             if status != 200:
                 fail(f"kill {kill}: turn on {conv} after restart: HTTP {status}: {r}")
+            if perturb:
+                rbody = json.loads(json.dumps(body))
+                rbody["messages"][0]["content"] = rbody["messages"][0]["content"].replace("conversation", "chat")
+            status, rr = ref.call("POST", "/v1/chat/completions", rbody if perturb else body)
+            if status != 200:
+                fail(f"kill {kill}: the reference's turn on {conv}: HTTP {status}: {rr}")
+            # Kept for the investigation of a failure: the last request compared.
+            json.dump(body, open(os.path.join(work, "last-compared-request.json"), "w"))
+            same_logprobs(kill, conv, r, rr)
             # Everything up to the stored turn's prompt is the same tokens in the resent history (the
             # reply after it may tokenize differently): at least that is not computed again.
             cached = r["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -169,11 +233,16 @@ def main():
             prompts[conv].append(r["usage"]["prompt_tokens"])
         print(f"serve_kill: kill {kill + 1}/{kills}: {outcomes}", file=sys.stderr)
     srv.kill()
+    ref.kill()
+    if perturb:
+        fail("negative control: the perturbed reference's logprobs were not told apart")
     n = sum(outcomes.values())
     print(f"| kills | reopened states | latest | one turn behind | within the last turn | the turn in flight | failures |")
     print(f"|---|---|---|---|---|---|---|")
     print(f"| {kills} | {n} | {outcomes['latest']} | {outcomes['one behind']} | {outcomes['mid-turn']} | {outcomes['in flight']} | 0 |")
-    print(f"serve_kill: {kills} kills in {time.time() - t0:.0f} s, every state the old or the new one")
+    print(f"serve_kill: {kills} kills in {time.time() - t0:.0f} s, every state the old or the new one; "
+          f"{worst['compared']} tokens' logprobs compared with the never-killed reference, max difference "
+          f"{worst['diff']:.3g} (tolerance {tol:g}), {worst['ties']} near ties")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,20 @@ check(completion.object === 'text_completion' && typeof completion.choices[0].te
 const clp = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, temperature: 0, logprobs: 2 });
 check(clp.choices[0].logprobs?.token_logprobs?.length === clp.usage.completion_tokens &&
   clp.choices[0].logprobs.top_logprobs.every((t) => Object.keys(t).length >= 1), 'completions logprobs (legacy form)');
+// Streamed legacy logprobs: text_offset continues across chunks (each is the byte offset of its
+// token in the whole completion), equal to the non-streamed body's.
+const clpStream = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, temperature: 0,
+  logprobs: 2, stream: true });
+const offsets = [], toks = [];
+for await (const chunk of clpStream) {
+  const l = chunk.choices[0]?.logprobs;
+  if (l) { offsets.push(...l.text_offset); toks.push(...l.tokens); }
+}
+const want = clp.choices[0].logprobs;
+check(JSON.stringify(offsets) === JSON.stringify(want.text_offset) && JSON.stringify(toks) === JSON.stringify(want.tokens),
+  `streamed completions text_offset continues across chunks (${JSON.stringify(offsets)} vs ${JSON.stringify(want.text_offset)})`);
+check(want.text_offset.every((o, i) => i === 0 || o > want.text_offset[i - 1]) || want.tokens.some((t) => t === ''),
+  `text_offset increases (${JSON.stringify(want.text_offset)})`);
 
 // Errors arrive as the client's typed errors.
 try {

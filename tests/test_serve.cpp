@@ -123,6 +123,9 @@ TEST(ServeApi, LogprobsInBothFormsKeepTheExactBytes) {
   j = LogprobsJson(r, lps, 10);
   EXPECT_EQ(j["text_offset"], nlohmann::json::array({10, 12}));
   EXPECT_FLOAT_EQ(j["token_logprobs"][1].get<float>(), -0.25f);
+  // A streamed chunk continues the offsets of the chunks before it.
+  const nlohmann::json chunk = ChunkBody(r, "id", "m", 0, nullptr, nullptr, false, &lps, 7);
+  EXPECT_EQ(chunk["choices"][0]["logprobs"]["text_offset"], nlohmann::json::array({7, 9}));
   EXPECT_FALSE(ParseRequest(R"({"prompt":"x","logprobs":6})", false, Limits(), &r, &e));
   EXPECT_EQ(e.param, "logprobs");
   ASSERT_TRUE(ParseRequest(R"({"messages":[{"role":"user","content":"x"}]})", true, Limits(), &r, &e));

@@ -173,6 +173,19 @@ struct Server::Job {
     if (!finished && !claim.id.empty()) s->router_.Abandon(claim.id, false);
     if (slot) s->slots_.Release();
   }
+  // Moves the job onto a fresh claim (a new, empty conversation) after its own was found damaged.
+  // The old claim must have been ended already (FinishJob with damaged = true); its handle is
+  // released here. Returns mz_pool_open's status; on failure the job holds no handle, and its
+  // destructor abandons the fresh claim.
+  int Rebind(serve::Router::Claim fresh) {
+    if (conv) mz_conversation_release(conv);
+    conv = nullptr;
+    claim = std::move(fresh);
+    claim.keep = 0;
+    finished = false;
+    was_empty = true;
+    return mz_pool_open(s->pool_, claim.id.c_str(), &conv);
+  }
 };
 
 bool Server::Authorized(const httplib::Request& req, httplib::Response& res) {
@@ -335,17 +348,11 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
                  job.claim.id.c_str(), r.error.c_str());
     recovered_++;
     FinishJob(job, /*damaged=*/true, {});
-    job.finished = false;
-    mz_conversation_release(job.conv);
-    job.conv = nullptr;
-    job.claim = router_.Acquire(job.prompt, RandomId("c-"));
-    if (mz_pool_open(pool_, job.claim.id.c_str(), &job.conv) != MZ_OK) {
+    if (job.Rebind(router_.Acquire(job.prompt, RandomId("c-"))) != MZ_OK) {
       r.status = MZ_ERR_INTERNAL;
       r.error = mz_last_error();
       return r;
     }
-    job.claim.keep = 0;
-    job.was_empty = true;
     r = serve::RunTurn(model_, job.conv, job.prompt, 0, tp, counting);
   }
   return r;
@@ -439,9 +446,16 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     bool alive = true;
     if (r.chat) alive = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, /*role_only=*/true));
     serve::TurnResult t;
+    size_t offset = 0;  // completions' text_offset of the next chunk's first token: bytes sent so far
+    auto advance = [&offset](const std::vector<serve::TokenLogprob>& lps) {
+      const size_t at = offset;
+      for (const serve::TokenLogprob& l : lps) offset += l.piece.size();
+      return at;
+    };
     if (alive) {
       t = Turn(*job, [&](const std::string& text, const std::vector<serve::TokenLogprob>& lps) {
-        return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false, &lps));
+        const size_t at = advance(lps);
+        return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false, &lps, at));
       });
       FinishJob(*job, false, t.history);
     } else {
@@ -459,7 +473,8 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
       // after a stop string).
       const std::vector<serve::TokenLogprob> rest(t.logprobs.begin() + std::ptrdiff_t(t.logprobs_emitted),
                                                   t.logprobs.end());
-      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest));
+      const size_t at = advance(rest);
+      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest, at));
       if (r.include_usage) {
         serve::Usage u;
         serve::TurnInfo info;

@@ -309,10 +309,10 @@ json CompletionBody(const ChatRequest& req, const std::string& id, const std::st
 
 json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
                const std::string* delta, const std::string* finish_reason, bool role_only,
-               const std::vector<TokenLogprob>* logprobs) {
+               const std::vector<TokenLogprob>* logprobs, size_t text_offset0) {
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
-                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs) : json(nullptr)}};
+                 {"logprobs", logprobs ? LogprobsJson(req, *logprobs, text_offset0) : json(nullptr)}};
   if (req.chat) {
     json d = json::object();
     if (role_only) d["role"] = "assistant";

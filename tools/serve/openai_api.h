@@ -116,9 +116,12 @@ nlohmann::json CompletionBody(const ChatRequest& req, const std::string& id, con
 // go in a last chunk with empty choices (stream_options.include_usage, as OpenAI does). logprobs:
 // the tokens sampled since the previous chunk (with req.top_logprobs >= 0; every token appears in
 // exactly one chunk, in order: those whose text is still held back go with a later one).
+// text_offset0 (completions): the byte offset of the first of these tokens in the whole
+// completion, i.e. the summed piece sizes of every token sent in earlier chunks, so that a
+// stream's text_offset values continue across chunks exactly as the non-streamed body's.
 nlohmann::json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
                          const std::string* delta, const std::string* finish_reason, bool role_only,
-                         const std::vector<TokenLogprob>* logprobs = nullptr);
+                         const std::vector<TokenLogprob>* logprobs = nullptr, size_t text_offset0 = 0);
 nlohmann::json UsageChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
                               const Usage& u, const TurnInfo& info);
 // "data: <json>\n\n": one server-sent event.
