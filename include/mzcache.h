@@ -184,6 +184,29 @@ int mz_context_truncate(mz_context* ctx, int32_t n_keep);
  * MZ_ERR_NO_MEMORY (ggml could not make the pinned thread pool). On any error the threads and their
  * CPUs are as before the call. */
 int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cpus, int32_t n_cpus);
+/* The context's compute threads now (since 0.10): *n_threads (optional) receives their number and
+ * cpus (NULL with cap 0 to size) the first min(cap, n) CPU ids they are pinned to, ascending.
+ * Returns n, the number of pinned CPUs (0: not pinned), or MZ_ERR_INVALID_ARG (NULL context,
+ * cap < 0, cpus NULL with cap > 0). Not thread-safe with a concurrent mz_context_set_threads. */
+int32_t mz_context_get_threads(mz_context* ctx, int32_t* n_threads, int32_t* cpus, int32_t cap);
+/* Parses a CPU list as the kernel writes them and mz_context_set_threads takes them ("0-3,5,7-8";
+ * ids below 4096) into ascending, distinct CPU ids (since 0.10). Writes the first min(cap, n) to out
+ * (NULL with cap 0 to size) and returns n (0 for an empty list), or MZ_ERR_INVALID_ARG (NULL list,
+ * cap < 0, out NULL with cap > 0, or text that is not a CPU list: mz_last_error quotes it). */
+int32_t mz_parse_cpu_list(const char* list, int32_t* out, int32_t cap);
+/* One kind of CPU of this device (since 0.10; an output struct, frozen like the others). */
+struct mz_cpu_cluster {
+  uint32_t capacity;     /* sysfs cpu_capacity of its fastest CPU (arm64: 1024 = the fastest core; 0: absent) */
+  uint64_t max_freq_khz; /* cpufreq/cpuinfo_max_freq of its fastest CPU (0: absent) */
+  int32_t n_cpus;
+  uint64_t cpus[64];     /* CPU c (< 4096) belongs to it iff bit c % 64 of cpus[c / 64] is set */
+};
+/* The online CPUs grouped by kind, fastest first (capacity, then maximum frequency), as the default
+ * pinning of mz_context_params.n_threads sees them (since 0.10): writes the first min(cap, n) to
+ * out (NULL with cap 0 to size) and returns n, the number of clusters (1 on a homogeneous CPU), or
+ * a negative status: MZ_ERR_INVALID_ARG (cap < 0, out NULL with cap > 0), MZ_ERR_IO /
+ * MZ_ERR_CORRUPT (/sys/devices/system/cpu cannot be read or parsed: mz_last_error says why). */
+int32_t mz_cpu_clusters(struct mz_cpu_cluster* out, int32_t cap);
 
 /* ---- sustained runs: thread and duty-cycle caps, thermal stepping (since 0.9) ---- */
 /* A long generation on a phone heats it and the platform throttles (clocks, cores, DRAM) after
@@ -195,6 +218,17 @@ int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cp
  * mz_context_set_threads path: the conversation and the logits are as without it. Checked once per
  * window, after mz_decode / mz_restore_generate return, on the calling thread (which also sleeps
  * for the duty cycle there). See docs/results/sustained for what the caps cost. */
+/* What one window of sustained mode did to the threads (since 0.10), passed to
+ * mz_sustained_params.on_event. The strings are valid during the callback only. */
+struct mz_sustained_event {
+  int32_t from, to;   /* compute threads before and after (refused: after = before) */
+  int32_t wanted;     /* the thread count the controller asked for (= to unless refused) */
+  bool refused;       /* the controller asked for a change that mz_context_set_threads' path refused */
+  const char* reason; /* "hot", "drift", "cool", "probe" */
+  const char* why;    /* the controller's words, e.g. "thermal_zone3 (cpu) 71.0 C >= 70.0 C" */
+  int32_t status;     /* refused: the mz_status of the refusal (MZ_ERR_BUSY...); else MZ_OK */
+  const char* error;  /* refused: its message; else "" */
+};
 struct mz_sustained_params {
   uint32_t struct_size; /* set by mz_sustained_default_params(): see "Params structs" above */
   int32_t max_threads;  /* cap (default 0: the context's compute threads when enabled; with pinned
@@ -213,6 +247,13 @@ struct mz_sustained_params {
                            down (default 120; 0: never) */
   float window_s;       /* sensors read and decision made at most this often (default 1) */
   const char* thermal_root; /* default NULL: /sys/class/thermal (tests pass a fake tree) */
+  /* since 0.10 */
+  const char* thermal_zone; /* only zones whose type contains this (default NULL: every zone) */
+  /* Called when a window changed the thread count or a change was refused (default NULL: not
+   * reported), on the generating thread inside mz_decode / mz_restore_generate, after the step; it
+   * must not call into ctx. user is passed through. */
+  void (*on_event)(const struct mz_sustained_event* ev, void* user);
+  void* user;
 };
 struct mz_sustained_params mz_sustained_default_params(void);
 /* Enables (params != NULL, replacing an earlier setting) or disables (NULL) sustained mode on ctx.
@@ -236,6 +277,17 @@ struct mz_sustained_stats {
 /* Fills *out (zeros with enabled = 0 when sustained mode is off). May be called from any thread.
  * MZ_ERR_INVALID_ARG for NULL arguments. */
 int mz_context_get_sustained_stats(mz_context* ctx, struct mz_sustained_stats* out);
+/* What sustained mode works with (since 0.10; an output struct, frozen like the others). */
+struct mz_sustained_info {
+  int32_t enabled;
+  int32_t min_threads, max_threads; /* the range it steps the compute threads in */
+  int32_t threads;                  /* compute threads now */
+  char sensors[256];                /* the sensors it reads, e.g. "no thermal sensors (...)" or "2 zones
+                                       with trip points: ..." (truncated to fit) */
+};
+/* Fills *out (zeros with enabled = 0 when sustained mode is off). May be called from any thread.
+ * MZ_ERR_INVALID_ARG for NULL arguments. */
+int mz_context_get_sustained_info(mz_context* ctx, struct mz_sustained_info* out);
 
 /* ---- elastic memory ---- */
 enum mz_unit_kind { MZ_UNIT_WEIGHTS = 0, MZ_UNIT_KV = 1 };
@@ -395,6 +447,19 @@ int32_t mz_residency_report(mz_context* ctx, bool with_smaps, struct mz_residenc
                             struct mz_unit_residency* units, int32_t cap);
 
 /* ---- sessions: a conversation saved to a file and loaded in another process ---- */
+/* What a session file holds (since 0.10; an output struct, frozen like the others). */
+struct mz_session_info {
+  int32_t n_tokens;
+  int32_t n_chunks;  /* KV chunks per layer */
+  char codec[32];    /* the KV codec it was saved with ("q8", "none", ...) */
+  uint64_t file_bytes;
+};
+/* Reads the header and index of the session file at path as mz_session_load into ctx would check
+ * them (model identity, KV geometry, checksums of header and index; no chunk is read and ctx is not
+ * changed) and fills *out. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL argument, a file saved with
+ * another chunk size); MZ_ERR_IO (cannot be read); MZ_ERR_CORRUPT (damaged, or saved with another
+ * model: mz_last_error says which). *out is zeroed on error. */
+int mz_session_get_info(mz_context* ctx, const char* path, struct mz_session_info* out);
 /* Writes tokens + KV (codec "none" is lossless; default q8 when NULL) crash-safely. */
 int mz_session_save(mz_context* ctx, const char* path, const char* codec);
 /* Replaces the context's conversation with the file's; on error the context is unchanged. */
@@ -451,6 +516,26 @@ enum mz_trim_level {
  * watcher if one runs (one policy state per context), else the default mz_pressure_params. */
 int mz_on_trim_memory(mz_context* ctx, int32_t level);
 
+/* One action of a context's pressure handling (since 0.10), passed to mz_pressure_params.on_action.
+ * The strings are valid during the callback only. */
+struct mz_pressure_action {
+  const char* source;      /* the event's source: the watcher's ("psi", "cgroup-v1:..."), the one given
+                              to mz_pressure_submit, "onTrimMemory(N)", or "restore-ahead" (a
+                              background restore waiting for free memory, or restored: see restored) */
+  int32_t level;           /* 0 none, 1 low, 2 medium, 3 critical */
+  const char* level_name;  /* "none", "low", "medium", "critical" */
+  uint64_t requested;      /* bytes the amount policy asked for (0: nothing to do, see note) */
+  uint64_t freed;          /* bytes given back */
+  bool deferred;           /* arrived during a generation, applied at a safe point after it */
+  bool restored;           /* a background restore slice of restored_bytes, not an eviction */
+  uint64_t restored_bytes;
+  double remaining;        /* share of LLM memory resident after the action */
+  double delay_s;          /* from the event to the action */
+  uint32_t repeats;        /* further identical nothing-done events coalesced into this one */
+  int32_t status;          /* MZ_OK, or the action's error (e.g. MZ_ERR_NO_SPACE: the context is intact) */
+  const char* error;       /* its message ("" with MZ_OK) */
+  const char* note;        /* why nothing was done ("merged", "at floor", ...), or "" */
+};
 struct mz_pressure_params {
   uint32_t struct_size; /* set by mz_pressure_default_params(): see "Params structs" above */
   const char* source;       /* "auto" (default), "psi", "cgroup-v1", "watermark", "manual" */
@@ -469,6 +554,12 @@ struct mz_pressure_params {
   uint32_t poll_ms;         /* watermark poller period (default 100) */
   float restore_margin;     /* background restore: restore only what fits while this share of the
                                watched limit (cgroup limit or MemTotal) stays free (default 0.2) */
+  /* since 0.10: called after every action of the watcher this params struct starts (default NULL:
+   * not reported), on the thread that applied it: the watcher's, a safe point's (the generating
+   * thread, right after its call), or mz_pressure_submit's caller. It must not call into ctx.
+   * user is passed through. */
+  void (*on_action)(const struct mz_pressure_action* action, void* user);
+  void* user;
 };
 struct mz_pressure_params mz_pressure_default_params(void);
 /* Starts a thread that watches the system's memory pressure (source per params; "auto" picks
@@ -498,6 +589,27 @@ struct mz_pressure_stats {
 };
 /* Statistics of the context's pressure handling (all zero if it never saw an event). */
 int mz_pressure_get_stats(mz_context* ctx, struct mz_pressure_stats* out);
+/* Why the running watcher uses its source (since 0.10): which one "auto" chose and why the others
+ * were not, as text, into buf NUL-terminated (truncated to cap-1 bytes; buf may be NULL with cap 0).
+ * Returns its full length (0: no watcher runs), or MZ_ERR_INVALID_ARG (NULL ctx, cap < 0, buf NULL
+ * with cap > 0). */
+int32_t mz_pressure_watch_reason(mz_context* ctx, char* buf, int32_t cap);
+/* Handles one pressure event of level (0 none, 1 low, 2 medium, 3 critical: as a watcher's source
+ * reports them) named source (NULL: "manual") exactly as the context's watcher would: the amounts of
+ * its params (without a watcher, of the default mz_pressure_params, as mz_on_trim_memory), its
+ * on_action called on this thread (since 0.10; a simulated event, e.g. for a shell command). Level
+ * 0 gives nothing back; it only tells the policy that the pressure is gone. Returns as
+ * mz_on_trim_memory: MZ_OK when handled, MZ_ERR_BUSY when queued behind a generation (applied at
+ * its safe point; nothing to retry), MZ_ERR_INVALID_ARG (NULL ctx, level outside 0..3), or an
+ * eviction error (the context intact). May be called from another thread as mz_on_trim_memory. */
+int mz_pressure_submit(mz_context* ctx, int32_t level, const char* source);
+/* Declares a generation of several calls (since 0.10), e.g. one chat reply from its prefill to its
+ * last token: while generating is true, events below critical that arrive are not applied at the
+ * safe point after each mz_decode but when generating is set false again (itself a safe point: the
+ * queued eviction runs on this thread then); critical events still pause the generation at its next
+ * safe point. Applies to the context's watcher or mz_on_trim_memory's handler, and to one started
+ * later. Returns MZ_OK, or MZ_ERR_INVALID_ARG for a NULL ctx. Call from the generating thread. */
+int mz_pressure_set_generating(mz_context* ctx, bool generating);
 
 /* ---- device profile: the throughputs the eviction policy balances (paper 4.3) ----
  * Measured once per device (and storage): codec encode/decode throughput and ratio on real KV of

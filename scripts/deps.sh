@@ -82,13 +82,12 @@ log "building ggml + llama.cpp (2 cores: about 10 minutes, once)"
 # shellcheck disable=SC2086
 cmake -S src -B build -G Ninja $BUILD_FLAGS -DCMAKE_INSTALL_PREFIX="$PREFIX" \
   -DCMAKE_INSTALL_RPATH="$PREFIX/lib" -DCMAKE_BUILD_RPATH="$PREFIX/lib" >&2
-cmake --build build --target llama ggml llama-bench llama-cli llama-simple -j "$(nproc)" >&2 \
-  || cmake --build build --target llama ggml llama-bench -j "$(nproc)" >&2
+cmake --build build --target llama ggml llama-bench -j "$(nproc)" >&2
 # Install by hand: only the targets above were built, so `cmake --install` would fail on the rest.
 rm -rf "$PREFIX" && mkdir -p "$PREFIX/include" "$PREFIX/lib" "$PREFIX/bin"
 cp src/include/*.h src/ggml/include/*.h "$PREFIX/include/"
 cp -P build/bin/*.so* "$PREFIX/lib/"
-for b in llama-bench llama-cli llama-simple llama-server; do
+for b in llama-bench llama-server; do
   [ -x build/bin/$b ] && cp build/bin/$b "$PREFIX/bin/"
 done
 # Models' vocabularies: the synthesizer copies tokenizers from here.

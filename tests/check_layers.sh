@@ -7,6 +7,8 @@
 #   - an include "x/..." names a file that does not exist in src/ (stale path);
 #   - the includes between files form a cycle (tsort), or the includes between folders do (which
 #     with a strict order can only come from an upward include, so this is a second look).
+#   - a file of the thin commands (tools/serve/, tools/cli/ but for the exceptions named below)
+#     includes a header of src/ (they are built on mzcache.h only).
 # Only quoted includes whose first path part is a layer are checked ("mzcache.h", "ggml.h" and the
 # system headers are not part of src/). Usage: tests/check_layers.sh [repo root] (default: the
 # checkout this script lives in). Needs bash, grep, sed, tsort (coreutils).
@@ -58,6 +60,26 @@ for edges in "$file_edges" "$dir_edges"; do
     echo "$out" | sed 's/^/  /'
     fail=1
   fi
+done
+
+# The thin commands: tools/serve/ and tools/cli/ are built on the public C API (mzcache.h) and the
+# CLI's own helpers (tools/...), and include nothing of src/, except the files named here with the
+# reason they need the library's insides:
+#   cmd_model.cpp  make-model and info: the GGUF synthesizer and the weight-unit table (no C API)
+#   cmd_plan.cpp   plan --recommend: device tiers from the device profile and the shape table
+THIN_EXCEPT=" tools/cli/cmd_model.cpp tools/cli/cmd_plan.cpp "
+cd "$root"
+for f in tools/serve/* tools/cli/*; do
+  [ -f "$f" ] || continue
+  case "$THIN_EXCEPT" in *" $f "*) continue ;; esac
+  while IFS=: read -r line inc; do
+    to=${inc%%/*}
+    if [ -n "${rank[$to]+x}" ]; then
+      echo "layering: $f:$line includes \"$inc\": the thin commands use mzcache.h, not the library's insides"
+      fail=1
+    fi
+  done < <(grep -n -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"[^"]+"' "$f" |
+           sed -E 's/^([0-9]+):[[:space:]]*#[[:space:]]*include[[:space:]]+"([^"]+)".*/\1:\2/')
 done
 
 if [ "$fail" -ne 0 ]; then

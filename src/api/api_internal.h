@@ -34,12 +34,17 @@ struct mz_context {
   // disabled or replaced, so a new setting does not start from what the old one stepped down to.
   int pre_sustained_threads = 0;
   std::vector<int> pre_sustained_cpus;
+  // mz_sustained_params.on_event / user of the setting in force (NULL: not reported).
+  void (*sustained_on_event)(const mz_sustained_event*, void*) = nullptr;
+  void* sustained_user = nullptr;
   // Memory pressure (mz_on_trim_memory, mz_pressure_*). The monitor is declared last: destroyed
   // (thread joined, safe-point hook removed) before everything its callback uses and the context.
   std::mutex stats_mu;
   mz_pressure_stats stats{};
-  std::mutex pressure_mu;  // guards pressure and watching
+  std::mutex pressure_mu;  // guards pressure, watching, watch_why and generating
   bool watching = false;
+  std::string watch_why;   // why the watcher's source was chosen (mz_pressure_watch_reason)
+  bool generating = false; // mz_pressure_set_generating: a monitor installed meanwhile begins one too
   std::unique_ptr<mz::PressureMonitor> pressure;
 };
 struct mz_sampler {
@@ -114,14 +119,22 @@ mz::Status ToPressureOptions(const mz_pressure_params& p, mz::PressureSourceOpti
 // Android onTrimMemory level -> pressure level (see mz_on_trim_memory); false: no action.
 bool TrimLevel(int32_t level, mz::PressureLevel* out);
 // Runs one generation step f (a Decode / RestoreGenerate of n tokens) and, when it succeeded and
-// sustained mode is on, lets it pace and step the threads (SustainedMode::AfterStep).
+// sustained mode is on, lets it pace and step the threads (SustainedMode::AfterStep) and reports a
+// change or a refusal to mz_sustained_params.on_event.
 template <class F>
 mz::Status SustainedStep(mz_context* c, int n, F&& f) {
   if (!c->sustained) return f();
   mz::Env* env = c->ctx->model()->env();
   const uint64_t t0 = env->NowNs();
   mz::Status st = f();
-  if (st.ok()) c->sustained->AfterStep(n, t0, env->NowNs());
+  if (!st.ok()) return st;
+  mz::SustainedEvent ev;
+  c->sustained->AfterStep(n, t0, env->NowNs(), &ev);
+  if (c->sustained_on_event && (ev.changed || ev.refused)) {
+    const mz_sustained_event e{ev.from, ev.refused ? ev.from : ev.to, ev.wanted, ev.refused, mz::SustainedReasonName(ev.reason),
+                               ev.why.c_str(), int32_t(ev.status.code()), ev.status.message().c_str()};
+    c->sustained_on_event(&e, c->sustained_user);
+  }
   return st;
 }
 }  // namespace mz_api

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "env/cpu_topology.h"
 #include "model/model.h"
 #include "policy/profiler.h"
 #include "pressure/manual_source.h"
@@ -211,6 +212,60 @@ int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cp
   });
 }
 
+int32_t mz_context_get_threads(mz_context* ctx, int32_t* n_threads, int32_t* cpus, int32_t cap) {
+  if (n_threads) *n_threads = 0;
+  int32_t n = 0;
+  const int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    if (cap < 0 || (!cpus && cap > 0)) return mz::Status::InvalidArgument("cpus must hold cap >= 0 entries");
+    std::vector<int> c = ctx->ctx->compute_cpus();
+    std::sort(c.begin(), c.end());  // the header promises ascending ids, whatever order they were given in
+    n = int32_t(c.size());
+    for (int32_t i = 0; i < std::min(n, cap); ++i) cpus[i] = c[size_t(i)];
+    if (n_threads) *n_threads = ctx->ctx->n_threads();
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : int32_t(rc);
+}
+
+int32_t mz_parse_cpu_list(const char* list, int32_t* out, int32_t cap) {
+  int32_t n = 0;
+  const int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!list) return mz::Status::InvalidArgument("null list");
+    if (cap < 0 || (!out && cap > 0)) return mz::Status::InvalidArgument("out must hold cap >= 0 entries");
+    std::vector<int> c;
+    MZ_RETURN_IF_ERROR(mz::ParseCpuList(list, &c));
+    n = int32_t(c.size());
+    for (int32_t i = 0; i < std::min(n, cap); ++i) out[i] = c[size_t(i)];
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : int32_t(rc);
+}
+
+int32_t mz_cpu_clusters(mz_cpu_cluster* out, int32_t cap) {
+  int32_t n = 0;
+  const int rc = Guard(__func__, [&]() -> mz::Status {
+    if (cap < 0 || (!out && cap > 0)) return mz::Status::InvalidArgument("out must hold cap >= 0 entries");
+    mz::CpuTopology topo;
+    MZ_RETURN_IF_ERROR(mz::ReadCpuTopology(mz::Env::Default(), &topo));
+    n = int32_t(topo.clusters.size());
+    for (int32_t i = 0; i < std::min(n, cap); ++i) {
+      const mz::CpuCluster& cl = topo.clusters[size_t(i)];
+      mz_cpu_cluster& o = out[i];
+      o = mz_cpu_cluster{};
+      o.capacity = cl.capacity;
+      o.max_freq_khz = cl.max_freq_khz;
+      for (int c : cl.cpus) {
+        if (c < 0 || c >= 64 * 64) continue;  // beyond the mask (ParseCpuList refuses such ids)
+        o.cpus[c / 64] |= uint64_t(1) << (c % 64);
+        ++o.n_cpus;
+      }
+    }
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : int32_t(rc);
+}
+
 int mz_evict(mz_context* ctx, uint64_t bytes, const mz_plan* plan, uint64_t* freed) {
   if (freed) *freed = 0;
   return Guard(__func__, [&]() -> mz::Status {
@@ -380,6 +435,20 @@ int mz_session_save(mz_context* ctx, const char* path, const char* codec) {
   });
 }
 
+int mz_session_get_info(mz_context* ctx, const char* path, mz_session_info* out) {
+  if (out) *out = mz_session_info{};
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx || !path || !out) return mz::Status::InvalidArgument("null argument");
+    std::unique_ptr<mz::SessionReader> r;
+    MZ_RETURN_IF_ERROR(mz::SessionReader::Open(*ctx->ctx->model(), ctx->ctx->kv().geometry().chunk_tokens, path, &r));
+    out->n_tokens = int32_t(r->tokens().size());
+    out->n_chunks = r->n_chunks();
+    CopyText(r->codec(), out->codec, sizeof out->codec);
+    out->file_bytes = r->file_bytes();
+    return mz::Status::Ok();
+  });
+}
+
 int mz_session_load(mz_context* ctx, const char* path) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx || !path) return mz::Status::InvalidArgument("null argument");
@@ -518,30 +587,64 @@ mz::Status ToPressureOptions(const mz_pressure_params& p, mz::PressureSourceOpti
 namespace {
 using mz_api::ToPressureOptions;
 
-// Makes ctx->pressure a monitor over `src`, counting its actions into ctx->stats. pressure_mu held.
-void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, const mz::AmountOptions& ao) {
+// Makes ctx->pressure a monitor over `src`, counting its actions into ctx->stats and passing each to
+// on_action (mz_pressure_params.on_action; NULL: none) with user. pressure_mu held.
+void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, const mz::AmountOptions& ao,
+                    void (*on_action)(const mz_pressure_action*, void*) = nullptr, void* user = nullptr) {
   ctx->pressure.reset();  // first: the old monitor's destructor removes the safe-point hook
   ctx->pressure = std::make_unique<mz::PressureMonitor>(ctx->ctx.get(), std::move(src), ao);
-  ctx->pressure->set_on_action([ctx](const mz::PressureAction& a) {
-    std::lock_guard<std::mutex> lk(ctx->stats_mu);
-    mz_pressure_stats& s = ctx->stats;
-    if (a.restored) {
-      if (a.status.ok()) s.restores++;
-      s.bytes_restored += a.restored_bytes;
-    } else if (a.event.source == "restore-ahead") {
-      // waiting for headroom: not a pressure event
-    } else {
-      s.events++;
-      s.last_level = int32_t(a.event.level);
-      s.last_freed = a.freed;
-      if (a.freed > 0) {
-        s.evictions++;
-        s.deferred += a.deferred ? 1 : 0;
-        s.bytes_freed += a.freed;
+  if (ctx->generating) ctx->pressure->BeginGeneration();
+  ctx->pressure->set_on_action([ctx, on_action, user](const mz::PressureAction& a) {
+    {
+      std::lock_guard<std::mutex> lk(ctx->stats_mu);
+      mz_pressure_stats& s = ctx->stats;
+      if (a.restored) {
+        if (a.status.ok()) s.restores++;
+        s.bytes_restored += a.restored_bytes;
+      } else if (a.event.source == "restore-ahead") {
+        // waiting for headroom: not a pressure event
+      } else {
+        s.events++;
+        s.last_level = int32_t(a.event.level);
+        s.last_freed = a.freed;
+        if (a.freed > 0) {
+          s.evictions++;
+          s.deferred += a.deferred ? 1 : 0;
+          s.bytes_freed += a.freed;
+        }
       }
-    }
-    s.last_remaining = a.remaining;
+      s.last_remaining = a.remaining;
+    }  // stats_mu released: on_action may read the statistics
+    if (!on_action) return;
+    const mz_pressure_action x{a.event.source.c_str(),
+                               int32_t(a.event.level),
+                               mz::PressureLevelName(a.event.level),
+                               a.requested,
+                               a.freed,
+                               a.deferred,
+                               a.restored,
+                               a.restored_bytes,
+                               a.remaining,
+                               double(a.applied_ns - std::min(a.applied_ns, a.event.time_ns)) * 1e-9,
+                               a.repeats,
+                               int32_t(a.status.code()),
+                               a.status.message().c_str(),
+                               a.note.c_str()};
+    on_action(&x, user);
   });
+}
+
+// Handles ev as the context's watcher would (without one: a manual monitor with the default
+// mz_pressure_params, kept for later events); the status of its action.
+mz::Status SubmitEvent(mz_context* ctx, const mz::PressureEvent& ev) {
+  std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+  if (!ctx->pressure) {
+    mz::PressureSourceOptions so;
+    mz::AmountOptions ao;
+    MZ_RETURN_IF_ERROR(ToPressureOptions(mz_pressure_default_params(), &so, &ao));
+    InstallMonitor(ctx, std::make_unique<mz::ManualSource>(), ao);
+  }
+  return ctx->pressure->Submit(ev).status;
 }
 
 
@@ -566,6 +669,8 @@ mz_pressure_params mz_pressure_default_params(void) {
   p.psi_stall_us = 150000;
   p.psi_window_us = 1000000;
   p.poll_ms = 100;
+  p.on_action = nullptr;
+  p.user = nullptr;
   return p;
 }
 
@@ -577,15 +682,48 @@ int mz_on_trim_memory(mz_context* ctx, int32_t level) {
     if (!TrimLevel(level, &ev.level)) return mz::Status::Ok();
     ev.time_ns = mz::Env::Default()->NowNs();
     ev.source = "onTrimMemory(" + std::to_string(level) + ")";
-    std::lock_guard<std::mutex> lk(ctx->pressure_mu);
-    if (!ctx->pressure) {
-      mz::PressureSourceOptions so;
-      mz::AmountOptions ao;
-      MZ_RETURN_IF_ERROR(ToPressureOptions(mz_pressure_default_params(), &so, &ao));
-      InstallMonitor(ctx, std::make_unique<mz::ManualSource>(), ao);
-    }
-    return ctx->pressure->Submit(ev).status;
+    return SubmitEvent(ctx, ev);
   });
+}
+
+int mz_pressure_submit(mz_context* ctx, int32_t level, const char* source) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    if (level < 0 || level > 3) return mz::Status::InvalidArgument("pressure level " + std::to_string(level) + " is not 0..3");
+    mz::PressureEvent ev;
+    ev.level = mz::PressureLevel(level);
+    ev.time_ns = mz::Env::Default()->NowNs();
+    ev.source = source ? source : "manual";
+    return SubmitEvent(ctx, ev);
+  });
+}
+
+int mz_pressure_set_generating(mz_context* ctx, bool generating) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+    if (generating == ctx->generating) return mz::Status::Ok();
+    ctx->generating = generating;
+    if (ctx->pressure) {
+      if (generating) ctx->pressure->BeginGeneration();
+      else ctx->pressure->EndGeneration();
+    }
+    return mz::Status::Ok();
+  });
+}
+
+int32_t mz_pressure_watch_reason(mz_context* ctx, char* buf, int32_t cap) {
+  int32_t n = 0;
+  const int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    if (cap < 0 || (!buf && cap > 0)) return mz::Status::InvalidArgument("buf must hold cap >= 0 bytes");
+    std::lock_guard<std::mutex> lk(ctx->pressure_mu);
+    const std::string why = ctx->watching ? ctx->watch_why : "";
+    n = int32_t(why.size());
+    if (cap > 0) CopyText(why, buf, size_t(cap));
+    return mz::Status::Ok();
+  });
+  return rc == MZ_OK ? n : int32_t(rc);
 }
 
 int mz_pressure_watch_start(mz_context* ctx, const mz_pressure_params* params) {
@@ -601,13 +739,14 @@ int mz_pressure_watch_start(mz_context* ctx, const mz_pressure_params* params) {
     std::unique_ptr<mz::PressureSource> src;
     std::string why;
     MZ_RETURN_IF_ERROR(mz::CreatePressureSource(mz::Env::Default(), so, &src, &why));
-    InstallMonitor(ctx, std::move(src), ao);
+    InstallMonitor(ctx, std::move(src), ao, p.on_action, p.user);
     mz::Status st = ctx->pressure->Start();
     if (!st.ok()) {
       ctx->pressure.reset();
       return st;
     }
     ctx->watching = true;
+    ctx->watch_why = why;
     return mz::Status::Ok();
   });
 }

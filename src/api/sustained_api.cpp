@@ -1,6 +1,7 @@
-// C API of sustained mode (mz_context_set_sustained, mz_context_get_sustained_stats): see
+// C API of sustained mode (mz_context_set_sustained, mz_context_get_sustained_stats and _info): see
 // include/mzcache.h and src/runtime/sustained.h.
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 
@@ -34,11 +35,26 @@ mz::Status ToSustainedOptions(const mz_sustained_params& p, mz::SustainedModeOpt
   m.high_c = p.high_c;
   m.trip_margin_c = p.trip_margin_c;
   if (p.thermal_root) m.thermal_root = p.thermal_root;
+  if (p.thermal_zone) m.zone_filter = p.thermal_zone;
   MZ_RETURN_IF_ERROR(mz::ValidateSustainedModeOptions(m));
   *o = m;
   return mz::Status::Ok();
 }
 
+// The two read-outs of sustained mode: zeroes *out, then (sustained mode on) sets enabled and lets
+// fill copy the controller's statistics into it. Guarded by sustained_mu.
+template <class Out, class Fill>
+int ReadSustained(const char* fn, mz_context* ctx, Out* out, Fill fill) {
+  return Guard(fn, [&]() -> mz::Status {
+    if (!ctx || !out) return mz::Status::InvalidArgument("null argument");
+    std::memset(out, 0, sizeof *out);
+    std::lock_guard<std::mutex> lk(ctx->sustained_mu);
+    if (!ctx->sustained) return mz::Status::Ok();
+    out->enabled = 1;
+    fill(ctx->sustained->stats(), out);
+    return mz::Status::Ok();
+  });
+}
 }  // namespace
 
 extern "C" {
@@ -60,6 +76,9 @@ mz_sustained_params mz_sustained_default_params(void) {
   p.probe_up_s = float(double(d.control.probe_up_ns) * 1e-9);
   p.window_s = float(double(d.window_ns) * 1e-9);
   p.thermal_root = nullptr;
+  p.thermal_zone = nullptr;
+  p.on_event = nullptr;
+  p.user = nullptr;
   return p;
 }
 
@@ -77,6 +96,8 @@ int mz_context_set_sustained(mz_context* ctx, const mz_sustained_params* params)
       MZ_RETURN_IF_ERROR(ctx->ctx->SetThreads(ctx->pre_sustained_threads, ctx->pre_sustained_cpus));
       std::lock_guard<std::mutex> lk(ctx->sustained_mu);
       ctx->sustained.reset();
+      ctx->sustained_on_event = nullptr;
+      ctx->sustained_user = nullptr;
     }
     if (!params) return mz::Status::Ok();
     ctx->pre_sustained_threads = ctx->ctx->n_threads();
@@ -85,29 +106,34 @@ int mz_context_set_sustained(mz_context* ctx, const mz_sustained_params* params)
     MZ_RETURN_IF_ERROR(m->Init());
     std::lock_guard<std::mutex> lk(ctx->sustained_mu);
     ctx->sustained = std::move(m);
+    ctx->sustained_on_event = p.on_event;
+    ctx->sustained_user = p.user;
     return mz::Status::Ok();
   });
 }
 
+
 int mz_context_get_sustained_stats(mz_context* ctx, mz_sustained_stats* out) {
-  return Guard(__func__, [&]() -> mz::Status {
-    if (!ctx || !out) return mz::Status::InvalidArgument("null argument");
-    std::memset(out, 0, sizeof *out);
-    std::lock_guard<std::mutex> lk(ctx->sustained_mu);
-    if (!ctx->sustained) return mz::Status::Ok();
-    const mz::SustainedStats s = ctx->sustained->stats();
-    out->enabled = 1;
-    out->threads = s.threads;
-    out->steps_down = s.steps_down;
-    out->steps_up = s.steps_up;
-    out->n_zones = s.n_zones;
-    out->has_temp = s.has_temp ? 1 : 0;
-    out->temp_c = float(s.temp_c);
-    out->high_c = float(s.high_c);
-    out->window_tokens_per_s = float(s.window_tokens_per_s);
-    out->slept_s = double(s.slept_ns) * 1e-9;
-    out->busy_s = double(s.busy_ns) * 1e-9;
-    return mz::Status::Ok();
+  return ReadSustained(__func__, ctx, out, [](const mz::SustainedStats& s, mz_sustained_stats* o) {
+    o->threads = s.threads;
+    o->steps_down = s.steps_down;
+    o->steps_up = s.steps_up;
+    o->n_zones = s.n_zones;
+    o->has_temp = s.has_temp ? 1 : 0;
+    o->temp_c = float(s.temp_c);
+    o->high_c = float(s.high_c);
+    o->window_tokens_per_s = float(s.window_tokens_per_s);
+    o->slept_s = double(s.slept_ns) * 1e-9;
+    o->busy_s = double(s.busy_ns) * 1e-9;
+  });
+}
+
+int mz_context_get_sustained_info(mz_context* ctx, mz_sustained_info* out) {
+  return ReadSustained(__func__, ctx, out, [](const mz::SustainedStats& s, mz_sustained_info* o) {
+    o->min_threads = s.min_threads;
+    o->max_threads = s.max_threads;
+    o->threads = s.threads;
+    std::snprintf(o->sensors, sizeof o->sensors, "%s", s.sensors.c_str());
   });
 }
 

@@ -133,6 +133,7 @@ void SustainedMode::AfterStep(int n_tokens, uint64_t start_ns, uint64_t end_ns, 
   SustainedEvent e;
   e.from = before;
   e.to = d.threads;
+  e.wanted = d.threads;
   e.reason = d.reason;
   e.why = d.why;
   if (d.delta != 0) {

@@ -50,6 +50,7 @@ struct SustainedEvent {
   bool changed = false;     // the thread count changed
   bool refused = false;     // the controller asked for a change that SetThreads refused (status)
   int from = 0, to = 0;
+  int wanted = 0;           // the thread count the controller asked for (refused: not applied)
   SustainedReason reason = SustainedReason::kNone;
   std::string why;
   Status status;

@@ -1,29 +1,40 @@
-// run, chat
+// `run` and `chat`: thin commands over the public C API (include/mzcache.h). Nothing here reaches
+// into the library's internals: what these commands do, an app can do with libmzcache.so.
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
-#include "env/cpu_topology.h"
-#include "model/model.h"
-#include "pressure/monitor.h"
-#include "pressure/wiring.h"
-#include "runtime/context.h"
-#include "runtime/memory_plan.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
-#include "runtime/session_file.h"
+#include "mzcache.h"
+#include "tools/cli/residency_text.h"
 #include "tools/cli/sustained_cli.h"
 #include "tools/commands.h"
 #include "tools/common.h"
-#include "tools/cli/residency_text.h"
 
 namespace mz::cli {
 namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// A failed C API call: "error: what: <mz_last_error>", exit code 1.
+int CFail(const std::string& what, int rc) {
+  const char* msg = mz_last_error();
+  std::fprintf(stderr, "error: %s: %s (%s)\n", what.c_str(), msg && *msg ? msg : "failed", mz_status_str(rc));
+  return 1;
+}
+// The text of a failed call, for messages that do not end the command.
+std::string CError(int rc) {
+  const char* msg = mz_last_error();
+  return std::string(mz_status_str(rc)) + (msg && *msg ? std::string(": ") + msg : "");
 }
 
 struct GenArgs {
@@ -44,7 +55,7 @@ struct GenArgs {
   std::string kv_type = "f16";  // resident KV format: f16 or q8_0
   std::string swap_path;
   std::string cpus;  // kernel CPU list to pin compute threads to ("" = default)
-  std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is loaded)
+  std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is known)
   bool no_memory_check = false;
   std::string residency_json;  // run: the residency report written there after generating
   SustainedArgs sus;  // --sustained and its caps (tools/cli/sustained_cli.h)
@@ -93,33 +104,61 @@ void AddGenOptions(CLI::App* c, GenArgs& a) {
       ->check(CLI::IsMember({"f16", "q8_0"}));
 }
 
-// "2 threads" or "2 threads on CPUs 6,7": what the context computes on now.
-std::string ThreadsText(const Context& c) {
-  std::string t = std::to_string(c.n_threads()) + (c.n_threads() == 1 ? " thread" : " threads");
-  if (!c.compute_cpus().empty()) {
-    t += " on CPU" + std::string(c.compute_cpus().size() > 1 ? "s " : " ");
-    for (size_t i = 0; i < c.compute_cpus().size(); ++i) t += (i ? "," : "") + std::to_string(c.compute_cpus()[i]);
-  }
-  return t;
-}
-
 std::string Mib(uint64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / 1048576.0);
   return buf;
 }
 
-void PrintReport(const MemoryReport& r) {
+// "2 threads" or "2 threads on CPUs 6,7": what the context computes on now.
+std::string ThreadsText(mz_context* ctx) {
+  int32_t n_threads = 0;
+  const int32_t n = mz_context_get_threads(ctx, &n_threads, nullptr, 0);
+  std::vector<int32_t> cpus(size_t(std::max(n, 0)));
+  if (n > 0) mz_context_get_threads(ctx, &n_threads, cpus.data(), n);
+  std::string t = std::to_string(n_threads) + (n_threads == 1 ? " thread" : " threads");
+  if (!cpus.empty()) {
+    t += " on CPU" + std::string(cpus.size() > 1 ? "s " : " ");
+    for (size_t i = 0; i < cpus.size(); ++i) t += (i ? "," : "") + std::to_string(cpus[i]);
+  }
+  return t;
+}
+
+// A kernel CPU list ("4-7,9") as ids; false (message printed) if it is not one.
+bool ParseCpus(const std::string& list, std::vector<int32_t>* out) {
+  out->clear();
+  const int32_t n = mz_parse_cpu_list(list.c_str(), nullptr, 0);
+  if (n < 0) {
+    std::fprintf(stderr, "error: CPU list '%s': %s\n", list.c_str(), CError(n).c_str());
+    return false;
+  }
+  out->resize(size_t(n));
+  return n == 0 || mz_parse_cpu_list(list.c_str(), out->data(), n) == n;
+}
+
+mz_memory_report Report(mz_context* ctx) {
+  mz_memory_report r{};
+  mz_get_memory_report(ctx, &r);
+  return r;
+}
+
+bool AllResident(const mz_memory_report& r) {
+  for (int s = 1; s < 5; ++s)
+    if (r.n_weight_units[s] || r.n_kv_chunks[s]) return false;
+  return true;
+}
+
+void PrintReport(const mz_memory_report& r) {
   std::fprintf(stderr,
                "  remaining in memory: %.1f%% (%s of %s)\n"
                "  weights: %s resident, %s dropped (%d/%d units resident)\n"
                "  KV: %s resident | %s raw compressed to %s in RAM (stack %s) | %s raw on storage | %s raw compressed "
                "to %s on storage | %d chunks lost\n",
-               100.0 * r.remaining(), Mib(r.in_memory()).c_str(), Mib(r.footprint()).c_str(),
-               Mib(r.weights_resident).c_str(), Mib(r.weights_dropped).c_str(), r.n_weight_units[0],
-               r.n_weight_units[0] + r.n_weight_units[4], Mib(r.kv_resident).c_str(),
-               Mib(r.kv_mem_compressed_raw).c_str(), Mib(r.kv_mem_compressed).c_str(), Mib(r.stack_mapped).c_str(),
-               Mib(r.kv_storage_raw).c_str(), Mib(r.kv_storage_compressed_raw).c_str(),
+               100.0 * r.remaining, Mib(r.in_memory).c_str(), Mib(r.footprint).c_str(),
+               Mib(r.weights_resident).c_str(), Mib(r.weights_dropped).c_str(), r.n_weight_units[MZ_STATE_RESIDENT],
+               r.n_weight_units[MZ_STATE_RESIDENT] + r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED],
+               Mib(r.kv_resident).c_str(), Mib(r.kv_mem_compressed_raw).c_str(), Mib(r.kv_mem_compressed).c_str(),
+               Mib(r.swap_stack_mapped).c_str(), Mib(r.kv_storage_raw).c_str(), Mib(r.kv_storage_compressed_raw).c_str(),
                Mib(r.kv_storage_compressed).c_str(), r.n_kv_lost);
 }
 
@@ -140,123 +179,203 @@ bool ParseAmount(const std::string& s, uint64_t footprint, uint64_t* out) {
   }
 }
 
+int32_t KvType(const GenArgs& a) { return a.kv_type == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16; }
+
 // --ctx auto: the largest context (whole chunks, at most the model's training context) whose
-// estimated peak stays within 90% of what the process may use (runtime/memory_plan.h).
-Status AutoContext(const Model& m, GenArgs& a) {
-  PlanShape shape = ShapeOfModel(m);
-  PlanRequest req;
-  req.chunk_tokens = a.chunk;
-  if (!ParseKvType(a.kv_type, &req.kv_type)) return Status::InvalidArgument("--kv-type must be f16 or q8_0");
-  uint64_t weights = 0;
-  for (int u = 0; u < m.n_units(); ++u)
-    if (m.unit(u).resident()) weights += m.unit(u).region_bytes;
-  SelfMemory self;
-  if (ReadSelfMemory(Env::Default(), &self)) req.overhead = self.rss > weights ? self.rss - weights : 0;
-  const MemoryLimits lim = ReadMemoryLimits(Env::Default(), 0);
-  const int cap = int(std::min<uint32_t>(m.hparams().n_ctx_train, 1u << 24));
-  a.n_ctx = LargestContext(shape, req, lim.effective(), 0.1, cap);
-  if (a.n_ctx < 16)
-    return Status::NoMemory("--ctx auto: not even one KV chunk fits in the " + std::string(lim.binding()) + " (" +
-                            Mib(lim.effective()) + ")");
-  req.n_ctx = a.n_ctx;
-  std::fprintf(stderr, "--ctx auto: %d tokens (peak %s of the %s, %s)\n", a.n_ctx,
-               Mib(EstimatePeak(shape, req).peak()).c_str(), lim.effective() ? lim.binding() : "no known limit",
-               Mib(lim.effective()).c_str());
-  return Status::Ok();
+// estimated peak stays within 90% of what the process may use (mz_plan_estimate with n_ctx 0).
+// Planned before the model is loaded: the plan counts the weights itself, and this process's
+// resident set as the overhead. Returns MZ_OK or the status (message printed).
+int AutoContext(GenArgs& a) {
+  mz_plan_params pp = mz_plan_default_params();
+  pp.n_ctx = 0;
+  pp.kv_chunk_tokens = uint32_t(a.chunk);
+  pp.kv_type = KvType(a);
+  pp.margin = 0.1f;
+  mz_plan_result r{};
+  const int rc = mz_plan_estimate(a.model.c_str(), &pp, &r);
+  if (rc != MZ_OK) {
+    CFail("--ctx auto", rc);
+    return rc;
+  }
+  if (r.n_ctx < 16) {
+    std::fprintf(stderr, "error: --ctx auto: not even one KV chunk fits in the %s (%s)\n",
+                 r.binding[0] ? r.binding : "memory", Mib(r.limit).c_str());
+    return MZ_ERR_NO_MEMORY;
+  }
+  a.n_ctx = int(r.n_ctx);
+  std::fprintf(stderr, "--ctx auto: %d tokens (peak %s of the %s, %s)\n", a.n_ctx, Mib(r.peak).c_str(),
+               r.limit ? r.binding : "no known limit", Mib(r.limit).c_str());
+  return MZ_OK;
 }
 
+// The model, its context and the sampler of one run or chat; freed in reverse order.
 struct Session {
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tok;
-  std::unique_ptr<Context> ctx;
-  std::unique_ptr<SustainedMode> sustained;  // --sustained (after ctx: destroyed first)
+  mz_model* model = nullptr;
+  mz_context* ctx = nullptr;
+  mz_sampler* sampler = nullptr;
+  int32_t n_vocab = 0;
+  std::string name;
   double load_s = 0;
+  Session() = default;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  ~Session() {
+    mz_sampler_free(sampler);
+    mz_context_free(ctx);  // stops a pressure watcher and sustained mode with it
+    mz_model_free(model);
+  }
 };
 
-Status Open(GenArgs& a, Session* s) {
-  if (a.model.empty()) MZ_RETURN_IF_ERROR(EnsureDefaultModel(&a.model));
-  double t0 = Now();
-  MZ_RETURN_IF_ERROR(Model::Load(Env::Default(), a.model, ModelOptions(), &s->model));
-  MZ_RETURN_IF_ERROR(Tokenizer::Load(a.model, &s->tok));
-  MZ_RETURN_IF_ERROR(ParseCtx(a));
-  if (a.n_ctx == 0) MZ_RETURN_IF_ERROR(AutoContext(*s->model, a));
-  ContextOptions co;
-  co.n_ctx = a.n_ctx;
-  co.memory_check = !a.no_memory_check;
-  co.kv_chunk_tokens = a.chunk;
-  co.n_threads = a.threads;
-  co.kv_codec = a.kv_codec;
-  if (!ParseKvType(a.kv_type, &co.kv_type)) return Status::InvalidArgument("--kv-type must be f16 or q8_0");
-  co.swap_path = a.swap_path;
-  s->ctx = std::make_unique<Context>(s->model.get(), co);
-  MZ_RETURN_IF_ERROR(s->ctx->Init());
+// Loads the model, creates the context per a (threads, pinning, sustained mode) and the sampler,
+// and loads --session when the file exists. Returns 0, or the exit code after printing why.
+int Open(GenArgs& a, Session* s) {
+  if (a.model.empty()) {
+    Status st = EnsureDefaultModel(&a.model);
+    if (!st.ok()) return Fail(st);
+  }
+  Status st = ParseCtx(a);
+  if (!st.ok()) return Fail(st);
+  if (a.n_ctx == 0 && AutoContext(a) != MZ_OK) return 1;
+  const double t0 = Now();
+  int rc = mz_model_load(a.model.c_str(), nullptr, &s->model);
+  if (rc != MZ_OK) return CFail("loading " + a.model, rc);
+  mz_model_info info{};
+  mz_model_get_info(s->model, &info);
+  s->n_vocab = info.n_vocab;
+  s->name = info.name ? info.name : "";
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a.n_ctx);
+  cp.memory_check = !a.no_memory_check;
+  cp.kv_chunk_tokens = uint32_t(a.chunk);
+  cp.n_threads = a.threads;
+  cp.kv_codec = a.kv_codec.c_str();
+  cp.kv_type = KvType(a);
+  cp.swap_path = a.swap_path.empty() ? nullptr : a.swap_path.c_str();
+  rc = mz_context_new(s->model, &cp, &s->ctx);
+  if (rc != MZ_OK) return CFail("creating the context", rc);
   if (!a.cpus.empty()) {
-    std::vector<int> cpus;
-    MZ_RETURN_IF_ERROR(ParseCpuList(a.cpus, &cpus).With("--cpus"));
-    MZ_RETURN_IF_ERROR(s->ctx->SetThreads(a.threads, cpus).With("--cpus"));
+    std::vector<int32_t> cpus;
+    if (!ParseCpus(a.cpus, &cpus)) return 1;
+    rc = mz_context_set_threads(s->ctx, a.threads, cpus.data(), int32_t(cpus.size()));
+    if (rc != MZ_OK) return CFail("--cpus", rc);
   }
-  MZ_RETURN_IF_ERROR(StartSustained(a.sus, s->ctx.get(), &s->sustained));
+  rc = StartSustained(a.sus, s->ctx);
+  if (rc != MZ_OK) return CFail("--sustained", rc);
+  mz_sampler_params sp = mz_sampler_default_params();
+  sp.temperature = a.temp;
+  sp.top_k = a.top_k;
+  sp.top_p = a.top_p;
+  sp.seed = a.seed;
+  s->sampler = mz_sampler_new(&sp);
+  if (!s->sampler) return CFail("sampler", MZ_ERR_INVALID_ARG);
   s->load_s = Now() - t0;
-  if (!a.session.empty()) {
-    FileInfo fi;
-    if (Env::Default()->StatPath(a.session, &fi).ok()) {
-      double t1 = Now();
-      SessionInfo si;
-      MZ_RETURN_IF_ERROR(LoadSession(*s->ctx, a.session, &si));
-      std::fprintf(stderr, "[session %s: %d tokens restored in %.3f s (%s), no recompute]\n", a.session.c_str(),
-                   si.n_tokens, Now() - t1, si.codec.c_str());
-    }
+  if (!a.session.empty() && std::ifstream(a.session).good()) {
+    const double t1 = Now();
+    mz_session_info si{};
+    rc = mz_session_get_info(s->ctx, a.session.c_str(), &si);
+    if (rc == MZ_OK) rc = mz_session_load(s->ctx, a.session.c_str());
+    if (rc != MZ_OK) return CFail("session " + a.session, rc);
+    std::fprintf(stderr, "[session %s: %d tokens restored in %.3f s (%s), no recompute]\n", a.session.c_str(),
+                 int(si.n_tokens), Now() - t1, si.codec);
   }
-  return Status::Ok();
+  return 0;
+}
+
+// Tokens of text (parse_special: the chat template's markers are tokens); BOS when the context is
+// empty. MZ_OK or the status.
+int Tokenize(const Session& s, const std::string& text, std::vector<mz_token>* out) {
+  const bool bos = mz_context_n_tokens(s.ctx) == 0;
+  int32_t n = 0;
+  int rc = mz_tokenize(s.model, text.c_str(), bos, true, nullptr, 0, &n);
+  if (rc != MZ_OK && rc != MZ_ERR_INVALID_ARG) return rc;  // INVALID_ARG: cap 0 too small, n set
+  out->resize(size_t(n));
+  return n == 0 ? MZ_OK : mz_tokenize(s.model, text.c_str(), bos, true, out->data(), n, &n);
+}
+
+// The chat template over msgs (add_assistant: the assistant's prompt appended); MZ_OK or the status.
+int ApplyChat(const Session& s, const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
+              std::string* out) {
+  std::vector<mz_chat_message> cm;
+  for (const auto& m : msgs) cm.push_back({m.first.c_str(), m.second.c_str()});
+  const int32_t n = mz_chat_apply_template(s.model, cm.data(), cm.size(), add_assistant, nullptr, 0);
+  if (n < 0) return n;
+  out->assign(size_t(n) + 1, '\0');
+  mz_chat_apply_template(s.model, cm.data(), cm.size(), add_assistant, out->data(), n + 1);
+  out->resize(size_t(n));
+  return MZ_OK;
+}
+
+std::string Piece(const Session& s, mz_token t) {
+  char buf[256];
+  const int32_t n = mz_token_to_piece(s.model, t, buf, int32_t(sizeof buf));
+  if (n < 0) return {};
+  if (n < int32_t(sizeof buf)) return std::string(buf, size_t(n));
+  std::string big(size_t(n) + 1, '\0');
+  mz_token_to_piece(s.model, t, big.data(), n + 1);
+  big.resize(size_t(n));
+  return big;
 }
 
 // Prefills `toks`, then samples up to n tokens, streaming text to stdout. Reports TTFT and speeds.
-Status Generate(Session& s, Sampler& sampler, const std::vector<int32_t>& toks, int n, bool verbose,
-                std::string* reply, bool pressure_watched = false) {
-  const int32_t nv = int32_t(s.model->hparams().n_vocab);
-  double t0 = Now();
-  // With a pressure monitor evicting from its own thread, the state may change under an unlocked
-  // AllResident(): always prefill through restore_generate (a no-op restore when all is resident).
-  const uint64_t p0 = Env::Default()->NowNs();
-  if (!pressure_watched && s.ctx->units().AllResident()) {
-    MZ_RETURN_IF_ERROR(s.ctx->Decode(toks.data(), int(toks.size()), false));
+// With sustained mode on, its pacing (the duty cycle's sleep) happens inside the calls and so is
+// part of the TTFT and tokens/s printed: what the user waits. Returns MZ_OK or the failing call's
+// status; on failure the context holds the tokens decoded before it (the caller truncates).
+int Generate(Session& s, const std::vector<mz_token>& toks, int n, bool verbose, std::string* reply,
+             bool pressure_watched = false) {
+  const double t0 = Now();
+  // With a pressure monitor evicting from its own thread the state may change after the report:
+  // then always prefill through restore_generate (a no-op restore when all is resident).
+  int rc = MZ_OK;
+  if (!pressure_watched && AllResident(Report(s.ctx))) {
+    rc = mz_decode(s.ctx, toks.data(), int32_t(toks.size()), false);
   } else {
-    RestoreGenerateStats st;
-    MZ_RETURN_IF_ERROR(s.ctx->RestoreGenerate(toks.data(), int(toks.size()), PipelineOptions(), &st));
-    if (verbose && (!pressure_watched || st.pipeline.units > 0))
+    mz_restore_stats st{};
+    rc = mz_restore_generate(s.ctx, toks.data(), int32_t(toks.size()), nullptr, &st);
+    if (rc == MZ_OK && verbose && (!pressure_watched || st.units_restored > 0))
       std::fprintf(stderr, "[restore_generate: %d units restored (%.1f MiB from storage, %.1f MiB decompressed) "
                    "overlapped with prefill; compute waited %.3f s]\n",
-                   st.pipeline.units, st.pipeline.bytes_from_storage / 1048576.0,
-                   st.pipeline.bytes_decoded / 1048576.0, st.wait_s);
+                   st.units_restored, double(st.bytes_from_storage) / 1048576.0,
+                   double(st.bytes_decoded) / 1048576.0, st.wait_s);
   }
-  const uint64_t p1 = Env::Default()->NowNs();
-  int32_t tok = sampler.Sample(s.ctx->logits(0), nv);
-  double ttft = Now() - t0;
-  SustainedAfterStep(s.sustained.get(), int(toks.size()), p0, p1);  // after TTFT: its pacing is not in it
+  if (rc != MZ_OK) return rc;
+  mz_token tok = mz_sampler_sample(s.sampler, s.ctx, 0);
+  if (tok < 0) return tok;
+  const double ttft = Now() - t0;
   int produced = 0;
-  double t1 = Now();
+  const double t1 = Now();
   while (true) {
     ++produced;
-    if (s.tok->IsEog(tok)) break;
-    std::string piece = s.tok->Piece(tok);
+    if (mz_token_is_eog(s.model, tok)) break;
+    const std::string piece = Piece(s, tok);
     if (reply) *reply += piece;
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     if (produced >= n) break;
-    const uint64_t d0 = Env::Default()->NowNs();
-    MZ_RETURN_IF_ERROR(s.ctx->Decode(&tok, 1, false));
-    SustainedAfterStep(s.sustained.get(), 1, d0, Env::Default()->NowNs());
-    tok = sampler.Sample(s.ctx->logits(0), nv);
+    rc = mz_decode(s.ctx, &tok, 1, false);
+    if (rc != MZ_OK) return rc;
+    tok = mz_sampler_sample(s.sampler, s.ctx, 0);
+    if (tok < 0) return tok;
   }
-  double gen_s = Now() - t1;
+  const double gen_s = Now() - t1;
   std::printf("\n");
   if (verbose)
-    std::fprintf(stderr, "[prompt %zu tokens | TTFT %.3f s (%.1f t/s prefill) | %d tokens in %.3f s (%.2f t/s) | context %zu]\n",
+    std::fprintf(stderr, "[prompt %zu tokens | TTFT %.3f s (%.1f t/s prefill) | %d tokens in %.3f s (%.2f t/s) | context %d]\n",
                  toks.size(), ttft, double(toks.size()) / ttft, produced, gen_s,
-                 produced > 1 ? double(produced - 1) / gen_s : 0.0, s.ctx->history().size());
-  return Status::Ok();
+                 produced > 1 ? double(produced - 1) / gen_s : 0.0, int(mz_context_n_tokens(s.ctx)));
+  return MZ_OK;
 }
 
+// Saves the session to path with codec and prints its size; MZ_OK or the status.
+int SaveSession(Session& s, const std::string& path, const std::string& codec, bool verbose) {
+  int rc = mz_session_save(s.ctx, path.c_str(), codec.c_str());
+  if (rc != MZ_OK || !verbose) return rc;
+  mz_session_info si{};
+  rc = mz_session_get_info(s.ctx, path.c_str(), &si);
+  if (rc == MZ_OK)
+    std::fprintf(stderr, "[session saved: %s, %d tokens, %s]\n", path.c_str(), int(si.n_tokens),
+                 Mib(si.file_bytes).c_str());
+  return rc;
+}
 
 // ---- chat --watch-pressure (daemon mode) ----
 struct PressureArgs {
@@ -285,134 +404,133 @@ void AddPressureOptions(CLI::App* c, PressureArgs& p) {
   c->add_option("--cgroup", p.cgroup, "cgroup directory to watch (v1 memory cgroup, or v2) instead of the whole system");
 }
 
-void PrintPressureAction(const PressureAction& a) {
-  const double rem = 100.0 * a.remaining;
-  if (a.restored) {
+// mz_pressure_params.on_action: one line per action (on the watcher's or the generating thread).
+void PrintPressureAction(const mz_pressure_action* a, void*) {
+  const double rem = 100.0 * a->remaining;
+  const std::string err = a->status == MZ_OK ? "" : std::string(": ") + mz_status_str(a->status) + ": " + a->error;
+  if (a->restored) {
     std::fprintf(stderr, "\n[pressure gone: restored %s ahead in the background%s (remaining %.0f%%)]\n",
-                 Mib(a.restored_bytes).c_str(), a.status.ok() ? "" : (": " + a.status.ToString()).c_str(), rem);
-  } else if (a.event.source == "restore-ahead") {
-    if (a.repeats > 0) return;
+                 Mib(a->restored_bytes).c_str(), err.c_str(), rem);
+  } else if (std::string(a->source) == "restore-ahead") {
+    if (a->repeats > 0) return;
     std::fprintf(stderr, "\n[restore-ahead: waiting until memory is free (remaining %.0f%%)]\n", rem);
-  } else if (!a.status.ok() && a.freed == 0) {
-    std::fprintf(stderr, "\n[pressure %s from %s: %s]\n", PressureLevelName(a.event.level), a.event.source.c_str(),
-                 a.status.ToString().c_str());
-  } else if (a.requested == 0) {
-    if (a.repeats > 0) return;  // the same as the line printed before
+  } else if (a->status != MZ_OK && a->freed == 0) {
+    std::fprintf(stderr, "\n[pressure %s from %s%s]\n", a->level_name, a->source, err.c_str());
+  } else if (a->requested == 0) {
+    if (a->repeats > 0) return;  // the same as the line printed before
     std::fprintf(stderr, "\n[pressure %s from %s: nothing given back (%s; remaining %.0f%%; repeats not shown)]\n",
-                 PressureLevelName(a.event.level), a.event.source.c_str(), a.note.c_str(), rem);
+                 a->level_name, a->source, a->note, rem);
   } else {
     std::fprintf(stderr, "\n[pressure from %s: gave back %s of %s asked (%s, remaining %.0f%%)%s in %.3f s%s]\n",
-                 a.event.source.c_str(), Mib(a.freed).c_str(), Mib(a.requested).c_str(), PressureLevelName(a.event.level), rem,
-                 a.deferred ? " after the reply" : "", double(a.applied_ns - std::min(a.applied_ns, a.event.time_ns)) * 1e-9,
-                 a.status.ok() ? "" : (": " + a.status.ToString()).c_str());
+                 a->source, Mib(a->freed).c_str(), Mib(a->requested).c_str(), a->level_name, rem,
+                 a->deferred ? " after the reply" : "", a->delay_s, err.c_str());
   }
 }
 
-// Starts the monitor per the options; prints which source is active and why.
-Status StartPressureWatch(const PressureArgs& p, Context* ctx, std::unique_ptr<PressureMonitor>* out) {
-  PressureWatchOptions w;
-  w.source.kind = p.kind.empty() ? "auto" : p.kind;
-  w.source.cgroup_dir = p.cgroup;
-  w.amount.step_points = p.step / 100.0;
-  w.amount.floor_points = p.floor / 100.0;
-  w.amount.restore_ahead = p.restore_ahead == "background" ? AmountOptions::RestoreAhead::kBackground
-                                                           : AmountOptions::RestoreAhead::kOnRequest;
-  w.amount.calm_ns = uint64_t(p.calm_s * 1e9);
-  w.on_action = PrintPressureAction;
-  std::unique_ptr<PressureMonitor> mon;
-  std::string why;
-  MZ_RETURN_IF_ERROR(StartPressureMonitor(Env::Default(), ctx, w, &mon, &why));
+// Starts the context's watcher per the options; prints which source is active and why. MZ_OK or
+// the status of mz_pressure_watch_start.
+int StartPressureWatch(const PressureArgs& p, mz_context* ctx) {
+  mz_pressure_params pp = mz_pressure_default_params();
+  const std::string kind = p.kind.empty() ? "auto" : p.kind;
+  pp.source = kind.c_str();
+  pp.cgroup_dir = p.cgroup.empty() ? nullptr : p.cgroup.c_str();
+  pp.step_points = float(p.step / 100.0);
+  pp.floor_points = float(p.floor / 100.0);
+  pp.restore_in_background = p.restore_ahead == "background";
+  pp.calm_ms = uint32_t(p.calm_s * 1000.0);
+  pp.on_action = PrintPressureAction;
+  const int rc = mz_pressure_watch_start(ctx, &pp);  // reads kind / cgroup during the call only
+  if (rc != MZ_OK) return rc;
+  mz_pressure_stats ps{};
+  mz_pressure_get_stats(ctx, &ps);
+  std::string why(size_t(std::max(mz_pressure_watch_reason(ctx, nullptr, 0), 0)) + 1, '\0');
+  mz_pressure_watch_reason(ctx, why.data(), int32_t(why.size()));
+  why.resize(why.size() - 1);
   std::fprintf(stderr, "[pressure: watching %s\n  (%s)\n  step %.0f points of LLM memory, floor %.0f, restore %s]\n",
-               mon->source().name().c_str(), why.c_str(), p.step, p.floor,
+               ps.source, why.c_str(), p.step, p.floor,
                p.restore_ahead == "background" ? ("in the background after " + std::to_string(int(p.calm_s)) + " s calm").c_str()
                                                : "with the next prompt (restore_generate)");
-  *out = std::move(mon);
-  return Status::Ok();
+  return MZ_OK;
 }
 
 // `run`: opens the model, prefills the prompt (through the chat template unless --raw), generates
-// n_predict tokens and saves the session when asked. Exit code 0, or Fail's.
+// n_predict tokens and saves the session when asked. Exit code 0, or 1 with the error printed.
 int RunOnce(GenArgs& ra) {  // Open resolves ra.model in place
   Session s;
-  Status st = Open(ra, &s);
-  if (!st.ok()) return Fail(st);
+  if (int ec = Open(ra, &s)) return ec;
   std::string text = ra.prompt;
-  if (!ra.raw) {
-    st = s.tok->ApplyChat({{"user", ra.prompt}}, true, &text);
-    if (!st.ok()) return Fail(st);
+  int rc = MZ_OK;
+  if (!ra.raw && (rc = ApplyChat(s, {{"user", ra.prompt}}, true, &text)) != MZ_OK) return CFail("chat template", rc);
+  std::vector<mz_token> toks;
+  if ((rc = Tokenize(s, text, &toks)) != MZ_OK) return CFail("tokenize", rc);
+  std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %s]\n", ra.model.c_str(), s.name.c_str(), s.load_s,
+               ThreadsText(s.ctx).c_str());
+  if ((rc = Generate(s, toks, ra.n_predict, true, nullptr)) != MZ_OK) return CFail("generate", rc);
+  if (!ra.residency_json.empty()) {
+    Residency rr;
+    if ((rc = MeasureResidency(s.ctx, /*with_smaps=*/true, &rr)) != MZ_OK) return CFail("residency report", rc);
+    std::fprintf(stderr, "%s", ResidencySummaryText(rr).c_str());
+    std::ofstream f(ra.residency_json, std::ios::trunc);
+    f << ResidencyJson(rr).dump(1) << "\n";
+    f.close();
+    if (!f) return Fail(Status::IOError("could not write " + ra.residency_json));
   }
-  std::vector<int32_t> toks;
-  st = s.tok->Tokenize(text, s.ctx->history().empty(), true, &toks);
-  if (!st.ok()) return Fail(st);
-  std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %s]\n", ra.model.c_str(),
-               s.model->hparams().name.c_str(), s.load_s, ThreadsText(*s.ctx).c_str());
-  Sampler sampler({ra.temp, ra.top_k, ra.top_p, ra.seed});
-  st = Generate(s, sampler, toks, ra.n_predict, true, nullptr);
-  if (st.ok() && !ra.residency_json.empty()) {
-    ResidencyReport rr;
-    st = s.ctx->MeasureResidency(/*with_smaps=*/true, &rr);
-    if (st.ok()) {
-      std::fprintf(stderr, "%s", ResidencySummaryText(rr).c_str());
-      st = Env::Default()->WriteSmallFile(ra.residency_json, ResidencyJson(rr).dump(1) + "\n", /*create=*/true);
-    }
-  }
-  if (st.ok() && !ra.session.empty()) {
-    SessionInfo si;
-    st = SaveSession(*s.ctx, ra.session, ra.session_codec, &si);
-    if (st.ok())
-      std::fprintf(stderr, "[session saved: %s, %d tokens, %s]\n", ra.session.c_str(), si.n_tokens,
-                   Mib(si.file_bytes).c_str());
-  }
-  return st.ok() ? 0 : Fail(st);
+  if (!ra.session.empty() && (rc = SaveSession(s, ra.session, ra.session_codec, true)) != MZ_OK)
+    return CFail("saving session " + ra.session, rc);
+  return 0;
 }
 
 // /evict AMOUNT or /remaining AMOUNT (a percentage of the footprint or a size).
-void ChatEvict(Session& s, const std::string& verb, const std::string& arg, const MemoryReport& r) {
+void ChatEvict(Session& s, const std::string& verb, const std::string& arg, const mz_memory_report& r) {
   uint64_t amount = 0;
-  if (!ParseAmount(arg, r.footprint(), &amount)) {
+  if (!ParseAmount(arg, r.footprint, &amount)) {
     std::fprintf(stderr, "usage: %s 40%% | 300MiB\n", verb.c_str());
     return;
   }
-  if (verb == "/remaining") amount = r.in_memory() > amount ? r.in_memory() - amount : 0;
+  if (verb == "/remaining") amount = r.in_memory > amount ? r.in_memory - amount : 0;
   uint64_t freed = 0;
-  double t0 = Now();
-  Status est = s.ctx->EvictBytes(amount, &freed);
-  std::fprintf(stderr, "  released %s in %.3f s%s%s\n", Mib(freed).c_str(), Now() - t0, est.ok() ? "" : ": ",
-               est.ok() ? "" : est.ToString().c_str());
-  PrintReport(s.ctx->Report());
+  const double t0 = Now();
+  const int rc = mz_evict(s.ctx, amount, nullptr, &freed);
+  std::fprintf(stderr, "  released %s in %.3f s%s%s\n", Mib(freed).c_str(), Now() - t0, rc == MZ_OK ? "" : ": ",
+               rc == MZ_OK ? "" : CError(rc).c_str());
+  PrintReport(Report(s.ctx));
 }
 
-// /pressure LEVEL: submits a pressure event to the monitor (which prints the action it takes).
-void ChatPressure(PressureMonitor* mon, const std::string& arg) {
-  PressureEvent ev;
-  if (arg == "low") ev.level = PressureLevel::kLow;
-  else if (arg == "medium") ev.level = PressureLevel::kMedium;
-  else if (arg == "critical") ev.level = PressureLevel::kCritical;
-  else if (arg != "none") {
+// /pressure LEVEL: one pressure event handled as the watcher would (the watcher's callback prints
+// the action).
+void ChatPressure(Session& s, const std::string& arg) {
+  int32_t level = -1;
+  if (arg == "none") level = 0;
+  else if (arg == "low") level = 1;
+  else if (arg == "medium") level = 2;
+  else if (arg == "critical") level = 3;
+  if (level < 0) {
     std::fprintf(stderr, "usage: /pressure low|medium|critical|none\n");
     return;
   }
-  ev.time_ns = Env::Default()->NowNs();
-  ev.source = "/pressure";
-  mon->Submit(ev);  // the action is printed by the monitor's callback
+  const int rc = mz_pressure_submit(s.ctx, level, "/pressure");
+  if (rc != MZ_OK && rc != MZ_ERR_BUSY) std::fprintf(stderr, "  /pressure: %s\n", CError(rc).c_str());
 }
 
 // /threads [N [CPUS]]: shows the compute threads and the CPU clusters, or changes them (the
 // conversation stays; CPUS is a kernel list such as 4-7, omitted: not pinned).
 void ChatThreads(Session& s, const std::string& n_arg, const std::string& cpus_arg) {
   if (n_arg.empty()) {
-    CpuTopology topo;
-    Status st = ReadCpuTopology(Env::Default(), &topo);
-    std::fprintf(stderr, "  computing on %s\n", ThreadsText(*s.ctx).c_str());
-    if (!st.ok()) {
-      std::fprintf(stderr, "  CPU topology unknown: %s\n", st.ToString().c_str());
+    std::fprintf(stderr, "  computing on %s\n", ThreadsText(s.ctx).c_str());
+    const int32_t n = mz_cpu_clusters(nullptr, 0);
+    std::vector<mz_cpu_cluster> cl(size_t(std::max(n, 0)));
+    const int32_t m = n > 0 ? mz_cpu_clusters(cl.data(), n) : n;
+    if (m < 0) {
+      std::fprintf(stderr, "  CPU topology unknown: %s\n", CError(m).c_str());
       return;
     }
-    for (const CpuCluster& cl : topo.clusters) {
+    cl.resize(size_t(std::min(m, n)));
+    for (const mz_cpu_cluster& c : cl) {
       std::string ids;
-      for (int c : cl.cpus) ids += (ids.empty() ? "" : ",") + std::to_string(c);
-      std::fprintf(stderr, "  cluster CPUs %s: capacity %u, max %.2f GHz\n", ids.c_str(), cl.capacity,
-                   double(cl.max_freq_khz) * 1e-6);
+      for (int id = 0; id < 64 * 64; ++id)
+        if (c.cpus[id / 64] >> (id % 64) & 1) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+      std::fprintf(stderr, "  cluster CPUs %s: capacity %u, max %.2f GHz\n", ids.c_str(), c.capacity,
+                   double(c.max_freq_khz) * 1e-6);
     }
     return;
   }
@@ -423,41 +541,42 @@ void ChatThreads(Session& s, const std::string& n_arg, const std::string& cpus_a
     std::fprintf(stderr, "usage: /threads [N [CPUS]]  (e.g. /threads 2, /threads 2 6-7)\n");
     return;
   }
-  std::vector<int> cpus;
-  Status st = ParseCpuList(cpus_arg, &cpus);
-  if (st.ok()) st = s.ctx->SetThreads(n, cpus);
-  std::fprintf(stderr, "  %s\n", st.ok() ? ("computing on " + ThreadsText(*s.ctx)).c_str() : st.ToString().c_str());
+  std::vector<int32_t> cpus;
+  if (!ParseCpus(cpus_arg, &cpus)) return;
+  const int rc = mz_context_set_threads(s.ctx, n, cpus.data(), int32_t(cpus.size()));
+  std::fprintf(stderr, "  %s\n", rc == MZ_OK ? ("computing on " + ThreadsText(s.ctx)).c_str() : CError(rc).c_str());
 }
 
 // One chat line that starts with '/' (other than /quit and /exit). Errors are printed, never fatal.
-void ChatCommand(Session& s, const GenArgs& ca, PressureMonitor* mon, const std::string& line) {
+void ChatCommand(Session& s, const GenArgs& ca, bool watching, const std::string& line) {
   std::istringstream cmd(line);
   std::string verb, arg, arg2;
   cmd >> verb >> arg >> arg2;
-  MemoryReport r = s.ctx->Report();
+  const mz_memory_report r = Report(s.ctx);
   if (verb == "/memory") {
     PrintReport(r);
-    // The kernel's view (memory/residency_report.h); "/memory units": every unit, one per line.
-    ResidencyReport rr;
-    Status rst = s.ctx->MeasureResidency(/*with_smaps=*/true, &rr);
-    if (!rst.ok()) std::fprintf(stderr, "  kernel view unavailable: %s\n", rst.ToString().c_str());
+    // The kernel's view (mz_residency_report); "/memory units": every unit, one per line.
+    Residency rr;
+    const int rc = MeasureResidency(s.ctx, /*with_smaps=*/true, &rr);
+    if (rc != MZ_OK) std::fprintf(stderr, "  kernel view unavailable: %s\n", CError(rc).c_str());
     else std::fprintf(stderr, "%s%s", ResidencySummaryText(rr).c_str(), arg == "units" ? ResidencyTableText(rr).c_str() : "");
   } else if (verb == "/evict" || verb == "/remaining") {
     ChatEvict(s, verb, arg, r);
   } else if (verb == "/restore") {
-    double t0 = Now();
-    Status rst = s.ctx->Restore();
-    std::fprintf(stderr, "  restore %s in %.3f s\n", rst.ok() ? "done" : rst.ToString().c_str(), Now() - t0);
-    PrintReport(s.ctx->Report());
-  } else if (verb == "/pressure" && mon) {
-    ChatPressure(mon, arg);
+    const double t0 = Now();
+    const int rc = mz_restore(s.ctx);
+    std::fprintf(stderr, "  restore %s in %.3f s\n", rc == MZ_OK ? "done" : CError(rc).c_str(), Now() - t0);
+    PrintReport(Report(s.ctx));
+  } else if (verb == "/pressure" && watching) {
+    ChatPressure(s, arg);
   } else if (verb == "/threads") {
     ChatThreads(s, arg, arg2);
   } else if (verb == "/save") {
-    SessionInfo si;
-    Status sst = SaveSession(*s.ctx, arg.empty() ? ca.session : arg, ca.session_codec, &si);
-    std::fprintf(stderr, "  %s\n", sst.ok() ? ("saved " + std::to_string(si.n_tokens) + " tokens").c_str()
-                                             : sst.ToString().c_str());
+    const std::string path = arg.empty() ? ca.session : arg;
+    const int rc = path.empty() ? MZ_ERR_INVALID_ARG : SaveSession(s, path, ca.session_codec, false);
+    std::fprintf(stderr, "  %s\n", rc == MZ_OK ? ("saved " + std::to_string(mz_context_n_tokens(s.ctx)) + " tokens").c_str()
+                                   : path.empty() ? "usage: /save FILE (or start with --session FILE)"
+                                                  : CError(rc).c_str());
   } else {
     std::fprintf(stderr, "unknown command %s\n", verb.c_str());
   }
@@ -469,74 +588,73 @@ struct ChatState {
   std::string prev_text;
 };
 
-// A reply is one generation: non-critical pressure during it is applied when it ends.
+// A reply is one generation: non-critical pressure during it is applied when it ends
+// (mz_pressure_set_generating).
 struct GenerationPhase {
-  PressureMonitor* m;
-  explicit GenerationPhase(PressureMonitor* mm) : m(mm) {
-    if (m) m->BeginGeneration();
-  }
-  ~GenerationPhase() {
-    if (m) m->EndGeneration();
-  }
+  mz_context* ctx;
+  explicit GenerationPhase(mz_context* c) : ctx(c) { mz_pressure_set_generating(ctx, true); }
+  ~GenerationPhase() { mz_pressure_set_generating(ctx, false); }
 };
 
 // One user turn: prefills only the new suffix of the templated conversation, generates the reply,
 // then feeds the template's end-of-turn tokens so the cache matches the text. A failed generation is
-// printed and the turn dropped (Ok, conversation kept up to the previous turn); a failing template,
-// tokenizer or end-of-turn decode is returned (the caller exits).
-Status ChatTurn(Session& s, Sampler& sampler, const GenArgs& ca, PressureMonitor* mon, const std::string& line,
-                ChatState* cs) {
+// printed, the context is cut back to where the turn began and the turn dropped (MZ_OK: the
+// conversation continues from the previous turn); a failing template, tokenizer or end-of-turn
+// decode is returned (the caller exits).
+int ChatTurn(Session& s, const GenArgs& ca, bool watching, const std::string& line, ChatState* cs) {
   cs->msgs.push_back({"user", line});
   std::string full;
-  MZ_RETURN_IF_ERROR(s.tok->ApplyChat(cs->msgs, true, &full));
+  int rc = ApplyChat(s, cs->msgs, true, &full);
+  if (rc != MZ_OK) return rc;
   // Only the new suffix is prefilled: the KV cache holds everything before it.
-  std::string delta = full.substr(std::min(cs->prev_text.size(), full.size()));
-  std::vector<int32_t> toks;
-  MZ_RETURN_IF_ERROR(s.tok->Tokenize(delta, s.ctx->history().empty(), true, &toks));
+  const std::string delta = full.substr(std::min(cs->prev_text.size(), full.size()));
+  std::vector<mz_token> toks;
+  if ((rc = Tokenize(s, delta, &toks)) != MZ_OK) return rc;
+  const int32_t n_before = mz_context_n_tokens(s.ctx);
   std::string reply;
-  GenerationPhase phase(mon);  // until the turn (and its session save) is done
-  const MemoryReport before = s.ctx->Report();
-  Status st = Generate(s, sampler, toks, ca.n_predict, true, &reply, mon != nullptr);
-  const uint64_t given_back = before.footprint() - (before.weights_resident + before.kv_resident);
-  if (mon && st.ok() && given_back > 0)
+  GenerationPhase phase(s.ctx);  // until the turn (and its session save) is done
+  const mz_memory_report before = Report(s.ctx);
+  rc = Generate(s, toks, ca.n_predict, true, &reply, watching);
+  const uint64_t given_back = before.footprint - (before.weights_resident + before.kv_resident);
+  if (watching && rc == MZ_OK && given_back > 0)
     std::fprintf(stderr, "[this turn restored the %s given back under pressure (see TTFT above)]\n",
                  Mib(given_back).c_str());
-  if (!st.ok()) {
-    std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", st.ToString().c_str());
+  if (rc != MZ_OK) {
+    std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", CError(rc).c_str());
     cs->msgs.pop_back();
-    return Status::Ok();
+    // The prompt and the reply's tokens decoded before the failure: the text no longer has them.
+    const int trc = mz_context_truncate(s.ctx, n_before);
+    return trc == MZ_OK ? MZ_OK : trc;
   }
   cs->msgs.push_back({"assistant", reply});
   std::string closed;
-  MZ_RETURN_IF_ERROR(s.tok->ApplyChat(cs->msgs, false, &closed));
+  if ((rc = ApplyChat(s, cs->msgs, false, &closed)) != MZ_OK) return rc;
   // Feed the end-of-turn tokens the template adds after the reply so the cache matches the text.
-  std::string tail = closed.substr(std::min(full.size() + reply.size(), closed.size()));
-  std::vector<int32_t> tail_toks;
-  if (!tail.empty() && s.tok->Tokenize(tail, false, true, &tail_toks).ok() && !tail_toks.empty())
-    MZ_RETURN_IF_ERROR(s.ctx->Decode(tail_toks.data(), int(tail_toks.size()), false));
+  const std::string tail = closed.substr(std::min(full.size() + reply.size(), closed.size()));
+  std::vector<mz_token> tail_toks;
+  if (!tail.empty() && Tokenize(s, tail, &tail_toks) == MZ_OK && !tail_toks.empty() &&
+      (rc = mz_decode(s.ctx, tail_toks.data(), int32_t(tail_toks.size()), false)) != MZ_OK)
+    return rc;
   cs->prev_text = closed;
-  if (!ca.session.empty()) {
-    Status sst = SaveSession(*s.ctx, ca.session, ca.session_codec);
-    if (!sst.ok()) std::fprintf(stderr, "warning: session not saved: %s\n", sst.ToString().c_str());
-  }
-  return Status::Ok();
+  if (!ca.session.empty() && (rc = SaveSession(s, ca.session, ca.session_codec, false)) != MZ_OK)
+    std::fprintf(stderr, "warning: session not saved: %s\n", CError(rc).c_str());
+  return MZ_OK;
 }
 
-// `chat`: the interactive loop over stdin until EOF, /quit or /exit. Exit code 0, or Fail's.
+// `chat`: the interactive loop over stdin until EOF, /quit or /exit. Exit code 0, or 1 with the
+// error printed.
 int RunChat(GenArgs& ca, const PressureArgs& pa) {  // Open resolves ca.model in place
   Session s;
-  Status st = Open(ca, &s);
-  if (!st.ok()) return Fail(st);
-  std::unique_ptr<PressureMonitor> mon;  // declared after s: stopped before the context goes
-  if (pa.watch->count() > 0) {
-    st = StartPressureWatch(pa, s.ctx.get(), &mon);
-    if (!st.ok()) return Fail(st);
+  if (int ec = Open(ca, &s)) return ec;
+  const bool watching = pa.watch->count() > 0;
+  if (watching) {
+    const int rc = StartPressureWatch(pa, s.ctx);
+    if (rc != MZ_OK) return CFail("--watch-pressure", rc);
   }
   std::fprintf(stderr,
                "[model %s loaded in %.2f s; type a message. Commands: /memory [units], /evict 40%% | 300MiB, "
                "/remaining 50%%, /restore, /save FILE, /threads [N [CPUS]], %s/quit]\n",
-               ca.model.c_str(), s.load_s, mon ? "/pressure low|medium|critical|none, " : "");
-  Sampler sampler({ca.temp, ca.top_k, ca.top_p, ca.seed});
+               ca.model.c_str(), s.load_s, watching ? "/pressure low|medium|critical|none, " : "");
   ChatState cs;
   std::string line;
   while (true) {
@@ -545,11 +663,11 @@ int RunChat(GenArgs& ca, const PressureArgs& pa) {  // Open resolves ca.model in
     if (line == "/quit" || line == "/exit") break;
     if (line.empty()) continue;
     if (line[0] == '/') {
-      ChatCommand(s, ca, mon.get(), line);
+      ChatCommand(s, ca, watching, line);
       continue;
     }
-    st = ChatTurn(s, sampler, ca, mon.get(), line, &cs);
-    if (!st.ok()) return Fail(st);
+    const int rc = ChatTurn(s, ca, watching, line, &cs);
+    if (rc != MZ_OK) return CFail("chat turn", rc);
   }
   return 0;
 }

@@ -29,41 +29,41 @@ void AddSustainedOptions(CLI::App* c, SustainedArgs& a) {
   c->add_option("--thermal-zone", a.zone, "sustained: only zones whose type contains this (e.g. cpu)");
 }
 
-Status StartSustained(const SustainedArgs& a, Context* ctx, std::unique_ptr<SustainedMode>* out) {
-  out->reset();
-  if (!a.on) return Status::Ok();
-  SustainedModeOptions o;
-  o.control.max_threads = a.max_threads;
-  o.control.min_threads = a.min_threads;
-  o.control.band_c = a.band_c;
-  o.control.hold_up_ns = uint64_t(a.hold_up_s * 1e9);
-  o.control.min_interval_ns = uint64_t(a.min_interval_s * 1e9);
-  o.control.drift = a.drift;
-  o.control.probe_up_ns = uint64_t(a.probe_up_s * 1e9);
-  o.duty = a.duty;
-  o.high_c = a.high_c;
-  o.trip_margin_c = a.margin_c;
-  o.thermal_root = a.thermal_root;
-  o.zone_filter = a.zone;
-  auto m = std::make_unique<SustainedMode>(Env::Default(), ctx, o);
-  MZ_RETURN_IF_ERROR(m->Init());
-  const SustainedStats s = m->stats();
-  std::fprintf(stderr, "[sustained: threads %d..%d (now %d), duty cycle %.2f; %s]\n", s.min_threads, s.max_threads,
-               s.threads, a.duty, s.sensors.c_str());
-  *out = std::move(m);
-  return Status::Ok();
+namespace {
+// mz_sustained_params.on_event: the chat / run line of a thread change or a refusal.
+void PrintSustainedEvent(const mz_sustained_event* ev, void*) {
+  if (!ev->refused)
+    std::fprintf(stderr, "\n[sustained: %d -> %d threads (%s: %s)]\n", ev->from, ev->to, ev->reason, ev->why);
+  else
+    std::fprintf(stderr, "\n[sustained: wanted %d threads (%s: %s), refused: %s: %s]\n", ev->wanted, ev->reason, ev->why,
+                 mz_status_str(ev->status), ev->error);
 }
+}  // namespace
 
-void SustainedAfterStep(SustainedMode* m, int n, uint64_t t0, uint64_t t1) {
-  if (!m) return;
-  SustainedEvent ev;
-  m->AfterStep(n, t0, t1, &ev);
-  if (ev.changed)
-    std::fprintf(stderr, "\n[sustained: %d -> %d threads (%s: %s)]\n", ev.from, ev.to, SustainedReasonName(ev.reason),
-                 ev.why.c_str());
-  else if (ev.refused)
-    std::fprintf(stderr, "\n[sustained: wanted %s threads (%s), refused: %s]\n", ev.why.c_str(),
-                 SustainedReasonName(ev.reason), ev.status.ToString().c_str());
+int StartSustained(const SustainedArgs& a, mz_context* ctx) {
+  if (!a.on) return MZ_OK;
+  mz_sustained_params p = mz_sustained_default_params();
+  p.max_threads = a.max_threads;
+  p.min_threads = a.min_threads;
+  p.duty_cycle = float(a.duty);
+  p.high_c = float(a.high_c);
+  p.trip_margin_c = float(a.margin_c);
+  p.band_c = float(a.band_c);
+  p.hold_up_s = float(a.hold_up_s);
+  p.min_interval_s = float(a.min_interval_s);
+  p.drift = float(a.drift);
+  p.probe_up_s = float(a.probe_up_s);
+  p.thermal_root = a.thermal_root.c_str();  // read by mz_context_set_sustained only
+  p.thermal_zone = a.zone.empty() ? nullptr : a.zone.c_str();
+  p.on_event = PrintSustainedEvent;
+  int rc = mz_context_set_sustained(ctx, &p);
+  if (rc != MZ_OK) return rc;
+  mz_sustained_info s;
+  rc = mz_context_get_sustained_info(ctx, &s);
+  if (rc != MZ_OK) return rc;
+  std::fprintf(stderr, "[sustained: threads %d..%d (now %d), duty cycle %.2f; %s]\n", s.min_threads, s.max_threads,
+               s.threads, a.duty, s.sensors);
+  return MZ_OK;
 }
 
 }  // namespace mz::cli

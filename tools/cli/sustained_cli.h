@@ -1,14 +1,12 @@
-// `run` / `chat` --sustained: the options of sustained mode (src/runtime/sustained.h) and the line
-// chat prints when the controller steps the threads.
+// `run` / `chat` --sustained: the options of sustained mode (mz_context_set_sustained in
+// include/mzcache.h) and the line run and chat print when the controller steps the threads.
 #pragma once
 #include <CLI/CLI.hpp>
 
 #include <memory>
 #include <string>
 
-#include "core/status.h"
-#include "runtime/context.h"
-#include "runtime/sustained.h"
+#include "mzcache.h"
 
 namespace mz::cli {
 
@@ -29,12 +27,10 @@ struct SustainedArgs {
 };
 
 void AddSustainedOptions(CLI::App* c, SustainedArgs& a);
-// Enables sustained mode on ctx per a (a.on), printing the sensors it found and the caps; *out
-// null when off. Errors: SustainedMode::Init's.
-Status StartSustained(const SustainedArgs& a, Context* ctx, std::unique_ptr<SustainedMode>* out);
-// After a generation step of n tokens over [t0, t1) (Env::Default()->NowNs()): paces and steps
-// (SustainedMode::AfterStep) and prints a line to stderr when the threads changed or a change was
-// refused. No-op when m is null.
-void SustainedAfterStep(SustainedMode* m, int n, uint64_t t0, uint64_t t1);
+// Enables sustained mode on ctx per a (nothing when !a.on), printing the sensors it found and the
+// caps to stderr. From then on mz_decode / mz_restore_generate pace and step the threads, and a line
+// is printed to stderr each time the threads change or a change is refused. Returns MZ_OK or
+// mz_context_set_sustained's error (mz_last_error says why; sustained mode is then off).
+int StartSustained(const SustainedArgs& a, mz_context* ctx);
 
 }  // namespace mz::cli

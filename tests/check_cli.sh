@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# `mzcache run` and `mzcache chat` end to end on the synthesized tiny-qwen3 model (ctest "cli_run_chat",
+# label tools): the commands as a user types them, built on the public C API only
+# (tools/cli/cmd_run.cpp). Checks, each failing the test with the command's output:
+#   run: a generation with its TTFT line; --session saved, then loaded by a second run without
+#        recompute; --residency-json written as JSON with every unit; --ctx auto picks a context;
+#        --sustained reports its caps; a corrupt session file is refused with a clear error and a
+#        non-zero exit, the file left as it was;
+#   chat: two turns around /evict 60% (the second restores through restore_generate), /memory units
+#        (the kernel's view, one line per unit), /threads and /threads 1 (the conversation stays),
+#        /restore, /save FILE (loaded again by run), unknown commands answered, EOF ends it.
+# Usage: tests/check_cli.sh MZCACHE MODEL_DIR   (MODEL_DIR/tiny-qwen3-q8_0.gguf; as cli_on_test_model.sh,
+# $MZ_TEST_MODEL_DIR_OVERRIDE wins when set)
+set -uo pipefail
+cli=$1
+dir=${MZ_TEST_MODEL_DIR_OVERRIDE:-$2}
+model=$dir/tiny-qwen3-q8_0.gguf
+[ -f "$model" ] || { echo "check_cli: no test model at $model"; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+out=$work/out.txt
+
+# expect NAME PATTERN: PATTERN (grep -E) must be in the last command's output.
+expect() {
+  if ! grep -qE -- "$2" "$out"; then
+    echo "FAIL $1: no line matching /$2/ in:"
+    sed 's/^/  | /' "$out"
+    fail=1
+  else
+    echo "ok   $1"
+  fi
+}
+
+run() { "$cli" run -m "$model" --swap "$work/swap" "$@" >"$out" 2>&1; }
+
+run -p "hello there" -n 8 --session "$work/s.mzs" --session-codec none
+rc=$?
+[ $rc = 0 ] || { echo "FAIL run exited $rc"; cat "$out"; fail=1; }
+expect "run prints TTFT" '\[prompt [0-9]+ tokens \| TTFT [0-9.]+ s'
+expect "run saves the session" '\[session saved: .*s\.mzs, [0-9]+ tokens'
+[ -s "$work/s.mzs" ] || { echo "FAIL session file missing"; fail=1; }
+
+run -p "and then" -n 4 --session "$work/s.mzs" --residency-json "$work/res.json"
+expect "second run loads the session without recompute" '\[session .*s\.mzs: [0-9]+ tokens restored in .* no recompute\]'
+expect "residency summary" 'kernel \(mincore\): .* counted resident are in RAM'
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["units"] and "in_ram" in j["summary"], j' "$work/res.json"; then
+  echo "ok   residency JSON has units and a summary"
+else
+  echo "FAIL residency JSON"; fail=1
+fi
+
+run -p "hi" -n 2 --ctx auto
+expect "--ctx auto chooses a context" '^--ctx auto: [0-9]+ tokens \(peak'
+
+run -p "hi" -n 4 --sustained --duty 0.9
+expect "--sustained reports its caps" '\[sustained: threads [0-9]+\.\.[0-9]+ \(now [0-9]+\), duty cycle 0\.90'
+
+cp "$work/s.mzs" "$work/bad.mzs"
+printf 'XXXXXXXX' | dd of="$work/bad.mzs" bs=1 seek=0 conv=notrunc status=none
+sum_before=$(sha256sum "$work/bad.mzs" | cut -d' ' -f1)
+run -p "hi" -n 2 --session "$work/bad.mzs"
+rc=$?
+if [ $rc != 0 ] && grep -qE '^error: session .*bad\.mzs' "$out" && [ "$(sha256sum "$work/bad.mzs" | cut -d' ' -f1)" = "$sum_before" ]; then
+  echo "ok   a corrupt session is refused (exit $rc), the file untouched"
+else
+  echo "FAIL corrupt session: exit $rc"; sed 's/^/  | /' "$out"; fail=1
+fi
+
+printf '%s\n' "hello" "/memory units" "/evict 60%" "tell me more" "/threads" "/threads 1" "once more" \
+  "/restore" "/save $work/chat.mzs" "/nonsense" |
+  "$cli" chat -m "$model" --swap "$work/swap2" -n 6 --kv-codec none >"$out" 2>&1
+rc=$?
+[ $rc = 0 ] || { echo "FAIL chat exited $rc"; fail=1; }
+expect "chat /memory: the report" 'remaining in memory: 100\.0%'
+expect "chat /memory units: one line per unit" 'weights\[base\] +resident'
+expect "chat /evict 60%" 'released [0-9.]+ MiB in'
+expect "chat turn after /evict restores overlapped" '\[restore_generate: [1-9][0-9]* units restored'
+expect "chat /threads shows clusters" 'cluster CPUs [0-9]'
+expect "chat /threads 1" 'computing on 1 thread'
+expect "chat /restore" 'restore done in'
+expect "chat /save" 'saved [0-9]+ tokens'
+expect "chat: unknown command" 'unknown command /nonsense'
+[ "$(grep -c '\[prompt [0-9]* tokens | TTFT' "$out")" = 3 ] || { echo "FAIL chat: 3 turns expected"; sed 's/^/  | /' "$out"; fail=1; }
+
+run -p "after chat" -n 2 --session "$work/chat.mzs"
+expect "run resumes chat's saved conversation" '\[session .*chat\.mzs: [0-9]+ tokens restored'
+
+"$cli" run --help >"$out" 2>&1
+expect "run --help" '--kv-type'
+
+if [ $fail = 0 ]; then echo "check_cli: all passed"; else echo "check_cli: FAILED"; fi
+exit $fail
