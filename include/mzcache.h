@@ -456,9 +456,10 @@ struct mz_session_info {
 };
 /* Reads the header and index of the session file at path as mz_session_load into ctx would check
  * them (model identity, KV geometry, checksums of header and index; no chunk is read and ctx is not
- * changed) and fills *out. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL argument, a file saved with
- * another chunk size); MZ_ERR_IO (cannot be read); MZ_ERR_CORRUPT (damaged, or saved with another
- * model: mz_last_error says which). *out is zeroed on error. */
+ * changed) and fills *out. Whether n_tokens fits the context's n_ctx is not checked (mz_session_load
+ * refuses a longer one with MZ_ERR_CONTEXT_FULL). Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL
+ * argument); MZ_ERR_IO (cannot be read); MZ_ERR_CORRUPT (damaged, or saved with another model or
+ * another KV geometry such as the chunk size: mz_last_error says which). *out is zeroed on error. */
 int mz_session_get_info(mz_context* ctx, const char* path, struct mz_session_info* out);
 /* Writes tokens + KV (codec "none" is lossless; default q8 when NULL) crash-safely. */
 int mz_session_save(mz_context* ctx, const char* path, const char* codec);
@@ -529,7 +530,8 @@ struct mz_pressure_action {
   bool deferred;           /* arrived during a generation, applied at a safe point after it */
   bool restored;           /* a background restore slice of restored_bytes, not an eviction */
   uint64_t restored_bytes;
-  double remaining;        /* share of LLM memory resident after the action */
+  double remaining;        /* mz_memory_report.remaining after the action (in_memory / footprint; it
+                              counts the in-memory swap's mapped segments, so it can exceed 1) */
   double delay_s;          /* from the event to the action */
   uint32_t repeats;        /* further identical nothing-done events coalesced into this one */
   int32_t status;          /* MZ_OK, or the action's error (e.g. MZ_ERR_NO_SPACE: the context is intact) */
@@ -570,7 +572,9 @@ struct mz_pressure_params mz_pressure_default_params(void);
  * error arming the source. */
 int mz_pressure_watch_start(mz_context* ctx, const struct mz_pressure_params* params);
 /* Stops the watcher (joins its thread). MZ_OK, also when none runs. Call before mz_context_free
- * only if you need the thread gone earlier: mz_context_free stops it too. */
+ * only if you need the thread gone earlier: mz_context_free stops it too. Its on_action is not
+ * called again once this returns (since 0.10): its user data may be freed. mz_on_trim_memory and
+ * mz_pressure_submit go on with its amounts, unreported. */
 int mz_pressure_watch_stop(mz_context* ctx);
 
 struct mz_pressure_stats {

@@ -2,17 +2,24 @@
  * The public header compiles as C (C11, -Wall -Wextra -Werror: see tests/CMakeLists.txt) and the C API
  * works end to end from C: defaults, status names, an I/O error with its message, then load ->
  * tokenize -> decode -> greedy sampling of 4 tokens on the tiny-qwen3 model. Exits non-zero on the
- * first failure, printing what failed and mz_last_error().
+ * first failure, printing what failed and mz_last_error(). The 0.10 additions: CPU lists and
+ * clusters, mz_context_get_threads, mz_session_get_info, mz_pressure_submit / on_action /
+ * watch_reason / set_generating, sustained on_event / thermal_zone / get_sustained_info (on a fake
+ * thermal tree under /tmp) and the 0.9 sizes of the params structs that grew.
  *
  * Model path, in this order: argv[1]; $MZ_TEST_MODEL_DIR_OVERRIDE/tiny-qwen3-q8_0.gguf (the shared
  * model folder the sanitizer runs use, as in tests/test_util.cpp); $MZ_TEST_MODEL (set by ctest).
  * ctest makes sure the file exists first (fixture test c_api_model_setup).
  */
-#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, rmdir (check_profile) */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, rmdir (check_profile), mkdir, nanosleep, pthread_self */
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mzcache.h"
@@ -258,6 +265,737 @@ static int check_pressure(mz_model* model, const mz_token* toks, int32_t n) {
   return 0;
 }
 
+/* ---- since 0.10 ---- */
+
+/* mz_parse_cpu_list: the kernel's format in, ascending distinct ids out; the sizing convention;
+ * bad text refused with its text quoted in mz_last_error. */
+static int check_cpu_list(void) {
+  int32_t out[16];
+  const int32_t want[] = {0, 1, 2, 3, 5, 7, 8};
+  CHECK(mz_parse_cpu_list("0-3,5,7-8", NULL, 0) == 7, "size query: %d", (int)mz_parse_cpu_list("0-3,5,7-8", NULL, 0));
+  for (int i = 0; i < 16; ++i) out[i] = -99;
+  CHECK(mz_parse_cpu_list("0-3,5,7-8", out, 16) == 7, "\"0-3,5,7-8\" parsed to %d ids", (int)mz_parse_cpu_list("0-3,5,7-8", out, 16));
+  for (int i = 0; i < 7; ++i) CHECK(out[i] == want[i], "id %d is %d, want %d", i, (int)out[i], (int)want[i]);
+  CHECK(out[7] == -99, "wrote past n: out[7] = %d", (int)out[7]);
+  for (int i = 0; i < 16; ++i) out[i] = -99;
+  CHECK(mz_parse_cpu_list("0-3,5,7-8", out, 3) == 7, "a short buffer does not return the full count");
+  CHECK(out[0] == 0 && out[1] == 1 && out[2] == 2 && out[3] == -99, "short buffer: %d %d %d %d", (int)out[0],
+        (int)out[1], (int)out[2], (int)out[3]);
+  /* As the kernel writes them (trailing newline); ascending and distinct whatever the input order. */
+  CHECK(mz_parse_cpu_list("0-1\n", out, 16) == 2 && out[0] == 0 && out[1] == 1, "\"0-1\\n\"");
+  CHECK(mz_parse_cpu_list("8,1-2,2", out, 16) == 3 && out[0] == 1 && out[1] == 2 && out[2] == 8,
+        "\"8,1-2,2\": %d %d %d", (int)out[0], (int)out[1], (int)out[2]);
+  CHECK(mz_parse_cpu_list("", out, 16) == 0, "the empty list");
+  CHECK(mz_parse_cpu_list("4095", out, 16) == 1 && out[0] == 4095, "4095 (the largest id)");
+  CHECK(mz_parse_cpu_list("0-4095", NULL, 0) == 4096, "0-4095");
+  /* Refused, quoting the text. */
+  const char* bad[] = {"3-1", "x", "4096", "1,,2", "-1", "0-", "1-x", "0-4096"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    const int32_t rc = mz_parse_cpu_list(bad[i], out, 16);
+    CHECK(rc == MZ_ERR_INVALID_ARG, "\"%s\" accepted (%d)", bad[i], (int)rc);
+    char quoted[32];
+    snprintf(quoted, sizeof quoted, "'%s'", bad[i]);
+    CHECK(strstr(mz_last_error(), quoted) != NULL, "the message does not quote %s", quoted);
+  }
+  CHECK(mz_parse_cpu_list(NULL, out, 16) == MZ_ERR_INVALID_ARG, "NULL list accepted");
+  CHECK(mz_parse_cpu_list("0-3", out, -1) == MZ_ERR_INVALID_ARG, "cap -1 accepted");
+  CHECK(mz_parse_cpu_list("0-3", NULL, 2) == MZ_ERR_INVALID_ARG, "NULL out with cap 2 accepted");
+  CHECK(mz_parse_cpu_list("0-3", NULL, 0) == 4 && mz_last_error()[0] == '\0', "a success after an error");
+  return 0;
+}
+
+static int popcount64(uint64_t x) {
+  int n = 0;
+  for (; x; x &= x - 1) ++n;
+  return n;
+}
+
+/* mz_cpu_clusters: sized with cap 0, then filled; every online CPU (/sys/devices/system/cpu/online,
+ * parsed by mz_parse_cpu_list) in exactly one cluster; n_cpus = the bits set; fastest first. */
+static int check_cpu_clusters(void) {
+  const int32_t n = mz_cpu_clusters(NULL, 0);
+  CHECK(n >= 1 && n <= 64, "mz_cpu_clusters(NULL, 0) = %d", (int)n);
+  CHECK(mz_cpu_clusters(NULL, 1) == MZ_ERR_INVALID_ARG, "NULL out with cap 1 accepted");
+  struct mz_cpu_cluster one[2];
+  memset(one, 0, sizeof one);
+  one[1].capacity = 0xdeadbeefu;
+  CHECK(mz_cpu_clusters(one, -1) == MZ_ERR_INVALID_ARG, "cap -1 accepted");
+  CHECK(mz_cpu_clusters(one, 1) == n && one[0].n_cpus > 0 && one[1].capacity == 0xdeadbeefu,
+        "cap 1: n_cpus %d, the second entry %s", (int)one[0].n_cpus, one[1].capacity == 0xdeadbeefu ? "kept" : "written");
+  struct mz_cpu_cluster* cl = (struct mz_cpu_cluster*)calloc((size_t)n, sizeof *cl);
+  CHECK(cl != NULL, "calloc");
+  CHECK(mz_cpu_clusters(cl, n) == n, "second call");
+  uint64_t seen[64];
+  memset(seen, 0, sizeof seen);
+  int32_t total = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    int bits = 0;
+    for (int w = 0; w < 64; ++w) {
+      CHECK((seen[w] & cl[i].cpus[w]) == 0, "cluster %d shares a CPU with an earlier one", (int)i);
+      seen[w] |= cl[i].cpus[w];
+      bits += popcount64(cl[i].cpus[w]);
+    }
+    CHECK(cl[i].n_cpus > 0 && bits == cl[i].n_cpus, "cluster %d: n_cpus %d, %d bits set", (int)i, (int)cl[i].n_cpus, bits);
+    if (i > 0)
+      CHECK(cl[i - 1].capacity > cl[i].capacity ||
+                (cl[i - 1].capacity == cl[i].capacity && cl[i - 1].max_freq_khz > cl[i].max_freq_khz),
+            "cluster %d (capacity %u, %llu kHz) is not slower than cluster %d (capacity %u, %llu kHz)", (int)i,
+            (unsigned)cl[i].capacity, (unsigned long long)cl[i].max_freq_khz, (int)i - 1, (unsigned)cl[i - 1].capacity,
+            (unsigned long long)cl[i - 1].max_freq_khz);
+    total += cl[i].n_cpus;
+  }
+  CHECK(memcmp(&one[0], &cl[0], sizeof one[0]) == 0, "cap 1 and cap n disagree on the first cluster");
+  FILE* f = fopen("/sys/devices/system/cpu/online", "r");
+  if (f) {
+    char text[4096];
+    const size_t got = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[got] = '\0';
+    const int32_t m = mz_parse_cpu_list(text, NULL, 0);
+    CHECK(m > 0, "cannot parse the kernel's online list \"%s\"", text);
+    int32_t* ids = (int32_t*)calloc((size_t)m, sizeof *ids);
+    CHECK(ids != NULL && mz_parse_cpu_list(text, ids, m) == m, "online list");
+    CHECK(total == m, "%d CPUs in the clusters, %d online (%s)", (int)total, (int)m, text);
+    for (int32_t i = 0; i < m; ++i)
+      CHECK(seen[ids[i] / 64] >> (ids[i] % 64) & 1u, "online CPU %d in no cluster", (int)ids[i]);
+    free(ids);
+  }
+  printf("cpu clusters: %d (first: %d CPUs, capacity %u, %llu kHz)\n", (int)n, (int)cl[0].n_cpus,
+         (unsigned)cl[0].capacity, (unsigned long long)cl[0].max_freq_khz);
+  free(cl);
+  return 0;
+}
+
+/* mz_context_get_threads after mz_context_set_threads, with and without CPUs; the default pinning
+ * agrees with mz_cpu_clusters. */
+static int check_get_threads(mz_model* model) {
+  int32_t nt = -5, cpus[8];
+  CHECK(mz_context_get_threads(NULL, &nt, NULL, 0) == MZ_ERR_INVALID_ARG && nt == 0, "NULL ctx: rc, n_threads %d", (int)nt);
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  mz_context* ctx = NULL;
+  CHECK(mz_context_new(model, &cp, &ctx) == MZ_OK, "mz_context_new: %s", mz_last_error());
+  CHECK(mz_context_get_threads(ctx, &nt, NULL, -1) == MZ_ERR_INVALID_ARG, "cap -1 accepted");
+  CHECK(mz_context_get_threads(ctx, &nt, NULL, 2) == MZ_ERR_INVALID_ARG, "NULL cpus with cap 2 accepted");
+
+  /* The default: on a homogeneous CPU 2 threads, not pinned; on big.LITTLE pinned to the fastest
+   * cluster, min(2, its size) threads. */
+  struct mz_cpu_cluster fastest;
+  const int32_t nc = mz_cpu_clusters(&fastest, 1);
+  CHECK(nc >= 1, "mz_cpu_clusters: %d", (int)nc);
+  int32_t n = mz_context_get_threads(ctx, &nt, cpus, 8);
+  if (nc == 1) {
+    CHECK(n == 0 && nt == 2, "default on one cluster: %d pinned CPUs, %d threads", (int)n, (int)nt);
+  } else {
+    const int32_t want = fastest.n_cpus < 2 ? fastest.n_cpus : 2;
+    CHECK(n == want && nt == want, "default on %d clusters: %d pinned CPUs, %d threads, want %d", (int)nc, (int)n,
+          (int)nt, (int)want);
+    for (int32_t i = 0; i < n; ++i)
+      CHECK(fastest.cpus[cpus[i] / 64] >> (cpus[i] % 64) & 1u, "default pinned CPU %d outside the fastest cluster",
+            (int)cpus[i]);
+  }
+  CHECK(mz_context_get_threads(ctx, NULL, NULL, 0) == n, "size query without n_threads");
+
+  CHECK(mz_context_set_threads(ctx, 1, NULL, 0) == MZ_OK, "set_threads(1): %s", mz_last_error());
+  CHECK(mz_context_get_threads(ctx, &nt, cpus, 8) == 0 && nt == 1, "after set_threads(1): n_threads %d", (int)nt);
+  CHECK(mz_context_set_threads(ctx, 3, NULL, 0) == MZ_OK, "set_threads(3): %s", mz_last_error());
+  CHECK(mz_context_get_threads(ctx, &nt, NULL, 0) == 0 && nt == 3, "after set_threads(3): n_threads %d", (int)nt);
+  /* A refused change leaves them. */
+  const int32_t bad_cpu = 4000;
+  CHECK(mz_context_set_threads(ctx, 1, &bad_cpu, 1) == MZ_ERR_INVALID_ARG, "CPU 4000 accepted");
+  CHECK(mz_context_get_threads(ctx, &nt, NULL, 0) == 0 && nt == 3, "a refused set_threads changed them: %d", (int)nt);
+
+  /* Pinned: the CPUs this process may use are the ones set_threads accepts one at a time. */
+  int32_t ok_cpus[2];
+  int32_t n_ok = 0;
+  struct mz_cpu_cluster all[64];
+  const int32_t nall = mz_cpu_clusters(all, 64);
+  CHECK(nall == nc, "cluster count changed");
+  for (int32_t c = 0; c < 4096 && n_ok < 2; ++c) {
+    int in = 0;
+    for (int32_t i = 0; i < nall; ++i) in |= (int)(all[i].cpus[c / 64] >> (c % 64) & 1u);
+    if (!in) continue;
+    if (mz_context_set_threads(ctx, 1, &c, 1) != MZ_OK) continue; /* not in this process's affinity */
+    CHECK(mz_context_get_threads(ctx, &nt, cpus, 8) == 1 && cpus[0] == c && nt == 1, "pinned to CPU %d: got %d (n %d)",
+          (int)c, (int)cpus[0], (int)nt);
+    ok_cpus[n_ok++] = c;
+  }
+  CHECK(n_ok >= 1, "no CPU accepted by mz_context_set_threads: %s", mz_last_error());
+  mz_token t = 0;
+  CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode pinned: %s", mz_last_error());
+  if (n_ok == 2) {
+    /* The first n_threads of the list, reported ascending whatever the order given. */
+    const int32_t desc[2] = {ok_cpus[1], ok_cpus[0]};
+    CHECK(mz_context_set_threads(ctx, 1, desc, 2) == MZ_OK, "set_threads(1, {%d, %d})", (int)desc[0], (int)desc[1]);
+    CHECK(mz_context_get_threads(ctx, &nt, cpus, 8) == 1 && cpus[0] == desc[0] && nt == 1,
+          "1 thread on the first of {%d, %d}: pinned to %d", (int)desc[0], (int)desc[1], (int)cpus[0]);
+    CHECK(mz_context_set_threads(ctx, 2, desc, 2) == MZ_OK, "set_threads(2, {%d, %d}): %s", (int)desc[0], (int)desc[1],
+          mz_last_error());
+    CHECK(mz_context_get_threads(ctx, NULL, NULL, 0) == 2, "size query: 2 pinned CPUs");
+    cpus[1] = -99;
+    CHECK(mz_context_get_threads(ctx, &nt, cpus, 1) == 2 && nt == 2 && cpus[1] == -99, "cap 1 of 2");
+    CHECK(mz_context_get_threads(ctx, &nt, cpus, 8) == 2 && nt == 2, "2 pinned threads");
+    CHECK(cpus[0] == ok_cpus[0] && cpus[1] == ok_cpus[1], "pinned to {%d, %d} given {%d, %d}: not ascending",
+          (int)cpus[0], (int)cpus[1], (int)desc[0], (int)desc[1]);
+    CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode on 2 pinned threads: %s", mz_last_error());
+  }
+  /* Unpinned again. */
+  CHECK(mz_context_set_threads(ctx, 2, NULL, 0) == MZ_OK, "set_threads(2): %s", mz_last_error());
+  CHECK(mz_context_get_threads(ctx, &nt, cpus, 8) == 0 && nt == 2, "unpinned: n_threads %d", (int)nt);
+  mz_context_free(ctx);
+  return 0;
+}
+
+static int flip_byte(const char* path, long offset) {
+  FILE* f = fopen(path, "r+b");
+  if (!f) return -1;
+  int c = -1;
+  if (fseek(f, offset, SEEK_SET) == 0) c = fgetc(f);
+  if (c >= 0 && fseek(f, offset, SEEK_SET) == 0 && fputc(c ^ 0x5a, f) != EOF) c = 0;
+  else c = -1;
+  return fclose(f) == 0 ? c : -1;
+}
+
+static int copy_file(const char* from, const char* to, long max_bytes) {
+  FILE* in = fopen(from, "rb");
+  if (!in) return -1;
+  FILE* out = fopen(to, "wb");
+  if (!out) {
+    fclose(in);
+    return -1;
+  }
+  char buf[8192];
+  long done = 0;
+  size_t got;
+  int rc = 0;
+  while ((max_bytes < 0 || done < max_bytes) && (got = fread(buf, 1, sizeof buf, in)) > 0) {
+    if (max_bytes >= 0 && done + (long)got > max_bytes) got = (size_t)(max_bytes - done);
+    if (fwrite(buf, 1, got, out) != got) rc = -1;
+    done += (long)got;
+  }
+  fclose(in);
+  return fclose(out) == 0 ? rc : -1;
+}
+
+static int info_is_zero(const struct mz_session_info* s) {
+  static const struct mz_session_info zero;
+  return memcmp(s, &zero, sizeof zero) == 0;
+}
+
+/* mz_session_get_info: what mz_session_save wrote (tokens, chunks, codec, size), the context left
+ * as it was; a missing file (MZ_ERR_IO) and damaged ones (MZ_ERR_CORRUPT) with *out zeroed. */
+static int check_session_info(mz_model* model, const mz_token* toks, int32_t n) {
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  cp.kv_chunk_tokens = 16;
+  mz_context* ctx = NULL;
+  CHECK(mz_context_new(model, &cp, &ctx) == MZ_OK, "mz_context_new: %s", mz_last_error());
+  mz_token many[40];
+  for (int i = 0; i < 40; ++i) many[i] = toks[i % n];
+  CHECK(mz_decode(ctx, many, 40, false) == MZ_OK, "decode 40: %s", mz_last_error());
+  char path[256], bad[300], missing[300];
+  snprintf(path, sizeof path, "%s/mz-c-session-%d.mzs", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  snprintf(bad, sizeof bad, "%s.bad", path);
+  snprintf(missing, sizeof missing, "%s.missing", path);
+  CHECK(mz_session_save(ctx, path, "none") == MZ_OK, "save: %s", mz_last_error());
+  struct stat sb;
+  CHECK(stat(path, &sb) == 0, "no session file at %s", path);
+
+  struct mz_session_info si;
+  memset(&si, 0xff, sizeof si);
+  int rc = mz_session_get_info(ctx, path, &si);
+  CHECK(rc == MZ_OK, "get_info = %d", rc);
+  CHECK(si.n_tokens == 40 && si.n_chunks == 3, "info: %d tokens, %d chunks (want 40, 3)", (int)si.n_tokens,
+        (int)si.n_chunks);
+  CHECK(strcmp(si.codec, "none") == 0, "info: codec \"%s\"", si.codec);
+  CHECK(si.file_bytes > 0 && si.file_bytes == (uint64_t)sb.st_size, "info: file_bytes %llu, stat %lld",
+        (unsigned long long)si.file_bytes, (long long)sb.st_size);
+  CHECK(mz_context_n_tokens(ctx) == 40, "get_info changed the context: %d tokens", (int)mz_context_n_tokens(ctx));
+
+  /* The default codec (q8), a shorter conversation. */
+  CHECK(mz_context_truncate(ctx, 17) == MZ_OK, "truncate");
+  CHECK(mz_session_save(ctx, path, NULL) == MZ_OK, "save q8: %s", mz_last_error());
+  CHECK(mz_session_get_info(ctx, path, &si) == MZ_OK && si.n_tokens == 17 && si.n_chunks == 2 &&
+            strcmp(si.codec, "q8") == 0 && si.file_bytes > 0,
+        "q8 info: %d tokens, %d chunks, codec \"%s\"", (int)si.n_tokens, (int)si.n_chunks, si.codec);
+
+  /* Arguments. */
+  memset(&si, 0xff, sizeof si);
+  CHECK(mz_session_get_info(NULL, path, &si) == MZ_ERR_INVALID_ARG && info_is_zero(&si), "NULL ctx");
+  memset(&si, 0xff, sizeof si);
+  CHECK(mz_session_get_info(ctx, NULL, &si) == MZ_ERR_INVALID_ARG && info_is_zero(&si), "NULL path");
+  CHECK(mz_session_get_info(ctx, path, NULL) == MZ_ERR_INVALID_ARG, "NULL out");
+
+  /* A missing file. */
+  memset(&si, 0xff, sizeof si);
+  rc = mz_session_get_info(ctx, missing, &si);
+  CHECK(rc == MZ_ERR_IO && info_is_zero(&si), "missing file: %d (%s)", rc, mz_status_str(rc));
+  CHECK(strstr(mz_last_error(), missing) != NULL, "the message does not name the file");
+
+  /* Damaged copies: the header, the index (the first token), a truncated file. */
+  const long offsets[] = {0, 28, 4096};
+  for (size_t i = 0; i < sizeof offsets / sizeof offsets[0]; ++i) {
+    CHECK(copy_file(path, bad, -1) == 0 && flip_byte(bad, offsets[i]) == 0, "cannot damage %s", bad);
+    memset(&si, 0xff, sizeof si);
+    rc = mz_session_get_info(ctx, bad, &si);
+    CHECK(rc == MZ_ERR_CORRUPT && info_is_zero(&si), "byte %ld flipped: %d (%s)", offsets[i], rc, mz_status_str(rc));
+    CHECK(mz_last_error()[0] != '\0', "no message");
+    CHECK(mz_session_load(ctx, bad) == MZ_ERR_CORRUPT, "mz_session_load accepted what get_info refused");
+  }
+  CHECK(copy_file(path, bad, 1000) == 0, "cannot truncate %s", bad);
+  memset(&si, 0xff, sizeof si);
+  rc = mz_session_get_info(ctx, bad, &si);
+  CHECK(rc == MZ_ERR_CORRUPT && info_is_zero(&si), "truncated file: %d (%s)", rc, mz_status_str(rc));
+  CHECK(mz_context_n_tokens(ctx) == 17, "refused infos changed the context: %d tokens", (int)mz_context_n_tokens(ctx));
+
+  /* A context with another chunk size refuses it (as mz_session_load does): MZ_ERR_CORRUPT, "another
+   * KV geometry" in the header. */
+  {
+    struct mz_context_params cp2 = cp;
+    cp2.kv_chunk_tokens = 32;
+    mz_context* c2 = NULL;
+    CHECK(mz_context_new(model, &cp2, &c2) == MZ_OK, "context with chunk 32: %s", mz_last_error());
+    memset(&si, 0xff, sizeof si);
+    rc = mz_session_get_info(c2, path, &si);
+    CHECK(rc == MZ_ERR_CORRUPT && info_is_zero(&si), "another chunk size: %d", rc);
+    CHECK(mz_session_load(c2, path) < 0, "mz_session_load accepted another chunk size");
+    mz_context_free(c2);
+  }
+
+  /* And the file loads as get_info described it. */
+  CHECK(mz_context_truncate(ctx, 0) == MZ_OK && mz_session_load(ctx, path) == MZ_OK, "load: %s", mz_last_error());
+  CHECK(mz_context_n_tokens(ctx) == 17, "loaded %d tokens", (int)mz_context_n_tokens(ctx));
+  mz_context_free(ctx);
+  remove(bad);
+  CHECK(remove(path) == 0, "remove %s", path);
+  return 0;
+}
+
+/* on_action: every call recorded (copies of the strings: they are valid during the call only). */
+struct action_log {
+  int calls;
+  int other_thread;
+  pthread_t thread;
+  struct {
+    char source[64], level_name[16], error[128], note[64];
+    int32_t level, status;
+    uint64_t requested, freed, restored_bytes;
+    bool deferred, restored;
+    double remaining, delay_s;
+    uint32_t repeats;
+  } last;
+  uint64_t freed_sum;
+};
+static void on_action(const struct mz_pressure_action* a, void* user) {
+  struct action_log* log = (struct action_log*)user;
+  log->calls++;
+  if (!pthread_equal(pthread_self(), log->thread)) log->other_thread++;
+  snprintf(log->last.source, sizeof log->last.source, "%s", a->source ? a->source : "(null)");
+  snprintf(log->last.level_name, sizeof log->last.level_name, "%s", a->level_name ? a->level_name : "(null)");
+  snprintf(log->last.error, sizeof log->last.error, "%s", a->error ? a->error : "(null)");
+  snprintf(log->last.note, sizeof log->last.note, "%s", a->note ? a->note : "(null)");
+  log->last.level = a->level;
+  log->last.status = a->status;
+  log->last.requested = a->requested;
+  log->last.freed = a->freed;
+  log->last.restored_bytes = a->restored_bytes;
+  log->last.deferred = a->deferred;
+  log->last.restored = a->restored;
+  log->last.remaining = a->remaining;
+  log->last.delay_s = a->delay_s;
+  log->last.repeats = a->repeats;
+  if (!a->restored) log->freed_sum += a->freed;
+}
+static void reset_log(struct action_log* log) {
+  memset(log, 0, sizeof *log);
+  log->thread = pthread_self();
+}
+
+/* The sane fields of the last action: source and level as submitted, nothing restored, the
+ * strings set, 0 <= remaining <= 1, a small non-negative delay. */
+static int check_action(const struct action_log* log, const char* source, int32_t level, bool deferred) {
+  static const char* names[] = {"none", "low", "medium", "critical"};
+  CHECK(log->other_thread == 0, "on_action called on another thread");
+  CHECK(strcmp(log->last.source, source) == 0, "source \"%s\", want \"%s\"", log->last.source, source);
+  CHECK(log->last.level == level && strcmp(log->last.level_name, names[level]) == 0, "level %d \"%s\", want %d \"%s\"",
+        (int)log->last.level, log->last.level_name, (int)level, names[level]);
+  CHECK(log->last.deferred == deferred, "deferred %d, want %d", (int)log->last.deferred, (int)deferred);
+  CHECK(!log->last.restored && log->last.restored_bytes == 0, "a pressure event reported as a restore");
+  CHECK(log->last.status == MZ_OK && log->last.error[0] == '\0', "status %d error \"%s\"", (int)log->last.status,
+        log->last.error);
+  /* remaining counts the in-memory swap's mapped segments too (mz_memory_report.in_memory): on this
+   * small model a low event that moves ~1 MB into a fresh 8 MiB segment leaves it above 1. */
+  CHECK(isfinite(log->last.remaining) && log->last.remaining >= 0.0, "%s: remaining %g (requested %llu, freed %llu, note \"%s\")",
+        source, log->last.remaining, (unsigned long long)log->last.requested, (unsigned long long)log->last.freed,
+        log->last.note);
+  CHECK(log->last.delay_s >= 0.0 && log->last.delay_s < 60.0, "delay_s %g", log->last.delay_s);
+  CHECK(strcmp(log->last.note, "(null)") != 0, "note NULL");
+  if (log->last.requested == 0) {
+    CHECK(log->last.freed == 0 && log->last.note[0] != '\0', "nothing requested: freed %llu, note \"%s\"",
+          (unsigned long long)log->last.freed, log->last.note);
+  } else {
+    CHECK(log->last.note[0] == '\0', "an eviction with a note \"%s\"", log->last.note);
+  }
+  return 0;
+}
+
+/* mz_pressure_submit (levels 0..3, bad levels), mz_pressure_params.on_action, mz_pressure_watch_reason
+ * and mz_pressure_set_generating, through a "manual" watcher; an old-size params struct. */
+static int check_pressure_submit(mz_model* model, const mz_token* toks, int32_t n) {
+  struct mz_pressure_params pp = mz_pressure_default_params();
+  CHECK(pp.on_action == NULL && pp.user == NULL, "pressure defaults: on_action / user not NULL");
+  CHECK(mz_pressure_submit(NULL, 1, NULL) == MZ_ERR_INVALID_ARG, "submit on NULL ctx accepted");
+  CHECK(mz_pressure_set_generating(NULL, true) == MZ_ERR_INVALID_ARG, "set_generating on NULL ctx accepted");
+  CHECK(mz_pressure_watch_reason(NULL, NULL, 0) == MZ_ERR_INVALID_ARG, "watch_reason on NULL ctx accepted");
+
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  mz_context* ctx = NULL;
+  CHECK(mz_context_new(model, &cp, &ctx) == MZ_OK, "mz_context_new: %s", mz_last_error());
+  CHECK(mz_decode(ctx, toks, n, false) == MZ_OK, "decode: %s", mz_last_error());
+
+  /* No watcher: no reason. */
+  char why[512];
+  memset(why, 'x', sizeof why);
+  CHECK(mz_pressure_watch_reason(ctx, NULL, 0) == 0, "a reason without a watcher");
+  CHECK(mz_pressure_watch_reason(ctx, why, (int32_t)sizeof why) == 0 && why[0] == '\0', "reason buffer \"%.8s\"", why);
+  CHECK(mz_pressure_watch_reason(ctx, why, -1) == MZ_ERR_INVALID_ARG, "cap -1 accepted");
+  CHECK(mz_pressure_watch_reason(ctx, NULL, 4) == MZ_ERR_INVALID_ARG, "NULL buf with cap 4 accepted");
+
+  /* Without a watcher: the default params' handler; levels outside 0..3 refused, changing nothing. */
+  struct mz_pressure_stats st;
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == 0, "events before any");
+  CHECK(mz_pressure_submit(ctx, 4, NULL) == MZ_ERR_INVALID_ARG, "level 4 accepted");
+  CHECK(strstr(mz_last_error(), "4") != NULL, "the message does not name the level: %s", mz_last_error());
+  CHECK(mz_pressure_submit(ctx, -1, "x") == MZ_ERR_INVALID_ARG, "level -1 accepted");
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == 0, "a refused level counted: %u events",
+        (unsigned)st.events);
+  for (int32_t level = 0; level <= 3; ++level) {
+    const int rc = mz_pressure_submit(ctx, level, level == 2 ? NULL : "c-test");
+    CHECK(rc == MZ_OK, "submit level %d = %d (%s)", (int)level, rc, mz_status_str(rc));
+    CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == (uint32_t)level + 1 && st.last_level == level,
+          "after level %d: %u events, last level %d", (int)level, (unsigned)st.events, (int)st.last_level);
+  }
+  CHECK(st.bytes_freed > 0, "levels 1..3 freed nothing");
+  struct mz_memory_report r;
+  CHECK(mz_get_memory_report(ctx, &r) == MZ_OK && r.weights_dropped > 0, "critical dropped no weights");
+  mz_token t = toks[0];
+  CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode after submit: %s", mz_last_error());
+
+  /* A manual watcher with on_action: called on this thread for submit and mz_on_trim_memory. */
+  struct action_log log;
+  reset_log(&log);
+  pp = mz_pressure_default_params();
+  pp.source = "manual";
+  pp.hysteresis_ms = 0;
+  pp.on_action = on_action;
+  pp.user = &log;
+  CHECK(mz_pressure_watch_start(ctx, &pp) == MZ_OK, "manual watcher: %s", mz_last_error());
+  const int32_t len = mz_pressure_watch_reason(ctx, NULL, 0);
+  CHECK(len > 0, "no reason with a watcher (%d)", (int)len);
+  CHECK(mz_pressure_watch_reason(ctx, why, (int32_t)sizeof why) == len && (int32_t)strlen(why) == len &&
+            strstr(why, "manual") != NULL,
+        "reason \"%s\" (%d)", why, (int)len);
+  char short_buf[8];
+  CHECK(mz_pressure_watch_reason(ctx, short_buf, 8) == len && strlen(short_buf) == 7 &&
+            strncmp(short_buf, why, 7) == 0,
+        "truncated reason \"%s\"", short_buf);
+  printf("pressure watch reason: %s\n", why);
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK, "stats");
+  const uint64_t freed_before = st.bytes_freed;
+  const uint32_t events_before = st.events;
+
+  int rc = mz_pressure_submit(ctx, 3, "c-test critical");
+  CHECK(rc == MZ_OK, "submit 3 with a watcher = %d (%s)", rc, mz_status_str(rc));
+  CHECK(log.calls == 1, "on_action called %d times for one event", log.calls);
+  if (check_action(&log, "c-test critical", 3, false)) return 1;
+  CHECK(log.last.requested > 0 && log.last.freed > 0, "critical on a resident context: requested %llu freed %llu",
+        (unsigned long long)log.last.requested, (unsigned long long)log.last.freed);
+  CHECK(log.last.remaining < 1.0, "remaining %g after freeing %llu", log.last.remaining,
+        (unsigned long long)log.last.freed);
+  rc = mz_pressure_submit(ctx, 0, NULL);
+  CHECK(rc == MZ_OK && log.calls == 2, "submit 0: %d, %d calls", rc, log.calls);
+  if (check_action(&log, "manual", 0, false)) return 1;
+  CHECK(log.last.requested == 0 && log.last.freed == 0, "level 0 gave back %llu", (unsigned long long)log.last.freed);
+  CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode: %s", mz_last_error());
+  rc = mz_pressure_submit(ctx, 1, "low one");
+  CHECK(rc == MZ_OK && log.calls == 3, "submit 1: %d, %d calls", rc, log.calls);
+  if (check_action(&log, "low one", 1, false)) return 1;
+  rc = mz_pressure_submit(ctx, 2, "medium one");
+  CHECK(rc == MZ_OK && log.calls == 4, "submit 2: %d, %d calls", rc, log.calls);
+  if (check_action(&log, "medium one", 2, false)) return 1;
+  CHECK(mz_on_trim_memory(ctx, MZ_TRIM_MEMORY_COMPLETE) == MZ_OK && log.calls == 5, "trim: %d calls", log.calls);
+  if (check_action(&log, "onTrimMemory(80)", 3, false)) return 1;
+  CHECK(mz_pressure_submit(ctx, 4, "bad") == MZ_ERR_INVALID_ARG && log.calls == 5, "level 4 reached on_action");
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.events == events_before + 5, "events %u, want %u",
+        (unsigned)st.events, (unsigned)events_before + 5);
+  CHECK(st.bytes_freed - freed_before == log.freed_sum, "on_action freed %llu in all, the statistics %llu",
+        (unsigned long long)log.freed_sum, (unsigned long long)(st.bytes_freed - freed_before));
+
+  /* A declared generation: a low event waits for its end (MZ_ERR_BUSY: queued), applied on this
+   * thread by set_generating(false); a critical one is applied at once (no call holds ctx). */
+  CHECK(mz_decode(ctx, toks, n, false) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(mz_pressure_set_generating(ctx, true) == MZ_OK && mz_pressure_set_generating(ctx, true) == MZ_OK,
+        "set_generating(true)");
+  reset_log(&log);
+  rc = mz_pressure_submit(ctx, 1, "during");
+  CHECK(rc == MZ_ERR_BUSY, "low during a generation = %d (%s), want MZ_ERR_BUSY", rc, mz_status_str(rc));
+  CHECK(log.calls == 0, "on_action called for a queued event");
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.pending == 1, "pending %d", (int)st.pending);
+  CHECK(mz_pressure_set_generating(ctx, false) == MZ_OK, "set_generating(false)");
+  CHECK(log.calls == 1, "the queued event: %d on_action calls after the generation", log.calls);
+  if (check_action(&log, "during", 1, true)) return 1;
+  CHECK(mz_pressure_get_stats(ctx, &st) == MZ_OK && st.pending == 0, "still pending after the generation");
+  CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(mz_pressure_set_generating(ctx, true) == MZ_OK, "set_generating(true)");
+  rc = mz_pressure_submit(ctx, 3, "critical during");
+  CHECK(rc == MZ_OK && log.calls == 2, "critical during a generation: %d, %d calls", rc, log.calls);
+  if (check_action(&log, "critical during", 3, false)) return 1;
+  /* ... and a watcher started during a declared generation begins in it. */
+  CHECK(mz_pressure_watch_stop(ctx) == MZ_OK, "stop");
+  CHECK(mz_pressure_watch_reason(ctx, why, (int32_t)sizeof why) == 0 && why[0] == '\0', "a reason after stop: \"%s\"", why);
+  reset_log(&log);
+  CHECK(mz_pressure_watch_start(ctx, &pp) == MZ_OK, "restart: %s", mz_last_error());
+  CHECK(mz_decode(ctx, &t, 1, false) == MZ_OK, "decode: %s", mz_last_error());
+  rc = mz_pressure_submit(ctx, 2, "queued");
+  CHECK(rc == MZ_ERR_BUSY && log.calls == 0, "medium during a generation begun before the watcher: %d (%d calls)", rc,
+        log.calls);
+  CHECK(mz_pressure_set_generating(ctx, false) == MZ_OK && log.calls == 1, "end: %d calls", log.calls);
+  if (check_action(&log, "queued", 2, true)) return 1;
+  CHECK(mz_pressure_watch_stop(ctx) == MZ_OK, "stop");
+
+  /* A 0.9 params struct (it ends at restore_margin, tail padding included): accepted, on_action
+   * and user not read. */
+  {
+    struct action_log other;
+    reset_log(&other);
+    struct mz_pressure_params old = mz_pressure_default_params();
+    const size_t end = offsetof(struct mz_pressure_params, restore_margin) + sizeof old.restore_margin;
+    const size_t align = offsetof(struct mz_pressure_params, on_action);
+    CHECK(align >= end && align - end < sizeof(void*), "layout: on_action at %zu, restore_margin ends at %zu", align, end);
+    old.struct_size = (uint32_t)align; /* the 0.9 sizeof */
+    old.source = "manual";
+    old.on_action = on_action;
+    old.user = &other;
+    CHECK(mz_pressure_watch_start(ctx, &old) == MZ_OK, "a 0.9-size pressure struct refused: %s", mz_last_error());
+    CHECK(mz_pressure_submit(ctx, 3, "old") == MZ_OK, "submit: %s", mz_last_error());
+    CHECK(other.calls == 0, "on_action of a 0.9 struct (beyond its struct_size) was called");
+    CHECK(mz_pressure_watch_stop(ctx) == MZ_OK, "stop");
+    /* A size inside a field (half of on_action) is no header's: refused, never half-copied. */
+    old.struct_size = (uint32_t)(align + 4);
+    CHECK(mz_pressure_watch_start(ctx, &old) == MZ_ERR_INVALID_ARG, "struct_size %u (inside on_action) accepted",
+          (unsigned)old.struct_size);
+  }
+  /* After mz_pressure_watch_stop, the stopped watcher's on_action is never called again (its user
+   * data may be freed); submit and onTrimMemory go on unreported. */
+  {
+    struct action_log after;
+    reset_log(&after);
+    struct mz_pressure_params pp = mz_pressure_default_params();
+    pp.source = "manual";
+    pp.on_action = on_action;
+    pp.user = &after;
+    CHECK(mz_pressure_watch_start(ctx, &pp) == MZ_OK, "watch: %s", mz_last_error());
+    CHECK(mz_pressure_submit(ctx, 1, "before stop") == MZ_OK && after.calls == 1, "on_action before stop: %d calls",
+          after.calls);
+    CHECK(mz_pressure_watch_stop(ctx) == MZ_OK, "stop");
+    CHECK(mz_pressure_submit(ctx, 3, "after stop") == MZ_OK, "submit after stop: %s", mz_last_error());
+    CHECK(mz_on_trim_memory(ctx, 80) == MZ_OK, "trim after stop: %s", mz_last_error());
+    CHECK(after.calls == 1, "on_action called %d times after mz_pressure_watch_stop", after.calls - 1);
+  }
+  mz_context_free(ctx);
+  return 0;
+}
+
+/* on_event: every call recorded. */
+struct event_log {
+  int calls;
+  int32_t from, to, wanted, status;
+  bool refused;
+  char reason[16], why[160], error[128];
+};
+static void on_event(const struct mz_sustained_event* ev, void* user) {
+  struct event_log* log = (struct event_log*)user;
+  log->calls++;
+  log->from = ev->from;
+  log->to = ev->to;
+  log->wanted = ev->wanted;
+  log->status = ev->status;
+  log->refused = ev->refused;
+  snprintf(log->reason, sizeof log->reason, "%s", ev->reason ? ev->reason : "(null)");
+  snprintf(log->why, sizeof log->why, "%s", ev->why ? ev->why : "(null)");
+  snprintf(log->error, sizeof log->error, "%s", ev->error ? ev->error : "(null)");
+}
+
+static int write_text(const char* dir, const char* name, const char* text) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE* f = fopen(p, "w");
+  if (!f) return -1;
+  const int ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+/* One decode of a token after the window (1 ms) has passed: sustained mode decides after it. */
+static int decode_after_window(mz_context* ctx, mz_token t) {
+  const struct timespec ms5 = {0, 5000000};
+  nanosleep(&ms5, NULL);
+  return mz_decode(ctx, &t, 1, false);
+}
+
+/* Sustained mode 0.10: on_event on a fake thermal tree (a cpu zone with a passive trip at 90 C: high
+ * mark 85 C; a battery zone without trips) heating and cooling; mz_context_get_sustained_info; the
+ * thermal_zone filter; struct_size of 0.10 and of 0.9 (ending at thermal_root: the new fields are
+ * not read). */
+static int check_sustained(mz_model* model, const mz_token* toks, int32_t n) {
+  struct mz_sustained_params sp = mz_sustained_default_params();
+  CHECK(sp.struct_size == sizeof(struct mz_sustained_params), "sustained params struct_size %u, sizeof %zu",
+        (unsigned)sp.struct_size, sizeof(struct mz_sustained_params));
+  CHECK(sp.thermal_root == NULL && sp.thermal_zone == NULL && sp.on_event == NULL && sp.user == NULL,
+        "sustained defaults: thermal_zone / on_event / user not NULL");
+  struct mz_sustained_info info;
+  CHECK(mz_context_get_sustained_info(NULL, &info) == MZ_ERR_INVALID_ARG, "info on NULL ctx accepted");
+
+  char root[] = "/tmp/mzcache-c-api-thermal-XXXXXX";
+  CHECK(mkdtemp(root) != NULL, "mkdtemp failed");
+  char z0[300], z1[300];
+  snprintf(z0, sizeof z0, "%s/thermal_zone0", root);
+  snprintf(z1, sizeof z1, "%s/thermal_zone1", root);
+  CHECK(mkdir(z0, 0755) == 0 && mkdir(z1, 0755) == 0, "mkdir under %s", root);
+  CHECK(write_text(z0, "type", "cpu-test\n") == 0 && write_text(z0, "temp", "60000\n") == 0 &&
+            write_text(z0, "trip_point_0_type", "passive\n") == 0 &&
+            write_text(z0, "trip_point_0_temp", "90000\n") == 0 && write_text(z1, "type", "battery\n") == 0 &&
+            write_text(z1, "temp", "30000\n") == 0,
+        "cannot write the fake thermal tree");
+
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 256;
+  mz_context* ctx = NULL;
+  CHECK(mz_context_new(model, &cp, &ctx) == MZ_OK, "mz_context_new: %s", mz_last_error());
+  CHECK(mz_context_set_threads(ctx, 2, NULL, 0) == MZ_OK, "set_threads(2): %s", mz_last_error());
+  memset(&info, 0x7f, sizeof info);
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && info.enabled == 0 && info.threads == 0 &&
+            info.max_threads == 0 && info.sensors[0] == '\0',
+        "info with sustained mode off: enabled %d threads %d", (int)info.enabled, (int)info.threads);
+  CHECK(mz_context_get_sustained_info(ctx, NULL) == MZ_ERR_INVALID_ARG, "NULL out accepted");
+  CHECK(mz_decode(ctx, toks, n, false) == MZ_OK, "decode: %s", mz_last_error());
+
+  struct event_log log;
+  memset(&log, 0, sizeof log);
+  sp = mz_sustained_default_params();
+  sp.thermal_root = root;
+  sp.min_interval_s = 0;
+  sp.hold_up_s = 0;
+  sp.drift = 0;
+  sp.window_s = 0.001f;
+  sp.on_event = on_event;
+  sp.user = &log;
+  CHECK(mz_context_set_sustained(ctx, &sp) == MZ_OK, "enable: %s", mz_last_error());
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK, "info");
+  CHECK(info.enabled == 1 && info.min_threads == 1 && info.max_threads == 2 && info.threads == 2,
+        "info: enabled %d, threads %d in [%d, %d]", (int)info.enabled, (int)info.threads, (int)info.min_threads,
+        (int)info.max_threads);
+  CHECK(info.sensors[0] != '\0' && strstr(info.sensors, "1 of 2 thermal zones watched") != NULL, "sensors \"%s\"",
+        info.sensors);
+  printf("sustained sensors: %s\n", info.sensors);
+
+  /* Cool (60 C < 85 - 5), at the cap: no change, no event. */
+  CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(log.calls == 0, "an event without a change: %s %d -> %d", log.reason, (int)log.from, (int)log.to);
+  /* Hot: one thread down, reported. */
+  CHECK(write_text(z0, "temp", "86000\n") == 0, "heat");
+  CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(log.calls == 1, "%d events after the heat", log.calls);
+  CHECK(log.from == 2 && log.to == 1 && log.wanted == 1 && !log.refused && strcmp(log.reason, "hot") == 0,
+        "event %d -> %d (wanted %d) refused %d reason \"%s\"", (int)log.from, (int)log.to, (int)log.wanted,
+        (int)log.refused, log.reason);
+  CHECK(strstr(log.why, "86.0") != NULL, "why \"%s\" does not name the temperature", log.why);
+  CHECK(log.status == MZ_OK && log.error[0] == '\0', "status %d error \"%s\"", (int)log.status, log.error);
+  int32_t nt = 0;
+  mz_context_get_threads(ctx, &nt, NULL, 0);
+  CHECK(nt == 1, "the context computes with %d threads after the step down", (int)nt);
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && info.threads == 1, "info.threads %d", (int)info.threads);
+  /* Still hot at min_threads: nothing to do. */
+  CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(log.calls == 1, "an event at min_threads (%d calls)", log.calls);
+  /* Cool again (hold_up 0): back up. */
+  CHECK(write_text(z0, "temp", "40000\n") == 0, "cool");
+  CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(log.calls == 2 && log.from == 1 && log.to == 2 && log.wanted == 2 && !log.refused &&
+            strcmp(log.reason, "cool") == 0 && strstr(log.why, "40.0") != NULL,
+        "after cooling: %d events, last %d -> %d (wanted %d) \"%s\": %s", log.calls, (int)log.from, (int)log.to,
+        (int)log.wanted, log.reason, log.why);
+  struct mz_sustained_stats ss;
+  CHECK(mz_context_get_sustained_stats(ctx, &ss) == MZ_OK && ss.steps_down == 1 && ss.steps_up == 1 && ss.threads == 2,
+        "stats: %d down, %d up, %d threads", (int)ss.steps_down, (int)ss.steps_up, (int)ss.threads);
+
+  /* The thermal_zone filter: only zones whose type contains it. */
+  memset(&log, 0, sizeof log);
+  sp.thermal_zone = "battery";
+  CHECK(mz_context_set_sustained(ctx, &sp) == MZ_OK, "thermal_zone battery: %s", mz_last_error());
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && strstr(info.sensors, "none with a trip point") != NULL,
+        "battery only: \"%s\"", info.sensors);
+  sp.thermal_zone = "no-such-zone";
+  CHECK(mz_context_set_sustained(ctx, &sp) == MZ_OK, "thermal_zone no-such-zone: %s", mz_last_error());
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && strstr(info.sensors, "no thermal sensors") != NULL &&
+            strstr(info.sensors, "no-such-zone") != NULL,
+        "no zone: \"%s\"", info.sensors);
+  CHECK(write_text(z0, "temp", "86000\n") == 0, "heat");
+  CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(log.calls == 0, "a filtered-out zone stepped the threads: %s", log.why);
+  sp.thermal_zone = "cpu";
+  CHECK(mz_context_set_sustained(ctx, &sp) == MZ_OK, "thermal_zone cpu: %s", mz_last_error());
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && strstr(info.sensors, "1 of 1 thermal zones watched") != NULL,
+        "cpu only: \"%s\"", info.sensors);
+  CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+  CHECK(log.calls == 1 && strcmp(log.reason, "hot") == 0 && log.from == 2 && log.to == 1, "cpu zone hot: %d events",
+        log.calls);
+
+  /* A 0.9 struct (ending at thermal_root): accepted; thermal_zone, on_event and user not read. */
+  {
+    struct event_log other;
+    memset(&other, 0, sizeof other);
+    struct mz_sustained_params old = sp;
+    old.struct_size = (uint32_t)(offsetof(struct mz_sustained_params, thermal_root) + sizeof old.thermal_root);
+    CHECK(old.struct_size < sizeof old && old.struct_size % sizeof(void*) == 0, "0.9 size %u", (unsigned)old.struct_size);
+    old.thermal_zone = "no-such-zone";
+    old.on_event = on_event;
+    old.user = &other;
+    CHECK(mz_context_set_sustained(ctx, &old) == MZ_OK, "a 0.9-size struct refused: %s", mz_last_error());
+    CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && info.threads == 2 &&
+              strstr(info.sensors, "1 of 2 thermal zones watched") != NULL,
+          "0.9 struct: thermal_zone read? threads %d, \"%s\"", (int)info.threads, info.sensors);
+    CHECK(decode_after_window(ctx, toks[0]) == MZ_OK, "decode: %s", mz_last_error());
+    mz_context_get_threads(ctx, &nt, NULL, 0);
+    CHECK(nt == 1, "0.9 struct: hot did not step down (%d threads)", (int)nt);
+    CHECK(other.calls == 0, "on_event of a 0.9 struct (beyond its struct_size) was called");
+    old.struct_size = sizeof old + 8;
+    CHECK(mz_context_set_sustained(ctx, &old) == MZ_ERR_INVALID_ARG, "a larger struct_size accepted");
+    /* inside thermal_zone (its first half): no header's size */
+    old.struct_size = (uint32_t)(offsetof(struct mz_sustained_params, thermal_zone) + 4);
+    CHECK(mz_context_set_sustained(ctx, &old) == MZ_ERR_INVALID_ARG, "struct_size %u (inside thermal_zone) accepted",
+          (unsigned)old.struct_size);
+  }
+  CHECK(mz_context_set_sustained(ctx, NULL) == MZ_OK, "disable: %s", mz_last_error());
+  CHECK(mz_context_get_sustained_info(ctx, &info) == MZ_OK && info.enabled == 0 && info.sensors[0] == '\0',
+        "info after disabling: enabled %d", (int)info.enabled);
+  mz_context_get_threads(ctx, &nt, NULL, 0);
+  CHECK(nt == 2, "disabling did not put back 2 threads: %d", (int)nt);
+  CHECK(mz_context_n_tokens(ctx) == n + 7, "the conversation: %d tokens, want %d", (int)mz_context_n_tokens(ctx),
+        (int)n + 7);
+  mz_context_free(ctx);
+
+  const char* files[] = {"thermal_zone0/type", "thermal_zone0/temp", "thermal_zone0/trip_point_0_type",
+                         "thermal_zone0/trip_point_0_temp", "thermal_zone1/type", "thermal_zone1/temp"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; ++i) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", root, files[i]);
+    remove(p);
+  }
+  CHECK(rmdir(z0) == 0 && rmdir(z1) == 0 && rmdir(root) == 0, "%s not empty", root);
+  return 0;
+}
+
 static int run_model(const char* path) {
   mz_model* model = NULL;
   int rc = mz_model_load(path, NULL, &model);
@@ -347,6 +1085,9 @@ static int run_model(const char* path) {
   mz_context_free(ctx);
   if (check_pressure(model, toks, n)) return 1;
   if (check_struct_size(model, path, toks, n)) return 1;
+  if (check_get_threads(model) || check_session_info(model, toks, n) || check_pressure_submit(model, toks, n) ||
+      check_sustained(model, toks, n))
+    return 1;
   mz_model_free(model);
   return 0;
 }
@@ -554,7 +1295,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "FAIL: no model path (argv[1], MZ_TEST_MODEL_DIR_OVERRIDE or MZ_TEST_MODEL)\n");
     return 2;
   }
-  if (check_defaults() || check_missing_file() || run_model(path) || check_profile(path) || check_pool(path)) return 1;
+  if (check_defaults() || check_missing_file() || check_cpu_list() || check_cpu_clusters() || run_model(path) ||
+      check_profile(path) || check_pool(path))
+    return 1;
   printf("PASS: C API (%s)\n", path);
   return 0;
 }

@@ -74,32 +74,53 @@ int Guard(const char* fn, F&& f) {
     return Fail(mz::Status::Internal("unknown exception"), fn);
   }
 }
-// The smallest struct_size a caller can pass: the end of the last field of the first header that
-// had struct_size (frozen here by naming that field; appending fields never moves it). A caller's
-// sizeof is at least this (its tail padding included).
+// The struct_size values a caller can pass. A released header's struct ends after its version's
+// last field, tail padding included, and the next version's first field starts at or past that
+// size (the header's rule). So a known size lies between the end of one version's last field and
+// the start of the next version's first field: a size inside a field (which would copy half of a
+// pointer) is never one. Each struct lists its version boundaries; the current sizeof is known too.
+struct SizeRange {
+  uint32_t lo, hi;  // accepted: lo <= struct_size <= hi
+};
 #define MZ_FIELD_END(T, f) uint32_t(offsetof(T, f) + sizeof(T::f))
-inline constexpr uint32_t kModelParamsV1 = MZ_FIELD_END(mz_model_params, weight_memory);
-inline constexpr uint32_t kContextParamsV1 = MZ_FIELD_END(mz_context_params, restore_threads);
-inline constexpr uint32_t kRestoreParamsV1 = MZ_FIELD_END(mz_restore_params, attend_compressed);
-inline constexpr uint32_t kSamplerParamsV1 = MZ_FIELD_END(mz_sampler_params, seed);
-inline constexpr uint32_t kPressureParamsV1 = MZ_FIELD_END(mz_pressure_params, restore_margin);
-inline constexpr uint32_t kProfileParamsV1 = MZ_FIELD_END(mz_profile_params, user);
-inline constexpr uint32_t kSustainedParamsV1 = MZ_FIELD_END(mz_sustained_params, thermal_root);
+#define MZ_VERSION_END(T, last, next) SizeRange{MZ_FIELD_END(T, last), uint32_t(offsetof(T, next))}
+#define MZ_ONLY_VERSION(T, last) SizeRange{MZ_FIELD_END(T, last), uint32_t(sizeof(T))}
+inline constexpr SizeRange kModelParamsSizes[] = {MZ_ONLY_VERSION(mz_model_params, weight_memory)};
+inline constexpr SizeRange kContextParamsSizes[] = {
+    MZ_VERSION_END(mz_context_params, restore_threads, reconcile_min_missing),  // the first with struct_size
+    MZ_VERSION_END(mz_context_params, reconcile_min_missing, memory_budget),    // 0.6
+    MZ_VERSION_END(mz_context_params, memory_check, kv_type),                   // 0.9 before kv_type
+};
+inline constexpr SizeRange kRestoreParamsSizes[] = {MZ_ONLY_VERSION(mz_restore_params, attend_compressed)};
+inline constexpr SizeRange kSamplerParamsSizes[] = {MZ_ONLY_VERSION(mz_sampler_params, seed)};
+inline constexpr SizeRange kPressureParamsSizes[] = {MZ_VERSION_END(mz_pressure_params, restore_margin, on_action)};
+inline constexpr SizeRange kProfileParamsSizes[] = {MZ_ONLY_VERSION(mz_profile_params, user)};
+inline constexpr SizeRange kSustainedParamsSizes[] = {MZ_VERSION_END(mz_sustained_params, thermal_root, thermal_zone)};
+inline constexpr SizeRange kPlanParamsSizes[] = {MZ_ONLY_VERSION(mz_plan_params, margin)};
+inline constexpr SizeRange kPoolParamsSizes[] = {MZ_VERSION_END(mz_pool_params, context, read_stored_whole)};  // 0.7
+#undef MZ_ONLY_VERSION
+#undef MZ_VERSION_END
 #undef MZ_FIELD_END
 
-// The caller's params over the defaults: NULL gives the defaults; a struct_size between the first
-// version's and this header's copies that many bytes (an older caller's fields, and its tail
-// padding, which by the header's rule ends before any later field starts) and leaves the rest at
-// their defaults; any other struct_size is refused before a byte past it is read.
-template <class P>
-mz::Status ReadParams(const P* in, P defaults, uint32_t v1_size, const char* what, P* out) {
+// The caller's params over the defaults: NULL gives the defaults; a known struct_size (the current
+// sizeof, or one of the ranges of `sizes`: an older header's) copies that many bytes (an older
+// caller's fields and its tail padding) and leaves the rest at their defaults; any other
+// struct_size is refused before a byte past it is read.
+template <class P, size_t N>
+mz::Status ReadParams(const P* in, P defaults, const SizeRange (&sizes)[N], const char* what, P* out) {
   *out = defaults;
   if (!in) return mz::Status::Ok();
   const uint32_t n = in->struct_size;
-  if (n < v1_size || n > sizeof(P))
+  bool known = n == sizeof(P);
+  std::string list;
+  for (const SizeRange& r : sizes) {
+    known = known || (r.lo <= n && n <= r.hi);
+    list += (r.lo == r.hi ? std::to_string(r.lo) : std::to_string(r.lo) + ".." + std::to_string(r.hi)) + ", ";
+  }
+  if (!known)
     return mz::Status::InvalidArgument(std::string("struct ") + what + ": struct_size " + std::to_string(n) +
-                                       " is not a size this library knows (" + std::to_string(v1_size) + ".." +
-                                       std::to_string(sizeof(P)) + "): start from " + what + "'s default_params()");
+                                       " is not a size this library knows (" + list + std::to_string(sizeof(P)) +
+                                       "): start from " + what + "'s default_params()");
   std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), n);
   out->struct_size = uint32_t(sizeof(P));
   return mz::Status::Ok();

@@ -54,7 +54,7 @@ int mz_model_load(const char* path, const mz_model_params* params, mz_model** ou
   return Guard(__func__, [&]() -> mz::Status {
     if (!path || !out) return mz::Status::InvalidArgument("path and out must not be NULL");
     mz_model_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_model_default_params(), kModelParamsV1, "mz_model_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_model_default_params(), kModelParamsSizes, "mz_model_params", &p));
     mz::ModelOptions o;
     o.direct_io = p.direct_io;
     o.io_threads = p.io_threads > 0 ? p.io_threads : 1;
@@ -165,7 +165,7 @@ int mz_context_new(mz_model* model, const mz_context_params* params, mz_context*
   return Guard(__func__, [&]() -> mz::Status {
     if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
     mz_context_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_context_default_params(), kContextParamsV1, "mz_context_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_context_default_params(), kContextParamsSizes, "mz_context_params", &p));
     // A caller built against 0.8 or older does not know the memory check: it stays off for it, so
     // an unchanged app is not refused a context it was given before.
     if (params && params->struct_size < offsetof(mz_context_params, memory_check) + sizeof(params->memory_check)) p.memory_check = false;
@@ -247,7 +247,11 @@ int32_t mz_cpu_clusters(mz_cpu_cluster* out, int32_t cap) {
   const int rc = Guard(__func__, [&]() -> mz::Status {
     if (cap < 0 || (!out && cap > 0)) return mz::Status::InvalidArgument("out must hold cap >= 0 entries");
     mz::CpuTopology topo;
-    MZ_RETURN_IF_ERROR(mz::ReadCpuTopology(mz::Env::Default(), &topo));
+    mz::Status st = mz::ReadCpuTopology(mz::Env::Default(), &topo);
+    // The header's codes: a file that cannot be read is MZ_ERR_IO, one that cannot be parsed
+    // MZ_ERR_CORRUPT (ReadCpuTopology calls bad text an invalid argument).
+    if (st.code() == mz::Status::kInvalidArgument) return mz::Status::Corruption(st.message());
+    MZ_RETURN_IF_ERROR(st);
     n = int32_t(topo.clusters.size());
     for (int32_t i = 0; i < std::min(n, cap); ++i) {
       const mz::CpuCluster& cl = topo.clusters[size_t(i)];
@@ -470,7 +474,7 @@ mz_sampler* mz_sampler_new(const mz_sampler_params* params) {
   mz_sampler* out = nullptr;
   (void)Guard(__func__, [&]() -> mz::Status {
     mz_sampler_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_sampler_default_params(), kSamplerParamsV1, "mz_sampler_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_sampler_default_params(), kSamplerParamsSizes, "mz_sampler_params", &p));
     mz::SamplerParams sp{p.temperature, p.top_k, p.top_p, p.seed};
     auto s = std::make_unique<mz_sampler>();
     s->s = std::make_unique<mz::Sampler>(sp);
@@ -518,7 +522,7 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
 
 mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOptions* po) {
   mz_restore_params p;
-  MZ_RETURN_IF_ERROR(ReadParams(params, mz_restore_default_params(), kRestoreParamsV1, "mz_restore_params", &p));
+  MZ_RETURN_IF_ERROR(ReadParams(params, mz_restore_default_params(), kRestoreParamsSizes, "mz_restore_params", &p));
   if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_FULL) return mz::Status::InvalidArgument("bad overlap");
   po->overlap = mz::Overlap(p.overlap);
   po->io_threads = std::max(1, p.io_threads);
@@ -587,6 +591,8 @@ mz::Status ToPressureOptions(const mz_pressure_params& p, mz::PressureSourceOpti
 namespace {
 using mz_api::ToPressureOptions;
 
+void SetActionHandler(mz_context* ctx, void (*on_action)(const mz_pressure_action*, void*), void* user);
+
 // Makes ctx->pressure a monitor over `src`, counting its actions into ctx->stats and passing each to
 // on_action (mz_pressure_params.on_action; NULL: none) with user. pressure_mu held.
 void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, const mz::AmountOptions& ao,
@@ -594,6 +600,12 @@ void InstallMonitor(mz_context* ctx, std::unique_ptr<mz::PressureSource> src, co
   ctx->pressure.reset();  // first: the old monitor's destructor removes the safe-point hook
   ctx->pressure = std::make_unique<mz::PressureMonitor>(ctx->ctx.get(), std::move(src), ao);
   if (ctx->generating) ctx->pressure->BeginGeneration();
+  SetActionHandler(ctx, on_action, user);
+}
+
+// The monitor's action handler: counts each action into ctx->stats and passes it to on_action
+// (NULL: none) with user. pressure_mu held, ctx->pressure set.
+void SetActionHandler(mz_context* ctx, void (*on_action)(const mz_pressure_action*, void*), void* user) {
   ctx->pressure->set_on_action([ctx, on_action, user](const mz::PressureAction& a) {
     {
       std::lock_guard<std::mutex> lk(ctx->stats_mu);
@@ -730,7 +742,7 @@ int mz_pressure_watch_start(mz_context* ctx, const mz_pressure_params* params) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx) return mz::Status::InvalidArgument("null context");
     mz_pressure_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsV1, "mz_pressure_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsSizes, "mz_pressure_params", &p));
     mz::PressureSourceOptions so;
     mz::AmountOptions ao;
     MZ_RETURN_IF_ERROR(ToPressureOptions(p, &so, &ao));
@@ -755,7 +767,12 @@ int mz_pressure_watch_stop(mz_context* ctx) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx) return mz::Status::InvalidArgument("null context");
     std::lock_guard<std::mutex> lk(ctx->pressure_mu);
-    if (ctx->pressure) ctx->pressure->Stop();  // the monitor stays for mz_on_trim_memory
+    if (ctx->pressure) {
+      ctx->pressure->Stop();  // the monitor stays for mz_on_trim_memory and mz_pressure_submit,
+      // without the stopped watcher's on_action: its user data may be freed once this returns (the
+      // monitor calls its callback under a lock that SetActionHandler takes, so none is running then)
+      SetActionHandler(ctx, nullptr, nullptr);
+    }
     ctx->watching = false;
     return mz::Status::Ok();
   });
@@ -836,7 +853,7 @@ int mz_profile_device(const char* model_path, const mz_profile_params* params, c
   return Guard(__func__, [&]() -> mz::Status {
     if (!model_path || !out_path) return mz::Status::InvalidArgument("model_path and out_path must not be NULL");
     mz_profile_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_profile_default_params(), kProfileParamsV1, "mz_profile_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_profile_default_params(), kProfileParamsSizes, "mz_profile_params", &p));
     if (p.file_mib == 0 || p.file_mib > (1u << 20)) return mz::Status::InvalidArgument("file_mib out of range");
     if (p.threads <= 0 || p.threads > 256) return mz::Status::InvalidArgument("threads out of range");
     if (p.dir && !*p.dir) return mz::Status::InvalidArgument("dir is empty (NULL means /var/tmp)");

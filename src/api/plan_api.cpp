@@ -10,7 +10,6 @@ using namespace mz_api;
 
 namespace {
 
-constexpr uint32_t kPlanParamsV1 = uint32_t(offsetof(mz_plan_params, margin) + sizeof(mz_plan_params::margin));
 
 mz::Status ToRequest(const mz_plan_params& p, mz::PlanRequest* r) {
   if (p.n_ctx > (1u << 24)) return mz::Status::InvalidArgument("n_ctx out of range (at most 2^24)");
@@ -106,7 +105,7 @@ int mz_plan_estimate(const char* model_path, const mz_plan_params* params, mz_pl
   return Guard(__func__, [&]() -> mz::Status {
     if (!model_path || !out) return mz::Status::InvalidArgument("model_path and out must not be NULL");
     mz_plan_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_plan_default_params(), kPlanParamsV1, "mz_plan_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_plan_default_params(), kPlanParamsSizes, "mz_plan_params", &p));
     mz::ModelOptions o;
     o.load_weights = false;  // the header and tensor table only
     std::unique_ptr<mz::Model> m;
@@ -119,7 +118,7 @@ int mz_plan_estimate_shape(const mz_plan_shape* shape, const mz_plan_params* par
   return Guard(__func__, [&]() -> mz::Status {
     if (!shape || !out) return mz::Status::InvalidArgument("shape and out must not be NULL");
     mz_plan_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_plan_default_params(), kPlanParamsV1, "mz_plan_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_plan_default_params(), kPlanParamsSizes, "mz_plan_params", &p));
     const mz_plan_shape& h = *shape;
     if (h.n_layer <= 0 || h.n_head <= 0 || h.n_head_kv <= 0 || h.head_dim <= 0 || h.n_embd <= 0 || h.n_ff <= 0 ||
         h.n_vocab <= 0 || h.n_layer > 4096 || h.head_dim > 4096 || h.n_head_kv > h.n_head || h.n_head > 4096 ||

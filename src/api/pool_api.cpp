@@ -18,7 +18,6 @@ struct mz_conversation {
 
 namespace {
 
-constexpr uint32_t kPoolParamsV1 = uint32_t(offsetof(mz_pool_params, context) + sizeof(mz_pool_params::context));
 
 void FillReport(const mz::ConversationReport& r, mz_conversation_report* out) {
   std::memset(out, 0, sizeof *out);
@@ -60,9 +59,9 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!model || !out) return mz::Status::InvalidArgument("model and out must not be NULL");
     mz_pool_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pool_default_params(), kPoolParamsV1, "mz_pool_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pool_default_params(), kPoolParamsSizes, "mz_pool_params", &p));
     mz_context_params cp;
-    MZ_RETURN_IF_ERROR(ReadParams(p.context, mz_context_default_params(), kContextParamsV1, "mz_context_params", &cp));
+    MZ_RETURN_IF_ERROR(ReadParams(p.context, mz_context_default_params(), kContextParamsSizes, "mz_context_params", &cp));
     mz::PoolOptions o;
     MZ_RETURN_IF_ERROR(ToContextOptions(cp, &o.context));
     // The pool keeps RAM within its own memory_budget by evicting: its conversations are not
@@ -139,7 +138,7 @@ int mz_pool_pressure_watch_start(mz_pool* pool, const mz_pressure_params* params
   return Guard(__func__, [&]() -> mz::Status {
     if (!pool) return mz::Status::InvalidArgument("null pool");
     mz_pressure_params p;
-    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsV1, "mz_pressure_params", &p));
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_pressure_default_params(), kPressureParamsSizes, "mz_pressure_params", &p));
     mz::PoolPressureOptions o;
     MZ_RETURN_IF_ERROR(ToPressureOptions(p, &o.source, &o.amount));
     return pool->pool->WatchPressure(o, nullptr);

@@ -88,7 +88,7 @@ int mz_context_set_sustained(mz_context* ctx, const mz_sustained_params* params)
     mz_sustained_params p;
     mz::SustainedModeOptions o;
     if (params) {
-      MZ_RETURN_IF_ERROR(ReadParams(params, mz_sustained_default_params(), kSustainedParamsV1, "mz_sustained_params", &p));
+      MZ_RETURN_IF_ERROR(ReadParams(params, mz_sustained_default_params(), kSustainedParamsSizes, "mz_sustained_params", &p));
       MZ_RETURN_IF_ERROR(ToSustainedOptions(p, &o));
     }
     if (ctx->sustained) {

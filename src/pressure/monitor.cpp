@@ -119,12 +119,17 @@ void PressureMonitor::BeginGeneration() {
 }
 
 void PressureMonitor::EndGeneration() {
+  MZ_SYNC_POINT("pressure:safe_point", 0);
+  Notes notes;
   {
     Context::ForegroundIntent intent(ctx_);
     std::lock_guard<std::mutex> g(mu_);
     in_generation_ = false;
+    // Under the same lock: the monitor's thread cannot take the queued event in between, so it is
+    // applied (and reported) on this thread, as BeginGeneration's contract says.
+    ApplyPendingLocked(&notes);
   }
-  OnSafePoint();
+  Notify(notes);
 }
 
 bool PressureMonitor::pending() const {
