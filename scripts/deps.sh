@@ -33,8 +33,12 @@ APT_PACKAGES="build-essential cmake ninja-build git libgtest-dev libgmock-dev li
 install_apt() {
   [ "${MZ_SKIP_APT:-0}" = 1 ] && return 0
   local missing=()
+  # The native architecture's package: once the AArch64 stage added arm64 copies of the -dev
+  # packages (multiarch), a bare name is ambiguous to dpkg -s and would count as missing.
+  local arch
+  arch=$(dpkg --print-architecture)
   for p in $APT_PACKAGES; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    dpkg -s "$p:$arch" >/dev/null 2>&1 || dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
   done
   # node/npm often come from elsewhere than Debian (the machine image ships them): check the commands.
   command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
