@@ -112,15 +112,15 @@ mz::Status ReadParams(const P* in, P defaults, const SizeRange (&sizes)[N], cons
   if (!in) return mz::Status::Ok();
   const uint32_t n = in->struct_size;
   bool known = n == sizeof(P);
-  std::string list;
-  for (const SizeRange& r : sizes) {
-    known = known || (r.lo <= n && n <= r.hi);
-    list += (r.lo == r.hi ? std::to_string(r.lo) : std::to_string(r.lo) + ".." + std::to_string(r.hi)) + ", ";
-  }
-  if (!known)
+  for (const SizeRange& r : sizes) known = known || (r.lo <= n && n <= r.hi);
+  if (!known) {
+    std::string list;  // only for the message: ReadParams runs on every call (restore params per query)
+    for (const SizeRange& r : sizes)
+      list += (r.lo == r.hi ? std::to_string(r.lo) : std::to_string(r.lo) + ".." + std::to_string(r.hi)) + ", ";
     return mz::Status::InvalidArgument(std::string("struct ") + what + ": struct_size " + std::to_string(n) +
                                        " is not a size this library knows (" + list + std::to_string(sizeof(P)) +
                                        "): start from " + what + "'s default_params()");
+  }
   std::memcpy(static_cast<void*>(out), static_cast<const void*>(in), n);
   out->struct_size = uint32_t(sizeof(P));
   return mz::Status::Ok();
