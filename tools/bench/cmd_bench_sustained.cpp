@@ -16,6 +16,7 @@
 #include "env/env.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/report.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -79,10 +80,9 @@ Status RunOne(mz_model* m, const SusBenchArgs& a, bool sustained, int round, Run
     sp.duty_cycle = float(a.duty);
     MZ_RETURN_IF_ERROR(MzStatus(mz_context_set_sustained(c.get(), &sp)));
   }
-  std::vector<mz_token> toks(256);
-  int32_t n = 0;
-  MZ_RETURN_IF_ERROR(MzStatus(mz_tokenize(m, a.prompt.c_str(), true, false, toks.data(), int32_t(toks.size()), &n)));
-  toks.resize(size_t(n));
+  std::vector<mz_token> toks;
+  MZ_RETURN_IF_ERROR(MzStatus(TokenizeText(m, a.prompt, true, false, &toks)));
+  const int32_t n = int32_t(toks.size());
   mz_sampler_params sap = mz_sampler_default_params();  // greedy
   MzSampler smp(mz_sampler_new(&sap));
   if (!smp) return Status::NoMemory("sampler");

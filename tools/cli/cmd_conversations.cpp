@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -29,29 +30,6 @@ struct Message {
 };
 
 std::string DefaultDir() { return CacheDir() + "/conversations"; }
-
-int CFail(const char* what) {
-  std::fprintf(stderr, "error: %s: %s\n", what, mz_last_error());
-  return 1;
-}
-
-std::string Template(mz_model* m, const std::vector<Message>& msgs, bool add_assistant) {
-  std::vector<mz_chat_message> cm;
-  for (const auto& x : msgs) cm.push_back({x.role.c_str(), x.content.c_str()});
-  int32_t n = mz_chat_apply_template(m, cm.data(), cm.size(), add_assistant, nullptr, 0);
-  if (n < 0) return {};
-  std::string s(size_t(n) + 1, '\0');
-  mz_chat_apply_template(m, cm.data(), cm.size(), add_assistant, s.data(), n + 1);
-  s.resize(size_t(n));
-  return s;
-}
-
-bool Tokenize(mz_model* m, const std::string& text, bool bos, std::vector<mz_token>* out) {
-  int32_t n = 0;
-  mz_tokenize(m, text.c_str(), bos, true, nullptr, 0, &n);
-  out->resize(size_t(n));
-  return n == 0 || mz_tokenize(m, text.c_str(), bos, true, out->data(), n, &n) == MZ_OK;
-}
 
 std::string SidecarPath(const std::string& dir, const std::string& id) { return dir + "/" + id + ".chat.json"; }
 
@@ -130,7 +108,7 @@ int OpenPool(PoolArgs& a, Handles* h) {
     if (!st.ok()) return Fail(st);
   }
   if (a.dir.empty()) a.dir = DefaultDir();
-  if (mz_model_load(a.model.c_str(), nullptr, &h->model) != MZ_OK) return CFail("loading the model");
+  if (int rc = mz_model_load(a.model.c_str(), nullptr, &h->model)) return CFail("loading the model", rc);
   mz_context_params cp = mz_context_default_params();
   cp.n_ctx = uint32_t(a.n_ctx);
   cp.n_threads = a.threads;
@@ -139,7 +117,7 @@ int OpenPool(PoolArgs& a, Handles* h) {
   pp.context = &cp;
   pp.memory_budget = a.memory_budget_mib << 20;
   pp.persist_codec = a.persist_codec.c_str();
-  if (mz_pool_new(h->model, &pp, &h->pool) != MZ_OK) return CFail(("opening the pool in " + a.dir).c_str());
+  if (int rc = mz_pool_new(h->model, &pp, &h->pool)) return CFail("opening the pool in " + a.dir, rc);
   char buf[1024];
   for (int32_t i = 0; mz_pool_damaged(h->pool, i, buf, sizeof buf) >= 0; ++i)
     std::fprintf(stderr, "warning: damaged, skipped: %s\n", buf);
@@ -150,7 +128,7 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
   Handles h;
   if (int rc = OpenPool(a, &h)) return rc;
   mz_conversation* conv = nullptr;
-  if (mz_pool_open(h.pool, id.c_str(), &conv) != MZ_OK) return CFail(("opening conversation " + id).c_str());
+  if (int rc = mz_pool_open(h.pool, id.c_str(), &conv)) return CFail("opening conversation " + id, rc);
   std::unique_ptr<mz_conversation, void (*)(mz_conversation*)> conv_guard(conv, mz_conversation_release);
   const std::string side = SidecarPath(a.dir, id);
   std::vector<Message> msgs = LoadSidecar(side);
@@ -163,7 +141,8 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
       std::fprintf(stderr, "[conversation %s holds %d tokens without their text: starting it again]\n", id.c_str(), held);
     mz_conversation_truncate(conv, keep);
   }
-  std::string prev = msgs.empty() ? std::string() : Template(h.model, msgs, false);
+  std::string prev;  // the templated text the conversation holds ("" when the template fails)
+  if (!msgs.empty()) ApplyChatTemplate(h.model, msgs, false, &prev);
   std::fprintf(stderr, "[conversation %s in %s: %d tokens, %zu messages; commands: /memory, /list, /quit]\n", id.c_str(),
                a.dir.c_str(), keep, msgs.size());
   mz_sampler_params sp = mz_sampler_default_params();
@@ -172,7 +151,7 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
   sp.top_p = top_p;
   sp.seed = seed;
   std::unique_ptr<mz_sampler, void (*)(mz_sampler*)> sampler(mz_sampler_new(&sp), mz_sampler_free);
-  if (!sampler) return CFail("sampler");
+  if (!sampler) return CFail("sampler", MZ_ERR_INVALID_ARG);
   std::string line;
   while (true) {
     std::fprintf(stderr, "> ");
@@ -194,10 +173,12 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
       continue;
     }
     msgs.push_back({"user", line, 0});
-    const std::string full = Template(h.model, msgs, true);
+    std::string full;
+    const bool templated = ApplyChatTemplate(h.model, msgs, true, &full) == MZ_OK && !full.empty();
     const std::string delta = full.compare(0, prev.size(), prev) == 0 ? full.substr(prev.size()) : full;
     std::vector<mz_token> toks;
-    if (full.empty() || !Tokenize(h.model, delta, mz_conversation_n_tokens(conv) == 0, &toks) || toks.empty()) {
+    if (!templated || TokenizeText(h.model, delta, mz_conversation_n_tokens(conv) == 0, true, &toks) != MZ_OK ||
+        toks.empty()) {
       std::fprintf(stderr, "error: the chat template or tokenizer failed: %s\n", mz_last_error());
       msgs.pop_back();
       continue;
@@ -217,11 +198,10 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
     for (; n_gen < a.n_predict; ++n_gen) {
       const mz_token t = mz_conversation_sample(conv, sampler.get(), 0);
       if (t < 0 || mz_token_is_eog(h.model, t)) break;
-      char piece[256];
-      const int32_t k = mz_token_to_piece(h.model, t, piece, sizeof piece);
-      if (k > 0) {
-        reply.append(piece, size_t(std::min<int32_t>(k, int32_t(sizeof piece) - 1)));
-        std::fwrite(piece, 1, size_t(std::min<int32_t>(k, int32_t(sizeof piece) - 1)), stdout);
+      const std::string piece = TokenPiece(h.model, t);
+      if (!piece.empty()) {
+        reply += piece;
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
       }
       if (mz_conversation_decode(conv, &t, 1, false) != MZ_OK) {
@@ -239,10 +219,11 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
       continue;
     }
     msgs.push_back({"assistant", reply, 0});
-    const std::string closed = Template(h.model, msgs, false);
+    std::string closed;  // "" when the template fails: then no tail is fed
+    ApplyChatTemplate(h.model, msgs, false, &closed);
     const std::string tail = closed.size() > full.size() + reply.size() ? closed.substr(full.size() + reply.size()) : "";
     std::vector<mz_token> tail_toks;
-    if (!tail.empty() && Tokenize(h.model, tail, false, &tail_toks) && !tail_toks.empty())
+    if (!tail.empty() && TokenizeText(h.model, tail, false, true, &tail_toks) == MZ_OK && !tail_toks.empty())
       mz_conversation_decode(conv, tail_toks.data(), int32_t(tail_toks.size()), false);
     msgs.back().end_tokens = mz_conversation_n_tokens(conv);
     prev = closed;
@@ -275,7 +256,7 @@ int RunList(PoolArgs& a, bool json) {
 int RunRemove(PoolArgs& a, const std::string& id) {
   Handles h;
   if (int rc = OpenPool(a, &h)) return rc;
-  if (mz_pool_delete(h.pool, id.c_str()) != MZ_OK) return CFail(("deleting " + id).c_str());
+  if (int rc = mz_pool_delete(h.pool, id.c_str())) return CFail("deleting " + id, rc);
   std::remove(SidecarPath(a.dir, id).c_str());
   std::fprintf(stderr, "deleted %s\n", id.c_str());
   return 0;

@@ -17,6 +17,7 @@
 #include "mzcache.h"
 #include "policy/device_profile.h"
 #include "tools/bench/footprint_calc.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -52,11 +53,6 @@ std::string Mib(uint64_t b) {
   return buf;
 }
 std::string Limit(uint64_t b) { return b ? Mib(b) + " MiB" : "none"; }
-
-int ApiFail(int rc) {
-  std::fprintf(stderr, "error: %s (%s)\n", mz_last_error(), mz_status_str(rc));
-  return 1;
-}
 
 nlohmann::json ResultJson(const mz_plan_result& r, const std::string& kv_type) {
   nlohmann::json j;
@@ -107,7 +103,7 @@ int RunPlan(PlanArgs& a) {
   p.margin = float(a.margin);
   mz_plan_result r;
   int rc = mz_plan_estimate(a.model.c_str(), &p, &r);
-  if (rc != MZ_OK) return ApiFail(rc);
+  if (rc != MZ_OK) return CFail("planning " + a.model, rc);
   if (a.json) {
     nlohmann::json j = ResultJson(r, a.kv_type);
     j["model"] = a.model;
@@ -231,7 +227,7 @@ int RunRecommend(PlanArgs& a) {
       mz_plan_result r;
       p.n_ctx = 4096;
       int rc = mz_plan_estimate_shape(&sh, &p, &r);
-      if (rc != MZ_OK) return ApiFail(rc);
+      if (rc != MZ_OK) return CFail("planning " + id + " (" + q + ")", rc);
       const uint32_t cap = uint32_t(spec->n_ctx_train);
       const uint32_t c16 = std::min(r.max_ctx, cap), c8 = std::min(r.max_ctx_q8, cap);
       const double load_s = double(wb.bytes) / d.read_Bps;

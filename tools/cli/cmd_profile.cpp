@@ -5,6 +5,7 @@
 #include <string>
 
 #include "mzcache.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -55,10 +56,7 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
     pp.progress = PrintProgress;
     pp.report = PrintReport;
     const int rc = mz_profile_device(a->model.c_str(), &pp, a->out.c_str());
-    if (rc != MZ_OK) {
-      std::fprintf(stderr, "error: %s (%s)\n", mz_last_error(), mz_status_str(rc));
-      return 1;
-    }
+    if (rc != MZ_OK) return CFail("profiling the device", rc);
     std::printf("profile written to %s\n", a->out.c_str());
     return 0;
   });

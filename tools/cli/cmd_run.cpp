@@ -9,10 +9,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/cli/residency_text.h"
 #include "tools/cli/sustained_cli.h"
 #include "tools/commands.h"
@@ -23,18 +23,6 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// A failed C API call: "error: what: <mz_last_error>", exit code 1.
-int CFail(const std::string& what, int rc) {
-  const char* msg = mz_last_error();
-  std::fprintf(stderr, "error: %s: %s (%s)\n", what.c_str(), msg && *msg ? msg : "failed", mz_status_str(rc));
-  return 1;
-}
-// The text of a failed call, for messages that do not end the command.
-std::string CError(int rc) {
-  const char* msg = mz_last_error();
-  return std::string(mz_status_str(rc)) + (msg && *msg ? std::string(": ") + msg : "");
 }
 
 struct GenArgs {
@@ -281,39 +269,10 @@ int Open(GenArgs& a, Session* s) {
   return 0;
 }
 
-// Tokens of text (parse_special: the chat template's markers are tokens); BOS when the context is
-// empty. MZ_OK or the status.
+// Tokens of text for s's context (BOS when it is empty; the chat template's markers are tokens).
+// MZ_OK or the status.
 int Tokenize(const Session& s, const std::string& text, std::vector<mz_token>* out) {
-  const bool bos = mz_context_n_tokens(s.ctx) == 0;
-  int32_t n = 0;
-  int rc = mz_tokenize(s.model, text.c_str(), bos, true, nullptr, 0, &n);
-  if (rc != MZ_OK && rc != MZ_ERR_INVALID_ARG) return rc;  // INVALID_ARG: cap 0 too small, n set
-  out->resize(size_t(n));
-  return n == 0 ? MZ_OK : mz_tokenize(s.model, text.c_str(), bos, true, out->data(), n, &n);
-}
-
-// The chat template over msgs (add_assistant: the assistant's prompt appended); MZ_OK or the status.
-int ApplyChat(const Session& s, const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
-              std::string* out) {
-  std::vector<mz_chat_message> cm;
-  for (const auto& m : msgs) cm.push_back({m.first.c_str(), m.second.c_str()});
-  const int32_t n = mz_chat_apply_template(s.model, cm.data(), cm.size(), add_assistant, nullptr, 0);
-  if (n < 0) return n;
-  out->assign(size_t(n) + 1, '\0');
-  mz_chat_apply_template(s.model, cm.data(), cm.size(), add_assistant, out->data(), n + 1);
-  out->resize(size_t(n));
-  return MZ_OK;
-}
-
-std::string Piece(const Session& s, mz_token t) {
-  char buf[256];
-  const int32_t n = mz_token_to_piece(s.model, t, buf, int32_t(sizeof buf));
-  if (n < 0) return {};
-  if (n < int32_t(sizeof buf)) return std::string(buf, size_t(n));
-  std::string big(size_t(n) + 1, '\0');
-  mz_token_to_piece(s.model, t, big.data(), n + 1);
-  big.resize(size_t(n));
-  return big;
+  return TokenizeText(s.model, text, mz_context_n_tokens(s.ctx) == 0, true, out);
 }
 
 // Prefills `toks`, then samples up to n tokens, streaming text to stdout. Reports TTFT and speeds.
@@ -346,7 +305,7 @@ int Generate(Session& s, const std::vector<mz_token>& toks, int n, bool verbose,
   while (true) {
     ++produced;
     if (mz_token_is_eog(s.model, tok)) break;
-    const std::string piece = Piece(s, tok);
+    const std::string piece = TokenPiece(s.model, tok);
     if (reply) *reply += piece;
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -460,7 +419,8 @@ int RunOnce(GenArgs& ra) {  // Open resolves ra.model in place
   if (int ec = Open(ra, &s)) return ec;
   std::string text = ra.prompt;
   int rc = MZ_OK;
-  if (!ra.raw && (rc = ApplyChat(s, {{"user", ra.prompt}}, true, &text)) != MZ_OK) return CFail("chat template", rc);
+  const std::vector<mz_chat_message> user{{"user", ra.prompt.c_str()}};
+  if (!ra.raw && (rc = ApplyChatTemplate(s.model, user, true, &text)) != MZ_OK) return CFail("chat template", rc);
   std::vector<mz_token> toks;
   if ((rc = Tokenize(s, text, &toks)) != MZ_OK) return CFail("tokenize", rc);
   std::fprintf(stderr, "[model %s | %s | loaded in %.2f s | %s]\n", ra.model.c_str(), s.name.c_str(), s.load_s,
@@ -584,7 +544,10 @@ void ChatCommand(Session& s, const GenArgs& ca, bool watching, const std::string
 
 // The conversation so far: its messages and the templated text the KV cache holds.
 struct ChatState {
-  std::vector<std::pair<std::string, std::string>> msgs;
+  struct Message {
+    std::string role, content;
+  };
+  std::vector<Message> msgs;
   std::string prev_text;
 };
 
@@ -604,7 +567,7 @@ struct GenerationPhase {
 int ChatTurn(Session& s, const GenArgs& ca, bool watching, const std::string& line, ChatState* cs) {
   cs->msgs.push_back({"user", line});
   std::string full;
-  int rc = ApplyChat(s, cs->msgs, true, &full);
+  int rc = ApplyChatTemplate(s.model, cs->msgs, true, &full);
   if (rc != MZ_OK) return rc;
   // Only the new suffix is prefilled: the KV cache holds everything before it.
   const std::string delta = full.substr(std::min(cs->prev_text.size(), full.size()));
@@ -628,7 +591,7 @@ int ChatTurn(Session& s, const GenArgs& ca, bool watching, const std::string& li
   }
   cs->msgs.push_back({"assistant", reply});
   std::string closed;
-  if ((rc = ApplyChat(s, cs->msgs, false, &closed)) != MZ_OK) return rc;
+  if ((rc = ApplyChatTemplate(s.model, cs->msgs, false, &closed)) != MZ_OK) return rc;
   // Feed the end-of-turn tokens the template adds after the reply so the cache matches the text.
   const std::string tail = closed.substr(std::min(full.size() + reply.size(), closed.size()));
   std::vector<mz_token> tail_toks;

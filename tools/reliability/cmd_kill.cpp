@@ -51,6 +51,7 @@
 
 #include "mzcache.h"
 #include "tools/bench/child_process.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -529,10 +530,7 @@ int RunKill(KillArgs a) {
     return 1;
   }
   mz_model* model = nullptr;
-  if (mz_model_load(a.model.c_str(), nullptr, &model) != MZ_OK) {
-    std::fprintf(stderr, "error: %s: %s\n", a.model.c_str(), mz_last_error());
-    return 1;
-  }
+  if (int rc = mz_model_load(a.model.c_str(), nullptr, &model)) return CFail("loading " + a.model, rc);
   std::unique_ptr<mz_model, void (*)(mz_model*)> mguard(model, mz_model_free);
   Oracle oracle(model, a);
   std::map<std::string, ScenarioTally> tally;

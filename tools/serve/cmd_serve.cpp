@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "tools/serve/openai_api.h"
@@ -209,31 +210,19 @@ void Server::Error(httplib::Response& res, const ApiError& e) {
 
 bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* err) {
   std::string text;
-  if (r.chat) {
-    std::vector<mz_chat_message> cm;
-    for (const auto& m : r.messages) cm.push_back({m.role.c_str(), m.content.c_str()});
-    int32_t n = mz_chat_apply_template(model_, cm.data(), cm.size(), true, nullptr, 0);
-    if (n >= 0) {
-      text.assign(size_t(n) + 1, '\0');
-      n = mz_chat_apply_template(model_, cm.data(), cm.size(), true, text.data(), n + 1);
-    }
-    if (n < 0) {
-      err->http = 400;
-      err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
-      return false;
-    }
-    text.resize(size_t(n));
-  } else {
+  if (!r.chat) {
     text = r.prompt;
+  } else if (ApplyChatTemplate(model_, r.messages, true, &text) != MZ_OK) {
+    err->http = 400;
+    err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
+    return false;
   }
-  int32_t n = 0;
-  mz_tokenize(model_, text.c_str(), true, r.chat, nullptr, 0, &n);
-  out->resize(size_t(n));
-  if (n <= 0 || mz_tokenize(model_, text.c_str(), true, r.chat, out->data(), n, &n) != MZ_OK) {
+  if (TokenizeText(model_, text, true, r.chat, out) != MZ_OK || out->empty()) {
     err->http = 400;
     err->message = "the prompt tokenizes to nothing";
     return false;
   }
+  const int32_t n = int32_t(out->size());
   if (n >= a_.n_ctx) {
     err->http = 400;
     err->message = "the prompt has " + std::to_string(n) + " tokens; this server's context holds " +
@@ -627,10 +616,7 @@ int Server::Start() {
     std::fprintf(stderr, "error: cannot create %s/serve: %s\n", a_.dir.c_str(), ec.message().c_str());
     return 1;
   }
-  if (mz_model_load(a_.model.c_str(), nullptr, &model_) != MZ_OK) {
-    std::fprintf(stderr, "error: loading %s: %s\n", a_.model.c_str(), mz_last_error());
-    return 1;
-  }
+  if (int rc = mz_model_load(a_.model.c_str(), nullptr, &model_)) return CFail("loading " + a_.model, rc);
   model_id_ = a_.alias.empty() ? std::filesystem::path(a_.model).stem().string() : a_.alias;
   mz_context_params cp = mz_context_default_params();
   cp.n_ctx = uint32_t(a_.n_ctx);
@@ -644,10 +630,7 @@ int Server::Start() {
   pp.disk_budget = a_.disk_budget_mib << 20;
   pp.persist_codec = a_.persist_codec.c_str();
   pp.write_behind = !a_.sync_persist;
-  if (mz_pool_new(model_, &pp, &pool_) != MZ_OK) {
-    std::fprintf(stderr, "error: opening the pool in %s: %s\n", a_.dir.c_str(), mz_last_error());
-    return 1;
-  }
+  if (int rc = mz_pool_new(model_, &pp, &pool_)) return CFail("opening the pool in " + a_.dir, rc);
   char buf[1024];
   for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i)
     std::fprintf(stderr, "[serve] warning: damaged, skipped: %s\n", buf);

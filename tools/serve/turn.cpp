@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 
+#include "tools/cli/c_api_text.h"
 #include "tools/serve/text_stream.h"
 
 namespace mz::serve {
@@ -15,17 +16,6 @@ TurnResult Failed(TurnResult r, int status) {
   return r;
 }
 
-std::string Piece(mz_model* model, mz_token t) {
-  char buf[256];
-  const int32_t n = mz_token_to_piece(model, t, buf, int32_t(sizeof buf));
-  if (n <= 0) return {};
-  if (n < int32_t(sizeof buf)) return std::string(buf, size_t(n));
-  std::string big(size_t(n) + 1, '\0');
-  mz_token_to_piece(model, t, big.data(), n + 1);
-  big.resize(size_t(n));
-  return big;
-}
-
 // The sampled token's log-probability under logits (n floats) and the k most likely, most likely
 // first: a log-softmax, computed in double.
 TokenLogprob Logprob(mz_model* model, const float* logits, int32_t n, mz_token t, int k) {
@@ -34,7 +24,7 @@ TokenLogprob Logprob(mz_model* model, const float* logits, int32_t n, mz_token t
   double sum = 0;
   for (int32_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - mx);
   const double lse = double(mx) + std::log(sum);
-  out.piece = Piece(model, t);
+  out.piece = cli::TokenPiece(model, t);
   out.logprob = float(double(logits[t]) - lse);
   // The k best by one pass over the row, kept sorted (k <= 20): no per-token vocabulary-sized
   // allocation. Ties go to the lower id.
@@ -47,7 +37,7 @@ TokenLogprob Logprob(mz_model* model, const float* logits, int32_t n, mz_token t
     best.insert(std::upper_bound(best.begin(), best.end(), i, better), i);
     if (int(best.size()) > k) best.pop_back();
   }
-  for (int32_t id : best) out.top.emplace_back(Piece(model, id), float(double(logits[id]) - lse));
+  for (int32_t id : best) out.top.emplace_back(cli::TokenPiece(model, id), float(double(logits[id]) - lse));
   return out;
 }
 
@@ -107,7 +97,7 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       pending.push_back(Logprob(model, logits, n_vocab, t, params.top_logprobs));
     }
     ++r.completion_tokens;
-    const std::string out = text.Push(Piece(model, t), &stopped);
+    const std::string out = text.Push(cli::TokenPiece(model, t), &stopped);
     if (!out.empty() && !send(out)) {
       r.finish_reason = "cancelled";
       break;
