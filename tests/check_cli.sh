@@ -8,7 +8,9 @@
 #        non-zero exit, the file left as it was;
 #   chat: two turns around /evict 60% (the second restores through restore_generate), /memory units
 #        (the kernel's view, one line per unit), /threads and /threads 1 (the conversation stays),
-#        /restore, /save FILE (loaded again by run), unknown commands answered, EOF ends it.
+#        /restore, /save FILE (loaded again by run), unknown commands answered, EOF ends it;
+#   chat --conversation NAME started and resumed from the pool's folder, `conversations` (table,
+#        --json) and `conversations rm` (an unknown name refused).
 # Usage: tests/check_cli.sh MZCACHE MODEL_DIR   (MODEL_DIR/tiny-qwen3-q8_0.gguf; as cli_on_test_model.sh,
 # $MZ_TEST_MODEL_DIR_OVERRIDE wins when set)
 set -uo pipefail
@@ -85,6 +87,38 @@ expect "chat: unknown command" 'unknown command /nonsense'
 
 run -p "after chat" -n 2 --session "$work/chat.mzs"
 expect "run resumes chat's saved conversation" '\[session .*chat\.mzs: [0-9]+ tokens restored'
+
+# A named conversation of the pool: started, resumed by a second chat (its stored tokens, not
+# recomputed), listed by `conversations` (table and JSON), deleted by `conversations rm`; an unknown
+# name is refused with a clear error and a non-zero exit.
+conv() { "$cli" conversations --dir "$work/pool" -m "$model" "$@" >"$out" 2>&1; }
+printf 'hello\n' | "$cli" chat -m "$model" --conversation alpha --pool-dir "$work/pool" -n 4 >"$out" 2>&1
+expect "chat --conversation starts one" '^\[conversation alpha in .*: 0 tokens, 0 messages'
+printf 'more\n' | "$cli" chat -m "$model" --conversation alpha --pool-dir "$work/pool" -n 4 >"$out" 2>&1
+expect "chat --conversation resumes it" '^\[conversation alpha in .*: [1-9][0-9]* tokens, 2 messages'
+conv
+expect "conversations lists it" '^\| alpha \| [1-9][0-9]* \| [0-9.]+ MiB \|'
+conv --json
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert [c["id"] for c in j] == ["alpha"] and j[0]["tokens"] > 15 and j[0]["stored_bytes"] > 0, j' "$out"; then
+  echo "ok   conversations --json: alpha with its tokens and stored bytes"
+else
+  echo "FAIL conversations --json"; sed 's/^/  | /' "$out"; fail=1
+fi
+conv rm nope
+rc=$?
+if [ $rc != 0 ] && grep -qE "^error: deleting nope: .*no conversation 'nope'" "$out"; then
+  echo "ok   conversations rm of an unknown name is refused (exit $rc)"
+else
+  echo "FAIL conversations rm nope: exit $rc"; sed 's/^/  | /' "$out"; fail=1
+fi
+conv rm alpha
+expect "conversations rm alpha" '^deleted alpha'
+conv --json
+if python3 -c 'import json,sys; assert json.load(open(sys.argv[1])) == []' "$out"; then
+  echo "ok   alpha is gone after rm"
+else
+  echo "FAIL alpha still listed after rm"; sed 's/^/  | /' "$out"; fail=1
+fi
 
 "$cli" run --help >"$out" 2>&1
 expect "run --help" '--kv-type'
