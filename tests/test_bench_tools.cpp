@@ -130,6 +130,37 @@ TEST(KlHelpers, ArgMaxSummaryAndHistogram) {
   EXPECT_EQ(total, 5);
 }
 
+// The reference and comparison behind bench accuracy's table: a context compared with itself agrees
+// everywhere with KL 0; a perturbed one has KL > 0 and loses top-1 where it was flipped; decided
+// positions are those whose top-1 leads by the margin.
+TEST(KlHelpers, NextTokenReferenceAndComparison) {
+  const int nv = 4;
+  const float pos[3][nv] = {{0, 5, 0, 0},      // decided: top-1 = 1 far ahead
+                            {1, 1.01f, 0, 0},  // near-tie: not decided
+                            {3, 0, 0, 0}};     // decided: top-1 = 0
+  cli::NextTokenReference ref(0.05);
+  for (const auto& p : pos) ref.Add(p, nv);
+  ASSERT_EQ(ref.positions(), 3);
+  EXPECT_EQ(ref.top1, (std::vector<int>{1, 1, 0}));
+  EXPECT_EQ(ref.decided, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(ref.n_decided, 2);
+  EXPECT_GT(ref.mean_entropy(), 0.0);
+  EXPECT_LT(ref.mean_entropy(), std::log(double(nv)));
+  cli::NextTokenComparison same;
+  for (int i = 0; i < 3; ++i) same.Add(ref, i, pos[i]);
+  EXPECT_EQ(same.kl, (std::vector<double>{0, 0, 0}));
+  EXPECT_EQ(same.agree, 3);
+  EXPECT_EQ(same.agree_decided, 2);
+  const float other[3][nv] = {{0, 5, 0, 0.5f}, {1.02f, 1, 0, 0}, {0, 3, 0, 0}};  // 2nd and 3rd flipped
+  cli::NextTokenComparison diff;
+  for (int i = 0; i < 3; ++i) diff.Add(ref, i, other[i]);
+  ASSERT_EQ(diff.kl.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(diff.kl[size_t(i)], cli::KlFromLogits(pos[i], other[i], nv), 1e-12);
+  EXPECT_GT(diff.kl[0], 0.0);
+  EXPECT_EQ(diff.agree, 1);
+  EXPECT_EQ(diff.agree_decided, 1);
+}
+
 
 // bench ttft's storage measurements (the profiler's, policy/profiler.h): the kept probe file measures again and again and is removed
 // with the probe; one that cannot write its file says so and measures nothing; the one-off helper

@@ -65,4 +65,30 @@ std::vector<int> Log10Histogram(const std::vector<double>& kl, double lo, double
   return h;
 }
 
+void NextTokenReference::Add(const float* logits, int n) {
+  nv = n;
+  log_probs.resize(log_probs.size() + size_t(n));
+  float* lp = log_probs.data() + log_probs.size() - size_t(n);
+  LogSoftmax(logits, n, lp);
+  top1.push_back(ArgMaxIndex(logits, n));
+  double p1 = 0, p2 = 0;
+  for (int v = 0; v < n; ++v) {
+    const double pv = std::exp(double(lp[v]));
+    entropy_sum -= pv > 0 ? pv * double(lp[v]) : 0;
+    if (pv > p1) p2 = p1, p1 = pv;
+    else if (pv > p2) p2 = pv;
+  }
+  decided.push_back(p1 - p2 >= margin);
+  n_decided += decided.back();
+}
+
+void NextTokenComparison::Add(const NextTokenReference& ref, int i, const float* logits) {
+  lq_.resize(size_t(ref.nv));
+  LogSoftmax(logits, ref.nv, lq_.data());
+  kl.push_back(KlFromLogProbs(ref.log_probs_at(i), lq_.data(), ref.nv));
+  const bool same = ArgMaxIndex(logits, ref.nv) == ref.top1[size_t(i)];
+  agree += same;
+  agree_decided += same && ref.decided[size_t(i)];
+}
+
 }  // namespace mz::cli

@@ -322,17 +322,10 @@ Status RunThreadsSweep(SpeedArgs& a, SpeedSetup& su) {
 // depth). Writes bench-speed-kv.{md,json}: t/s median, min and max per (test, type, engine) and
 // the median ratio of each type to the first one.
 Status RunKvTypes(SpeedArgs& a, SpeedSetup& su) {
+  std::vector<KvType> kv;
+  MZ_RETURN_IF_ERROR(ParseKvTypeList(a.kv_types, "--kv-types", &kv));
   std::vector<std::string> types;
-  {
-    std::stringstream ss(a.kv_types);
-    std::string item;
-    while (std::getline(ss, item, ','))
-      if (!item.empty()) {
-        if (item != "f16" && item != "q8_0") return Status::InvalidArgument("--kv-types: " + item + " is not f16 or q8_0");
-        types.push_back(item);
-      }
-  }
-  if (types.empty()) return Status::InvalidArgument("--kv-types: no KV type");
+  for (KvType t : kv) types.push_back(KvTypeName(t));
   nlohmann::json results = nlohmann::json::array();
   std::string md = "| test | KV | mzcache t/s median (min-max) | vs " + types[0] +
                    " | llama.cpp t/s median (min-max) | vs " + types[0] + " | mzcache / llama.cpp |\n|---|---|---|---|---|---|---|\n";

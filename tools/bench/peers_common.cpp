@@ -39,14 +39,33 @@ Status RealTokens(const std::string& model_path, int n, std::vector<int32_t>* to
   return Status::Ok();
 }
 
-std::string SessionPathFor(const std::string& model_path, int n) {
-  return CacheDir() + "/contexts/" + ModelStem(model_path) + "-" + std::to_string(n) + ".sess";
+std::string SessionPathFor(const std::string& model_path, int n, KvType kv_type) {
+  const std::string kv = kv_type == KvType::kF16 ? "" : std::string("-") + KvTypeName(kv_type);
+  return CacheDir() + "/contexts/" + ModelStem(model_path) + "-" + std::to_string(n) + kv + ".sess";
+}
+
+Status ParseKvTypeList(const std::string& list, const char* option, std::vector<KvType>* out) {
+  out->clear();
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string item = list.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    KvType t;
+    if (!ParseKvType(item, &t))
+      return Status::InvalidArgument(std::string(option) + ": " + item + " is not f16 or q8_0");
+    if (std::find(out->begin(), out->end(), t) == out->end()) out->push_back(t);
+  }
+  if (out->empty()) return Status::InvalidArgument(std::string(option) + ": no KV type");
+  return Status::Ok();
 }
 
 Status EnsureSessionContext(Context& ctx, const std::string& model_path, const std::vector<int32_t>& toks, int n,
                             std::string* session_path, bool* built) {
   if (n > int(toks.size())) return Status::InvalidArgument("context longer than the token stream");
-  const std::string sess = SessionPathFor(model_path, n);
+  const std::string sess = SessionPathFor(model_path, n, ctx.kv().geometry().kv_type);
   *session_path = sess;
   if (built) *built = false;
   FileInfo fi;

@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "restore/restore_pipeline.h"
+#include "store/q8_kv.h"
 #include "tools/bench/report.h"
 
 namespace mz {
@@ -23,12 +24,15 @@ std::string ModelStem(const std::string& model_path);
 // prefix is the same whatever n is (the text is cut far past the n-th token), so a context of n
 // tokens is followed by the real continuation toks[n...].
 Status RealTokens(const std::string& model_path, int n, std::vector<int32_t>* toks);
-// <cache>/contexts/<stem>-<n>.sess
-std::string SessionPathFor(const std::string& model_path, int n);
-// Makes ctx hold exactly toks[0, n): loaded from SessionPathFor(n) if that file exists and holds
-// these tokens, else built by prefill (512-token batches, progress on stderr) and saved there
-// (codec "none": lossless) for later runs. *built tells which happened. ctx must be empty or is
-// truncated; REQUIRES n <= toks.size() and ctx's n_ctx >= n.
+// <cache>/contexts/<stem>-<n>.sess; for KV type q8_0 <stem>-<n>-q8_0.sess (a context whose KV was
+// written live as q8 rows by its own prefill: its later layers differ from the q8 encoding of an
+// f16 context's KV, since each layer attends over the previous layers' q8 rows).
+std::string SessionPathFor(const std::string& model_path, int n, KvType kv_type = KvType::kF16);
+// Makes ctx hold exactly toks[0, n): loaded from SessionPathFor(n, ctx's KV type) if that file
+// exists and holds these tokens, else built by prefill (512-token batches, progress on stderr) and
+// saved there (codec "none": lossless, and a q8_0 context's KV reloads bit for bit) for later runs.
+// *built tells which happened. ctx must be empty or is truncated; REQUIRES n <= toks.size() and
+// ctx's n_ctx >= n.
 Status EnsureSessionContext(Context& ctx, const std::string& model_path, const std::vector<int32_t>& toks, int n,
                             std::string* session_path, bool* built = nullptr);
 
@@ -51,6 +55,10 @@ Status MeasureLevel(Context& ctx, double level, const std::vector<int32_t>& quer
 double DropFileCache(const std::string& path);
 // Fraction of the file's pages in the page cache now (mincore on a fresh mapping), -1 on error.
 double FileCachedFraction(const std::string& path);
+
+// A comma-separated list of KV types ("f16,q8_0"; "q8" is q8_0) in the given order, without
+// repeats; InvalidArgument naming `option` for an unknown or an empty list.
+Status ParseKvTypeList(const std::string& list, const char* option, std::vector<KvType>* out);
 
 // printf into a std::string.
 std::string Sprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
