@@ -34,6 +34,17 @@ expect() {
   fi
 }
 
+# expect_json NAME FILE EXPR: the Python expression EXPR must hold for j, FILE's JSON.
+expect_json() {
+  if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert eval(sys.argv[2]), j' "$2" "$3" >/dev/null 2>&1; then
+    echo "ok   $1"
+  else
+    echo "FAIL $1: not ($3) in:"
+    sed 's/^/  | /' "$2"
+    fail=1
+  fi
+}
+
 run() { "$cli" run -m "$model" --swap "$work/swap" "$@" >"$out" 2>&1; }
 
 run -p "hello there" -n 8 --session "$work/s.mzs" --session-codec none
@@ -46,11 +57,7 @@ expect "run saves the session" '\[session saved: .*s\.mzs, [0-9]+ tokens'
 run -p "and then" -n 4 --session "$work/s.mzs" --residency-json "$work/res.json"
 expect "second run loads the session without recompute" '\[session .*s\.mzs: [0-9]+ tokens restored in .* no recompute\]'
 expect "residency summary" 'kernel \(mincore\): .* counted resident are in RAM'
-if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["units"] and "in_ram" in j["summary"], j' "$work/res.json"; then
-  echo "ok   residency JSON has units and a summary"
-else
-  echo "FAIL residency JSON"; fail=1
-fi
+expect_json "residency JSON has units and a summary" "$work/res.json" 'j["units"] and "in_ram" in j["summary"]'
 
 run -p "hi" -n 2 --ctx auto
 expect "--ctx auto chooses a context" '^--ctx auto: [0-9]+ tokens \(peak'
@@ -99,11 +106,8 @@ expect "chat --conversation resumes it" '^\[conversation alpha in .*: [1-9][0-9]
 conv
 expect "conversations lists it" '^\| alpha \| [1-9][0-9]* \| [0-9.]+ MiB \|'
 conv --json
-if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert [c["id"] for c in j] == ["alpha"] and j[0]["tokens"] > 15 and j[0]["stored_bytes"] > 0, j' "$out"; then
-  echo "ok   conversations --json: alpha with its tokens and stored bytes"
-else
-  echo "FAIL conversations --json"; sed 's/^/  | /' "$out"; fail=1
-fi
+expect_json "conversations --json: alpha with its tokens and stored bytes" "$out" \
+  '[c["id"] for c in j] == ["alpha"] and j[0]["tokens"] > 15 and j[0]["stored_bytes"] > 0'
 conv rm nope
 rc=$?
 if [ $rc != 0 ] && grep -qE "^error: deleting nope: .*no conversation 'nope'" "$out"; then
@@ -114,11 +118,7 @@ fi
 conv rm alpha
 expect "conversations rm alpha" '^deleted alpha'
 conv --json
-if python3 -c 'import json,sys; assert json.load(open(sys.argv[1])) == []' "$out"; then
-  echo "ok   alpha is gone after rm"
-else
-  echo "FAIL alpha still listed after rm"; sed 's/^/  | /' "$out"; fail=1
-fi
+expect_json "alpha is gone after rm" "$out" 'j == []'
 
 "$cli" run --help >"$out" 2>&1
 expect "run --help" '--kv-type'
