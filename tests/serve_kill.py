@@ -6,8 +6,9 @@ Usage: serve_kill.py MZCACHE_CLI MODEL.gguf WORK_DIR [--kills N] [--seed S] [--c
 
 A client holds K named conversations and sends turns to them (each turn resends the whole history,
 as OpenAI clients do). After a random 0-600 ms, while turns run and the pool writes them behind,
-the server is SIGKILLed, 0-50 ms after a turn was sent (half of the time streamed, its client gone
-after the first event: the server cancels it and commits what it computed), and started again on
+the server is SIGKILLed 0-50 ms after a turn was sent, or, half of the time, 0-50 ms after the
+first event of a streamed turn whose client then goes away (the server cancels it and commits what
+it computed), and started again on
 the same folder. Then, for every conversation:
   - the server lists it, and no stored file is reported damaged;
   - its stored token count is one the client saw acknowledged (the last acknowledged turn or the
@@ -57,10 +58,12 @@ not).
 Prints a table of kills, reopened states by outcome and how the states behind were checked; exits 1
 on the first violation. Loopback only; every wait is bounded.
 """
+import glob
 import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import struct
@@ -161,8 +164,8 @@ def main():
     at_once = "--kill-at-once" in sys.argv
     rng = random.Random(seed)
     os.makedirs(work, exist_ok=True)
-    subprocess.run(["rm", "-rf", os.path.join(work, "pool"), os.path.join(work, "ref")])
-    subprocess.run(["sh", "-c", f"rm -rf '{work}'/replay-*"])
+    for old in [os.path.join(work, "pool"), os.path.join(work, "ref")] + glob.glob(os.path.join(work, "replay-*")):
+        shutil.rmtree(old, ignore_errors=True)
     srv = Server(cli, model, work)
     srv.start()
     ref = Server(cli, model, os.path.join(work, "ref"))  # never killed: the logprobs to compare with

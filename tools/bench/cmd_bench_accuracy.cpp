@@ -135,6 +135,7 @@ struct AccRun {
   std::string path;
   std::unique_ptr<Model> model;
   int nv = 0, n = 0, P = 0;
+  int chunk_tokens = 0;        // the contexts' KV chunk (KvGeometry::chunk_tokens), read by SpaceSavings
   std::vector<int32_t> toks;   // the context's n tokens, then the P teacher-forced ones
   ContextOptions co;           // the reference's options (codec "none", f16 KV)
   std::vector<KvRun> kv;       // f16 first
@@ -153,6 +154,7 @@ Status SpaceSavings(AccRun* R, Context& ref) {
   const AccArgs& a = R->a;
   const HParams& hp = R->model->hparams();
   nlohmann::json& doc = R->doc;
+  R->chunk_tokens = ref.kv().geometry().chunk_tokens;
   doc["machine"] = MachineDescription();
   doc["model"] = R->path;
   doc["model_name"] = hp.name;
@@ -276,7 +278,7 @@ Status RunCycles(AccRun* R) {
 // Resident KV bytes per token of each type, measured and by formula.
 void ReportMemory(AccRun* R) {
   const HParams& hp = R->model->hparams();
-  const int chunk = 256;  // KvGeometry::chunk_tokens
+  const int chunk = R->chunk_tokens;
   R->md += "\n## Resident KV per token\n\nResident KV bytes holding the " + std::to_string(R->n) + "-token context (" +
            std::to_string(hp.n_layer) + " layers, " + std::to_string(hp.n_head_kv) + " kv heads, head_dim " +
            std::to_string(hp.head_dim) + ", " + std::to_string(chunk) + "-token chunks; `MemoryReport::kv_resident` / "

@@ -1,6 +1,5 @@
 #include "tools/cli/c_api_text.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -28,7 +27,8 @@ int ApplyChatTemplate(const mz_model* model, const std::vector<mz_chat_message>&
   std::string text(size_t(n) + 1, '\0');  // room for the NUL it writes
   const int32_t m = mz_chat_apply_template(model, msgs.data(), msgs.size(), add_assistant, text.data(), n + 1);
   if (m < 0) return m;
-  text.resize(size_t(std::min(n, m)));
+  if (m > n) return MZ_ERR_INTERNAL;  // the same call reported a shorter text a moment ago
+  text.resize(size_t(m));
   *out = std::move(text);
   return MZ_OK;
 }

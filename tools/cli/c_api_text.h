@@ -27,7 +27,8 @@ int TokenizeText(const mz_model* model, const std::string& text, bool add_specia
 // The model's chat template over msgs (add_assistant: the assistant's prompt appended), however
 // long. Returns MZ_OK with *out the text, or mz_chat_apply_template's negative status
 // (MZ_ERR_UNSUPPORTED: a template this build cannot apply; MZ_ERR_INVALID_ARG: a NULL model, role
-// or content) with *out empty (mz_last_error says why).
+// or content) with *out empty (mz_last_error says why); MZ_ERR_INTERNAL, *out empty, if the
+// second call of mz_chat_apply_template needed more than the first reported (never cut silently).
 int ApplyChatTemplate(const mz_model* model, const std::vector<mz_chat_message>& msgs, bool add_assistant,
                       std::string* out);
 // The same over any container of messages with std::string members role and content.

@@ -217,7 +217,12 @@ bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* 
     err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
     return false;
   }
-  if (TokenizeText(model_, text, true, r.chat, out) != MZ_OK || out->empty()) {
+  if (int rc = TokenizeText(model_, text, true, r.chat, out); rc != MZ_OK) {
+    err->http = 400;
+    err->message = std::string("the prompt cannot be tokenized: ") + CError(rc);
+    return false;
+  }
+  if (out->empty()) {
     err->http = 400;
     err->message = "the prompt tokenizes to nothing";
     return false;
