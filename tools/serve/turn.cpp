@@ -97,7 +97,9 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       pending.push_back(Logprob(model, logits, n_vocab, t, params.top_logprobs));
     }
     ++r.completion_tokens;
-    const std::string out = text.Push(cli::TokenPiece(model, t), &stopped);
+    // With logprobs, the token's piece was just built for them: not built a second time.
+    const std::string out =
+        text.Push(params.top_logprobs >= 0 ? pending.back().piece : cli::TokenPiece(model, t), &stopped);
     if (!out.empty() && !send(out)) {
       r.finish_reason = "cancelled";
       break;
