@@ -4,7 +4,8 @@
 # Usage: check_serve.sh MZCACHE_CLI MODEL.gguf WORK_DIR
 # Checks, each failing the test with a message:
 #   1. security by default: a non-loopback bind without a key is refused; with a key every endpoint
-#      but /health answers 401 (OpenAI's error object) without it or with a wrong one;
+#      but /health answers 401 (OpenAI's error object) without it or with a wrong one; a second
+#      server on the same port is refused;
 #   2. clear 400s (malformed JSON, deep nesting, n=2, a path as a conversation id, an overlong
 #      prompt: context_length_exceeded), 413 over --max-body, 404 JSON for unknown paths;
 #   3. chat and completions, streamed and not; a resent history continues its conversation
@@ -82,6 +83,14 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/health")
 call GET /v1/models; MODEL_ID=$(jq_ 'd["data"][0]["id"]')
 expect 200 "models"
 ok "API key required (401 without or wrong); model $MODEL_ID"
+# The port is the server's alone: a second server on it is refused at once (with SO_REUSEPORT it
+# would bind and share the connections: timeout ends it with 124).
+set +e
+timeout 20 "$CLI" serve -m "$MODEL" --port "$PORT" --pool-dir "$W/second" >"$W/second.log" 2>&1
+rc=$?
+set -e
+[ "$rc" != 0 ] && grep -q "cannot listen" "$W/second.log" || fail "a second server on port $PORT was not refused (rc $rc)"
+ok "a second server on the same port refused"
 
 # --- 2. clear errors
 call POST /v1/chat/completions '{"messages": ['; expect 400 "malformed JSON"
