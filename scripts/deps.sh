@@ -10,6 +10,9 @@
 #   MZ_DEPS_SERVER=1 also build llama.cpp's llama-server (the peer `bench serve` races; not needed by
 #                    the tests, so the test command does not pay for it); added to a finished build
 #                    incrementally
+#   MZ_DEPS_BENCH=1  also build llama.cpp's llama-bench (the peer of `bench speed`; likewise not needed
+#                    by the tests: it pulls in llama-common and its HTTP client, 37% of the CPU time
+#                    of the whole dependency build); added incrementally
 set -euo pipefail
 
 NLC_VERSION=3.21.1
@@ -51,15 +54,22 @@ install_apt() {
 
 install_apt
 
-build_server() {  # llama-server into $PREFIX/bin, from the cached build tree (incremental)
-  [ -x "$PREFIX/bin/llama-server" ] && return 0
-  log "building llama-server (once)"
-  cmake --build "$ROOT/build" --target llama-server -j "$(nproc)" >&2
-  cp "$ROOT/build/bin/llama-server" "$PREFIX/bin/"
+build_tool() {  # build_tool NAME: llama.cpp's tool NAME into $PREFIX/bin, from the cached build tree
+  # (incremental), with the shared libraries it brings (llama-bench: libllama-common)
+  [ -x "$PREFIX/bin/$1" ] && return 0
+  log "building $1 (once)"
+  cmake --build "$ROOT/build" --target "$1" -j "$(nproc)" >&2
+  cp -P "$ROOT"/build/bin/*.so* "$PREFIX/lib/"
+  cp "$ROOT/build/bin/$1" "$PREFIX/bin/"
+}
+build_tools() {
+  [ "${MZ_DEPS_SERVER:-0}" = 1 ] && build_tool llama-server
+  [ "${MZ_DEPS_BENCH:-0}" = 1 ] && build_tool llama-bench
+  return 0
 }
 
 if [ -f "$PREFIX/.complete" ]; then
-  [ "${MZ_DEPS_SERVER:-0}" = 1 ] && build_server
+  build_tools
   echo "$PREFIX"
   exit 0
 fi
@@ -86,22 +96,18 @@ log "building ggml + llama.cpp (2 cores: about 10 minutes, once)"
 # shellcheck disable=SC2086
 cmake -S src -B build -G Ninja $BUILD_FLAGS -DCMAKE_INSTALL_PREFIX="$PREFIX" \
   -DCMAKE_INSTALL_RPATH="$PREFIX/lib" -DCMAKE_BUILD_RPATH="$PREFIX/lib" >&2
-cmake --build build --target llama ggml llama-bench -j "$(nproc)" >&2
+cmake --build build --target llama ggml -j "$(nproc)" >&2
 # Install by hand: only the targets above were built, so `cmake --install` would fail on the rest.
 rm -rf "$PREFIX" && mkdir -p "$PREFIX/include" "$PREFIX/lib" "$PREFIX/bin"
 cp src/include/*.h src/ggml/include/*.h "$PREFIX/include/"
 cp -P build/bin/*.so* "$PREFIX/lib/"
-for b in llama-bench llama-server; do
-  [ -x build/bin/$b ] && cp build/bin/$b "$PREFIX/bin/"
-done
 # Models' vocabularies: the synthesizer copies tokenizers from here.
 mkdir -p "$PREFIX/share/vocab"
 cp src/models/ggml-vocab-*.gguf "$PREFIX/share/vocab/"
 for lib in libllama.so libggml.so libggml-base.so libggml-cpu.so; do
   [ -e "$PREFIX/lib/$lib" ] || { log "install incomplete: $PREFIX/lib/$lib missing"; exit 1; }
 done
-[ -x "$PREFIX/bin/llama-bench" ] || { log "install incomplete: llama-bench missing"; exit 1; }
 touch "$PREFIX/.complete"
-[ "${MZ_DEPS_SERVER:-0}" = 1 ] && build_server
+build_tools
 log "done: $PREFIX"
 echo "$PREFIX"

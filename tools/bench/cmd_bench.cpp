@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -402,6 +403,11 @@ Status RunKvTypes(SpeedArgs& a, SpeedSetup& su) {
 
 // bench speed: every test in turn, then the report.
 Status RunSpeed(SpeedArgs& a) {
+  // The peer is built on demand (the test command does not need it): say how, before any work.
+  if (!a.no_llama && !std::filesystem::exists(LlamaBenchPath()))
+    return Status::InvalidArgument("llama.cpp's llama-bench is not built (" + LlamaBenchPath() +
+                                   "): `MZ_DEPS_BENCH=1 scripts/deps.sh` builds it once from the pinned "
+                                   "source (a few minutes), or pass --no-llama for mzcache alone");
   SpeedSetup su;
   std::string path;
   MZ_RETURN_IF_ERROR(OpenBenchModel(a.model, "q8_0", &path, &su.model));
