@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=$(scripts/deps.sh | tail -n 1)
 . scripts/ccache-env.sh
-cmake -S . -B build -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+cmake -S . -B build -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMZ_UNITY=ON \
   ${MZ_CCACHE:+-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache} >/dev/null
 ninja -C build mzcache | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
 exec ./build/mzcache run -p "${MZ_PROMPT:-Tell me about memory on phones.}" -n "${MZ_N_PREDICT:-48}" "$@"

@@ -21,7 +21,7 @@ if ! command -v clang++ >/dev/null 2>&1; then
 fi
 PREFIX=$(scripts/deps.sh | tail -n 1)
 . scripts/ccache-env.sh
-CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_FUZZ=ON \
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_FUZZ=ON -DMZ_UNITY=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   ${MZ_CCACHE:+-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache} >/dev/null
 echo "[fuzz] building build-fuzz (clang, -fsanitize=fuzzer,address,undefined)"

@@ -62,4 +62,10 @@ int Fail(const Status& st) {
   return 1;
 }
 
+std::string MibText(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / 1048576.0);
+  return buf;
+}
+
 }  // namespace mz::cli

@@ -18,5 +18,7 @@ Status EnsureDefaultModel(std::string* path, const std::string& spec = "qwen3-0.
 // Prints a one-line progress bar to stderr (only when stderr is a terminal, else every 10%).
 void Progress(const char* what, uint64_t done, uint64_t total);
 int Fail(const Status& st);
+// "12.3 MiB": bytes in MiB with one decimal.
+std::string MibText(uint64_t bytes);
 
 }  // namespace mz::cli

@@ -32,11 +32,11 @@
 namespace mz::kvc {
 namespace {
 
-constexpr int kGroup = 32;
+constexpr int kQ4Group = 32;
 
 size_t Q4PayloadBytes(const ChunkShape& s) {
   const size_t n = s.n_tokens, d = s.head_dim, r = (d + 1) / 2;
-  const size_t gk = (n + kGroup - 1) / kGroup, gv = (d + kGroup - 1) / kGroup;
+  const size_t gk = (n + kQ4Group - 1) / kQ4Group, gv = (d + kQ4Group - 1) / kQ4Group;
   const size_t k = gk * 4 * d + n * r, v = n * (4 * gv + r);
   return size_t(s.n_kv_head) * (k + v);
 }
@@ -65,10 +65,10 @@ class Q4Codec final : public KvCodec {
     size_t need = 0;
     MZ_RETURN_IF_ERROR(CheckEncodeArgs(*this, s, cap, &need));
     const int n = s.n_tokens, d = s.head_dim, r = (d + 1) / 2;
-    // scratch: x[kGroup][d] floats, mn[d], mx[d], q[d] bytes
-    float* x = reinterpret_cast<float*>(Scratch(0, (size_t(kGroup) + 2) * d * sizeof(float) + size_t(d)));
+    // scratch: x[kQ4Group][d] floats, mn[d], mx[d], q[d] bytes
+    float* x = reinterpret_cast<float*>(Scratch(0, (size_t(kQ4Group) + 2) * d * sizeof(float) + size_t(d)));
     if (!x) return Status::NoMemory("kv codec q4: scratch allocation failed");
-    float* mn = x + size_t(kGroup) * d;
+    float* mn = x + size_t(kQ4Group) * d;
     float* mx = mn + d;
     uint8_t* q = reinterpret_cast<uint8_t*>(mx + d);
     WriteHeader(dst, id(), 0, s, uint32_t(need - kKvCodecHeaderBytes));
@@ -78,8 +78,8 @@ class Q4Codec final : public KvCodec {
     // K: per channel over token groups.
     for (int h = 0; h < s.n_kv_head; h++) {
       const uint16_t* in = src + h * stride;
-      for (int t0 = 0; t0 < n; t0 += kGroup) {
-        const int tg = std::min(kGroup, n - t0);
+      for (int t0 = 0; t0 < n; t0 += kQ4Group) {
+        const int tg = std::min(kQ4Group, n - t0);
         for (int t = 0; t < tg; t++) LoadSanitized(in + size_t(t0 + t) * d, d, x + size_t(t) * d);
         MinMaxRows(x, tg, d, mn, mx);
         for (int c = 0; c < d; c++) {
@@ -101,8 +101,8 @@ class Q4Codec final : public KvCodec {
       const uint16_t* in = src + (s.n_kv_head + h) * stride;
       for (int t = 0; t < n; t++) {
         LoadSanitized(in + size_t(t) * d, d, x);
-        for (int c0 = 0; c0 < d; c0 += kGroup) {
-          const int cg = std::min(kGroup, d - c0);
+        for (int c0 = 0; c0 < d; c0 += kQ4Group) {
+          const int cg = std::min(kQ4Group, d - c0);
           float lo = x[c0], hi = x[c0];
           for (int c = c0 + 1; c < c0 + cg; c++) {
             lo = std::min(lo, x[c]);
@@ -140,8 +140,8 @@ class Q4Codec final : public KvCodec {
 
     for (int h = 0; h < s.n_kv_head; h++) {
       uint16_t* out = dst + h * stride;
-      for (int t0 = 0; t0 < n; t0 += kGroup) {
-        const int tg = std::min(kGroup, n - t0);
+      for (int t0 = 0; t0 < n; t0 += kQ4Group) {
+        const int tg = std::min(kQ4Group, n - t0);
         for (int c = 0; c < d; c++) {
           const uint16_t lb = Load16(p + 2 * c), hb = Load16(p + 2 * size_t(d) + 2 * c);
           if (!RangeOk(lb, hb, &mn[c], &mx[c])) return BadParam("key range", h, t0);
@@ -154,16 +154,16 @@ class Q4Codec final : public KvCodec {
         }
       }
     }
-    const int ng = (d + kGroup - 1) / kGroup;
+    const int ng = (d + kQ4Group - 1) / kQ4Group;
     for (int h = 0; h < s.n_kv_head; h++) {
       uint16_t* out = dst + (s.n_kv_head + h) * stride;
       for (int t = 0; t < n; t++) {
         const uint8_t* codes = p + 4 * size_t(ng);
-        for (int c0 = 0; c0 < d; c0 += kGroup) {
+        for (int c0 = 0; c0 < d; c0 += kQ4Group) {
           float lo, hi;
           if (!RangeOk(Load16(p), Load16(p + 2), &lo, &hi)) return BadParam("value range", s.n_kv_head + h, t);
           p += 4;
-          DequantNibblesUniform(codes + c0 / 2, std::min(kGroup, d - c0), AsymStep(lo, hi, 15), lo, hi,
+          DequantNibblesUniform(codes + c0 / 2, std::min(kQ4Group, d - c0), AsymStep(lo, hi, 15), lo, hi,
                                 out + size_t(t) * d + c0);
         }
         p += r;

@@ -190,7 +190,7 @@ void SetCleanupPath(char* slot, const std::string& s) {
   std::snprintf(slot, 512, "%s", s.c_str());
 }
 
-void OnSignal(int sig) {
+void OnMultitaskSignal(int sig) {
   for (auto& c : g_children) {
     const pid_t p = c.load();
     if (p > 0) kill(p, SIGKILL);
@@ -1176,8 +1176,8 @@ int RunBench(MtArgs a, const std::function<bool(const char*)>& given) {
   for (auto& m : modes) std::fprintf(stderr, " %s", m.name.c_str());
   std::fprintf(stderr, "\n");
 
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  signal(SIGINT, OnMultitaskSignal);
+  signal(SIGTERM, OnMultitaskSignal);
   s.tag = std::to_string(getpid());
   s.ref_path = a.swap_dir + "/mzcache-multitask-" + s.tag + ".ref";
   s.app_file = a.app_file_mib > 0 ? a.swap_dir + "/mzcache-multitask-" + s.tag + ".app" : "";

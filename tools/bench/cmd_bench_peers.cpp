@@ -288,7 +288,7 @@ int g_child = -1;
 std::string g_cgroup;
 OsPagingEnv* g_env = nullptr;
 
-void OnSignal(int sig) {
+void OnPeersSignal(int sig) {
   if (g_child > 0) kill(g_child, SIGKILL);
   if (!g_cgroup.empty()) {
     // Move leftovers out so the folder can be removed (same as ~MemCgroup).
@@ -299,7 +299,7 @@ void OnSignal(int sig) {
   _exit(128 + sig);
 }
 
-// The worker, remembered for OnSignal (which kills it).
+// The worker, remembered for OnPeersSignal (which kills it).
 Status Spawn(const std::vector<std::string>& argv, PipedChild* c) {
   MZ_RETURN_IF_ERROR(SpawnPiped(argv, c));
   g_child = c->pid;
@@ -901,8 +901,8 @@ Status RunPeers(PeersArgs& a) {
     ~Teardown() { OsPagingTeardown(e); }
   } teardown{&R.ose};
   g_env = &R.ose;
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  signal(SIGINT, OnPeersSignal);
+  signal(SIGTERM, OnPeersSignal);
   PeersHeader(&R);
   for (int n : a.ctxs) MZ_RETURN_IF_ERROR(RunPeersCell(&R, n));
   R.md += "\nmzcache / peer < 1: mzcache is faster. Memory pressure on llama.cpp: " +

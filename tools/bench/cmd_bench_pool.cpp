@@ -79,7 +79,7 @@ Status Query(mz_conversation* c, const std::vector<mz_token>& q, mz_restore_stat
   return MzStatus(mz_conversation_restore_generate(c, q.data(), int32_t(q.size()), nullptr, rs));
 }
 
-int Run(PoolBenchArgs a) {
+int RunPoolBench(PoolBenchArgs a) {
   if (a.quick) {
     a.conversations = 8, a.tokens = 1024, a.system = 256, a.queries = 16, a.reprefill_reps = 2, a.restart_reps = 2, a.pressure_reps = 2;
   }
@@ -420,7 +420,7 @@ void AddPoolBench(CLI::App* bench, Runners& runners) {
   c->add_flag("--quick", a->quick, "8 conversations x 1024 tokens, 16 queries (a first look)");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
-    return Run(*a);
+    return RunPoolBench(*a);
   });
 }
 

@@ -266,7 +266,7 @@ double Median(std::vector<double> v) { return Summarize(v).median; }
 // Ctrl-C / SIGTERM during the OS Paging runs must not leave zram swap on or cgroups behind. Not
 // async-signal-safe, deliberately: the process is about to exit and only these side effects matter.
 OsPagingEnv* g_ose = nullptr;
-void OnSignal(int sig) {
+void OnTtftSignal(int sig) {
   if (const int w = OsPagingWorkerPid(); w > 0) {  // its cgroup cannot be removed while it lives
     kill(w, SIGKILL);
     waitpid(w, nullptr, 0);
@@ -935,8 +935,8 @@ Status RunTtft(const TtftArgs& a) {
     ~Teardown() { OsPagingTeardown(e); }
   } teardown{&R.ose};  // zram is switched off again on every exit path
   g_ose = &R.ose;
-  signal(SIGINT, OnSignal);
-  signal(SIGTERM, OnSignal);
+  signal(SIGINT, OnTtftSignal);
+  signal(SIGTERM, OnTtftSignal);
   if (!a.prepare) {
     R.probe = std::make_unique<StorageProbe>(Env::Default(), a.swap_dir, size_t(256) << 20);  // as the run-start figure
     if (!R.probe->ok()) return Status::IOError("cannot write the read-probe file in " + a.swap_dir);

@@ -66,11 +66,6 @@ void SaveSidecar(const std::string& path, const std::vector<Message>& msgs) {
   std::rename(tmp.c_str(), path.c_str());
 }
 
-std::string Mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / 1048576.0);
-  return buf;
-}
 
 std::string When(uint64_t unix_ms) {
   if (!unix_ms) return "-";
@@ -82,8 +77,8 @@ std::string When(uint64_t unix_ms) {
 
 void PrintConversation(const mz_conversation_report& r) {
   std::fprintf(stderr, "  %-24s %6d tokens  RAM %s  compressed %s  swap %s  stored %s (%d tokens)  shared %d  %s\n", r.id,
-               int(r.n_tokens), Mib(r.kv_resident).c_str(), Mib(r.kv_mem_compressed).c_str(), Mib(r.kv_storage).c_str(),
-               Mib(r.stored_bytes).c_str(), int(r.stored_tokens), int(r.shared_chunks), When(r.last_use_unix_ms).c_str());
+               int(r.n_tokens), MibText(r.kv_resident).c_str(), MibText(r.kv_mem_compressed).c_str(), MibText(r.kv_storage).c_str(),
+               MibText(r.stored_bytes).c_str(), int(r.stored_tokens), int(r.shared_chunks), When(r.last_use_unix_ms).c_str());
 }
 
 struct PoolArgs {
@@ -168,8 +163,8 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
       mz_pool_report pr;
       if (mz_pool_get_report(h.pool, &pr) == MZ_OK)
         std::fprintf(stderr, "  pool: %d conversations (%d open), in memory %s (weights %s of %s), stored %s, lost %llu\n",
-                     int(pr.n_conversations), int(pr.n_open), Mib(pr.in_memory).c_str(), Mib(pr.weights_resident).c_str(),
-                     Mib(pr.weights_total).c_str(), Mib(pr.stored_bytes).c_str(), (unsigned long long)pr.conversations_lost);
+                     int(pr.n_conversations), int(pr.n_open), MibText(pr.in_memory).c_str(), MibText(pr.weights_resident).c_str(),
+                     MibText(pr.weights_total).c_str(), MibText(pr.stored_bytes).c_str(), (unsigned long long)pr.conversations_lost);
       continue;
     }
     msgs.push_back({"user", line, 0});
@@ -212,7 +207,7 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
     }
     std::printf("\n");
     std::fprintf(stderr, "[TTFT %.3f s (restored %d units, %s from storage) | %d tokens]\n", rs.ttft_s,
-                 int(rs.units_restored), Mib(rs.bytes_from_storage).c_str(), n_gen);
+                 int(rs.units_restored), MibText(rs.bytes_from_storage).c_str(), n_gen);
     if (!ok) {
       mz_conversation_truncate(conv, before);
       msgs.pop_back();
@@ -248,7 +243,7 @@ int RunList(PoolArgs& a, bool json) {
   }
   std::printf("| conversation | tokens | stored | last use |\n|---|---|---|---|\n");
   for (const auto& r : all)
-    std::printf("| %s | %d | %s | %s |\n", r.id, int(r.stored_tokens), Mib(r.stored_bytes).c_str(),
+    std::printf("| %s | %d | %s | %s |\n", r.id, int(r.stored_tokens), MibText(r.stored_bytes).c_str(),
                 When(r.last_use_unix_ms).c_str());
   return 0;
 }

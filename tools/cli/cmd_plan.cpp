@@ -47,12 +47,12 @@ struct PlanArgs {
   std::vector<std::string> quants{"f16", "q8_0", "q4_k", "q4_0"};
 };
 
-std::string Mib(uint64_t b) {
+std::string MibCell(uint64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", double(b) / kMiB);
   return buf;
 }
-std::string Limit(uint64_t b) { return b ? Mib(b) + " MiB" : "none"; }
+std::string Limit(uint64_t b) { return b ? MibCell(b) + " MiB" : "none"; }
 
 nlohmann::json ResultJson(const mz_plan_result& r, const std::string& kv_type) {
   nlohmann::json j;
@@ -115,28 +115,28 @@ int RunPlan(PlanArgs& a) {
   std::printf("%d layers, %d KV heads x %d dims, %d-token vocabulary, %.2fB parameters\n\n", r.n_layer, r.n_head_kv,
               r.head_dim, r.n_vocab, double(r.weight_params) / 1e9);
   std::printf("| part | MiB | |\n|---|---:|---|\n");
-  std::printf("| weights | %s | %s |\n", Mib(r.weights).c_str(),
+  std::printf("| weights | %s | %s |\n", MibCell(r.weights).c_str(),
               r.weights_file_backed ? "file-backed (page cache): short of memory, a run thrashes"
                                     : "anonymous: short of memory, a run is killed");
   std::printf("| KV %s at %u tokens | %s | %.1f KiB per token, in %d-token chunks |\n", a.kv_type.c_str(), r.n_ctx,
-              Mib(r.kv).c_str(), double(r.kv_bytes_per_token) / 1024.0, a.chunk);
-  std::printf("| compute buffers | %s | one ubatch of %d tokens |\n", Mib(r.compute).c_str(),
+              MibCell(r.kv).c_str(), double(r.kv_bytes_per_token) / 1024.0, a.chunk);
+  std::printf("| compute buffers | %s | one ubatch of %d tokens |\n", MibCell(r.compute).c_str(),
               std::min<int>(a.ubatch, int(r.n_ctx)));
-  std::printf("| swap stack | %s | holds only KV that left RAM, compressed |\n", Mib(r.swap_stack).c_str());
-  std::printf("| overhead | %s | this process + tokenizer + metadata |\n", Mib(r.overhead).c_str());
-  std::printf("| **peak** | **%s** | |\n\n", Mib(r.peak).c_str());
+  std::printf("| swap stack | %s | holds only KV that left RAM, compressed |\n", MibCell(r.swap_stack).c_str());
+  std::printf("| overhead | %s | this process + tokenizer + metadata |\n", MibCell(r.overhead).c_str());
+  std::printf("| **peak** | **%s** | |\n\n", MibCell(r.peak).c_str());
   std::printf("| limit | |\n|---|---:|\n");
   std::printf("| cgroup limit | %s |\n", Limit(r.cgroup_limit).c_str());
   std::printf("| MemAvailable + own anonymous | %s |\n",
-              r.mem_available ? (Mib(r.mem_available + r.self_anon) + " MiB").c_str() : "unknown");
+              r.mem_available ? (MibCell(r.mem_available + r.self_anon) + " MiB").c_str() : "unknown");
   std::printf("| --memory-budget | %s |\n\n", Limit(r.memory_budget).c_str());
   if (r.limit == 0) std::printf("No limit is known: nothing to set the peak against.\n");
   else if (r.fits)
-    std::printf("Fits: peak %s MiB is %.0f%% of the %s (%s MiB).\n", Mib(r.peak).c_str(),
-                100.0 * double(r.peak) / double(r.limit), r.binding, Mib(r.limit).c_str());
+    std::printf("Fits: peak %s MiB is %.0f%% of the %s (%s MiB).\n", MibCell(r.peak).c_str(),
+                100.0 * double(r.peak) / double(r.limit), r.binding, MibCell(r.limit).c_str());
   else
     std::printf("DOES NOT FIT: peak %s MiB exceeds the %s (%s MiB). A context would be refused at creation.\n",
-                Mib(r.peak).c_str(), r.binding, Mib(r.limit).c_str());
+                MibCell(r.peak).c_str(), r.binding, MibCell(r.limit).c_str());
   std::printf("Largest context with a %.0f%% margin (at most the training context): %u tokens with %s KV", 100.0 * a.margin,
               r.max_ctx, a.kv_type.c_str());
   if (a.kv_type == "f16") std::printf(", %u with q8_0 KV", r.max_ctx_q8);

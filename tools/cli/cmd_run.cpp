@@ -92,11 +92,6 @@ void AddGenOptions(CLI::App* c, GenArgs& a) {
       ->check(CLI::IsMember({"f16", "q8_0"}));
 }
 
-std::string Mib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / 1048576.0);
-  return buf;
-}
 
 // "2 threads" or "2 threads on CPUs 6,7": what the context computes on now.
 std::string ThreadsText(mz_context* ctx) {
@@ -142,12 +137,12 @@ void PrintReport(const mz_memory_report& r) {
                "  weights: %s resident, %s dropped (%d/%d units resident)\n"
                "  KV: %s resident | %s raw compressed to %s in RAM (stack %s) | %s raw on storage | %s raw compressed "
                "to %s on storage | %d chunks lost\n",
-               100.0 * r.remaining, Mib(r.in_memory).c_str(), Mib(r.footprint).c_str(),
-               Mib(r.weights_resident).c_str(), Mib(r.weights_dropped).c_str(), r.n_weight_units[MZ_STATE_RESIDENT],
+               100.0 * r.remaining, MibText(r.in_memory).c_str(), MibText(r.footprint).c_str(),
+               MibText(r.weights_resident).c_str(), MibText(r.weights_dropped).c_str(), r.n_weight_units[MZ_STATE_RESIDENT],
                r.n_weight_units[MZ_STATE_RESIDENT] + r.n_weight_units[MZ_STATE_WEIGHTS_DROPPED],
-               Mib(r.kv_resident).c_str(), Mib(r.kv_mem_compressed_raw).c_str(), Mib(r.kv_mem_compressed).c_str(),
-               Mib(r.swap_stack_mapped).c_str(), Mib(r.kv_storage_raw).c_str(), Mib(r.kv_storage_compressed_raw).c_str(),
-               Mib(r.kv_storage_compressed).c_str(), r.n_kv_lost);
+               MibText(r.kv_resident).c_str(), MibText(r.kv_mem_compressed_raw).c_str(), MibText(r.kv_mem_compressed).c_str(),
+               MibText(r.swap_stack_mapped).c_str(), MibText(r.kv_storage_raw).c_str(), MibText(r.kv_storage_compressed_raw).c_str(),
+               MibText(r.kv_storage_compressed).c_str(), r.n_kv_lost);
 }
 
 // "40%" of the footprint or "300MiB"/"1GiB"/bytes.
@@ -187,12 +182,12 @@ int AutoContext(GenArgs& a) {
   }
   if (r.n_ctx < 16) {
     std::fprintf(stderr, "error: --ctx auto: not even one KV chunk fits in the %s (%s)\n",
-                 r.binding[0] ? r.binding : "memory", Mib(r.limit).c_str());
+                 r.binding[0] ? r.binding : "memory", MibText(r.limit).c_str());
     return MZ_ERR_NO_MEMORY;
   }
   a.n_ctx = int(r.n_ctx);
-  std::fprintf(stderr, "--ctx auto: %d tokens (peak %s of the %s, %s)\n", a.n_ctx, Mib(r.peak).c_str(),
-               r.limit ? r.binding : "no known limit", Mib(r.limit).c_str());
+  std::fprintf(stderr, "--ctx auto: %d tokens (peak %s of the %s, %s)\n", a.n_ctx, MibText(r.peak).c_str(),
+               r.limit ? r.binding : "no known limit", MibText(r.limit).c_str());
   return MZ_OK;
 }
 
@@ -332,7 +327,7 @@ int SaveSession(Session& s, const std::string& path, const std::string& codec, b
   rc = mz_session_get_info(s.ctx, path.c_str(), &si);
   if (rc == MZ_OK)
     std::fprintf(stderr, "[session saved: %s, %d tokens, %s]\n", path.c_str(), int(si.n_tokens),
-                 Mib(si.file_bytes).c_str());
+                 MibText(si.file_bytes).c_str());
   return rc;
 }
 
@@ -369,7 +364,7 @@ void PrintPressureAction(const mz_pressure_action* a, void*) {
   const std::string err = a->status == MZ_OK ? "" : std::string(": ") + mz_status_str(a->status) + ": " + a->error;
   if (a->restored) {
     std::fprintf(stderr, "\n[pressure gone: restored %s ahead in the background%s (remaining %.0f%%)]\n",
-                 Mib(a->restored_bytes).c_str(), err.c_str(), rem);
+                 MibText(a->restored_bytes).c_str(), err.c_str(), rem);
   } else if (std::string(a->source) == "restore-ahead") {
     if (a->repeats > 0) return;
     std::fprintf(stderr, "\n[restore-ahead: waiting until memory is free (remaining %.0f%%)]\n", rem);
@@ -381,7 +376,7 @@ void PrintPressureAction(const mz_pressure_action* a, void*) {
                  a->level_name, a->source, a->note, rem);
   } else {
     std::fprintf(stderr, "\n[pressure from %s: gave back %s of %s asked (%s, remaining %.0f%%)%s in %.3f s%s]\n",
-                 a->source, Mib(a->freed).c_str(), Mib(a->requested).c_str(), a->level_name, rem,
+                 a->source, MibText(a->freed).c_str(), MibText(a->requested).c_str(), a->level_name, rem,
                  a->deferred ? " after the reply" : "", a->delay_s, err.c_str());
   }
 }
@@ -451,7 +446,7 @@ void ChatEvict(Session& s, const std::string& verb, const std::string& arg, cons
   uint64_t freed = 0;
   const double t0 = Now();
   const int rc = mz_evict(s.ctx, amount, nullptr, &freed);
-  std::fprintf(stderr, "  released %s in %.3f s%s%s\n", Mib(freed).c_str(), Now() - t0, rc == MZ_OK ? "" : ": ",
+  std::fprintf(stderr, "  released %s in %.3f s%s%s\n", MibText(freed).c_str(), Now() - t0, rc == MZ_OK ? "" : ": ",
                rc == MZ_OK ? "" : CError(rc).c_str());
   PrintReport(Report(s.ctx));
 }
@@ -581,7 +576,7 @@ int ChatTurn(Session& s, const GenArgs& ca, bool watching, const std::string& li
   const uint64_t given_back = before.footprint - (before.weights_resident + before.kv_resident);
   if (watching && rc == MZ_OK && given_back > 0)
     std::fprintf(stderr, "[this turn restored the %s given back under pressure (see TTFT above)]\n",
-                 Mib(given_back).c_str());
+                 MibText(given_back).c_str());
   if (rc != MZ_OK) {
     std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", CError(rc).c_str());
     cs->msgs.pop_back();
