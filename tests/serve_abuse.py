@@ -6,8 +6,8 @@ Usage: serve_abuse.py PORT API_KEY SERVER_PID [--connections N]
 Each case must leave the server alive, answering, and its memory bounded:
   - a slow client sending its request a byte at a time, while a normal request is served;
   - N connections (default 1000) opened and dropped: some at once, some after part of a request
-    line, some after the headers of a body never sent; none may wait for a SYN retransmit (a
-    listen backlog too small for a burst);
+    line, some after the headers of a body never sent; at most 2% may wait for a SYN retransmit
+    (a listen backlog too small for the burst makes 1 in 10 wait);
   - garbage instead of HTTP;
   - a client that disconnects in the middle of a streamed reply (its conversation is released:
     the same history is then continued, not forked);
@@ -107,13 +107,18 @@ def many_connections(port, key, pid, n):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
         s.close()
     healthy(port, key, f"{n} dropped connections")
-    if retransmits:
+    # A backlog too small for the burst makes about 1 connection in 10 wait (httplib's default of 5:
+    # 25 of 200). With a wide backlog a rare one may still wait when the accept thread is starved
+    # of CPU on a loaded machine (1 of 1000 seen with the whole test suite running on 2 cores): the
+    # check allows 2%.
+    if retransmits > n // 50:
         fail(f"{retransmits} of {n} connections waited about 1 s to be accepted (listen backlog overflowed)")
     after = rss_kib(pid)
     grew = (after - before) / 1024
     if grew > 64:
         fail(f"RSS grew {grew:.1f} MiB over {n} dropped connections")
-    print(f"ok: {n} connections opened and dropped in {time.time() - t0:.1f} s; RSS {before // 1024} -> {after // 1024} MiB")
+    print(f"ok: {n} connections opened and dropped in {time.time() - t0:.1f} s ({retransmits} waited for a retransmit); "
+          f"RSS {before // 1024} -> {after // 1024} MiB")
 
 
 def garbage(port, key):
