@@ -92,7 +92,7 @@ if [ ! -f pkg.ok ]; then
   touch pkg.ok
 fi
 
-log "building ggml + llama.cpp (2 cores: about 10 minutes, once)"
+log "building ggml + llama.cpp (2 cores: about 5 minutes, once)"
 # shellcheck disable=SC2086
 cmake -S src -B build -G Ninja $BUILD_FLAGS -DCMAKE_INSTALL_PREFIX="$PREFIX" \
   -DCMAKE_INSTALL_RPATH="$PREFIX/lib" -DCMAKE_BUILD_RPATH="$PREFIX/lib" >&2
