@@ -64,7 +64,7 @@ stage build-tsan
 build build-tsan "thread" tests_concurrency
 stage tests-tsan
 echo "[test] running concurrency tests under TSan"
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp
 # Only the tests that start threads: tests/tsan-unthreaded.txt lists the others (scripts/tsan-census.sh).
 UNTHREADED=$(grep -v '^#' tests/tsan-unthreaded.txt | sed 's/[][().*+?^$|\\/]/\\&/g' | paste -sd'|')
 (cd build-tsan && ctest --output-on-failure -j "$JOBS" --timeout 2400 -L concurrency ${UNTHREADED:+-E "^($UNTHREADED)\$"}) | tee -a "$LOG"

@@ -20,7 +20,6 @@
 #include "restore/restore_pipeline.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
 #include "test_util.h"
 
 namespace mz {
@@ -37,14 +36,7 @@ struct Rig {
   std::unique_ptr<Context> ctx;
 };
 
-std::vector<int32_t> Prompt(const std::string& path) {
-  std::unique_ptr<Tokenizer> tok;
-  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
-  std::vector<int32_t> t;
-  EXPECT_TRUE(tok->Tokenize(test::LongText(), true, false, &t).ok());
-  t.resize(kPrompt + 8);
-  return t;
-}
+std::vector<int32_t> Prompt(const std::string& path) { return test::PromptTokens(path, kPrompt + 8); }
 
 Rig MakeCtx(const std::string& path, const std::string& codec, EvictOrder order, bool partial, const char* tag,
             Env* env = Env::Default()) {

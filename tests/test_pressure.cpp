@@ -33,7 +33,6 @@
 #include "pressure/watermark_source.h"
 #include "pressure/wiring.h"
 #include "runtime/context.h"
-#include "runtime/tokenizer.h"
 #include "test_util.h"
 
 namespace mz {
@@ -521,10 +520,7 @@ Rig MakeRig(const char* tag) {
   r.ctx = std::make_unique<Context>(r.model.get(), co);
   EXPECT_TRUE(r.ctx->Init().ok());
   r.ctx->set_profile(DeviceProfile::Default());
-  std::unique_ptr<Tokenizer> tok;
-  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
-  EXPECT_TRUE(tok->Tokenize(test::LongText(), true, false, &r.toks).ok());
-  r.toks.resize(168);
+  r.toks = test::PromptTokens(path, 168);
   return r;
 }
 

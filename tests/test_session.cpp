@@ -10,7 +10,6 @@
 #include <random>
 
 #include "runtime/context.h"
-#include "runtime/tokenizer.h"
 #include "runtime/session_file.h"
 #include "test_util.h"
 
@@ -37,14 +36,7 @@ Rig Make(const std::string& path) {
   return r;
 }
 
-std::vector<int32_t> Tokens(const std::string& path) {
-  std::unique_ptr<Tokenizer> tok;
-  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
-  std::vector<int32_t> t;
-  EXPECT_TRUE(tok->Tokenize(test::LongText(), true, false, &t).ok());
-  t.resize(kPrompt + kNext);
-  return t;
-}
+std::vector<int32_t> Tokens(const std::string& path) { return test::PromptTokens(path, kPrompt + kNext); }
 
 // Logits of the kNext continuation tokens, all rows.
 std::vector<float> Continue(Context& c, const std::vector<int32_t>& toks) {

@@ -1,8 +1,11 @@
 #include "test_util.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -12,7 +15,9 @@
 #include "runtime/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <map>
 #include <memory>
+#include <mutex>
 
 namespace mz::test {
 
@@ -52,11 +57,79 @@ std::string LongText() {
   return s;
 }
 
+namespace {
+
+// The tokens of LongText() for the model at `path`, kept beside the model file as
+// `<path>.longtext-<key>.tokens` (a count, then the int32 ids). The key hashes the text and the
+// model file's size and modification time, so a re-synthesized model or another text is tokenized
+// again. Written to a private temp name and renamed, so concurrent test processes never read half a
+// file. Returns false (and the caller tokenizes) when the file is missing or does not read whole.
+std::string TokenCachePath(const std::string& path, const std::string& text) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return {};
+  const size_t key = std::hash<std::string>{}(text + "|" + std::to_string(st.st_size) + "|" +
+                                              std::to_string(st.st_mtim.tv_sec) + "." +
+                                              std::to_string(st.st_mtim.tv_nsec));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016zx", key);
+  return path + ".longtext-" + hex + ".tokens";
+}
+
+bool ReadTokenCache(const std::string& file, std::vector<int32_t>* t) {
+  std::ifstream f(file, std::ios::binary);
+  uint64_t n = 0;
+  if (!f.read(reinterpret_cast<char*>(&n), sizeof n) || n == 0 || n > (1u << 24)) return false;
+  t->resize(size_t(n));
+  if (!f.read(reinterpret_cast<char*>(t->data()), std::streamsize(n * sizeof(int32_t)))) return false;
+  return f.peek() == std::char_traits<char>::eof();
+}
+
+void WriteTokenCache(const std::string& file, const std::vector<int32_t>& t) {
+  const std::string tmp = file + "." + std::to_string(getpid()) + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    const uint64_t n = t.size();
+    f.write(reinterpret_cast<const char*>(&n), sizeof n);
+    f.write(reinterpret_cast<const char*>(t.data()), std::streamsize(n * sizeof(int32_t)));
+    if (!f) {
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (::rename(tmp.c_str(), file.c_str()) != 0) std::remove(tmp.c_str());
+}
+
+}  // namespace
+
 std::vector<int32_t> PromptTokens(const std::string& path, int n) {
-  std::unique_ptr<Tokenizer> tok;
-  EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
+  // Loading a tokenizer reads the model's whole vocabulary through libllama (151k entries for the
+  // Qwen shapes): 35% of a short unit-table test's CPU in a normal build, and about 6 s per load
+  // under TSan. The tokens of LongText() are the same for every call with the same model file, so
+  // they are kept in memory for the process and on disk beside the model for the next processes
+  // (each ctest case is a process of its own). A failed load is not remembered: each call reports it.
+  static std::mutex mu;
+  static std::map<std::string, std::vector<int32_t>> tokenized;
   std::vector<int32_t> t;
-  if (tok) EXPECT_TRUE(tok->Tokenize(LongText(), true, false, &t).ok());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = tokenized.find(path);
+    if (it != tokenized.end()) t = it->second;
+  }
+  if (t.empty()) {
+    const std::string text = LongText();
+    const std::string cache = TokenCachePath(path, text);
+    if (cache.empty() || !ReadTokenCache(cache, &t)) {
+      t.clear();
+      std::unique_ptr<Tokenizer> tok;
+      EXPECT_TRUE(Tokenizer::Load(path, &tok).ok());
+      if (tok) EXPECT_TRUE(tok->Tokenize(text, true, false, &t).ok());
+      if (!t.empty() && !cache.empty()) WriteTokenCache(cache, t);
+    }
+    if (!t.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      tokenized.emplace(path, t);
+    }
+  }
   t.resize(size_t(n));
   return t;
 }

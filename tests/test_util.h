@@ -12,7 +12,9 @@ std::string ModelPath(const std::string& shape, const std::string& type = "q8_0"
 // A long public-domain English text (the GPL text shipped by Debian, or a fallback).
 std::string LongText();
 // The first n tokens of LongText() tokenized with the model at `path` (a gtest failure if the
-// tokenizer cannot load).
+// tokenizer cannot load), padded with token 0 past the text's end. Tokenized once per model file:
+// kept for the process and beside the model (`<path>.longtext-<key>.tokens`, keyed by the text and
+// the file's size and mtime) for later processes. Thread-safe.
 std::vector<int32_t> PromptTokens(const std::string& path, int n);
 // Scratch directory for this test process (created, not removed).
 std::string TempDir();
