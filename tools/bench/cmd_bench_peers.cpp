@@ -285,15 +285,15 @@ int RunWorker(const WorkerArgs& a) {
 // Parent side.
 
 int g_child = -1;
-std::string g_cgroup;
+std::string g_peers_cgroup;
 OsPagingEnv* g_env = nullptr;
 
 void OnPeersSignal(int sig) {
   if (g_child > 0) kill(g_child, SIGKILL);
-  if (!g_cgroup.empty()) {
+  if (!g_peers_cgroup.empty()) {
     // Move leftovers out so the folder can be removed (same as ~MemCgroup).
-    std::system(("cat '" + g_cgroup + "/cgroup.procs' 2>/dev/null | while read p; do echo $p > "
-                 "/sys/fs/cgroup/memory/cgroup.procs; done; rmdir '" + g_cgroup + "' 2>/dev/null").c_str());
+    std::system(("cat '" + g_peers_cgroup + "/cgroup.procs' 2>/dev/null | while read p; do echo $p > "
+                 "/sys/fs/cgroup/memory/cgroup.procs; done; rmdir '" + g_peers_cgroup + "' 2>/dev/null").c_str());
   }
   if (g_env) OsPagingTeardown(g_env);
   _exit(128 + sig);
@@ -377,9 +377,9 @@ struct MmapRun {
 Status RunUnderPressure(OsPagingEnv* env, WorkerArgs w, double level, MmapRun* r) {
   MemCgroup cg;
   MZ_RETURN_IF_ERROR(cg.Create("mzcache-peers-" + std::to_string(getpid())));
-  g_cgroup = cg.path();
+  g_peers_cgroup = cg.path();
   struct ClearName {
-    ~ClearName() { g_cgroup.clear(); }
+    ~ClearName() { g_peers_cgroup.clear(); }
   } clear_name;
   w.cgroup = cg.path();
   PipedChild c;
