@@ -13,8 +13,6 @@
 #                  then the JNI example
 #   --suites "..." only these suites (names as in tests/test_<name>.cpp, or c_api), whole
 #   --build-dir D  build folder (default build-arm64)
-#   --build-only   the dependencies and the build of what the chosen mode runs, nothing run
-#                  (scripts/test.sh runs this in the background, niced, during its x86 stages)
 #   --list         print the CI subset and its filters, and exit
 #   MZ_DEPS_SRC    the pinned llama.cpp source for scripts/deps-arm64.sh (default: from scripts/deps.sh)
 #   MZ_TEST_MODEL_DIR_OVERRIDE  folder of synthesized test models to use (and add to); scripts/test.sh
@@ -30,7 +28,6 @@ cd "$(dirname "$0")/.."
 MODE=ci
 SUITES=
 BUILD=build-arm64
-BUILD_ONLY=0
 # The CI subset (what the arm64 stage of scripts/test.sh runs): suite and gtest filter ('*' = whole).
 # Chosen from the per-test times of the qemu runs in docs/android.md (measured under load on the
 # 2-core VM): the NEON attention kernel and the small suites whole, and every core suite
@@ -63,7 +60,6 @@ while [ $# -gt 0 ]; do
     --full) MODE=full; shift ;;
     --suites) MODE=list; SUITES=$2; shift 2 ;;
     --build-dir) BUILD=$2; shift 2 ;;
-    --build-only) BUILD_ONLY=1; shift ;;
     --list) printf '%s\n' "${CI_SUITES[@]}"; exit 0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "test-arm64.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -105,7 +101,6 @@ ninja -C "$BUILD" -j "$JOBS" "${targets[@]}" | grep -vE '^\[[0-9]+/[0-9]+\] (Bui
 [ "${PIPESTATUS[0]}" = 0 ] || { log "build failed"; exit 1; }
 log "build: $(( $(date +%s) - t0 )) s"
 file -L "$BUILD/libmzcache.so" | grep -q 'ARM aarch64' || { log "libmzcache.so is not AArch64"; exit 1; }
-[ "$BUILD_ONLY" = 1 ] && exit 0
 
 # Test models: GGUF files are the same on every architecture, so the ones the x86 build synthesized
 # are used when MZ_TEST_MODEL_DIR_OVERRIDE names them (scripts/test.sh exports it: build/test-models).

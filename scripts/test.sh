@@ -33,24 +33,6 @@ echo "[test] deps: $PREFIX"
 . scripts/ccache-env.sh
 [ -n "$MZ_CCACHE" ] && ccache -z >/dev/null 2>&1 || true  # the statistics printed at the end are this run's
 
-# The AArch64 stage's builds (the pinned llama.cpp for AArch64, then libmzcache and the suites,
-# cross-compiled) start now, in the background at nice 19: they use the cores the x86 builds and
-# tests leave idle (tests that wait on their apps, on the disk, on a server), and the arm64 stage
-# then only waits for what is left and runs the suites under qemu. Their packages are installed here
-# first, in the foreground (one apt at a time). Their output is printed in the arm64 stage. A
-# failure there fails that stage; an early exit of this script stops them.
-ARM64_BG=
-if [ "${MZ_TEST_QUICK:-0}" != 1 ]; then
-  scripts/deps-arm64.sh --apt-only
-  ARM64_LOG=$(mktemp)
-  set -m  # its own process group (job control), so that the trap below stops the whole tree
-  MZ_DEPS_SRC=$(dirname "$PREFIX")/src nice -n 19 scripts/test-arm64.sh --build-only \
-    ${MZ_ARM64_SUITES:+--suites "$MZ_ARM64_SUITES"} >"$ARM64_LOG" 2>&1 &
-  ARM64_BG=$!
-  set +m
-  trap 'rm -f "$LOG" "$ARM64_LOG"; [ -n "$ARM64_BG" ] && kill -- -"$ARM64_BG" 2>/dev/null; true' EXIT
-fi
-
 build() {  # build DIR SANITIZE [TARGET...]: the sanitizer stages build only the tests they run
   local dir=$1 san=$2; shift 2
   cmake -S . -B "$dir" -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DMZ_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMZ_UNITY=ON \
@@ -103,12 +85,6 @@ stage arm64
 # (every core suite represented, the slowest tests under emulation left to --full, each with its
 # reason there), or the whole suites named in MZ_ARM64_SUITES.
 echo "[test] AArch64: cross build of the library and suites, run under qemu"
-echo "[test] waiting for the AArch64 builds started in the background (their output follows)"
-arm64_rc=0
-wait "$ARM64_BG" || arm64_rc=$?
-ARM64_BG=
-cat "$ARM64_LOG"
-[ "$arm64_rc" = 0 ] || { echo "[test] AArch64 build failed (exit $arm64_rc)"; exit 1; }
 MZ_DEPS_SRC=$(dirname "$PREFIX")/src scripts/test-arm64.sh \
   ${MZ_ARM64_SUITES:+--suites "$MZ_ARM64_SUITES"} | tee -a "$LOG"
 # One closing line over all stages (each stage above already stopped the script on any failure).
