@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 10
+#define MZ_VERSION_MINOR 11
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -854,6 +854,21 @@ struct mz_pool_shared_report {
   uint64_t bytes_if_copied;  /* refs x chunk bytes: what a copy per conversation would take */
 };
 int mz_pool_get_shared_report(mz_pool* pool, struct mz_pool_shared_report* out);
+/* Shared chunks stored once (since 0.11): a stored conversation whose first chunks are shared
+ * names them instead of holding them, and each such chunk lives once in <dir>/chunks/, written
+ * before the first stored file that names it and removed after the last one naming it is replaced
+ * or deleted (rebuilt at open; files nobody names are removed then). A chunk file found missing or
+ * damaged when a conversation naming it opens: that conversation's tokens are computed again at
+ * open (mz_pool_damaged lists it), never a wrong chunk. Since 0.11 mz_pool_report.stored_bytes
+ * counts the chunk files once, and mz_conversation_report.stored_bytes its own file only. An
+ * output struct, frozen like the others. */
+struct mz_pool_stored_report {
+  int32_t chunk_files;           /* shared chunks stored once */
+  uint64_t chunk_file_bytes;     /* their bytes */
+  uint64_t chunk_file_refs;      /* stored conversations naming them, summed over the files */
+  uint64_t chunk_files_damaged;  /* opens that found a named chunk file missing or damaged */
+};
+int mz_pool_get_stored_report(mz_pool* pool, struct mz_pool_stored_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

@@ -1224,6 +1224,13 @@ static int check_pool(const char* path) {
   CHECK(mz_pool_evict(pool, 1ull << 40, &freed) == MZ_OK && freed > 0, "mz_pool_evict freed %llu",
         (unsigned long long)freed);
   CHECK(mz_conversation_commit(a) == MZ_OK && mz_pool_flush(pool) == MZ_OK, "commit/flush: %s", mz_last_error());
+  /* The 3 shared chunks are stored once, in chunk files the stored files (a, and b if written) name (since 0.11). */
+  struct mz_pool_stored_report sr;
+  CHECK(mz_pool_get_stored_report(pool, NULL) == MZ_ERR_INVALID_ARG, "stored report without out");
+  CHECK(mz_pool_get_stored_report(pool, &sr) == MZ_OK && sr.chunk_files == 3 && sr.chunk_file_refs >= 3 && sr.chunk_file_refs % 3 == 0 &&
+            sr.chunk_file_bytes > 0 && sr.chunk_files_damaged == 0,
+        "stored report: %d chunk files, %llu refs, %llu bytes", (int)sr.chunk_files,
+        (unsigned long long)sr.chunk_file_refs, (unsigned long long)sr.chunk_file_bytes);
   struct mz_pool_report pr;
   CHECK(mz_pool_get_report(pool, &pr) == MZ_OK && pr.n_conversations == 2 && pr.persists >= 1,
         "pool report: %d conversations, %llu persists", (int)pr.n_conversations, (unsigned long long)pr.persists);
@@ -1278,6 +1285,9 @@ static int check_pool(const char* path) {
   char sw[300];
   snprintf(sw, sizeof sw, "%s/swap", dir);
   rmdir(sw);
+  /* The shared chunks' files go with the last stored conversation naming them (since 0.11). */
+  snprintf(sw, sizeof sw, "%s/chunks", dir);
+  CHECK(rmdir(sw) == 0, "%s not empty after deleting every conversation", sw);
   CHECK(rmdir(dir) == 0, "%s not empty after deleting every conversation", dir);
   return 0;
 }

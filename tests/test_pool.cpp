@@ -971,10 +971,14 @@ TEST(Pool, DiskBudgetDeletesLeastRecentlyUsedAndCountsIt) {
   pool.reset();
   o.disk_budget = one * 2 + one / 2;  // room for two
   ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  // Other tokens than a's: nothing shared, so each stored conversation takes about `one` (shared
+  // chunks would be stored once: SharedChunks.StoredOnceInChunkFilesAndReopenedFromThem).
+  int seed = 2;
   for (const char* id : {"b", "c"}) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // distinct last-use times
+    const auto u = Tokens(0, 200, seed++);
     ASSERT_TRUE(pool->OpenConversation(id, &c).ok());
-    ASSERT_TRUE(c->Decode(t.data(), 200, false).ok());
+    ASSERT_TRUE(c->Decode(u.data(), 200, false).ok());
     ASSERT_TRUE(c->Commit().ok());
   }
   PoolStats s = pool->Stats();
@@ -1281,6 +1285,173 @@ TEST(SharedChunks, ReusedFromEveryTierAndAfterARestart) {
   }
 }
 
+int ChunkFilesIn(const std::string& dir) {
+  int n = 0;
+  if (!std::filesystem::exists(dir + "/chunks")) return 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/chunks"))
+    n += e.path().extension() == ".mzk" ? 1 : 0;
+  return n;
+}
+
+// Stored once: two conversations sharing 3 full chunks are persisted as two session files naming
+// them (version 2) and 3 chunk files, each written once; the same pair stored without dedup takes
+// more bytes by about one copy of the chunks. After a restart both reopen from those files (the
+// store adopts each chunk file once; units held only there until attached) and go on exactly as
+// never-pooled contexts (lossless codec). Deleting one keeps the chunk files (the other names
+// them); deleting the other removes them.
+TEST(SharedChunks, StoredOnceInChunkFilesAndReopenedFromThem) {
+  auto m = LoadModel();
+  const int L = int(m->hparams().n_layer), nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  uint64_t stored[2] = {0, 0};
+  for (int dedup = 0; dedup < 2; ++dedup) {
+    const std::string dir = FreshDir("shdisk" + std::to_string(dedup));
+    PoolOptions o = Opts(dir);
+    o.dedup_stored = dedup == 1;
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    Sharers(pool.get(), a, b, &ca, &cb);
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(cb->Commit().ok());
+    ASSERT_TRUE(pool->Flush().ok());
+    PoolStats s = pool->Stats();
+    stored[dedup] = s.stored_bytes;
+    ConversationReport ra, rb;
+    ASSERT_TRUE(pool->Report("a", &ra).ok());
+    ASSERT_TRUE(pool->Report("b", &rb).ok());
+    if (!dedup) {
+      EXPECT_EQ(s.chunk_files, 0);
+      EXPECT_EQ(ra.stored_external, 0);
+      EXPECT_EQ(ChunkFilesIn(dir), 0);
+      continue;
+    }
+    EXPECT_EQ(s.chunk_files, 3);
+    EXPECT_EQ(s.chunk_file_refs, 6u);
+    EXPECT_EQ(ChunkFilesIn(dir), 3);
+    EXPECT_EQ(ra.stored_external, 3);
+    EXPECT_EQ(rb.stored_external, 3);
+    // Restart: nothing of a or b is in memory; both reopen from their files and the chunk files.
+    ca.reset();
+    cb.reset();
+    pool.reset();
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    EXPECT_EQ(pool->Stats().chunk_files, 3);
+    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+    s = pool->Stats();
+    EXPECT_EQ(s.shared.units, 3 * L);
+    EXPECT_EQ(s.shared.units_file_only, 3 * L);  // adopted, not read
+    EXPECT_EQ(s.shared.resident_bytes, 0u);
+    ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+    EXPECT_EQ(pool->Stats().shared.refs, uint64_t(2 * 3 * L));
+    ASSERT_TRUE(pool->Report("a", &ra).ok());
+    EXPECT_EQ(ra.shared_chunks, 3);
+    const int32_t next = 5;
+    ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+    EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+    std::vector<int32_t> b1 = b;
+    b1.push_back(next);
+    ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
+    EXPECT_EQ(Last(cb->logits(0), nv), Reference(m.get(), a, 3 * T, b1));
+    EXPECT_EQ(pool->Stats().shared.resident_bytes, uint64_t(3 * L) * ChunkBytes(m.get()));  // read once
+    // References follow deletion: the files stay while one stored conversation names them.
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(cb->Commit().ok());
+    ASSERT_TRUE(pool->Flush().ok());
+    ASSERT_TRUE(pool->Delete("a").ok());
+    EXPECT_EQ(ChunkFilesIn(dir), 3);
+    EXPECT_EQ(pool->Stats().chunk_file_refs, 3u);
+    ASSERT_TRUE(pool->Delete("b").ok());
+    EXPECT_EQ(ChunkFilesIn(dir), 0);
+    EXPECT_EQ(pool->Stats().chunk_files, 0);
+  }
+  // One copy of the 3 shared chunks fewer (lossless: n_layer x 3 x chunk bytes), less the page
+  // alignment that the extra files take.
+  const uint64_t copy = uint64_t(3 * L) * ChunkBytes(m.get());
+  EXPECT_LT(stored[1], stored[0]);
+  EXPECT_GT(stored[0] - stored[1], copy / 2) << "stored whole " << stored[0] << ", once " << stored[1];
+}
+
+// A pool on dir in which a and b (Sharers) decode ta and tb and are stored; the pool is then freed.
+void StoreSharers(Model* m, const std::string& dir, const std::vector<int32_t>& ta, const std::vector<int32_t>& tb) {
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m, Opts(dir), &pool).ok());
+  std::shared_ptr<Conversation> ca, cb;
+  Sharers(pool.get(), ta, tb, &ca, &cb);
+  ASSERT_TRUE(ca->Commit().ok());
+  ASSERT_TRUE(cb->Commit().ok());
+  ASSERT_TRUE(pool->Flush().ok());
+}
+
+// After a restart a new conversation reuses the prefix of stored conversations that name their
+// shared chunks (neither open, the store empty): the chunks are read from the chunk files, and the
+// result is a never-pooled context's, exactly.
+TEST(SharedChunks, ReusedFromStoredFilesThatNameThem) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2), c = Tokens(200, 270, 3);
+  const std::string dir = FreshDir("shnamed");
+  StoreSharers(m.get(), dir, a, b);
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  EXPECT_EQ(pool->Stats().shared.chunks, 0);
+  std::shared_ptr<Conversation> cc;
+  ASSERT_TRUE(pool->OpenConversation("c", &cc).ok());
+  ASSERT_TRUE(cc->Decode(c.data(), int(c.size()), false).ok());
+  ConversationReport rc;
+  ASSERT_TRUE(pool->Report("c", &rc).ok());
+  EXPECT_EQ(rc.shared_chunks, 3);
+  EXPECT_EQ(pool->Stats().shared.chunks, 3);
+  EXPECT_EQ(Last(cc->logits(0), nv), Reference(m.get(), a, 3 * T, c));
+  // c's own stored file names the same chunk files (no new ones).
+  ASSERT_TRUE(cc->Commit().ok());
+  ASSERT_TRUE(pool->Flush().ok());
+  EXPECT_EQ(ChunkFilesIn(dir), 3);
+  EXPECT_EQ(pool->Stats().chunk_file_refs, 9u);
+}
+
+// At start, chunk files no stored file names (a crash between a chunk file and the session naming
+// it) and interrupted writes are removed. A chunk file named but missing or damaged: opening the
+// conversation computes its tokens again (reported in Damaged(), counted), and it goes on exactly.
+TEST(SharedChunks, OrphanChunkFilesGoAndDamagedOnesAreRecomputed) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  for (int damage = 0; damage < 2; ++damage) {  // 0: a chunk file removed; 1: its header flipped
+    SCOPED_TRACE(damage ? "flipped" : "missing");
+    const std::string dir = FreshDir("shorphan" + std::to_string(damage));
+    StoreSharers(m.get(), dir, a, b);
+    std::unique_ptr<Pool> pool;
+    ASSERT_EQ(ChunkFilesIn(dir), 3);
+    { std::ofstream(dir + "/chunks/00000000deadbeef.mzk") << "an orphan"; }
+    { std::ofstream(dir + "/chunks/00000000deadbeef.mzk.tmp") << "an interrupted write"; }
+    std::string victim;
+    for (const auto& e : std::filesystem::directory_iterator(dir + "/chunks"))
+      if (e.path().filename().string() != "00000000deadbeef.mzk" && e.path().extension() == ".mzk")
+        victim = e.path().string();
+    ASSERT_FALSE(victim.empty());
+    if (damage == 0) {
+      std::filesystem::remove(victim);
+    } else {
+      std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(40);
+      f.put(char(0x5a));
+    }
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    EXPECT_FALSE(std::filesystem::exists(dir + "/chunks/00000000deadbeef.mzk"));
+    EXPECT_FALSE(std::filesystem::exists(dir + "/chunks/00000000deadbeef.mzk.tmp"));
+    EXPECT_TRUE(pool->Damaged().empty());  // found when a conversation naming it opens
+    std::shared_ptr<Conversation> ca;
+    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+    EXPECT_EQ(pool->Stats().chunk_files_damaged, 1u);
+    ASSERT_EQ(pool->Damaged().size(), 1u);
+    EXPECT_EQ(ca->n_tokens(), int(a.size()));
+    const int32_t next = 5;
+    ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+    EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+  }
+}
+
 // With q8 (lossy) the store's evicted chunks come back within a bounded KL of a never-evicted
 // context: two sharers, everything evicted twice, 12 generated tokens each time.
 TEST(SharedChunks, Q8StoreEvictionStaysWithinBoundedKl) {
@@ -1418,7 +1589,9 @@ TEST(PoolConcurrency, SharedChunksEvictedWhileAnotherConversationGenerates) {
 // every stored conversation opens (no damaged file) and holds exactly the tokens of a committed
 // turn boundary (never a mix, never a torn file).
 constexpr int kTurn = 40;
+constexpr int kSharedTurns = 4;  // y starts with x's first 4 turns (160 tokens: 2 full chunks shared)
 std::vector<int32_t> TurnTokens(int conv, int turn) {
+  if (conv == 1 && turn < kSharedTurns) conv = 0;
   std::vector<int32_t> t(kTurn);
   for (int i = 0; i < kTurn; ++i) t[size_t(i)] = int32_t(50 + (conv * 131 + turn * 17 + i * 7) % 3000);
   return t;
@@ -1436,7 +1609,18 @@ TEST(PoolCrash, Child) {
   ASSERT_TRUE(pool->OpenConversation("x", &c[0]).ok());
   ASSERT_TRUE(pool->OpenConversation("y", &c[1]).ok());
   for (int i = 0; i < 2; ++i) c[i]->Truncate(0);
-  for (int turn = 0; turn < 20; ++turn)
+  // x's first turns, then y's first call resends them whole: their full chunks are shared, and
+  // both stored files name them in chunk files (written before the files naming them).
+  std::vector<int32_t> first;
+  for (int turn = 0; turn < kSharedTurns; ++turn) {
+    const auto t = TurnTokens(0, turn);
+    first.insert(first.end(), t.begin(), t.end());
+    ASSERT_TRUE(c[0]->Decode(t.data(), kTurn, false).ok());
+    ASSERT_TRUE(c[0]->Commit().ok());
+  }
+  ASSERT_TRUE(c[1]->Decode(first.data(), int(first.size()), false).ok());
+  ASSERT_TRUE(c[1]->Commit().ok());
+  for (int turn = kSharedTurns; turn < 20; ++turn)
     for (int i = 0; i < 2; ++i) {
       const auto t = TurnTokens(i, turn);
       ASSERT_TRUE(c[i]->Decode(t.data(), kTurn, false).ok());
@@ -1449,7 +1633,7 @@ TEST(PoolCrash, KillDuringWriteBehind) {
   auto m = LoadModel();
   std::mt19937 rng(12345);
   const int kills = 8;
-  int outcomes_nonempty = 0;
+  int outcomes_nonempty = 0, outcomes_named = 0;
   for (int k = 0; k < kills; ++k) {
     const std::string dir = FreshDir("crash" + std::to_string(k));
     std::filesystem::create_directories(dir);
@@ -1489,10 +1673,16 @@ TEST(PoolCrash, KillDuringWriteBehind) {
         ASSERT_TRUE(std::equal(t.begin(), t.end(), h.begin() + turn * kTurn)) << r.id << " turn " << turn;
       }
       if (!h.empty()) outcomes_nonempty++;
+      if (r.stored_external > 0) outcomes_named++;
     }
+    // Every chunk file a stored file names was there and whole (none recomputed).
+    EXPECT_TRUE(pool->Damaged().empty()) << pool->Damaged()[0].error;
+    EXPECT_EQ(pool->Stats().chunk_files_damaged, 0u);
     std::filesystem::remove_all(dir);
   }
   EXPECT_GT(outcomes_nonempty, 0);  // the kills did not all land before the first persist
+  std::printf("[ kills ] %d stored conversations reopened, %d of them naming chunk files\n", outcomes_nonempty,
+              outcomes_named);
 }
 
 }  // namespace

@@ -249,6 +249,19 @@ int mz_pool_get_shared_report(mz_pool* pool, mz_pool_shared_report* out) {
   });
 }
 
+int mz_pool_get_stored_report(mz_pool* pool, mz_pool_stored_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::PoolStats s = pool->pool->Stats();
+    std::memset(out, 0, sizeof *out);
+    out->chunk_files = s.chunk_files;
+    out->chunk_file_bytes = s.chunk_file_bytes;
+    out->chunk_file_refs = s.chunk_file_refs;
+    out->chunk_files_damaged = s.chunk_files_damaged;
+    return mz::Status::Ok();
+  });
+}
+
 int mz_pool_get_report(mz_pool* pool, mz_pool_report* out) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");

@@ -12,7 +12,8 @@ struct SharedChunkStore::Unit {
   int layer = 0;
   int refs = 0, pins = 0;
   uint16_t* mem = nullptr;  // resident form, or nullptr while on storage
-  SwapExtent ext;           // stored copy (valid while on storage)
+  SwapExtent ext;           // stored copy in the store's swap file (valid while evicted there)
+  SwapExtent fext;          // durable copy in the chunk's file (valid once AdoptFile gave one)
   bool lost = false;
 };
 
@@ -22,6 +23,8 @@ struct SharedChunkStore::Chunk {
   std::vector<int32_t> tokens;
   std::vector<Unit> units;  // [layer]; a unit with refs == 0 is absent
   int live = 0;             // units with refs > 0
+  std::shared_ptr<SwapFile> file;         // the chunk file (read-only), if AdoptFile gave one
+  std::shared_ptr<KvCodec> file_codec;    // its encoding
 };
 
 SharedChunkStore::SharedChunkStore(Env* env, const KvGeometry& g, const SharedChunkOptions& o)
@@ -63,8 +66,24 @@ void SharedChunkStore::FreeUnitLocked(Unit& u) {
   if (u.ext.valid() && swap_) swap_->Free(u.ext);
   u.mem = nullptr;
   u.ext = SwapExtent();
+  u.fext = SwapExtent();
   u.refs = u.pins = 0;
   u.lost = false;
+}
+
+SharedChunkStore::ChunkMap::iterator SharedChunkStore::NewChunkLocked(uint64_t hash, uint64_t parent,
+                                                                      const int32_t* tokens, int index) {
+  auto c = std::make_unique<Chunk>();
+  c->hash = hash;
+  c->parent = parent;
+  c->index = index;
+  c->tokens.assign(tokens, tokens + g_.chunk_tokens);
+  c->units.resize(size_t(g_.n_layer));
+  for (int l = 0; l < g_.n_layer; ++l) {
+    c->units[size_t(l)].chunk = c.get();
+    c->units[size_t(l)].layer = l;
+  }
+  return chunks_.emplace(hash, std::move(c)).first;
 }
 
 SharedChunkStore::Ref SharedChunkStore::Find(uint64_t hash, uint64_t parent, const int32_t* tokens, int layer) {
@@ -90,17 +109,7 @@ Status SharedChunkStore::Insert(uint64_t hash, uint64_t parent, const int32_t* t
   std::lock_guard<std::mutex> lk(mu_);
   auto it = chunks_.find(hash);
   if (it == chunks_.end()) {
-    auto c = std::make_unique<Chunk>();
-    c->hash = hash;
-    c->parent = parent;
-    c->index = index;
-    c->tokens.assign(tokens, tokens + g_.chunk_tokens);
-    c->units.resize(size_t(g_.n_layer));
-    for (int l = 0; l < g_.n_layer; ++l) {
-      c->units[size_t(l)].chunk = c.get();
-      c->units[size_t(l)].layer = l;
-    }
-    it = chunks_.emplace(hash, std::move(c)).first;
+    it = NewChunkLocked(hash, parent, tokens, index);
   }
   Chunk& c = *it->second;
   if (c.parent != parent || !std::equal(c.tokens.begin(), c.tokens.end(), tokens)) {
@@ -137,22 +146,33 @@ void SharedChunkStore::Release(Ref r) {
 Status SharedChunkStore::LoadLocked(Unit& u) {
   if (u.mem) return Status::Ok();
   const std::string name = "shared chunk " + std::to_string(u.chunk->hash) + " layer " + std::to_string(u.layer);
-  if (u.lost) return Status::Corruption(name + " was lost (its stored copy failed verification)");
-  if (!swap_ || !u.ext.valid()) return Status::Internal(name + ": neither resident nor stored");
   void* mem = env_->MapAnon(g_.chunk_bytes());
   if (!mem) return Status::NoMemory("restoring " + name);
-  std::vector<uint8_t> buf(u.ext.size);
-  Status st = swap_->Read(u.ext, buf.data());
-  if (st.ok()) st = codec_->Decode(Shape(u.layer), buf.data(), buf.size(), static_cast<uint16_t*>(mem));
+  Status st = ReadStoredLocked(u, static_cast<uint16_t*>(mem));
   if (!st.ok()) {
     env_->Unmap(mem, g_.chunk_bytes());
-    if (st.code() == Status::kCorruption) u.lost = true;
     return st.With("restoring " + name);
   }
-  swap_->Free(u.ext);
+  if (u.ext.valid()) swap_->Free(u.ext);
   u.ext = SwapExtent();
   u.mem = static_cast<uint16_t*>(mem);
   return Status::Ok();
+}
+
+Status SharedChunkStore::ReadStoredLocked(Unit& u, uint16_t* dst) {
+  const std::string name = "shared chunk " + std::to_string(u.chunk->hash) + " layer " + std::to_string(u.layer);
+  if (u.lost) return Status::Corruption(name + " was lost (its stored copy failed verification)");
+  // The store's own swap copy first (written by Evict from RAM), else the durable chunk file.
+  const bool own = swap_ && u.ext.valid();
+  const bool file = !own && u.chunk->file && u.fext.valid();
+  if (!own && !file) return Status::Internal(name + ": neither resident nor stored");
+  const SwapExtent& e = own ? u.ext : u.fext;
+  std::vector<uint8_t> buf(e.size);
+  Status st = own ? swap_->Read(e, buf.data()) : u.chunk->file->Read(e, buf.data());
+  if (st.ok())
+    st = (own ? *codec_ : *u.chunk->file_codec).Decode(Shape(u.layer), buf.data(), buf.size(), dst);
+  if (st.code() == Status::kCorruption) u.lost = true;
+  return st.With(std::string("reading ") + name + (file ? " from its chunk file" : ""));
 }
 
 Status SharedChunkStore::Pin(Ref r, uint16_t** out) {
@@ -174,14 +194,13 @@ Status SharedChunkStore::Read(Ref r, uint16_t* dst) {
     std::memcpy(dst, r->mem, g_.chunk_bytes());
     return Status::Ok();
   }
-  const std::string name = "shared chunk " + std::to_string(r->chunk->hash) + " layer " + std::to_string(r->layer);
-  if (r->lost) return Status::Corruption(name + " was lost (its stored copy failed verification)");
-  if (!swap_ || !r->ext.valid()) return Status::Internal(name + ": neither resident nor stored");
-  std::vector<uint8_t> buf(r->ext.size);
-  Status st = swap_->Read(r->ext, buf.data());
-  if (st.ok()) st = codec_->Decode(Shape(r->layer), buf.data(), buf.size(), dst);
-  if (st.code() == Status::kCorruption) r->lost = true;
-  return st.With("reading " + name);
+  return ReadStoredLocked(*r, dst);
+}
+
+bool SharedChunkStore::Durable(const Unit& u) const {
+  // Only a copy in the store's own encoding replaces writing one: a lossless store must not come
+  // back through a lossy chunk file.
+  return u.fext.valid() && u.chunk->file && u.chunk->file_codec->name() == codec_->name();
 }
 
 Status SharedChunkStore::Evict(uint64_t bytes, uint64_t* freed) {
@@ -196,11 +215,19 @@ Status SharedChunkStore::Evict(uint64_t bytes, uint64_t* freed) {
   std::sort(order.begin(), order.end(), [](const Unit* a, const Unit* b) {
     return a->chunk->index != b->chunk->index ? a->chunk->index > b->chunk->index : a->layer > b->layer;
   });
-  if (!order.empty()) MZ_RETURN_IF_ERROR(EnsureSwap().With("evicting shared chunks"));
+  bool need_swap = false;
+  for (const Unit* u : order) need_swap = need_swap || !Durable(*u);
+  if (need_swap) MZ_RETURN_IF_ERROR(EnsureSwap().With("evicting shared chunks"));
   const ChunkShape sh0 = Shape(0);
   std::vector<uint8_t> buf(codec_->MaxEncodedSize(sh0));
   for (Unit* u : order) {
     if (*freed >= bytes) break;
+    if (Durable(*u)) {  // a durable copy in the same encoding exists: nothing to write
+      env_->Unmap(u->mem, g_.chunk_bytes());
+      u->mem = nullptr;
+      *freed += g_.chunk_bytes();
+      continue;
+    }
     const ChunkShape sh = Shape(u->layer);
     buf.resize(codec_->MaxEncodedSize(sh));
     size_t n = 0;
@@ -213,6 +240,66 @@ Status SharedChunkStore::Evict(uint64_t bytes, uint64_t* freed) {
     *freed += g_.chunk_bytes();
   }
   return Status::Ok();
+}
+
+Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t* tokens, int index,
+                                   const std::string& path, const std::string& codec_name,
+                                   const std::vector<FilePlace>& places, std::vector<Ref>* refs) {
+  if (refs) refs->clear();
+  if (places.size() != size_t(g_.n_layer))
+    return Status::InvalidArgument("chunk file " + path + ": " + std::to_string(places.size()) + " places for " +
+                                   std::to_string(g_.n_layer) + " layers");
+  std::shared_ptr<KvCodec> codec(MakeKvCodecFor(g_.kv_type, codec_name));
+  if (!codec) return Status::InvalidArgument("chunk file " + path + ": unknown codec '" + codec_name + "'");
+  for (int l = 0; l < g_.n_layer; ++l) {
+    const FilePlace& p = places[size_t(l)];
+    if (p.off % kDirectIoAlign || p.size == 0 || p.size > codec->MaxEncodedSize(Shape(l)))
+      return Status::InvalidArgument("chunk file " + path + ": layer " + std::to_string(l) + " does not fit its place");
+  }
+  std::unique_ptr<SwapFile> f;
+  MZ_RETURN_IF_ERROR(SwapFile::OpenReadOnly(env_, path, opts_.direct_io, &f));
+  for (const FilePlace& p : places)
+    if (p.off + AlignUp(p.size, kDirectIoAlign) > f->file_bytes())
+      return Status::Corruption("chunk file " + path + ": a layer lies past its end (truncated?)");
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = chunks_.find(hash);
+  if (it != chunks_.end()) {
+    const Chunk& c = *it->second;
+    if (c.parent != parent || !std::equal(c.tokens.begin(), c.tokens.end(), tokens))
+      return Status::InvalidArgument("shared chunk hash " + std::to_string(hash) + " names other tokens (collision)");
+    for (const Unit& u : c.units)
+      if (u.refs > 0 && u.lost) return Status::InvalidArgument("shared chunk hash " + std::to_string(hash) + " is lost");
+  }
+  if (it == chunks_.end() && !refs) return Status::Ok();  // nothing held, nobody to hold it for
+  if (it == chunks_.end()) {
+    it = NewChunkLocked(hash, parent, tokens, index);
+  }
+  Chunk& c = *it->second;
+  if (!c.file) {
+    c.file = std::move(f);
+    c.file_codec = std::move(codec);
+  }
+  for (int l = 0; l < g_.n_layer; ++l) {
+    Unit& u = c.units[size_t(l)];
+    if (!u.fext.valid() && c.file.get()->path() == path) {
+      const FilePlace& p = places[size_t(l)];
+      u.fext.off = p.off;
+      u.fext.len = AlignUp(p.size, kDirectIoAlign);
+      u.fext.size = p.size;
+      u.fext.hash = p.hash;
+    }
+    if (!refs) continue;
+    if (u.refs == 0) c.live++;  // absent until now: held in the file only
+    u.refs++;
+    refs->push_back(&u);
+  }
+  return Status::Ok();
+}
+
+bool SharedChunkStore::HasFile(uint64_t hash) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = chunks_.find(hash);
+  return it != chunks_.end() && it->second->file != nullptr;
 }
 
 SharedChunkReport SharedChunkStore::Report() const {
@@ -233,7 +320,11 @@ SharedChunkReport SharedChunkStore::Report() const {
       } else if (u.ext.valid()) {
         r.units_stored++;
         r.storage_bytes += u.ext.len;
+      } else if (u.fext.valid()) {
+        r.units_stored++;
+        r.units_file_only++;
       }
+      if (u.fext.valid()) r.file_bytes += u.fext.len;
       r.bytes_if_copied += uint64_t(u.refs) * g_.chunk_bytes();
     }
     if (any) r.chunks++;

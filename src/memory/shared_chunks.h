@@ -18,7 +18,8 @@
 // pinned unit is never moved or freed, so a generation reading it needs no other lock.
 //
 // Tiers: resident (an Env mapping of chunk_bytes()) or on the store's own storage (one swap file,
-// encoded by the store's codec; Evict). Pin brings an evicted unit back (read, checksum verified,
+// encoded by the store's codec; Evict), or in the chunk's durable chunk file (AdoptFile: a pool's
+// stored shared prefix; Evict of a unit that has one writes nothing). Pin brings an evicted unit back (read, checksum verified,
 // decoded); a unit whose stored copy fails verification is marked lost, and every later Pin / Read
 // of it returns kCorruption (never a wrong chunk): its borrowers report kCorruption for it as for
 // any lost chunk.
@@ -57,6 +58,8 @@ struct SharedChunkReport {
   int units_resident = 0, units_stored = 0, units_lost = 0;
   uint64_t resident_bytes = 0;    // RAM held once for every borrower
   uint64_t storage_bytes = 0;     // the store's swap file (encoded units)
+  uint64_t file_bytes = 0;        // units' payloads in chunk files (durable copies, AdoptFile)
+  int units_file_only = 0;        // units held only in a chunk file (counted in units_stored)
   uint64_t refs = 0;              // references over all units (borrowing slots)
   uint64_t pins = 0;              // attached slots
   uint64_t bytes_if_copied = 0;   // refs x chunk bytes: what each borrower holding a copy would take
@@ -86,6 +89,24 @@ class SharedChunkStore {
   // kInvalidArgument if hash names a chunk of other tokens or another parent (a collision: do not
   // share it), or a unit marked lost that borrowers still hold.
   Status Insert(uint64_t hash, uint64_t parent, const int32_t* tokens, int index, int layer, uint16_t* data, Ref* out);
+  // Where unit l of a chunk lies in a chunk file (runtime/session_file.h, SaveChunkFile), as
+  // SessionReader::ChunkPlace gives it: offset (4096-aligned), payload bytes, payload xxh64.
+  struct FilePlace {
+    uint64_t off = 0, size = 0, hash = 0;
+  };
+  // The chunk named hash (parent, tokens, index as for Insert) has a durable copy: the chunk file
+  // at path, unit l at places[l], encoded by codec (the file's; opened read-only through the Env,
+  // held until the chunk leaves the store). Each unit takes it as its stored form: Evict then
+  // frees its RAM without writing, and a unit on no other tier is read from the file (checksum
+  // verified; a mismatch marks it lost). refs (optional): one new reference per layer, refs[l],
+  // creating the units that are absent (held only in the file until first pinned). Checks first:
+  // kInvalidArgument for a collision (hash names other tokens or another parent), a lost unit,
+  // an unknown codec or a wrong count of places; the Env's error opening the file. On error
+  // nothing changed and no reference was taken.
+  Status AdoptFile(uint64_t hash, uint64_t parent, const int32_t* tokens, int index, const std::string& path,
+                   const std::string& codec, const std::vector<FilePlace>& places, std::vector<Ref>* refs);
+  // True if the chunk named hash is held and has a chunk file (AdoptFile).
+  bool HasFile(uint64_t hash) const;
   void AddRef(Ref r);
   // Drops one reference; the last one frees the unit (memory, stored copy). REQUIRES: not pinned by
   // this reference's holder (Unpin first).
@@ -110,7 +131,12 @@ class SharedChunkStore {
   Status EnsureSwap();
   // REQUIRES mu_. Brings u back into RAM (verified); sets u.mem.
   Status LoadLocked(Unit& u);
+  // REQUIRES mu_, u not resident. Decodes u's stored copy (its swap extent, else its chunk file)
+  // into dst, verified; a checksum mismatch marks u lost.
+  Status ReadStoredLocked(Unit& u, uint16_t* dst);
   ChunkShape Shape(int layer) const;
+  // REQUIRES mu_. u's chunk file copy can stand for its evicted form (same codec as the store's).
+  bool Durable(const Unit& u) const;
   void FreeUnitLocked(Unit& u);
 
   Env* env_;
@@ -119,7 +145,10 @@ class SharedChunkStore {
   std::unique_ptr<KvCodec> codec_;
   mutable std::mutex mu_;
   std::unique_ptr<SwapFile> swap_;
-  std::unordered_map<uint64_t, std::unique_ptr<Chunk>> chunks_;  // hash -> chunk
+  using ChunkMap = std::unordered_map<uint64_t, std::unique_ptr<Chunk>>;
+  // REQUIRES mu_, hash not held. A chunk with every unit absent (refs 0).
+  ChunkMap::iterator NewChunkLocked(uint64_t hash, uint64_t parent, const int32_t* tokens, int index);
+  ChunkMap chunks_;  // hash -> chunk
 };
 
 }  // namespace mz

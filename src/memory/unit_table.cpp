@@ -766,38 +766,73 @@ void UnitTable::ForgetChunksFrom(int first_chunk) {
 }
 
 Status UnitTable::AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks) {
+  return AdoptStored(path, n_tokens, chunks, SharedPrefix());
+}
+
+Status UnitTable::AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks,
+                              const SharedPrefix& prefix) {
   const KvGeometry& g = kv_->geometry();
   const int n = n_tokens < 0 ? -1 : kv_->n_chunks_for(n_tokens);
+  const int k = prefix.n_chunks;
+  auto release_prefix = [&] {
+    for (auto r : prefix.refs)
+      if (r && prefix.store) prefix.store->Release(r);
+  };
+  auto fail = [&](Status st) {
+    release_prefix();
+    return st;
+  };
   if (n < 0 || chunks.size() != size_t(g.n_layer) * size_t(n))
-    return Status::InvalidArgument("AdoptStored: " + std::to_string(chunks.size()) + " chunks for " +
-                                   std::to_string(n_tokens) + " tokens of " + std::to_string(g.n_layer) + " layers");
+    return fail(Status::InvalidArgument("AdoptStored: " + std::to_string(chunks.size()) + " chunks for " +
+                                        std::to_string(n_tokens) + " tokens of " + std::to_string(g.n_layer) +
+                                        " layers"));
   if (n_tokens > kv_->n_ctx_max())
-    return Status::ContextFull("stored context of " + std::to_string(n_tokens) + " tokens exceeds n_ctx " +
-                               std::to_string(kv_->n_ctx_max()));
+    return fail(Status::ContextFull("stored context of " + std::to_string(n_tokens) + " tokens exceeds n_ctx " +
+                                    std::to_string(kv_->n_ctx_max())));
+  if (k < 0 || int64_t(k) * g.chunk_tokens > n_tokens || prefix.refs.size() != size_t(g.n_layer) * size_t(k) ||
+      (k > 0 && (!prefix.store || (store_ && store_ != prefix.store) ||
+                 prefix.store->geometry().chunk_bytes() != g.chunk_bytes() ||
+                 prefix.store->geometry().n_layer != g.n_layer ||
+                 prefix.store->geometry().chunk_tokens != g.chunk_tokens)))
+    return fail(Status::InvalidArgument("AdoptStored: a shared prefix of " + std::to_string(k) + " chunks (" +
+                                        std::to_string(prefix.refs.size()) + " references) does not fit " +
+                                        std::to_string(n_tokens) + " tokens, or its store is not this table's"));
+  for (auto r : prefix.refs)
+    if (!r) return fail(Status::InvalidArgument("AdoptStored: a null shared reference"));
   for (size_t i = 0; i < chunks.size(); ++i) {
     const int l = int(i / size_t(n)), c = int(i % size_t(n));
+    if (c < k) continue;
     const StoredChunk& sc = chunks[i];
     ChunkShape sh = shape(l, c);
     sh.n_tokens = std::min(g.chunk_tokens, n_tokens - c * g.chunk_tokens);
     if (sc.enc_tokens != sh.n_tokens || sc.off % kDirectIoAlign || sc.size == 0 || sc.size > codec_->MaxEncodedSize(sh))
-      return Status::InvalidArgument("AdoptStored: " + UnitName(UnitRef::Kv(l, c)) + " in " + path + " (" +
-                                     std::to_string(sc.size) + " bytes of " + std::to_string(sc.enc_tokens) +
-                                     " rows at " + std::to_string(sc.off) + ") does not fit its place");
+      return fail(Status::InvalidArgument("AdoptStored: " + UnitName(UnitRef::Kv(l, c)) + " in " + path + " (" +
+                                          std::to_string(sc.size) + " bytes of " + std::to_string(sc.enc_tokens) +
+                                          " rows at " + std::to_string(sc.off) + ") does not fit its place"));
   }
   std::unique_ptr<SwapFile> origin;
-  MZ_RETURN_IF_ERROR(SwapFile::OpenReadOnly(kv_->env(), path, opts_.direct_io, &origin));
-  for (const StoredChunk& sc : chunks)
-    if (sc.off + AlignUp(sc.size, kDirectIoAlign) > origin->file_bytes())
-      return Status::InvalidArgument("AdoptStored: a chunk lies past the end of " + path);
+  if (k < n) {
+    Status st = SwapFile::OpenReadOnly(kv_->env(), path, opts_.direct_io, &origin);
+    if (!st.ok()) return fail(st);
+    for (size_t i = 0; i < chunks.size(); ++i)
+      if (int(i % size_t(n)) >= k && chunks[i].off + AlignUp(chunks[i].size, kDirectIoAlign) > origin->file_bytes())
+        return fail(Status::InvalidArgument("AdoptStored: a chunk lies past the end of " + path));
+  }
   ForgetChunksFrom(0);
   kv_->Truncate(0);
   MZ_RETURN_IF_ERROR(kv_->ReserveUnbacked(n_tokens));  // cannot fail: n_ctx checked above
   origin_ = std::move(origin);
+  if (k > 0) store_ = prefix.store;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const int l = int(i / size_t(n)), c = int(i % size_t(n));
-    const StoredChunk& sc = chunks[i];
     KvSlot& s = slot(l, c);
     s = KvSlot();
+    if (c < k) {
+      s.shared = prefix.refs[size_t(l) * size_t(k) + size_t(c)];
+      s.state = UnitState::kKvShared;
+      continue;
+    }
+    const StoredChunk& sc = chunks[i];
     s.state = UnitState::kKvStorageCompressed;
     s.ext.off = sc.off;
     s.ext.len = AlignUp(sc.size, kDirectIoAlign);

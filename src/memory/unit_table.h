@@ -262,6 +262,18 @@ class UnitTable {
   // not match the chunk's place, or a payload larger than the codec makes for its shape;
   // kContextFull past n_ctx; the Env's error opening the file. On error nothing changed. On
   // success every chunk held before is forgotten (as ReplaceKv). Weight units are untouched.
+  //
+  // prefix (a version-2 session: its first prefix.n_chunks chunks live in a store of shared
+  // chunks): those chunks' entries of `chunks` are ignored and they become borrowed, detached
+  // (kKvShared), from prefix.store: prefix.refs[l * prefix.n_chunks + c], references taken in every
+  // case (released on error). They must be full chunks.
+  struct SharedPrefix {
+    std::shared_ptr<SharedChunkStore> store;
+    std::vector<SharedChunkStore::Ref> refs;
+    int n_chunks = 0;
+  };
+  Status AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks,
+                     const SharedPrefix& prefix);
   Status AdoptStored(const std::string& path, int n_tokens, const std::vector<StoredChunk>& chunks);
 
   // Copies KV chunk (layer, chunk) in raw form into dst (chunk_bytes()) whatever its state, without

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 
 #include "pool/chunk_hash.h"
 #include "runtime/session_file.h"
@@ -22,6 +23,11 @@ bool ValidId(const std::string& id) {
 
 bool EndsWith(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// Where layer l of a chunk file's one chunk lies (SessionReader::ChunkPlace of chunk 0).
+void PlaceOf(const SessionReader& r, int l, SharedChunkStore::FilePlace* p, int* enc_tokens) {
+  r.ChunkPlace(l, 0, &p->off, &p->size, &p->hash, enc_tokens);
 }
 
 // A conversation's own RAM: borrowed shared chunks are the store's, counted once by the pool.
@@ -46,8 +52,39 @@ Status Conversation::EnsureOpenLocked() {
     // the whole read at open. OpenSessionAsStorage refuses a file whose codec is not the
     // context's (kInvalidArgument, context unchanged): such a file is read whole.
     const bool as_storage = pool_->opts_.stored_as_storage;
-    Status st = as_storage ? OpenSessionAsStorage(*ctx, path) : LoadSession(*ctx, path);
-    if (as_storage && st.code() == Status::kInvalidArgument) st = LoadSession(*ctx, path);
+    // A version-2 file's first chunks are named, not held: borrowed from the store, which reads
+    // them from their chunk files (Pool::ResolveExternal).
+    Status ext_error;
+    ExternalChunkResolver resolve = [&](const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
+                                        std::vector<SharedChunkStore::Ref>* refs) {
+      Status e = pool_->ResolveExternal(r, store, refs);
+      if (!e.ok()) ext_error = e;
+      return e;
+    };
+    Status st = as_storage ? OpenSessionAsStorage(*ctx, path, nullptr, resolve) : LoadSession(*ctx, path, nullptr, resolve);
+    if (as_storage && st.code() == Status::kInvalidArgument && ext_error.ok())
+      st = LoadSession(*ctx, path, nullptr, resolve);
+    if (!st.ok() && !ext_error.ok()) {
+      // A chunk file it names is missing or damaged: its tokens are computed again (nothing lost,
+      // never a wrong chunk), and the damage is reported.
+      std::vector<int32_t> tokens;
+      std::unique_ptr<SessionReader> r;
+      const int T = ctx->kv().geometry().chunk_tokens;
+      Status rs = SessionReader::Open(*pool_->model_, T, path, &r);
+      if (rs.ok()) {
+        tokens = r->tokens();
+        {
+          std::lock_guard<std::mutex> lk(pool_->mu_);
+          pool_->damaged_.push_back({path, ext_error.message() + " (its tokens are computed again)"});
+          pool_->stats_.chunk_files_damaged++;
+        }
+        st = tokens.empty() ? Status::Ok()
+                            : WithWeightsLocked([&] { return ctx->Decode(tokens.data(), int(tokens.size()), false); });
+        if (!st.ok()) st = st.With("computing again the tokens of conversation '" + id_ + "'");
+      } else {
+        st = rs;
+      }
+    }
     if (!st.ok()) {
       if (st.code() == Status::kCorruption) {  // reported like a file found damaged at start
         std::lock_guard<std::mutex> lk(pool_->mu_);
@@ -118,11 +155,23 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   // The chunks the store lacks are copied into it once, from the source in whichever tier it
   // holds them (ReadKvChunk confirms the source still starts with these tokens).
   std::vector<SharedChunkStore::Ref> mine;
+  std::map<int, std::unique_ptr<SessionReader>> chunk_readers;
   int got = 0;
   Status st = pool_->GatherShared(
       h, tokens, depth,
       [&](int l, int c, uint16_t* dst) {
-        return src_ctx ? src_ctx->ReadKvChunk(tokens, n_prefix, l, c, dst) : reader->ReadChunk(l, c, dst);
+        if (src_ctx) return src_ctx->ReadKvChunk(tokens, n_prefix, l, c, dst);
+        if (c >= reader->n_external()) return reader->ReadChunk(l, c, dst);
+        // Named by the stored file, held in its chunk file (dedup_stored).
+        std::unique_ptr<SessionReader>& cr = chunk_readers[c];
+        if (!cr) {
+          MZ_RETURN_IF_ERROR(SessionReader::Open(*pool_->model_, T, pool_->ChunkPath(h[size_t(c)]), &cr,
+                                                 ctx_->kv().geometry().kv_type));
+          if (int(cr->tokens().size()) != T || cr->n_chunks() != 1 ||
+              !std::equal(cr->tokens().begin(), cr->tokens().end(), tokens + size_t(c) * size_t(T)))
+            return Status::Corruption("chunk file " + pool_->ChunkPath(h[size_t(c)]) + " holds other tokens");
+        }
+        return cr->ReadChunk(l, 0, dst);
       },
       &mine, &got);
   // Reuse is an optimization: on any failure the caller computes every token (the error is not
@@ -176,27 +225,10 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     const int before = int(ctx_->history().size());  // these tokens stay as they are
     const bool was_empty = before == 0;
     if (was_empty && pool_->opts_.share_prefixes) MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, &consumed));
-    Status st;
-    {
-      // Weights: shared while all are resident (others may compute too); exclusive when this
-      // generation must restore some (nobody else reads them meanwhile).
-      std::shared_lock<std::shared_mutex> sl(pool_->weights_mu_, std::defer_lock);
-      std::unique_lock<std::shared_mutex> xl(pool_->weights_mu_, std::defer_lock);
-      {
-        // A restore-ahead slice holding the weights (Pool::RestoreAheadTick) stops after its
-        // units in flight for this call instead of running to its end.
-        Context::ForegroundIntent intent(pool_->weights_ctx_.get());
-        sl.lock();
-        if (!pool_->AllWeightsResident()) {
-          sl.unlock();
-          xl.lock();
-        }
-      }
-      if (pipeline && !all_logits)
-        st = ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
-      else
-        st = ctx_->Decode(tokens + consumed, n - consumed, all_logits);
-    }
+    Status st = WithWeightsLocked([&] {
+      if (pipeline && !all_logits) return ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
+      return ctx_->Decode(tokens + consumed, n - consumed, all_logits);
+    });
     if (!st.ok()) {
       if (was_empty && consumed > 0) {
         ctx_->Truncate(0);
@@ -215,6 +247,24 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     AfterChangeLocked(before);
   }
   return pool_->EnforceBudget();
+}
+
+Status Conversation::WithWeightsLocked(const std::function<Status()>& fn) {
+  // Weights: shared while all are resident (others may compute too); exclusive when this
+  // generation must restore some (nobody else reads them meanwhile).
+  std::shared_lock<std::shared_mutex> sl(pool_->weights_mu_, std::defer_lock);
+  std::unique_lock<std::shared_mutex> xl(pool_->weights_mu_, std::defer_lock);
+  {
+    // A restore-ahead slice holding the weights (Pool::RestoreAheadTick) stops after its
+    // units in flight for this call instead of running to its end.
+    Context::ForegroundIntent intent(pool_->weights_ctx_.get());
+    sl.lock();
+    if (!pool_->AllWeightsResident()) {
+      sl.unlock();
+      xl.lock();
+    }
+  }
+  return fn();
 }
 
 Status Conversation::Truncate(int n_keep) {
@@ -326,6 +376,7 @@ Status Pool::Init() {
   const int T = opts_.context.kv_chunk_tokens;
   if (!opts_.dir.empty()) {
     MZ_RETURN_IF_ERROR(env->MakeDir(opts_.dir + "/swap"));
+    MZ_RETURN_IF_ERROR(env->MakeDir(opts_.dir + "/chunks"));
     // Swap files are scratch of a running process: a previous process's are garbage.
     std::vector<std::string> names;
     MZ_RETURN_IF_ERROR(env->ListDir(opts_.dir + "/swap", &names));
@@ -354,8 +405,34 @@ Status Pool::Init() {
       c->stored_bytes_ = r->file_bytes();
       c->stored_tokens_ = int(r->tokens().size());
       c->last_use_unix_ms_ = uint64_t(fi.mtime_ns / 1000000);
+      if (r->n_external() > 0) {  // the chunk files it names
+        std::vector<uint64_t> ext =
+            ChainHashes(model_->identity().header_hash, r->tokens().data(), r->n_external() * T, T);
+        for (uint64_t h : ext) chunk_files_[h].refs++;
+        c->stored_external_ = std::move(ext);
+      }
       convs_[id] = c;
       ReindexLocked(*c, r->tokens(), 0);
+    }
+    // Chunk files: those no stored file names (a crash between writing one and the session file
+    // naming it, or after the last file naming it was replaced) and interrupted writes go.
+    MZ_RETURN_IF_ERROR(env->ListDir(opts_.dir + "/chunks", &names));
+    for (const auto& n : names) {
+      const std::string path = opts_.dir + "/chunks/" + n;
+      uint64_t h = 0;
+      const bool ours = n.size() == 16 + 4 && EndsWith(n, ".mzk") &&
+                        std::all_of(n.begin(), n.begin() + 16, [](char ch) { return std::isxdigit(static_cast<unsigned char>(ch)); });
+      if (ours) h = std::stoull(n.substr(0, 16), nullptr, 16);
+      auto it = ours ? chunk_files_.find(h) : chunk_files_.end();
+      if (it == chunk_files_.end()) {
+        if (ours || n.find(".mzk.tmp") != std::string::npos) env->Remove(path);
+        continue;
+      }
+      FileInfo fi;
+      if (env->StatPath(path, &fi).ok()) {
+        it->second.on_disk = true;
+        it->second.bytes = fi.size;
+      }
     }
   }
   stats_.n_damaged = int(damaged_.size());
@@ -512,6 +589,10 @@ Status Pool::Close(const std::string& id) {
     fresh->stored_tokens_ = c->stored_tokens_;
     fresh->last_use_unix_ms_ = c->last_use_unix_ms_.load();
     fresh->shared_chunks_ = c->shared_chunks_;
+    {
+      std::lock_guard<std::mutex> fl(files_mu_);  // after mu_ (the lock order)
+      fresh->stored_external_.swap(c->stored_external_);
+    }
     convs_[id] = fresh;
     c->closed_ = true;
     old = std::move(c->ctx_);
@@ -542,6 +623,12 @@ Status Pool::Delete(const std::string& id) {
   }
   old.reset();
   if (!path.empty()) MZ_RETURN_IF_ERROR(model_->env()->Remove(path));
+  std::vector<uint64_t> drop;
+  {
+    std::lock_guard<std::mutex> fl(files_mu_);
+    drop.swap(c->stored_external_);
+  }
+  DropChunkFileRefs(drop);
   return Status::Ok();
 }
 
@@ -931,8 +1018,33 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
     unchanged = c->closed_ || !c->ctx_ || c->version_.load() == c->persisted_version_.load();
     if (!unchanged) {
       const std::string path = StoredPath(c->id_);
+      const std::string codec = opts_.persist_codec.empty() ? "q8" : opts_.persist_codec;
+      // Its borrowed prefix is named, not copied: each chunk in its chunk file (written once for
+      // every conversation naming it). Dedup is an optimization: if a chunk file cannot be
+      // written, the conversation is stored whole.
+      std::vector<uint64_t> ext;
+      if (shared_ && opts_.dedup_stored) {
+        std::vector<uint64_t> h;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          h = c->hashes_;
+        }
+        const int k = std::min(c->ctx_->SharedPrefixChunks(), int(h.size()));
+        if (k > 0 && AcquireChunkFiles(*c->ctx_, h, k).ok()) ext.assign(h.begin(), h.begin() + k);
+      }
       SessionInfo info;
-      st = SaveSession(*c->ctx_, path, opts_.persist_codec.empty() ? "q8" : opts_.persist_codec, &info);
+      st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()));
+      std::vector<uint64_t> drop;  // the file references given up: the old file's, or the new one's on failure
+      {
+        std::lock_guard<std::mutex> fl(files_mu_);
+        if (st.ok()) {
+          drop.swap(c->stored_external_);
+          c->stored_external_ = ext;
+        } else {
+          drop = ext;
+        }
+      }
+      DropChunkFileRefs(drop);
       std::lock_guard<std::mutex> lk(mu_);
       if (st.ok()) {
         c->persisted_version_ = c->version_.load();
@@ -960,14 +1072,22 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
 Status Pool::EnforceDiskBudget(const std::string& keep) {
   if (opts_.disk_budget == 0) return Status::Ok();
   std::vector<std::string> remove;
+  std::vector<uint64_t> drop;  // the chunk file references of the deleted conversations
   {
     std::lock_guard<std::mutex> lk(mu_);
+    std::lock_guard<std::mutex> fl(files_mu_);
     uint64_t total = 0;
     std::vector<std::pair<uint64_t, std::shared_ptr<Conversation>>> lru;
     for (auto& kv : convs_) {
       total += kv.second->stored_bytes_;
       if (kv.first != keep && !kv.second->stored_path_.empty())
         lru.emplace_back(kv.second->last_use_unix_ms_.load(), kv.second);
+    }
+    // Chunk files count once; deleting a conversation frees those only it still names.
+    std::unordered_map<uint64_t, int> left;
+    for (const auto& f : chunk_files_) {
+      total += f.second.bytes;
+      left[f.first] = f.second.refs;
     }
     std::sort(lru.begin(), lru.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& e : lru) {
@@ -977,6 +1097,10 @@ Status Pool::EnforceDiskBudget(const std::string& keep) {
       if (!use.owns_lock()) continue;  // in use: not the least recently used in effect
       ReindexLocked(c, {}, 0);
       total -= c.stored_bytes_;
+      for (uint64_t h : c.stored_external_)
+        if (--left[h] == 0) total -= chunk_files_[h].bytes;
+      drop.insert(drop.end(), c.stored_external_.begin(), c.stored_external_.end());
+      c.stored_external_.clear();
       remove.push_back(c.stored_path_);
       c.closed_ = true;
       c.ctx_.reset();
@@ -989,7 +1113,141 @@ Status Pool::EnforceDiskBudget(const std::string& keep) {
     Status st = model_->env()->Remove(p);
     if (!st.ok() && first.ok()) first = st;
   }
+  DropChunkFileRefs(drop);
   return first;
+}
+
+std::string Pool::ChunkPath(uint64_t hash) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.mzk", static_cast<unsigned long long>(hash));
+  return opts_.dir + "/chunks/" + name;
+}
+
+Status Pool::AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int k) {
+  const std::string codec = opts_.persist_codec.empty() ? "q8" : opts_.persist_codec;
+  const KvGeometry& g = ctx.kv().geometry();
+  const int T = g.chunk_tokens;
+  std::vector<int> write;  // chunks whose file is not on disk yet
+  {
+    std::lock_guard<std::mutex> fl(files_mu_);
+    for (int c = 0; c < k; ++c) {
+      ChunkFile& f = chunk_files_[h[size_t(c)]];
+      f.refs++;  // held from now: no last drop unlinks it while this persist runs
+      if (!f.on_disk) write.push_back(c);
+    }
+  }
+  Status st;
+  const std::vector<int32_t> hist = ctx.history();
+  uint64_t written = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> sizes;  // (hash, bytes) written
+  for (int c : write) {
+    if (int(hist.size()) < (c + 1) * T) {
+      st = Status::Internal("chunk file: the conversation is shorter than its shared prefix");
+      break;
+    }
+    const int32_t* ct = hist.data() + size_t(c) * size_t(T);
+    const std::string path = ChunkPath(h[size_t(c)]);
+    SessionInfo info;
+    st = SaveChunkFile(*model_, g, path, codec, ct,
+                       [&](int l, uint16_t* dst) { return ctx.ReadKvChunk(hist.data(), (c + 1) * T, l, c, dst); }, &info);
+    if (!st.ok()) break;
+    sizes.emplace_back(h[size_t(c)], info.file_bytes);
+    written += info.file_bytes;
+    // The store's units of this chunk get the file as their durable copy (an eviction of a unit
+    // then writes nothing when the codecs agree).
+    std::unique_ptr<SessionReader> r;
+    if (SessionReader::Open(*model_, T, path, &r, g.kv_type).ok()) {
+      std::vector<SharedChunkStore::FilePlace> places(size_t(g.n_layer));
+      for (int l = 0; l < g.n_layer; ++l) {
+        int enc = 0;
+        PlaceOf(*r, l, &places[size_t(l)], &enc);
+      }
+      (void)shared_->AdoptFile(h[size_t(c)], c ? h[size_t(c) - 1] : 0, ct, c, path, r->codec(), places, nullptr);
+    }
+  }
+  std::lock_guard<std::mutex> fl(files_mu_);
+  for (const auto& e : sizes) {
+    ChunkFile& f = chunk_files_[e.first];
+    f.on_disk = true;
+    f.bytes = e.second;
+  }
+  if (!st.ok()) {
+    for (int c = 0; c < k; ++c) {  // give back what this call took
+      auto it = chunk_files_.find(h[size_t(c)]);
+      if (it != chunk_files_.end() && --it->second.refs == 0) {
+        if (it->second.on_disk) model_->env()->Remove(ChunkPath(it->first));
+        chunk_files_.erase(it);
+      }
+    }
+  }
+  return st;
+}
+
+void Pool::DropChunkFileRefs(const std::vector<uint64_t>& hashes) {
+  if (hashes.empty()) return;
+  std::lock_guard<std::mutex> fl(files_mu_);
+  for (uint64_t h : hashes) {
+    auto it = chunk_files_.find(h);
+    if (it == chunk_files_.end() || --it->second.refs > 0) continue;
+    // Unlinked under files_mu_: a persist that takes a new reference meanwhile writes the file
+    // again after this (the store's open descriptor keeps the old bytes readable).
+    if (it->second.on_disk) model_->env()->Remove(ChunkPath(h));
+    chunk_files_.erase(it);
+  }
+}
+
+Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
+                             std::vector<SharedChunkStore::Ref>* refs) {
+  refs->clear();
+  if (!shared_ || opts_.dir.empty())
+    return Status::InvalidArgument("the file names shared chunk files, and this pool keeps no shared chunks");
+  const KvGeometry& g = shared_->geometry();
+  const int T = g.chunk_tokens, L = g.n_layer, k = r.n_external();
+  const std::vector<int32_t>& tokens = r.tokens();
+  const std::vector<uint64_t> h = ChainHashes(model_->identity().header_hash, tokens.data(), k * T, T);
+  std::vector<std::vector<SharedChunkStore::Ref>> rows;  // [c][l]
+  auto release = [&] {
+    for (auto& row : rows)
+      for (auto ref : row)
+        if (ref) shared_->Release(ref);
+  };
+  for (int c = 0; c < k; ++c) {
+    const uint64_t parent = c ? h[size_t(c) - 1] : 0;
+    const int32_t* ct = tokens.data() + size_t(c) * size_t(T);
+    std::vector<SharedChunkStore::Ref> row(size_t(L), nullptr);
+    bool all = true;
+    for (int l = 0; l < L && all; ++l) all = (row[size_t(l)] = shared_->Find(h[size_t(c)], parent, ct, l)) != nullptr;
+    if (!all) {
+      for (auto ref : row)
+        if (ref) shared_->Release(ref);
+      row.clear();
+      const std::string path = ChunkPath(h[size_t(c)]);
+      std::unique_ptr<SessionReader> cr;
+      Status st = SessionReader::Open(*model_, T, path, &cr, g.kv_type);
+      if (st.ok() && (int(cr->tokens().size()) != T || cr->n_chunks() != 1 ||
+                      !std::equal(cr->tokens().begin(), cr->tokens().end(), ct)))
+        st = Status::Corruption("chunk file " + path + " holds other tokens");
+      std::vector<SharedChunkStore::FilePlace> places(static_cast<size_t>(L));
+      if (st.ok()) {
+        for (int l = 0; l < L && st.ok(); ++l) {
+          int enc = 0;
+          PlaceOf(*cr, l, &places[size_t(l)], &enc);
+          if (enc != T) st = Status::Corruption("chunk file " + path + ": layer " + std::to_string(l) + " is not a full chunk");
+        }
+      }
+      if (st.ok()) st = shared_->AdoptFile(h[size_t(c)], parent, ct, c, path, cr->codec(), places, &row);
+      if (!st.ok()) {
+        release();
+        return st.With("shared chunk " + std::to_string(c));
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  refs->assign(size_t(L) * size_t(k), nullptr);
+  for (int c = 0; c < k; ++c)
+    for (int l = 0; l < L; ++l) (*refs)[size_t(l) * size_t(k) + size_t(c)] = rows[size_t(c)][size_t(l)];
+  *store = shared_;
+  return Status::Ok();
 }
 
 void Pool::WriteBehindLoop() {
@@ -1062,6 +1320,16 @@ PoolStats Pool::Stats() {
     s.kv_mem_compressed += c.last_report_.stack_mapped;
     s.kv_storage += c.last_report_.kv_storage_raw + c.last_report_.kv_storage_compressed;
   }
+  {
+    std::lock_guard<std::mutex> fl(files_mu_);  // after mu_ (the lock order)
+    for (const auto& f : chunk_files_) {
+      if (!f.second.on_disk) continue;
+      s.chunk_files++;
+      s.chunk_file_bytes += f.second.bytes;
+      s.chunk_file_refs += uint64_t(f.second.refs);
+    }
+  }
+  s.stored_bytes += s.chunk_file_bytes;
   if (shared_) s.shared = shared_->Report();
   s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes;
   return s;
@@ -1089,6 +1357,10 @@ Status Pool::Report(const std::string& id, ConversationReport* out) {
   }
   r.stored_bytes = c.stored_bytes_;
   r.stored_tokens = c.stored_tokens_;
+  {
+    std::lock_guard<std::mutex> fl(files_mu_);  // after mu_ (the lock order)
+    r.stored_external = int(c.stored_external_.size());
+  }
   r.last_use_unix_ms = c.last_use_unix_ms_.load();
   if (!c.ctx_) r.shared_chunks = c.shared_chunks_;
   *out = r;

@@ -38,8 +38,17 @@
 // store owns a shared chunk's state: resident, or evicted to its own swap file by the pool's
 // eviction (after the idle conversations, which detach their borrowed chunks first); a chunk
 // attached to a conversation (pinned) is never evicted, so no generation waits and none reads a
-// moving chunk. Memory figures count a shared chunk once. Stored files still hold a copy of every
-// chunk (the session format is unchanged).
+// moving chunk. Memory figures count a shared chunk once.
+//
+// Shared chunks are stored once too (PoolOptions::dedup_stored): a persisted conversation whose
+// first k chunks are borrowed names them (session format version 2) instead of holding them, and
+// each lives in one chunk file, <dir>/chunks/<hash>.mzk (runtime/session_file.h, SaveChunkFile),
+// written before the first session file that names it and unlinked when the last one that names it
+// is replaced or deleted (counted per file, rebuilt from the stored files at Open, which removes
+// the chunk files nobody names: a crash between the two writes). A stored conversation opened
+// again borrows those chunks from the store, which reads them from their chunk file when first
+// attached (verified). A chunk file missing or damaged at open: the conversation's tokens are
+// computed again at open (reported in Damaged(), never a wrong chunk).
 //
 // Nothing lost (with a folder): every conversation is written to <dir>/<id>.mzs as a session file
 // (runtime/session_file.h: crash-safe by temporary name, fsync and rename) by a write-behind thread,
@@ -74,6 +83,7 @@
 #include "pressure/headroom_window.h"
 #include "pressure/pressure_source.h"
 #include "runtime/context.h"
+#include "runtime/session_file.h"
 
 namespace mz {
 
@@ -96,6 +106,9 @@ struct PoolOptions {
   // codec to be the context's kv_codec (else, and when false, the file is read whole at open:
   // LoadSession, the ablation).
   bool stored_as_storage = true;
+  // Shared prefix chunks are stored once, in chunk files named by stored conversations (above);
+  // false: every stored file holds a copy of every chunk (version 1 files, the ablation).
+  bool dedup_stored = true;
 };
 
 struct ConversationReport {
@@ -106,8 +119,9 @@ struct ConversationReport {
   // RAM / in-memory swap / storage bytes of its KV chunks (in the swap file, or still in the stored
   // file it was opened from: OpenSessionAsStorage)
   uint64_t kv_resident = 0, kv_mem_compressed = 0, kv_storage = 0;
-  uint64_t stored_bytes = 0;     // its session file
+  uint64_t stored_bytes = 0;     // its session file (without the chunk files it names)
   int stored_tokens = 0;         // tokens in the session file (what a kill -9 now would keep)
+  int stored_external = 0;       // leading chunks its session file names in chunk files
   uint64_t last_use_unix_ms = 0;
   int shared_chunks = 0;         // full chunks per layer borrowed from the pool's shared store
   uint64_t kv_shared = 0;        // their bytes (the store's, held once for every borrower)
@@ -118,7 +132,11 @@ struct PoolStats {
   uint64_t weights_total = 0, weights_resident = 0;
   uint64_t kv_resident = 0, kv_mem_compressed = 0, kv_storage = 0;
   uint64_t in_memory = 0;        // weights_resident + every open conversation's RAM (last known)
-  uint64_t stored_bytes = 0;
+  uint64_t stored_bytes = 0;     // session files + chunk files (each once)
+  int chunk_files = 0;           // shared chunks stored once (<dir>/chunks)
+  uint64_t chunk_file_bytes = 0;
+  uint64_t chunk_file_refs = 0;  // stored conversations naming them, summed over the files
+  uint64_t chunk_files_damaged = 0;  // opens that found a chunk file missing or damaged (recomputed)
   uint64_t memory_budget = 0, disk_budget = 0;
   uint64_t conversations_lost = 0;  // deleted by the disk budget
   uint64_t persists = 0, persist_failures = 0;
@@ -187,6 +205,9 @@ class Conversation {
   explicit Conversation(Pool* p, std::string id) : pool_(p), id_(std::move(id)) {}
   // REQUIRES use_mu_. Makes the context exist (a stored conversation is loaded).
   Status EnsureOpenLocked();
+  // REQUIRES use_mu_. fn (a compute on this conversation's context) under the pool's weights lock: shared while every
+  // weight unit is resident, exclusive when some must be restored.
+  Status WithWeightsLocked(const std::function<Status()>& fn);
   Status PrefixLocked(const int32_t* tokens, int n, int* consumed);
   // Decode (pipeline false) or RestoreGenerate, with the prefix reuse and the weights lock.
   Status Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats, bool all_logits,
@@ -214,6 +235,8 @@ class Conversation {
   int stored_tokens_ = 0;
   MemoryReport last_report_;           // last known (a busy context is not waited for)
   bool dirty_queued_ = false;
+  // Under the pool's files_mu_: the chunk files its stored file names (its first chunks' hashes).
+  std::vector<uint64_t> stored_external_;
 };
 
 class Pool {
@@ -308,6 +331,19 @@ class Pool {
   Status Persist(const std::shared_ptr<Conversation>& c);
   Status EnforceDiskBudget(const std::string& keep);
   void WriteBehindLoop();
+  // ---- chunk files (dedup_stored) ----
+  std::string ChunkPath(uint64_t hash) const;
+  // Makes sure ctx's first k chunks (hashes h[0, k), all borrowed) each have a chunk file, writing
+  // the missing ones from ctx (crash-safe; the store is given each file as the unit's durable copy),
+  // and takes one file reference for each (kept by the caller's stored file, or dropped with
+  // DropChunkFileRefs). On error no reference is kept.
+  Status AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int k);
+  // Drops one file reference per hash; a chunk file nobody names any more is unlinked.
+  void DropChunkFileRefs(const std::vector<uint64_t>& hashes);
+  // The resolver of a version-2 stored file's chunks (ExternalChunkResolver): the store's units,
+  // or adopted from their chunk files (header, model, geometry and tokens checked).
+  Status ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
+                         std::vector<SharedChunkStore::Ref>* refs);
 
   Model* model_;
   PoolOptions opts_;
@@ -340,6 +376,16 @@ class Pool {
   Status wb_error_;
   bool wb_stop_ = false;
   std::thread wb_thread_;
+  // Chunk files: hash -> how many stored files name it, its bytes (0 while being written), under
+  // files_mu_ (taken after mu_ when both are held, never before; unlinks happen under it, so a
+  // file being written again for a new reference is never removed by an old one's last drop).
+  struct ChunkFile {
+    int refs = 0;
+    uint64_t bytes = 0;
+    bool on_disk = false;
+  };
+  std::mutex files_mu_;
+  std::unordered_map<uint64_t, ChunkFile> chunk_files_;
 };
 
 }  // namespace mz

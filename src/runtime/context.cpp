@@ -239,6 +239,19 @@ Status Context::BorrowShared(const int32_t* expect, int n_chunks, const std::sha
   return first;
 }
 
+int Context::SharedPrefixChunks() {
+  ForegroundLock lk(this);
+  const KvGeometry& g = kv_->geometry();
+  const int full = int(history_.size()) / g.chunk_tokens;
+  int k = 0;
+  for (; k < full; ++k) {
+    bool all = true;
+    for (int l = 0; l < g.n_layer && all; ++l) all = units_->shared(l, k);
+    if (!all) break;
+  }
+  return k;
+}
+
 Status Context::DetachShared(int* n) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: shared chunks stay attached");

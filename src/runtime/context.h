@@ -22,6 +22,7 @@
 #include "policy/hybrid_swap.h"
 #include "model/model.h"
 #include "runtime/forward.h"
+#include "runtime/session_file.h"
 
 namespace mz {
 
@@ -199,6 +200,9 @@ class Context {
   // Serialized with every other call (a foreground call).
   Status BorrowShared(const int32_t* expect, int n_chunks, const std::shared_ptr<SharedChunkStore>& store,
                       const std::vector<SharedChunkStore::Ref>& refs);
+  // How many leading full chunks are borrowed from a shared store in every layer (a pool's shared
+  // prefix: what its stored file may name instead of holding). Serialized with every other call.
+  int SharedPrefixChunks();
   // Detaches every attached borrowed chunk (unpinned: the store may evict it once no borrower has
   // it attached; the next call attaches it again). Never waits: kBusy at once while any call holds
   // the context. *n (optional): how many were detached.
@@ -257,9 +261,9 @@ class Context {
   const ContextOptions& options() const { return opts_; }
 
  private:
-  friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*);
-  friend Status LoadSession(Context&, const std::string&, struct SessionInfo*);
-  friend Status OpenSessionAsStorage(Context&, const std::string&, struct SessionInfo*);
+  friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*, int);
+  friend Status LoadSession(Context&, const std::string&, struct SessionInfo*, const ExternalChunkResolver&);
+  friend Status OpenSessionAsStorage(Context&, const std::string&, struct SessionInfo*, const ExternalChunkResolver&);
   friend struct ContextTestPeer;
   // Reconcile (when opts_.reconcile_min_missing is set). REQUIRES: mu_ held. *st (optional)
   // receives what was measured and moved.

@@ -2,8 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "core/sync_point.h"
 #include "model/model.h"
@@ -15,14 +17,17 @@ namespace mz {
 namespace {
 
 constexpr char kMagic[8] = {'M', 'Z', 'S', 'E', 'S', 'S', '0', '1'};
+// Version 1: every chunk in the file. Version 2: chunks 0..n_external-1 (full chunks, every layer)
+// live in chunk files (a pool's shared prefix stored once, SaveChunkFile); their records are zero.
 constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersionExternal = 2;
 constexpr size_t kHeaderBytes = 4096;
 
 #pragma pack(push, 1)
 struct Header {
   char magic[8];
   uint32_t version;
-  uint32_t reserved0;
+  uint32_t n_external;  // version 2: leading chunks stored in chunk files (0 in version 1)
   uint64_t model_hash;
   uint32_t n_layer, n_kv_head, head_dim, chunk_tokens;
   uint32_t codec_id, n_tokens, n_chunks;
@@ -46,29 +51,27 @@ struct Aligned {
   uint8_t* p;
 };
 
-}  // namespace
-
-Status SaveSession(Context& ctx, const std::string& path, const std::string& codec_name, SessionInfo* info) {
-  Context::ForegroundLock lk(&ctx);
-  MZ_SYNC_POINT("session:save_locked", 0);  // tests: a save in progress (the context is busy)
-  const KvCache& kv = *ctx.kv_;
-  const KvGeometry& g = kv.geometry();
-  // Chunks are read in their resident form (q8_0 KV: q8) and written as the codec's ordinary blobs.
-  auto codec = MakeKvCodecFor(g.kv_type, codec_name);
-  if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
-  Env* env = ctx.model_->env();
-  const int n_tokens = int(ctx.history_.size());
-  const int n_chunks = kv.n_chunks_for(n_tokens);
-
+// Writes a session file: tokens[0, n_tokens), and for every layer l and chunk c >= n_external the
+// resident form read(l, c, dst) encoded by codec. Crash-safe (temporary name, fsync, rename, fsync of
+// the folder); on error the temporary file is removed and path is untouched.
+Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, const std::string& path, KvCodec& codec,
+                        const int32_t* tokens, int n_tokens, int n_external,
+                        const std::function<Status(int, int, uint16_t*)>& read, SessionInfo* info) {
+  const int T = g.chunk_tokens;
+  const int n_chunks = (n_tokens + T - 1) / T;
+  if (n_external < 0 || int64_t(n_external) * T > n_tokens)
+    return Status::InvalidArgument("saving session " + path + ": " + std::to_string(n_external) +
+                                   " external chunks, only " + std::to_string(n_tokens / T) + " full ones");
   Header h{};
   std::memcpy(h.magic, kMagic, 8);
-  h.version = kVersion;
-  h.model_hash = ctx.model_->identity().header_hash;
+  h.version = n_external > 0 ? kVersionExternal : kVersion;
+  h.n_external = uint32_t(n_external);
+  h.model_hash = model_hash;
   h.n_layer = uint32_t(g.n_layer);
   h.n_kv_head = uint32_t(g.n_kv_head);
   h.head_dim = uint32_t(g.head_dim);
-  h.chunk_tokens = uint32_t(g.chunk_tokens);
-  h.codec_id = codec->id();
+  h.chunk_tokens = uint32_t(T);
+  h.codec_id = codec.id();
   h.n_tokens = uint32_t(n_tokens);
   h.n_chunks = uint32_t(n_chunks);
   h.kv_type = uint32_t(g.kv_type);
@@ -87,18 +90,16 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
 
   std::vector<ChunkRecord> recs(size_t(g.n_layer) * size_t(n_chunks));
   Aligned raw(g.chunk_bytes());
-  ChunkShape sh0;
-  Aligned enc(codec->MaxEncodedSize(ChunkShape{g.n_kv_head, g.chunk_tokens, g.head_dim, g.chunk_tokens, 0, g.n_layer}));
-  (void)sh0;
+  Aligned enc(codec.MaxEncodedSize(ChunkShape{g.n_kv_head, T, g.head_dim, T, 0, g.n_layer}));
   if (!raw.p || !enc.p) return fail(Status::NoMemory("session buffers"));
   uint64_t off = h.data_offset;
   for (int l = 0; l < g.n_layer; ++l) {
-    for (int c = 0; c < n_chunks; ++c) {
-      Status st = ctx.units_->ReadChunk(l, c, reinterpret_cast<uint16_t*>(raw.p));
+    for (int c = n_external; c < n_chunks; ++c) {
+      Status st = read(l, c, reinterpret_cast<uint16_t*>(raw.p));
       if (!st.ok()) return fail(st);
-      ChunkShape sh = ctx.units_->shape(l, c);
+      const ChunkShape sh{g.n_kv_head, T, g.head_dim, std::min(T, n_tokens - c * T), l, g.n_layer};
       size_t n = 0;
-      st = codec->Encode(sh, reinterpret_cast<uint16_t*>(raw.p), enc.p, enc.n, &n);
+      st = codec.Encode(sh, reinterpret_cast<uint16_t*>(raw.p), enc.p, enc.n, &n);
       if (!st.ok()) return fail(st);
       std::memset(enc.p + n, 0, AlignUp(n, kDirectIoAlign) - n);
       st = f->Write(enc.p, AlignUp(n, kDirectIoAlign), off);
@@ -116,7 +117,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   if (!idx.p) return fail(Status::NoMemory("session index buffer"));
   // An empty conversation has no tokens and no records: their data() may be null, which memcpy
   // must not be given even for 0 bytes (found by fuzzing: fuzz/corpus/session/empty.mzs).
-  if (n_tokens > 0) std::memcpy(idx.p, ctx.history_.data(), size_t(n_tokens) * 4);
+  if (n_tokens > 0) std::memcpy(idx.p, tokens, size_t(n_tokens) * 4);
   if (!recs.empty()) std::memcpy(idx.p + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
   const uint64_t ih = XXH64(idx.p, h.index_bytes - 8, 0);
   std::memcpy(idx.p + h.index_bytes - 8, &ih, 8);
@@ -135,10 +136,36 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   if (info) {
     info->n_tokens = n_tokens;
     info->n_chunks = n_chunks;
-    info->codec = codec->name();
+    info->n_external = n_external;
+    info->codec = codec.name();
     info->file_bytes = off;
   }
   return Status::Ok();
+}
+
+}  // namespace
+
+Status SaveSession(Context& ctx, const std::string& path, const std::string& codec_name, SessionInfo* info,
+                   int n_external) {
+  Context::ForegroundLock lk(&ctx);
+  MZ_SYNC_POINT("session:save_locked", 0);  // tests: a save in progress (the context is busy)
+  const KvGeometry& g = ctx.kv_->geometry();
+  // Chunks are read in their resident form (q8_0 KV: q8) and written as the codec's ordinary blobs.
+  auto codec = MakeKvCodecFor(g.kv_type, codec_name);
+  if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
+  return WriteSessionFile(
+      ctx.model_->env(), ctx.model_->identity().header_hash, g, path, *codec, ctx.history_.data(),
+      int(ctx.history_.size()), n_external,
+      [&](int l, int c, uint16_t* dst) { return ctx.units_->ReadChunk(l, c, dst); }, info);
+}
+
+Status SaveChunkFile(const Model& model, const KvGeometry& g, const std::string& path, const std::string& codec_name,
+                     const int32_t* tokens, const std::function<Status(int, uint16_t*)>& read, SessionInfo* info) {
+  auto codec = MakeKvCodecFor(g.kv_type, codec_name);
+  if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
+  return WriteSessionFile(
+      model.env(), model.identity().header_hash, g, path, *codec, tokens, g.chunk_tokens, 0,
+      [&](int l, int, uint16_t* dst) { return read(l, dst); }, info);
 }
 
 struct SessionReader::Impl {
@@ -181,8 +208,9 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   Header& h = m.h;
   std::memcpy(&h, hb.p, sizeof h);
   if (std::memcmp(h.magic, kMagic, 8) != 0) return m.Bad("bad magic (not an mzcache session file)");
-  if (h.version != kVersion) return m.Bad("unsupported version " + std::to_string(h.version));
+  if (h.version != kVersion && h.version != kVersionExternal) return m.Bad("unsupported version " + std::to_string(h.version));
   if (XXH64(&h, offsetof(Header, header_hash), 0) != h.header_hash) return m.Bad("header checksum mismatch");
+  if ((h.version == kVersion) != (h.n_external == 0)) return m.Bad("external chunk count inconsistent with version");
   if (h.model_hash != model.identity().header_hash) return m.Bad("saved with a different model");
   const KvGeometry& g = m.g;
   if (int(h.n_layer) != g.n_layer || int(h.n_kv_head) != g.n_kv_head || int(h.head_dim) != g.head_dim ||
@@ -192,6 +220,8 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   if (!m.codec) return m.Bad("unknown codec id " + std::to_string(h.codec_id));
   if (uint64_t(h.n_chunks) != (uint64_t(h.n_tokens) + h.chunk_tokens - 1) / h.chunk_tokens)
     return m.Bad("chunk count inconsistent with token count");
+  if (uint64_t(h.n_external) * h.chunk_tokens > h.n_tokens)
+    return m.Bad("more external chunks (" + std::to_string(h.n_external) + ") than full chunks");
   const uint64_t want_index = uint64_t(h.n_tokens) * 4 + uint64_t(h.n_layer) * h.n_chunks * sizeof(ChunkRecord) + 8;
   if (h.index_bytes != want_index || h.index_offset != kHeaderBytes || h.index_offset + h.index_bytes > fi.size)
     return m.Bad("index out of range (file truncated?)");
@@ -215,6 +245,12 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   // chunk is read (a bit flip inside a payload is found by its checksum when the chunk is read).
   for (size_t i = 0; i < m.recs.size(); ++i) {
     const ChunkRecord& rc = m.recs[i];
+    if (i % h.n_chunks < h.n_external) {  // in a chunk file: no payload here
+      if (rc.offset || rc.size || rc.hash || rc.enc_tokens)
+        return m.Bad("chunk (" + std::to_string(i / h.n_chunks) + "," + std::to_string(i % h.n_chunks) +
+                     ") is external but has a record");
+      continue;
+    }
     if (rc.offset % kDirectIoAlign || rc.offset < h.data_offset || rc.offset > fi.size ||
         AlignUp(rc.size, kDirectIoAlign) > fi.size - rc.offset)
       return m.Bad("chunk (" + std::to_string(i / h.n_chunks) + "," + std::to_string(i % h.n_chunks) +
@@ -224,6 +260,7 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
       m.codec->MaxEncodedSize(ChunkShape{g.n_kv_head, g.chunk_tokens, g.head_dim, g.chunk_tokens, 0, g.n_layer}));
   if (!m.buf->p) return Status::NoMemory("session chunk buffer");
   r->n_chunks_ = int(h.n_chunks);
+  r->n_external_ = int(h.n_external);
   *out = std::move(r);
   return Status::Ok();
 }
@@ -232,6 +269,9 @@ Status SessionReader::ReadChunk(int l, int c, uint16_t* dst) {
   Impl& m = *impl_;
   if (l < 0 || l >= m.g.n_layer || c < 0 || c >= n_chunks_)
     return Status::InvalidArgument("session chunk (" + std::to_string(l) + "," + std::to_string(c) + ") out of range");
+  if (c < n_external_)
+    return Status::InvalidArgument("session chunk (" + std::to_string(l) + "," + std::to_string(c) +
+                                   ") is stored in a chunk file, not in " + m.path);
   const ChunkRecord& r = m.recs[size_t(l) * size_t(n_chunks_) + size_t(c)];
   const std::string what = "chunk (" + std::to_string(l) + "," + std::to_string(c) + ")";
   Aligned& buf = *m.buf;
@@ -274,13 +314,38 @@ void Describe(const SessionReader& r, SessionInfo* info) {
   if (!info) return;
   info->n_tokens = int(r.tokens().size());
   info->n_chunks = r.n_chunks();
+  info->n_external = r.n_external();
   info->codec = r.codec();
   info->file_bytes = r.file_bytes();
 }
 
 }  // namespace
 
-Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info) {
+namespace {
+
+// The external chunks of reader's file through resolve: *store and refs (reference owned here).
+Status ResolveExternal(const SessionReader& reader, const std::string& path, const ExternalChunkResolver& resolve,
+                       const KvGeometry& g, std::shared_ptr<SharedChunkStore>* store,
+                       std::vector<SharedChunkStore::Ref>* refs) {
+  const int k = reader.n_external();
+  if (k == 0) return Status::Ok();
+  if (!resolve)
+    return Status::InvalidArgument("session " + path + " keeps its first " + std::to_string(k) +
+                                   " chunks in chunk files: open it through the pool that stored it");
+  MZ_RETURN_IF_ERROR(resolve(reader, store, refs).With("session " + path + ": its chunk files"));
+  if (!*store || refs->size() != size_t(g.n_layer) * size_t(k)) {
+    for (auto r : *refs)
+      if (r && *store) (*store)->Release(r);
+    refs->clear();
+    return Status::Internal("session " + path + ": the external chunks were not resolved");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info,
+                            const ExternalChunkResolver& resolve) {
   Context::ForegroundLock lk(&ctx);
   const KvGeometry& g = ctx.kv_->geometry();
   std::unique_ptr<SessionReader> reader;
@@ -296,14 +361,18 @@ Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* 
     UnitTable::StoredChunk& sc = chunks[i];
     reader->ChunkPlace(int(i / size_t(n_chunks)), int(i % size_t(n_chunks)), &sc.off, &sc.size, &sc.hash, &sc.enc_tokens);
   }
-  MZ_RETURN_IF_ERROR(ctx.units_->AdoptStored(path, n_tokens, chunks).With("opening session " + path));
+  UnitTable::SharedPrefix prefix;
+  MZ_RETURN_IF_ERROR(ResolveExternal(*reader, path, resolve, g, &prefix.store, &prefix.refs));
+  prefix.n_chunks = reader->n_external();
+  // AdoptStored takes the references in every case.
+  MZ_RETURN_IF_ERROR(ctx.units_->AdoptStored(path, n_tokens, chunks, prefix).With("opening session " + path));
   ctx.history_ = reader->tokens();
   ctx.logits_.clear();
   Describe(*reader, info);
   return Status::Ok();
 }
 
-Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
+Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info, const ExternalChunkResolver& resolve) {
   Context::ForegroundLock lk(&ctx);
   Env* env = ctx.model_->env();
   const KvCache& kv = *ctx.kv_;
@@ -312,20 +381,29 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info) {
   MZ_RETURN_IF_ERROR(OpenFor(*ctx.model_, kv, path, &reader));
   const int n_tokens = int(reader->tokens().size());
   const int n_chunks = reader->n_chunks();
-  // Decode every chunk into fresh memory before touching the context.
+  const int k = reader->n_external();
+  std::shared_ptr<SharedChunkStore> store;
+  std::vector<SharedChunkStore::Ref> refs;
+  MZ_RETURN_IF_ERROR(ResolveExternal(*reader, path, resolve, g, &store, &refs));
+  // Decode every chunk into fresh memory before touching the context (external ones copied out of
+  // the store: this context holds its own copies).
   const size_t cb = g.chunk_bytes();
   std::vector<uint16_t*> chunks(size_t(g.n_layer) * size_t(n_chunks), nullptr);
   auto free_all = [&] {
     for (auto* p : chunks) env->Unmap(p, cb);
   };
-  for (size_t i = 0; i < chunks.size(); ++i) {
+  Status st;
+  for (size_t i = 0; i < chunks.size() && st.ok(); ++i) {
     const int l = int(i / size_t(n_chunks)), c = int(i % size_t(n_chunks));
     chunks[i] = static_cast<uint16_t*>(env->MapAnon(cb));
-    Status st = chunks[i] ? reader->ReadChunk(l, c, chunks[i]) : Status::NoMemory("KV chunk");
-    if (!st.ok()) {
-      free_all();
-      return st;
-    }
+    if (!chunks[i]) st = Status::NoMemory("KV chunk");
+    else if (c < k) st = store->Read(refs[size_t(l) * size_t(k) + size_t(c)], chunks[i]);
+    else st = reader->ReadChunk(l, c, chunks[i]);
+  }
+  for (auto r : refs) store->Release(r);
+  if (!st.ok()) {
+    free_all();
+    return st;
   }
   // Commit: replace the conversation (the unit table takes the chunks, freeing them on failure).
   MZ_RETURN_IF_ERROR(ctx.units_->ReplaceKv(n_tokens, std::move(chunks)));

@@ -2,8 +2,8 @@
 // and loaded back in another process, so a long context is built once and a killed process resumes
 // its conversation without recompute.
 //
-// Format (little-endian), version 1:
-//   [0, 4096)  header: magic "MZSESS01", u32 version, u32 reserved, u64 model header hash,
+// Format (little-endian), version 1 (and 2, below):
+//   [0, 4096)  header: magic "MZSESS01", u32 version, u32 n_external (0 in version 1), u64 model header hash,
 //              u32 n_layer, n_kv_head, head_dim, chunk_tokens, u32 codec id, u32 n_tokens,
 //              u32 n_chunks (per layer), u32 KV type of the saving context (0 f16, 1 q8_0; 0 in
 //              files before 0.9, which were all f16), u64 index_offset, u64 index_bytes,
@@ -11,6 +11,10 @@
 //   index      n_tokens x i32 tokens, then n_layer x n_chunks records {u64 offset, u64 size,
 //              u64 xxh64, u32 enc_tokens, u32 reserved}, then u64 xxh64 of the index
 //   data       chunk payloads, each at a 4096-aligned offset (direct-I/O friendly)
+// Version 2 (a pool's conversation whose first n_external chunks are a shared prefix): those chunks'
+//   records are all zero and their payloads live in chunk files (SaveChunkFile), named by the chained
+//   hash of the file's own tokens (pool/chunk_hash.h); version 1 readers refuse it. A chunk file is a
+//   version-1 session of exactly one full chunk (its T tokens, every layer).
 // Writing is crash-safe: a temporary name, fsync, rename over the target, fsync of the directory.
 // Loading verifies every checksum, the model identity and the KV geometry before touching the
 // context; on any error the context is left unchanged (kCorruption names what is wrong).
@@ -24,7 +28,11 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "core/status.h"
+#include "memory/kv_cache.h"
+#include "memory/shared_chunks.h"
 #include "store/q8_kv.h"
 
 namespace mz {
@@ -35,12 +43,24 @@ class Model;
 struct SessionInfo {
   int n_tokens = 0;
   int n_chunks = 0;
+  int n_external = 0;  // leading chunks stored in chunk files (version 2), not in this file
   std::string codec;
   uint64_t file_bytes = 0;
 };
 
-// Saves ctx with the given codec ("none" for a lossless raw copy).
-Status SaveSession(Context& ctx, const std::string& path, const std::string& codec, SessionInfo* info = nullptr);
+// Saves ctx with the given codec ("none" for a lossless raw copy). n_external > 0: ctx's first
+// n_external chunks (full) are not written; the file (version 2) names them by the chain hashes of
+// its tokens, and the caller must have stored each in its chunk file (SaveChunkFile) before this
+// call. kInvalidArgument if ctx has fewer full chunks.
+Status SaveSession(Context& ctx, const std::string& path, const std::string& codec, SessionInfo* info = nullptr,
+                   int n_external = 0);
+
+// Writes a chunk file: one full chunk of geometry g (tokens: its chunk_tokens tokens; read(l, dst):
+// its resident form for layer l) encoded by codec, as a version-1 session of one chunk (crash-safe
+// as SaveSession). SessionReader opens it (tokens(): the chunk's tokens, one chunk per layer).
+Status SaveChunkFile(const Model& model, const KvGeometry& g, const std::string& path, const std::string& codec,
+                     const int32_t* tokens, const std::function<Status(int, uint16_t*)>& read,
+                     SessionInfo* info = nullptr);
 
 // A session file opened for reading without a context: its tokens, and any chunk decoded on
 // demand (a pool's index rebuilt at start, and shared prefix chunks copied out of a stored
@@ -59,6 +79,9 @@ class SessionReader {
                      std::unique_ptr<SessionReader>* out, KvType kv_type = KvType::kF16);
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int n_chunks() const { return n_chunks_; }
+  // Leading chunks stored in chunk files (version 2; 0 in version 1): ReadChunk refuses them
+  // (kInvalidArgument) and ChunkPlace gives zeros.
+  int n_external() const { return n_external_; }
   std::string codec() const;
   uint64_t file_bytes() const { return file_bytes_; }
   // Decodes chunk (layer, chunk) into dst (chunk_bytes() of fp16 K then V; q8_0: of the resident q8
@@ -75,11 +98,22 @@ class SessionReader {
   std::unique_ptr<Impl> impl_;
   std::vector<int32_t> tokens_;
   int n_chunks_ = 0;
+  int n_external_ = 0;
   uint64_t file_bytes_ = 0;
 };
+// A version-2 session's external chunks (its first r.n_external() chunks, full, every layer) as
+// references of a store of shared chunks: *store, and refs[l * n_external + c], one new reference
+// each, owned by the caller of the resolver (released by it on every path). An error (a chunk file
+// missing or damaged) fails the open that asked; nothing is changed then.
+using ExternalChunkResolver = std::function<Status(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
+                                                   std::vector<SharedChunkStore::Ref>* refs)>;
+
 // Replaces ctx's conversation with the one in path. REQUIRES: ctx uses the same model file content.
-// Reads and verifies every chunk before it returns (the context then holds them resident).
-Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info = nullptr);
+// Reads and verifies every chunk before it returns (the context then holds them resident; external
+// chunks are copied out of the store resolve gives). A version-2 file without resolve:
+// kInvalidArgument.
+Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info = nullptr,
+                   const ExternalChunkResolver& resolve = nullptr);
 
 // Replaces ctx's conversation with the one in path WITHOUT reading its chunks: the file becomes
 // the storage tier of ctx (UnitTable::AdoptStored), so the next restore_generate restores it front
@@ -90,6 +124,9 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info = nu
 // kInvalidArgument if the file's codec is not ctx's KV codec (LoadSession reads such a file);
 // kContextFull past n_ctx; kCorruption for a damaged header or index. On error ctx is unchanged.
 // The file may be rewritten (rename over it) or deleted afterwards: ctx keeps the open descriptor.
-Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info = nullptr);
+// A version-2 file's external chunks are borrowed from the store resolve gives, detached (the next
+// call attaches them as it restores); without resolve such a file is refused (kInvalidArgument).
+Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* info = nullptr,
+                            const ExternalChunkResolver& resolve = nullptr);
 
 }  // namespace mz

@@ -139,8 +139,11 @@ int RunPoolBench(PoolBenchArgs a) {
   mz_pool_report pr;
   mz_pool_get_report(pool.get(), &pr);
   const uint64_t prefix_reused = pr.prefix_chunks_reused;
+  const uint64_t stored_after_build = pr.stored_bytes;
   mz_pool_shared_report shr;  // the shared system prompt's chunks, held once (issue 22)
   mz_pool_get_shared_report(pool.get(), &shr);
+  mz_pool_stored_report stored;  // and stored once, in chunk files (0.11)
+  mz_pool_get_stored_report(pool.get(), &stored);
 
   // 2-3. Trace, with re-prefill samples between its segments.
   std::vector<double> ret, res, resident_share, reprefill;
@@ -353,12 +356,19 @@ int RunPoolBench(PoolBenchArgs a) {
                 "Shared system prompt: %.1f MiB of KV per conversation; %llu full chunks reused instead of computed "
                 "(build median %.1f s per conversation, conversation 0 %.1f s). After the build the pool's store of "
                 "shared chunks held %d chunks (%d units, %llu references) once: %.1f MiB in RAM + %.1f MiB on its "
-                "storage, against %.1f MiB unshared (a copy per conversation using them). Stored files still hold a "
-                "copy each.\n",
+                "storage, against %.1f MiB unshared (a copy per conversation using them).\n",
                 double(sys_bytes) / 1048576, (unsigned long long)prefix_reused,
                 Summarize(build_s).median, build_s.empty() ? 0 : build_s[0], (int)shr.chunks, (int)shr.units,
                 (unsigned long long)shr.refs, double(shr.resident_bytes) / 1048576, double(shr.storage_bytes) / 1048576,
                 double(shr.bytes_if_copied) / 1048576);
+  md += buf;
+  std::snprintf(buf, sizeof buf,
+                "\nStored after the build: %.1f MiB in all, of which %d chunk files of %.1f MiB hold the shared "
+                "chunks once (named %llu times by the stored conversations; each name would otherwise be a copy of "
+                "about %.2f MiB).\n",
+                double(stored_after_build) / 1048576, (int)stored.chunk_files, double(stored.chunk_file_bytes) / 1048576,
+                (unsigned long long)stored.chunk_file_refs,
+                stored.chunk_files ? double(stored.chunk_file_bytes) / stored.chunk_files / 1048576 : 0.0);
   md += buf;
   nlohmann::json doc = {{"machine", MachineDescription()}, {"model", info.name}, {"args",
                          {{"conversations", a.conversations}, {"tokens", a.tokens}, {"system", a.system},
@@ -375,6 +385,9 @@ int RunPoolBench(PoolBenchArgs a) {
                         {"shared", {{"chunks", shr.chunks}, {"units", shr.units}, {"refs", shr.refs},
                                     {"resident_bytes", shr.resident_bytes}, {"storage_bytes", shr.storage_bytes},
                                     {"bytes_if_copied", shr.bytes_if_copied}}},
+                        {"stored", {{"stored_bytes", stored_after_build}, {"chunk_files", stored.chunk_files},
+                                    {"chunk_file_bytes", stored.chunk_file_bytes},
+                                    {"chunk_file_refs", stored.chunk_file_refs}}},
                         {"queries_detail", rows}};
   std::string data;
   for (size_t k = 0; k < ret.size(); ++k) {
