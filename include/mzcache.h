@@ -857,16 +857,18 @@ int mz_pool_get_shared_report(mz_pool* pool, struct mz_pool_shared_report* out);
 /* Shared chunks stored once (since 0.11): a stored conversation whose first chunks are shared
  * names them instead of holding them, and each such chunk lives once in <dir>/chunks/, written
  * before the first stored file that names it and removed after the last one naming it is replaced
- * or deleted (rebuilt at open; files nobody names are removed then). A chunk file found missing or
- * damaged when a conversation naming it opens: that conversation's tokens are computed again at
- * open (mz_pool_damaged lists it), never a wrong chunk. Since 0.11 mz_pool_report.stored_bytes
+ * or deleted (rebuilt at open; files nobody names are removed then, unless a stored file could not
+ * be read: it may name them). A chunk file found missing or damaged, when a conversation naming it
+ * opens or when a generation reads it: that conversation's tokens are computed again and the call
+ * succeeds (mz_pool_damaged lists it), never a wrong chunk; the file is written again by the next
+ * persist that names its chunk. Since 0.11 mz_pool_report.stored_bytes
  * counts the chunk files once, and mz_conversation_report.stored_bytes its own file only. An
  * output struct, frozen like the others. */
 struct mz_pool_stored_report {
   int32_t chunk_files;           /* shared chunks stored once */
   uint64_t chunk_file_bytes;     /* their bytes */
   uint64_t chunk_file_refs;      /* stored conversations naming them, summed over the files */
-  uint64_t chunk_files_damaged;  /* opens that found a named chunk file missing or damaged */
+  uint64_t chunk_files_damaged;  /* named chunk files found missing or damaged (each once) */
 };
 int mz_pool_get_stored_report(mz_pool* pool, struct mz_pool_stored_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to

@@ -1452,6 +1452,264 @@ TEST(SharedChunks, OrphanChunkFilesGoAndDamagedOnesAreRecomputed) {
   }
 }
 
+// Flips one byte inside the first layer's payload of a chunk file (header and index intact: found
+// only when that payload is read and verified). A chunk file's index fits in its second 4 KiB
+// block, so its payloads start at 8 KiB.
+void FlipFirstPayload(const std::string& path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(8192 + 100);
+  char ch = 0;
+  f.get(ch);
+  f.seekp(8192 + 100);
+  f.put(char(ch ^ 0x5a));
+}
+
+// A chunk file whose payload fails its checksum, found when read (lazily, during a generation) or
+// at open (read whole): the conversation's tokens are computed again and the call succeeds exactly
+// (nothing lost, never a wrong chunk). The damaged file is removed and written again by the next
+// persist that names the chunk, so after a restart both sharers open with no damage at all.
+TEST(SharedChunks, DamagedChunkPayloadIsComputedAgainThenWrittenAgain) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  const int32_t next = 5;
+  std::vector<int32_t> b1 = b;
+  b1.push_back(next);
+  for (bool lazy : {true, false}) {
+    SCOPED_TRACE(lazy ? "read lazily" : "read whole at open");
+    const std::string dir = FreshDir(std::string("shpayload") + (lazy ? "l" : "w"));
+    StoreSharers(m.get(), dir, a, b);
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir + "/chunks")) files.push_back(e.path().string());
+    ASSERT_EQ(files.size(), 3u);
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) FlipFirstPayload(f);  // every shared chunk damaged
+    PoolOptions o = Opts(dir);
+    o.stored_as_storage = lazy;
+    {
+      std::unique_ptr<Pool> pool;
+      ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+      EXPECT_TRUE(pool->Damaged().empty());  // headers intact
+      std::shared_ptr<Conversation> ca, cb;
+      ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+      ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+      EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+      PoolStats s = pool->Stats();
+      EXPECT_EQ(s.recomputed, 1u);
+      EXPECT_GE(s.chunk_files_damaged, 1u);
+      EXPECT_FALSE(pool->Damaged().empty());
+      // a shares its prefix again (added to the store from its recomputed context): b borrows it
+      // without reading the damaged files, and a's next persist writes the chunk files again.
+      ConversationReport ra;
+      ASSERT_TRUE(pool->Report("a", &ra).ok());
+      EXPECT_EQ(ra.shared_chunks, 3);
+      ASSERT_TRUE(ca->Commit().ok());
+      ASSERT_TRUE(pool->Flush().ok());
+      EXPECT_EQ(ChunkFilesIn(dir), 3);
+      ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+      ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
+      EXPECT_EQ(Last(cb->logits(0), nv), Reference(m.get(), a, 3 * T, b1));
+      EXPECT_EQ(pool->Stats().recomputed, 1u);
+      ASSERT_TRUE(cb->Commit().ok());
+      ASSERT_TRUE(pool->Flush().ok());
+    }
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+    const int32_t more = 6;
+    ASSERT_TRUE(cb->Decode(&more, 1, false).ok());
+    std::vector<int32_t> b2 = b1;
+    b2.push_back(more);
+    EXPECT_EQ(Last(cb->logits(0), nv), Reference(m.get(), a, 3 * T, b2));
+    ASSERT_TRUE(ca->Decode(&more, 1, false).ok());
+    EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}, {more}}));
+    EXPECT_TRUE(pool->Damaged().empty()) << pool->Damaged()[0].error;
+    EXPECT_EQ(pool->Stats().chunk_files_damaged, 0u);
+    EXPECT_EQ(pool->Stats().recomputed, 0u);
+  }
+}
+
+// Two persists naming the same new chunks at once (two threads closing two sharers): each chunk
+// file is written once, by one of them, while the other waits for it (a shared temporary name would
+// have the second truncate the first's write). Both stored conversations reopen exactly.
+TEST(SharedChunks, ConcurrentPersistsWriteEachChunkFileOnce) {
+  FaultEnv fenv(Env::Default());
+  std::unique_ptr<Model> m;
+  ASSERT_TRUE(Model::Load(&fenv, ModelFile(), ModelOptions(), &m).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  const std::string dir = FreshDir("shconcurrent");
+  {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    Sharers(pool.get(), a, b, &ca, &cb);
+    std::atomic<int> chunk_syncs{0};
+    std::atomic<bool> second_started{false};
+    fenv.on_sync_dir = [&](const std::string& path) {
+      if (path.find("/chunks/") == std::string::npos) return;
+      if (chunk_syncs.fetch_add(1) != 0) return;
+      // The first chunk file written: held until the other close has surely reached its chunk files.
+      for (int w = 0; w < 400 && !second_started; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    };
+    Status sa, sb;
+    std::thread t1([&] { sa = pool->Close("a"); });
+    for (int w = 0; w < 400 && chunk_syncs == 0; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::thread t2([&] {
+      second_started = true;
+      sb = pool->Close("b");
+    });
+    t1.join();
+    t2.join();
+    fenv.on_sync_dir = nullptr;
+    ASSERT_TRUE(sa.ok()) << sa.ToString();
+    ASSERT_TRUE(sb.ok()) << sb.ToString();
+    EXPECT_EQ(chunk_syncs.load(), 3);  // 3 shared chunks, each file written once
+    EXPECT_EQ(pool->Stats().persist_failures, 0u);
+    EXPECT_EQ(pool->Stats().chunk_file_refs, 6u);
+  }
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+  const int32_t next = 5;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+  std::vector<int32_t> b1 = b;
+  b1.push_back(next);
+  ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(cb->logits(0), nv), Reference(m.get(), a, 3 * T, b1));
+  EXPECT_TRUE(pool->Damaged().empty());
+}
+
+// A stored file that cannot be read at Open may name chunk files: they stay (not taken for
+// orphans), so once the file is repaired its conversation opens with nothing computed again.
+TEST(SharedChunks, ChunkFilesOfAnUnreadableStoredFileStay) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  const std::string dir = FreshDir("shunreadable");
+  StoreSharers(m.get(), dir, a, b);
+  auto flip = [](const std::string& path) {  // a header byte: the file is refused at Open
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(40);
+    char ch = 0;
+    f.get(ch);
+    f.seekp(40);
+    f.put(char(ch ^ 0x5a));
+  };
+  flip(dir + "/a.mzs");
+  flip(dir + "/b.mzs");
+  {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    EXPECT_EQ(pool->Damaged().size(), 2u);
+    EXPECT_EQ(ChunkFilesIn(dir), 3);  // named by no file read, but kept
+  }
+  flip(dir + "/a.mzs");  // repaired
+  flip(dir + "/b.mzs");
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  EXPECT_TRUE(pool->Damaged().empty());
+  std::shared_ptr<Conversation> ca;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  const int32_t next = 5;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+  EXPECT_EQ(pool->Stats().recomputed, 0u);
+}
+
+// A persist whose session file was renamed into place but whose folder sync then failed: the file at
+// its path is the new one, so its chunk file references are the new file's (not dropped). Deleting
+// the other sharer then keeps the chunk files, and after a restart b opens with nothing computed again.
+TEST(SharedChunks, FolderSyncFailureAfterTheRenameKeepsTheNewFilesReferences) {
+  FaultEnv fenv(Env::Default());
+  std::unique_ptr<Model> m;
+  ASSERT_TRUE(Model::Load(&fenv, ModelFile(), ModelOptions(), &m).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  const std::string dir = FreshDir("shsyncdir");
+  {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    Sharers(pool.get(), a, b, &ca, &cb);
+    ASSERT_TRUE(pool->Close("a").ok());
+    fenv.path_filter = "/b.mzs";
+    fenv.fail_sync_dirs_after = 0;
+    Status st = pool->Flush();
+    fenv.fail_sync_dirs_after = -1;
+    fenv.path_filter.clear();
+    EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+    EXPECT_TRUE(std::filesystem::exists(dir + "/b.mzs"));
+    EXPECT_EQ(pool->Stats().persist_failures, 1u);
+    EXPECT_EQ(pool->Stats().chunk_file_refs, 6u);  // a's file and b's new file name the 3 chunks
+    ASSERT_TRUE(pool->Delete("a").ok());
+    EXPECT_EQ(ChunkFilesIn(dir), 3);
+  }
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  std::shared_ptr<Conversation> cb;
+  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+  const int32_t next = 5;
+  std::vector<int32_t> b1 = b;
+  b1.push_back(next);
+  ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(cb->logits(0), nv), Reference(m.get(), a, 3 * T, b1));
+  EXPECT_TRUE(pool->Damaged().empty());
+  EXPECT_EQ(pool->Stats().recomputed, 0u);
+}
+
+// The disk budget deletes the least recently used conversations; one whose file cannot be removed
+// keeps naming its chunk files (their references stay), so after a restart it opens exactly.
+TEST(SharedChunks, DiskBudgetRemovalFailureKeepsTheChunkFilesItNames) {
+  FaultEnv fenv(Env::Default());
+  std::unique_ptr<Model> m;
+  ASSERT_TRUE(Model::Load(&fenv, ModelFile(), ModelOptions(), &m).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2), c = Tokens(0, 300, 7);
+  const std::string dir = FreshDir("shbudgetrm");
+  uint64_t stored = 0;
+  {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    Sharers(pool.get(), a, b, &ca, &cb);
+    ASSERT_TRUE(pool->Flush().ok());
+    stored = pool->Stats().stored_bytes;
+  }
+  {
+    PoolOptions o = Opts(dir);
+    o.disk_budget = stored + stored / 8;  // c does not fit beside a and b
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    std::shared_ptr<Conversation> cc;
+    ASSERT_TRUE(pool->OpenConversation("c", &cc).ok());
+    ASSERT_TRUE(cc->Decode(c.data(), int(c.size()), false).ok());
+    fenv.path_filter = ".mzs";
+    fenv.fail_removes_after = 0;
+    Status st = pool->Flush();
+    fenv.fail_removes_after = -1;
+    fenv.path_filter.clear();
+    EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+    EXPECT_GE(pool->Stats().conversations_lost, 1u);
+    EXPECT_EQ(ChunkFilesIn(dir), 3);  // the files that could not be removed still name them
+  }
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  std::shared_ptr<Conversation> ca;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  const int32_t next = 5;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+  EXPECT_TRUE(pool->Damaged().empty());
+  EXPECT_EQ(pool->Stats().recomputed, 0u);
+}
+
 // With q8 (lossy) the store's evicted chunks come back within a bounded KL of a never-evicted
 // context: two sharers, everything evicted twice, 12 generated tokens each time.
 TEST(SharedChunks, Q8StoreEvictionStaysWithinBoundedKl) {

@@ -9,6 +9,9 @@
 #include <fstream>
 #include <random>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "runtime/context.h"
 #include "runtime/session_file.h"
 #include "test_util.h"
@@ -257,6 +260,38 @@ TEST(SessionFile, EmptyConversationSavesAndLoads) {
   EXPECT_EQ(info.n_tokens, 0);
   EXPECT_TRUE(b.ctx->history().empty());
   ASSERT_TRUE(b.ctx->Decode(toks.data(), 3, false).ok());  // and the emptied context works
+}
+
+// A version-1 file whose reserved header field (now version 2's count of external chunks) is not
+// zero still loads, as it did before version 2 existed: the field means nothing in version 1.
+TEST(SessionFile, Version1IgnoresItsReservedField) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  Rig a = Make(path);
+  const auto toks = Tokens(path);
+  ASSERT_TRUE(a.ctx->Decode(toks.data(), kPrompt, false).ok());
+  const std::string sess = test::TempDir() + "/reserved.sess";
+  ASSERT_TRUE(SaveSession(*a.ctx, sess, "none").ok());
+  {
+    // Header: magic[8], version u32, reserved/n_external u32 at 12, ..., header_hash u64 at 80 =
+    // xxh64 of bytes [0, 80).
+    std::fstream f(sess, std::ios::in | std::ios::out | std::ios::binary);
+    char h[88];
+    f.read(h, sizeof h);
+    uint32_t version = 0, reserved = 0xfeedbeef;
+    std::memcpy(&version, h + 8, 4);
+    ASSERT_EQ(version, 1u);
+    std::memcpy(h + 12, &reserved, 4);
+    const uint64_t hh = XXH64(h, 80, 0);
+    std::memcpy(h + 80, &hh, 8);
+    f.seekp(0);
+    f.write(h, sizeof h);
+  }
+  Rig b = Make(path);
+  SessionInfo info;
+  Status st = LoadSession(*b.ctx, sess, &info);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(info.n_external, 0);
+  EXPECT_EQ(Continue(*b.ctx, toks), Continue(*a.ctx, toks));
 }
 
 }  // namespace

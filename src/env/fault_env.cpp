@@ -158,6 +158,14 @@ void FaultEnv::RemoveFakeFile(const std::string& path) {
   fake_files_.erase(path);
 }
 
+bool FaultEnv::Fires(std::atomic<int64_t>& countdown, const std::string& path) const {
+  if (!path_filter.empty() && path.find(path_filter) == std::string::npos) return false;
+  int64_t v = countdown.load();
+  while (v > 0 && !countdown.compare_exchange_weak(v, v - 1)) {
+  }
+  return v == 0;  // stays at 0: fires from now on
+}
+
 Status FaultEnv::Rename(const std::string& from, const std::string& to) {
   std::string c;
   const int f = Fake(from, &c);
@@ -175,12 +183,14 @@ Status FaultEnv::Remove(const std::string& path) {
     RemoveFakeFile(path);
     return Status::Ok();
   }
+  if (Fires(fail_removes_after, path)) return Status::FromErrno(EIO, "remove " + path + " (injected)");
   return target()->Remove(path);
 }
 
 Status FaultEnv::SyncDir(const std::string& path) {
   if (Fake(path, nullptr) != 0) return Status::Ok();
   if (on_sync_dir) on_sync_dir(path);
+  if (Fires(fail_sync_dirs_after, path)) return Status::FromErrno(EIO, "fsync of the folder of " + path + " (injected)");
   return target()->SyncDir(path);
 }
 

@@ -44,6 +44,10 @@ class FaultEnv : public EnvWrapper {
   std::atomic<int64_t> fail_env_vars_after{-1};      // >= 0: GetEnvVar fails (kIOError) after this many more
   std::atomic<int64_t> fail_events_after{-1};        // >= 0: NewEventCounter / OpenNotifyFile fail with EMFILE after this many more
   std::atomic<int64_t> fail_polls_after{-1};         // >= 0: Poll fails with EIO after this many more
+  // Folder syncs and removals (path_filter applies; real paths only). Once fired, every later call
+  // fails too until the test disarms it (sets -1): a disk that went bad stays bad.
+  std::atomic<int64_t> fail_sync_dirs_after{-1};     // >= 0: SyncDir fails with EIO after this many more
+  std::atomic<int64_t> fail_removes_after{-1};       // >= 0: Remove fails with EIO after this many more
   std::atomic<int> n_small_reads{0}, n_small_writes{0};
 
   // Fake files: ReadSmallFile returns `content`, StatPath reports its size, CheckAccess succeeds,
@@ -56,6 +60,8 @@ class FaultEnv : public EnvWrapper {
   Status Rename(const std::string& from, const std::string& to) override;
   Status Remove(const std::string& path) override;
   Status SyncDir(const std::string& path) override;
+  // Counts down a sticky countdown for path (path_filter applies): true once it reached 0.
+  bool Fires(std::atomic<int64_t>& countdown, const std::string& path) const;
   // Called (on the calling thread) at the start of every SyncDir of a real path, before it is
   // forwarded: a test holds a writer there (a slow disk). Set it before the calls it concerns.
   std::function<void(const std::string& path)> on_sync_dir;

@@ -13,7 +13,11 @@ struct SharedChunkStore::Unit {
   int refs = 0, pins = 0;
   uint16_t* mem = nullptr;  // resident form, or nullptr while on storage
   SwapExtent ext;           // stored copy in the store's swap file (valid while evicted there)
-  SwapExtent fext;          // durable copy in the chunk's file (valid once AdoptFile gave one)
+  SwapExtent fext;          // durable copy in a chunk file (valid once AdoptFile gave one)
+  // The chunk file fext lies in, and its encoding: per unit, because a chunk file can be replaced
+  // at the same path (its last name dropped, then written again) while units hold the old one open.
+  std::shared_ptr<SwapFile> file;
+  std::shared_ptr<KvCodec> file_codec;
   bool lost = false;
 };
 
@@ -23,8 +27,6 @@ struct SharedChunkStore::Chunk {
   std::vector<int32_t> tokens;
   std::vector<Unit> units;  // [layer]; a unit with refs == 0 is absent
   int live = 0;             // units with refs > 0
-  std::shared_ptr<SwapFile> file;         // the chunk file (read-only), if AdoptFile gave one
-  std::shared_ptr<KvCodec> file_codec;    // its encoding
 };
 
 SharedChunkStore::SharedChunkStore(Env* env, const KvGeometry& g, const SharedChunkOptions& o)
@@ -67,6 +69,8 @@ void SharedChunkStore::FreeUnitLocked(Unit& u) {
   u.mem = nullptr;
   u.ext = SwapExtent();
   u.fext = SwapExtent();
+  u.file.reset();
+  u.file_codec.reset();
   u.refs = u.pins = 0;
   u.lost = false;
 }
@@ -164,14 +168,18 @@ Status SharedChunkStore::ReadStoredLocked(Unit& u, uint16_t* dst) {
   if (u.lost) return Status::Corruption(name + " was lost (its stored copy failed verification)");
   // The store's own swap copy first (written by Evict from RAM), else the durable chunk file.
   const bool own = swap_ && u.ext.valid();
-  const bool file = !own && u.chunk->file && u.fext.valid();
+  const bool file = !own && u.file && u.fext.valid();
   if (!own && !file) return Status::Internal(name + ": neither resident nor stored");
   const SwapExtent& e = own ? u.ext : u.fext;
   std::vector<uint8_t> buf(e.size);
-  Status st = own ? swap_->Read(e, buf.data()) : u.chunk->file->Read(e, buf.data());
+  Status st = own ? swap_->Read(e, buf.data()) : u.file->Read(e, buf.data());
   if (st.ok())
-    st = (own ? *codec_ : *u.chunk->file_codec).Decode(Shape(u.layer), buf.data(), buf.size(), dst);
-  if (st.code() == Status::kCorruption) u.lost = true;
+    st = (own ? *codec_ : *u.file_codec).Decode(Shape(u.layer), buf.data(), buf.size(), dst);
+  if (st.code() == Status::kCorruption) {
+    u.lost = true;
+    if (file && std::find(lost_files_.begin(), lost_files_.end(), u.chunk->hash) == lost_files_.end())
+      lost_files_.push_back(u.chunk->hash);
+  }
   return st.With(std::string("reading ") + name + (file ? " from its chunk file" : ""));
 }
 
@@ -200,7 +208,7 @@ Status SharedChunkStore::Read(Ref r, uint16_t* dst) {
 bool SharedChunkStore::Durable(const Unit& u) const {
   // Only a copy in the store's own encoding replaces writing one: a lossless store must not come
   // back through a lossy chunk file.
-  return u.fext.valid() && u.chunk->file && u.chunk->file_codec->name() == codec_->name();
+  return u.fext.valid() && u.file && u.file_codec->name() == codec_->name();
 }
 
 Status SharedChunkStore::Evict(uint64_t bytes, uint64_t* freed) {
@@ -256,8 +264,12 @@ Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t
     if (p.off % kDirectIoAlign || p.size == 0 || p.size > codec->MaxEncodedSize(Shape(l)))
       return Status::InvalidArgument("chunk file " + path + ": layer " + std::to_string(l) + " does not fit its place");
   }
-  std::unique_ptr<SwapFile> f;
-  MZ_RETURN_IF_ERROR(SwapFile::OpenReadOnly(env_, path, opts_.direct_io, &f));
+  std::shared_ptr<SwapFile> f;
+  {
+    std::unique_ptr<SwapFile> uf;
+    MZ_RETURN_IF_ERROR(SwapFile::OpenReadOnly(env_, path, opts_.direct_io, &uf));
+    f = std::move(uf);
+  }
   for (const FilePlace& p : places)
     if (p.off + AlignUp(p.size, kDirectIoAlign) > f->file_bytes())
       return Status::Corruption("chunk file " + path + ": a layer lies past its end (truncated?)");
@@ -275,18 +287,16 @@ Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t
     it = NewChunkLocked(hash, parent, tokens, index);
   }
   Chunk& c = *it->second;
-  if (!c.file) {
-    c.file = std::move(f);
-    c.file_codec = std::move(codec);
-  }
   for (int l = 0; l < g_.n_layer; ++l) {
     Unit& u = c.units[size_t(l)];
-    if (!u.fext.valid() && c.file.get()->path() == path) {
+    if (!u.fext.valid()) {  // a unit that has a durable copy keeps it (and the file it lies in)
       const FilePlace& p = places[size_t(l)];
       u.fext.off = p.off;
       u.fext.len = AlignUp(p.size, kDirectIoAlign);
       u.fext.size = p.size;
       u.fext.hash = p.hash;
+      u.file = f;
+      u.file_codec = codec;
     }
     if (!refs) continue;
     if (u.refs == 0) c.live++;  // absent until now: held in the file only
@@ -299,7 +309,17 @@ Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t
 bool SharedChunkStore::HasFile(uint64_t hash) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = chunks_.find(hash);
-  return it != chunks_.end() && it->second->file != nullptr;
+  if (it == chunks_.end()) return false;
+  for (const Unit& u : it->second->units)
+    if (u.file) return true;
+  return false;
+}
+
+std::vector<uint64_t> SharedChunkStore::TakeLostFiles() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<uint64_t> out;
+  out.swap(lost_files_);
+  return out;
 }
 
 SharedChunkReport SharedChunkStore::Report() const {

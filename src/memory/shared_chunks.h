@@ -96,7 +96,9 @@ class SharedChunkStore {
   };
   // The chunk named hash (parent, tokens, index as for Insert) has a durable copy: the chunk file
   // at path, unit l at places[l], encoded by codec (the file's; opened read-only through the Env,
-  // held until the chunk leaves the store). Each unit takes it as its stored form: Evict then
+  // held by each unit that takes it until that unit leaves the store). Each unit without a durable
+  // copy takes this one as its stored form (one that has one keeps it, with the file it was opened
+  // from: a file written again at the same path is another file): Evict then
   // frees its RAM without writing, and a unit on no other tier is read from the file (checksum
   // verified; a mismatch marks it lost). refs (optional): one new reference per layer, refs[l],
   // creating the units that are absent (held only in the file until first pinned). Checks first:
@@ -107,6 +109,9 @@ class SharedChunkStore {
                    const std::string& codec, const std::vector<FilePlace>& places, std::vector<Ref>* refs);
   // True if the chunk named hash is held and has a chunk file (AdoptFile).
   bool HasFile(uint64_t hash) const;
+  // The chunks (hashes) a unit of which failed verification when read from its chunk file since
+  // the last call (each once): the file is damaged, the pool's to deal with (Pool removes it).
+  std::vector<uint64_t> TakeLostFiles();
   void AddRef(Ref r);
   // Drops one reference; the last one frees the unit (memory, stored copy). REQUIRES: not pinned by
   // this reference's holder (Unpin first).
@@ -149,6 +154,7 @@ class SharedChunkStore {
   // REQUIRES mu_, hash not held. A chunk with every unit absent (refs 0).
   ChunkMap::iterator NewChunkLocked(uint64_t hash, uint64_t parent, const int32_t* tokens, int index);
   ChunkMap chunks_;  // hash -> chunk
+  std::vector<uint64_t> lost_files_;  // TakeLostFiles (under mu_)
 };
 
 }  // namespace mz

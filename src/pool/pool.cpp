@@ -55,6 +55,7 @@ Status Conversation::EnsureOpenLocked() {
     // A version-2 file's first chunks are named, not held: borrowed from the store, which reads
     // them from their chunk files (Pool::ResolveExternal).
     Status ext_error;
+    bool computed_again = false;
     ExternalChunkResolver resolve = [&](const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
                                         std::vector<SharedChunkStore::Ref>* refs) {
       Status e = pool_->ResolveExternal(r, store, refs);
@@ -64,25 +65,20 @@ Status Conversation::EnsureOpenLocked() {
     Status st = as_storage ? OpenSessionAsStorage(*ctx, path, nullptr, resolve) : LoadSession(*ctx, path, nullptr, resolve);
     if (as_storage && st.code() == Status::kInvalidArgument && ext_error.ok())
       st = LoadSession(*ctx, path, nullptr, resolve);
-    if (!st.ok() && !ext_error.ok()) {
-      // A chunk file it names is missing or damaged: its tokens are computed again (nothing lost,
-      // never a wrong chunk), and the damage is reported.
-      std::vector<int32_t> tokens;
+    if (!st.ok() && (!ext_error.ok() || st.code() == Status::kCorruption)) {
+      // A chunk file it names is missing or damaged (or, read whole, a payload fails its checksum
+      // in a file that names chunk files): its tokens are computed again (nothing lost, never a
+      // wrong chunk), and the damage is reported. A file of its own only keeps the error.
       std::unique_ptr<SessionReader> r;
       const int T = ctx->kv().geometry().chunk_tokens;
-      Status rs = SessionReader::Open(*pool_->model_, T, path, &r);
-      if (rs.ok()) {
-        tokens = r->tokens();
-        {
-          std::lock_guard<std::mutex> lk(pool_->mu_);
-          pool_->damaged_.push_back({path, ext_error.message() + " (its tokens are computed again)"});
-          pool_->stats_.chunk_files_damaged++;
-        }
-        st = tokens.empty() ? Status::Ok()
-                            : WithWeightsLocked([&] { return ctx->Decode(tokens.data(), int(tokens.size()), false); });
+      if (SessionReader::Open(*pool_->model_, T, path, &r).ok() && (!ext_error.ok() || r->n_external() > 0)) {
+        if (ext_error.ok()) pool_->TakeDamagedChunkFiles(st);
+        const std::string why = (ext_error.ok() ? st : ext_error).message();
+        ctx.reset();  // its swap file's name is the new context's
+        st = ComputeAgainLocked(r->tokens(), why, &ctx);
+        if (st.ok()) ShareAgainLocked(*ctx, r->n_external());
+        computed_again = true;
         if (!st.ok()) st = st.With("computing again the tokens of conversation '" + id_ + "'");
-      } else {
-        st = rs;
       }
     }
     if (!st.ok()) {
@@ -94,7 +90,7 @@ Status Conversation::EnsureOpenLocked() {
     }
     // Chunks the shared store holds (another conversation borrows them) are borrowed instead of
     // the file's copies: held once in RAM. Only what is found; nothing is copied into the store.
-    if (pool_->shared_) {
+    if (pool_->shared_ && !computed_again) {
       const std::vector<int32_t>& hist = ctx->history();
       const int T = ctx->kv().geometry().chunk_tokens;
       const std::vector<uint64_t> h =
@@ -110,6 +106,40 @@ Status Conversation::EnsureOpenLocked() {
   pool_->TryReportShared(*ctx_, &last_report_);
   n_tokens_ = int(ctx_->history().size());
   return Status::Ok();
+}
+
+Status Conversation::ComputeAgainLocked(const std::vector<int32_t>& tokens, const std::string& why,
+                                        std::shared_ptr<Context>* out) {
+  std::shared_ptr<Context> ctx;
+  // A name of its own for its swap file: the context it replaces may still exist.
+  MZ_RETURN_IF_ERROR(pool_->NewContext(id_, &ctx, ctx_ ? "." + std::to_string(++contexts_made_) : std::string()));
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    pool_->damaged_.push_back({stored_path_.empty() ? id_ : stored_path_, why + " (its tokens are computed again)"});
+    pool_->stats_.recomputed++;
+  }
+  if (!tokens.empty())
+    MZ_RETURN_IF_ERROR(WithWeightsLocked([&] { return ctx->Decode(tokens.data(), int(tokens.size()), false); }));
+  version_++;  // not what its stored file holds any more: persisted again
+  *out = std::move(ctx);
+  return Status::Ok();
+}
+
+void Conversation::ShareAgainLocked(Context& ctx, int shared) {
+  const std::vector<int32_t> tokens = ctx.history();
+  const int T = ctx.kv().geometry().chunk_tokens;
+  shared = std::min(shared, int(tokens.size()) / T);
+  if (!pool_->shared_ || shared <= 0) return;
+  const std::vector<uint64_t> h = ChainHashes(pool_->model_->identity().header_hash, tokens.data(), shared * T, T);
+  // Which of the chunk files naming them is damaged is known only for the first found: every one
+  // is written again by the next persist naming it (the same bytes when it was whole).
+  pool_->RewriteChunkFiles(h);
+  std::vector<SharedChunkStore::Ref> refs;
+  int got = 0;
+  Status gs = pool_->GatherShared(
+      h, tokens.data(), shared,
+      [&](int l, int c, uint16_t* dst) { return ctx.ReadKvChunk(tokens.data(), shared * T, l, c, dst); }, &refs, &got);
+  if (gs.ok() && got > 0) (void)ctx.BorrowShared(tokens.data(), got, pool_->shared_, refs);
 }
 
 Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
@@ -221,20 +251,47 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
   {
     std::lock_guard<std::mutex> use(use_mu_);
     MZ_RETURN_IF_ERROR(EnsureOpenLocked());
-    int consumed = 0;
-    const int before = int(ctx_->history().size());  // these tokens stay as they are
-    const bool was_empty = before == 0;
-    if (was_empty && pool_->opts_.share_prefixes) MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, &consumed));
-    Status st = WithWeightsLocked([&] {
-      if (pipeline && !all_logits) return ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
-      return ctx_->Decode(tokens + consumed, n - consumed, all_logits);
-    });
-    if (!st.ok()) {
+    int before = 0;
+    for (bool computed_again = false;;) {
+      int consumed = 0;
+      before = int(ctx_->history().size());  // these tokens stay as they are
+      const bool was_empty = before == 0;
+      if (was_empty && pool_->opts_.share_prefixes) MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, &consumed));
+      const int shared_before = ctx_->SharedPrefixChunks();
+      Status st = WithWeightsLocked([&] {
+        if (pipeline && !all_logits) return ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
+        return ctx_->Decode(tokens + consumed, n - consumed, all_logits);
+      });
+      if (st.ok()) break;
       if (was_empty && consumed > 0) {
         ctx_->Truncate(0);
         shared_chunks_ = 0;
       }
       if (st.code() == Status::kCorruption) {
+        pool_->TakeDamagedChunkFiles(st);
+        if (shared_before > 0 && !computed_again) {
+          // A shared chunk it borrows failed its checksum when read (its chunk file or the store's
+          // swap): that chunk stays lost for every borrower, so this conversation's tokens are
+          // computed again without it, and the call is made again (nothing lost).
+          std::vector<int32_t> hist = ctx_->history();
+          hist.resize(std::min(hist.size(), size_t(before)));
+          std::shared_ptr<Context> fresh;
+          Status hs = ComputeAgainLocked(hist, st.message(), &fresh);
+          if (hs.ok()) {
+            std::shared_ptr<Context> old;
+            {
+              std::lock_guard<std::mutex> lk(pool_->mu_);
+              old = std::move(ctx_);
+              ctx_ = std::move(fresh);
+            }
+            old.reset();  // its references to the lost chunk go first: the chunk can be shared again
+            ShareAgainLocked(*ctx_, shared_before);
+            shared_chunks_ = ctx_->SharedPrefixChunks();
+            computed_again = true;
+            continue;
+          }
+          st = st.With("computing its tokens again: " + hs.ToString());
+        }
         // A stored chunk failed its checksum when read (its file is this conversation's storage
         // tier): reported like a file found damaged at start, once; the file stays.
         std::lock_guard<std::mutex> lk(pool_->mu_);
@@ -356,13 +413,13 @@ Status Pool::Open(Model* model, const PoolOptions& opts, std::unique_ptr<Pool>* 
 
 std::string Pool::StoredPath(const std::string& id) const { return opts_.dir + "/" + id + kStoredSuffix; }
 
-Status Pool::NewContext(const std::string& id, std::shared_ptr<Context>* out) {
+Status Pool::NewContext(const std::string& id, std::shared_ptr<Context>* out, const std::string& suffix) {
   ContextOptions o = opts_.context;
   o.shared_weights = true;
   if (!opts_.dir.empty() && o.swap_path.empty())
-    o.swap_path = opts_.dir + "/swap/" + id + ".swap";
+    o.swap_path = opts_.dir + "/swap/" + id + suffix + ".swap";
   else if (!o.swap_path.empty())
-    o.swap_path += "." + id;  // one swap file per conversation
+    o.swap_path += "." + id + suffix;  // one swap file per conversation
   auto ctx = std::make_shared<Context>(model_, o);
   MZ_RETURN_IF_ERROR(ctx->Init());
   *out = std::move(ctx);
@@ -383,6 +440,7 @@ Status Pool::Init() {
     for (const auto& n : names) env->Remove(opts_.dir + "/swap/" + n);
     MZ_RETURN_IF_ERROR(env->ListDir(opts_.dir, &names));
     std::sort(names.begin(), names.end());
+    int unreadable = 0;  // stored files that could not be read: the chunk files they name are unknown
     for (const auto& n : names) {
       const std::string path = opts_.dir + "/" + n;
       if (EndsWith(n, std::string(kStoredSuffix) + ".tmp")) {
@@ -396,6 +454,7 @@ Status Pool::Init() {
                               : Status::InvalidArgument("not a valid conversation name");
       if (!st.ok()) {
         damaged_.push_back({path, st.message()});
+        unreadable++;
         continue;
       }
       FileInfo fi;
@@ -425,7 +484,9 @@ Status Pool::Init() {
       if (ours) h = std::stoull(n.substr(0, 16), nullptr, 16);
       auto it = ours ? chunk_files_.find(h) : chunk_files_.end();
       if (it == chunk_files_.end()) {
-        if (ours || n.find(".mzk.tmp") != std::string::npos) env->Remove(path);
+        // Named by no file read: removed, unless a stored file could not be read (it may name it;
+        // kept untracked, and removed at a later Open once every stored file reads).
+        if ((ours && unreadable == 0) || n.find(".mzk.tmp") != std::string::npos) env->Remove(path);
         continue;
       }
       FileInfo fi;
@@ -434,6 +495,9 @@ Status Pool::Init() {
         it->second.bytes = fi.size;
       }
     }
+    // Named but missing: written again when next named (a conversation naming it is computed again).
+    for (const auto& f : chunk_files_)
+      if (!f.second.on_disk) stats_.chunk_files_damaged++;
   }
   stats_.n_damaged = int(damaged_.size());
   ContextOptions wo = opts_.context;
@@ -622,7 +686,9 @@ Status Pool::Delete(const std::string& id) {
     if (it != convs_.end() && it->second == c) convs_.erase(it);
   }
   old.reset();
-  if (!path.empty()) MZ_RETURN_IF_ERROR(model_->env()->Remove(path));
+  // A file that cannot be removed keeps naming its chunk files: their references stay (the next
+  // Open counts them again from the files), and the error is returned.
+  if (!path.empty()) MZ_RETURN_IF_ERROR(model_->env()->Remove(path).With("deleting conversation '" + id + "'"));
   std::vector<uint64_t> drop;
   {
     std::lock_guard<std::mutex> fl(files_mu_);
@@ -1034,10 +1100,12 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
       }
       SessionInfo info;
       st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()));
-      std::vector<uint64_t> drop;  // the file references given up: the old file's, or the new one's on failure
+      // The file references given up: the old file's once the new one is at its path (also when
+      // only the folder's fsync then failed: the new file is what a restart reads), else the new ones.
+      std::vector<uint64_t> drop;
       {
         std::lock_guard<std::mutex> fl(files_mu_);
-        if (st.ok()) {
+        if (info.replaced) {
           drop.swap(c->stored_external_);
           c->stored_external_ = ext;
         } else {
@@ -1046,14 +1114,16 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
       }
       DropChunkFileRefs(drop);
       std::lock_guard<std::mutex> lk(mu_);
-      if (st.ok()) {
-        c->persisted_version_ = c->version_.load();
+      if (info.replaced) {
         c->stored_path_ = path;
         c->stored_bytes_ = info.file_bytes;
         c->stored_tokens_ = info.n_tokens;
+      }
+      if (st.ok()) {
+        c->persisted_version_ = c->version_.load();
         stats_.persists++;
       } else {
-        stats_.persist_failures++;
+        stats_.persist_failures++;  // retried: the version stays unpersisted
       }
     }
   }
@@ -1071,8 +1141,9 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
 
 Status Pool::EnforceDiskBudget(const std::string& keep) {
   if (opts_.disk_budget == 0) return Status::Ok();
-  std::vector<std::string> remove;
-  std::vector<uint64_t> drop;  // the chunk file references of the deleted conversations
+  // The deleted conversations' files, each with the chunk file references it held: dropped only
+  // once the file is gone (a file that could not be removed still names them).
+  std::vector<std::pair<std::string, std::vector<uint64_t>>> remove;
   {
     std::lock_guard<std::mutex> lk(mu_);
     std::lock_guard<std::mutex> fl(files_mu_);
@@ -1099,9 +1170,8 @@ Status Pool::EnforceDiskBudget(const std::string& keep) {
       total -= c.stored_bytes_;
       for (uint64_t h : c.stored_external_)
         if (--left[h] == 0) total -= chunk_files_[h].bytes;
-      drop.insert(drop.end(), c.stored_external_.begin(), c.stored_external_.end());
+      remove.emplace_back(c.stored_path_, std::move(c.stored_external_));
       c.stored_external_.clear();
-      remove.push_back(c.stored_path_);
       c.closed_ = true;
       c.ctx_.reset();
       convs_.erase(c.id_);
@@ -1110,10 +1180,13 @@ Status Pool::EnforceDiskBudget(const std::string& keep) {
   }
   Status first;
   for (const auto& p : remove) {
-    Status st = model_->env()->Remove(p);
-    if (!st.ok() && first.ok()) first = st;
+    Status st = model_->env()->Remove(p.first);
+    if (st.ok()) {
+      DropChunkFileRefs(p.second);
+    } else if (first.ok()) {
+      first = st.With("the disk budget deleting a conversation (its file and the chunk files it names stay)");
+    }
   }
-  DropChunkFileRefs(drop);
   return first;
 }
 
@@ -1127,54 +1200,63 @@ Status Pool::AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int
   const std::string codec = opts_.persist_codec.empty() ? "q8" : opts_.persist_codec;
   const KvGeometry& g = ctx.kv().geometry();
   const int T = g.chunk_tokens;
-  std::vector<int> write;  // chunks whose file is not on disk yet
-  {
-    std::lock_guard<std::mutex> fl(files_mu_);
+  const std::vector<int32_t> hist = ctx.history();
+  if (int(hist.size()) < k * T || int(h.size()) < k)
+    return Status::Internal("chunk files: the conversation is shorter than its shared prefix");
+  std::unique_lock<std::mutex> fl(files_mu_);
+  for (int c = 0; c < k; ++c) chunk_files_[h[size_t(c)]].refs++;  // held from now: no last drop unlinks it
+  Status st;
+  // Rounds: write the files nobody is writing, then wait for those another persist is writing (one
+  // writer per file: its temporary name is per path); a file whose writer failed is taken over.
+  for (;;) {
+    std::vector<int> write;
+    bool others = false;
     for (int c = 0; c < k; ++c) {
       ChunkFile& f = chunk_files_[h[size_t(c)]];
-      f.refs++;  // held from now: no last drop unlinks it while this persist runs
-      if (!f.on_disk) write.push_back(c);
-    }
-  }
-  Status st;
-  const std::vector<int32_t> hist = ctx.history();
-  uint64_t written = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> sizes;  // (hash, bytes) written
-  for (int c : write) {
-    if (int(hist.size()) < (c + 1) * T) {
-      st = Status::Internal("chunk file: the conversation is shorter than its shared prefix");
-      break;
-    }
-    const int32_t* ct = hist.data() + size_t(c) * size_t(T);
-    const std::string path = ChunkPath(h[size_t(c)]);
-    SessionInfo info;
-    st = SaveChunkFile(*model_, g, path, codec, ct,
-                       [&](int l, uint16_t* dst) { return ctx.ReadKvChunk(hist.data(), (c + 1) * T, l, c, dst); }, &info);
-    if (!st.ok()) break;
-    sizes.emplace_back(h[size_t(c)], info.file_bytes);
-    written += info.file_bytes;
-    // The store's units of this chunk get the file as their durable copy (an eviction of a unit
-    // then writes nothing when the codecs agree).
-    std::unique_ptr<SessionReader> r;
-    if (SessionReader::Open(*model_, T, path, &r, g.kv_type).ok()) {
-      std::vector<SharedChunkStore::FilePlace> places(size_t(g.n_layer));
-      for (int l = 0; l < g.n_layer; ++l) {
-        int enc = 0;
-        PlaceOf(*r, l, &places[size_t(l)], &enc);
+      if (f.on_disk && !f.rewrite) continue;
+      if (f.writing) {
+        others = true;
+      } else {
+        f.writing = true;
+        write.push_back(c);
       }
-      (void)shared_->AdoptFile(h[size_t(c)], c ? h[size_t(c) - 1] : 0, ct, c, path, r->codec(), places, nullptr);
     }
-  }
-  std::lock_guard<std::mutex> fl(files_mu_);
-  for (const auto& e : sizes) {
-    ChunkFile& f = chunk_files_[e.first];
-    f.on_disk = true;
-    f.bytes = e.second;
+    if (write.empty() && !others) break;
+    if (write.empty()) {
+      files_cv_.wait(fl);
+      continue;
+    }
+    fl.unlock();
+    std::vector<std::pair<int, uint64_t>> done;  // (chunk, bytes) in place
+    for (int c : write) {
+      const int32_t* ct = hist.data() + size_t(c) * size_t(T);
+      const std::string path = ChunkPath(h[size_t(c)]);
+      SessionInfo info;
+      std::vector<SharedChunkStore::FilePlace> places(size_t(g.n_layer));
+      st = SaveChunkFile(*model_, g, path, codec, ct,
+                         [&](int l, uint16_t* dst) { return ctx.ReadKvChunk(hist.data(), (c + 1) * T, l, c, dst); }, &info,
+                         &places);
+      if (info.replaced) done.emplace_back(c, info.file_bytes);  // at its path, even if not yet durable
+      if (!st.ok()) break;
+      // The store's units of this chunk get the file as their durable copy (an eviction of a unit
+      // then writes nothing when the codecs agree).
+      (void)shared_->AdoptFile(h[size_t(c)], c ? h[size_t(c) - 1] : 0, ct, c, path, info.codec, places, nullptr);
+    }
+    fl.lock();
+    for (const auto& d : done) {
+      ChunkFile& f = chunk_files_[h[size_t(d.first)]];
+      f.on_disk = true;
+      f.rewrite = false;
+      f.bytes = d.second;
+    }
+    for (int c : write) chunk_files_[h[size_t(c)]].writing = false;
+    files_cv_.notify_all();
+    if (!st.ok()) break;
   }
   if (!st.ok()) {
     for (int c = 0; c < k; ++c) {  // give back what this call took
       auto it = chunk_files_.find(h[size_t(c)]);
-      if (it != chunk_files_.end() && --it->second.refs == 0) {
+      if (it != chunk_files_.end() && --it->second.refs == 0 && !it->second.writing) {
         if (it->second.on_disk) model_->env()->Remove(ChunkPath(it->first));
         chunk_files_.erase(it);
       }
@@ -1194,6 +1276,38 @@ void Pool::DropChunkFileRefs(const std::vector<uint64_t>& hashes) {
     if (it->second.on_disk) model_->env()->Remove(ChunkPath(h));
     chunk_files_.erase(it);
   }
+}
+
+void Pool::ChunkFileDamaged(uint64_t hash, const std::string& why) {
+  bool counted = false;
+  {
+    std::lock_guard<std::mutex> fl(files_mu_);
+    auto it = chunk_files_.find(hash);
+    if (it == chunk_files_.end() || it->second.writing || !it->second.on_disk) return;  // known, or being replaced
+    // A damaged file is useless (its named tokens are computed again): removed, so that the next
+    // persist naming the chunk writes it again. If it cannot be removed it is still written again
+    // (replaced by rename).
+    (void)model_->env()->Remove(ChunkPath(hash));
+    it->second.on_disk = false;
+    it->second.bytes = 0;
+    counted = true;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (counted) stats_.chunk_files_damaged++;
+  (void)why;
+}
+
+void Pool::RewriteChunkFiles(const std::vector<uint64_t>& hashes) {
+  std::lock_guard<std::mutex> fl(files_mu_);
+  for (uint64_t h : hashes) {
+    auto it = chunk_files_.find(h);
+    if (it != chunk_files_.end()) it->second.rewrite = true;
+  }
+}
+
+void Pool::TakeDamagedChunkFiles(const Status& st) {
+  if (!shared_ || st.code() != Status::kCorruption) return;
+  for (uint64_t h : shared_->TakeLostFiles()) ChunkFileDamaged(h, st.message());
 }
 
 Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
@@ -1237,6 +1351,9 @@ Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunk
       }
       if (st.ok()) st = shared_->AdoptFile(h[size_t(c)], parent, ct, c, path, cr->codec(), places, &row);
       if (!st.ok()) {
+        // Missing (nothing at its path) or failing a check: written again when next named.
+        FileInfo fi;
+        if (st.code() == Status::kCorruption || !model_->env()->StatPath(path, &fi).ok()) ChunkFileDamaged(h[size_t(c)], st.message());
         release();
         return st.With("shared chunk " + std::to_string(c));
       }

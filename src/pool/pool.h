@@ -45,10 +45,14 @@
 // each lives in one chunk file, <dir>/chunks/<hash>.mzk (runtime/session_file.h, SaveChunkFile),
 // written before the first session file that names it and unlinked when the last one that names it
 // is replaced or deleted (counted per file, rebuilt from the stored files at Open, which removes
-// the chunk files nobody names: a crash between the two writes). A stored conversation opened
-// again borrows those chunks from the store, which reads them from their chunk file when first
-// attached (verified). A chunk file missing or damaged at open: the conversation's tokens are
-// computed again at open (reported in Damaged(), never a wrong chunk).
+// the chunk files nobody names: a crash between the two writes; none is removed while a stored file
+// cannot be read). One persist writes a given chunk file at a time (others naming it wait). A
+// stored conversation opened again borrows those chunks from the store, which reads them from
+// their chunk file when first attached (verified). A chunk file missing or damaged, found at open
+// or when a generation reads it: the conversation's tokens are computed again and the call goes on
+// (reported in Damaged(), counted in PoolStats::recomputed; never a wrong chunk), its prefix is
+// shared again from the recomputed context, and the chunk files are written again by its next
+// persist. A damaged file of a conversation's own (not a chunk file) keeps its error (kCorruption).
 //
 // Nothing lost (with a folder): every conversation is written to <dir>/<id>.mzs as a session file
 // (runtime/session_file.h: crash-safe by temporary name, fsync and rename) by a write-behind thread,
@@ -136,7 +140,8 @@ struct PoolStats {
   int chunk_files = 0;           // shared chunks stored once (<dir>/chunks)
   uint64_t chunk_file_bytes = 0;
   uint64_t chunk_file_refs = 0;  // stored conversations naming them, summed over the files
-  uint64_t chunk_files_damaged = 0;  // opens that found a chunk file missing or damaged (recomputed)
+  uint64_t chunk_files_damaged = 0;  // chunk files found missing or damaged (written again when next named)
+  uint64_t recomputed = 0;       // conversations computed again: a stored copy failed verification
   uint64_t memory_budget = 0, disk_budget = 0;
   uint64_t conversations_lost = 0;  // deleted by the disk budget
   uint64_t persists = 0, persist_failures = 0;
@@ -209,6 +214,17 @@ class Conversation {
   // weight unit is resident, exclusive when some must be restored.
   Status WithWeightsLocked(const std::function<Status()>& fn);
   Status PrefixLocked(const int32_t* tokens, int n, int* consumed);
+  // REQUIRES use_mu_. A stored copy of this conversation failed verification (why): a new context
+  // computes tokens again (under the weights lock), reported in the pool's Damaged() and counted
+  // (PoolStats::recomputed); the conversation is marked changed (persisted again). On success *out
+  // is the new context (the caller installs it); on error nothing changed.
+  Status ComputeAgainLocked(const std::vector<int32_t>& tokens, const std::string& why, std::shared_ptr<Context>* out);
+  // REQUIRES use_mu_. After ComputeAgainLocked, once the context it replaces is gone (its
+  // references to a lost chunk with it): ctx's first `shared` chunks are borrowed from the shared
+  // store again (added from ctx where the store lacks them) and their chunk files are written again
+  // by the next persist (RewriteChunkFiles). A failure (a unit another borrower still holds as
+  // lost, memory) keeps ctx's own copies: held twice, never wrong.
+  void ShareAgainLocked(Context& ctx, int shared);
   // Decode (pipeline false) or RestoreGenerate, with the prefix reuse and the weights lock.
   Status Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats, bool all_logits,
              bool pipeline);
@@ -228,6 +244,7 @@ class Conversation {
   std::atomic<uint64_t> last_use_ns_{0};     // Env clock
   std::atomic<uint64_t> last_use_unix_ms_{0};
   int shared_chunks_ = 0;
+  int contexts_made_ = 0;              // contexts computed again (ComputeAgainLocked; under use_mu_)
   // Under the pool's mu_:
   std::vector<uint64_t> hashes_;       // chained hashes of its full chunks (the prefix index's view)
   std::string stored_path_;            // session file ("" if never stored)
@@ -301,7 +318,9 @@ class Pool {
   friend class Conversation;
   Pool(Model* model, const PoolOptions& opts) : model_(model), opts_(opts) {}
   Status Init();
-  Status NewContext(const std::string& id, std::shared_ptr<Context>* out);
+  // A context for conversation id (its swap file named after id; suffix, if any, appended: a second
+  // context of the same conversation while the first still exists).
+  Status NewContext(const std::string& id, std::shared_ptr<Context>* out, const std::string& suffix = "");
   std::string StoredPath(const std::string& id) const;
   // References to the first chunks of the chain h (hashes of tokens' full chunks) in the shared
   // store, at most depth chunks: refs[l * *got + c]. A chunk the store lacks is filled by
@@ -340,8 +359,17 @@ class Pool {
   Status AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int k);
   // Drops one file reference per hash; a chunk file nobody names any more is unlinked.
   void DropChunkFileRefs(const std::vector<uint64_t>& hashes);
+  // The chunk file of hash was found missing or damaged (why): it is removed (a damaged one) and
+  // no longer on disk, so the next persist naming it writes it again; counted, reported once.
+  void ChunkFileDamaged(uint64_t hash, const std::string& why);
+  // The chunk files of these hashes are written again by the next persist naming them (one of them,
+  // or more, failed verification; which is not known).
+  void RewriteChunkFiles(const std::vector<uint64_t>& hashes);
+  // After a kCorruption: the chunk files the shared store found damaged when reading them.
+  void TakeDamagedChunkFiles(const Status& st);
   // The resolver of a version-2 stored file's chunks (ExternalChunkResolver): the store's units,
-  // or adopted from their chunk files (header, model, geometry and tokens checked).
+  // or adopted from their chunk files (header, model, geometry and tokens checked). A chunk file
+  // missing or failing a check is given to ChunkFileDamaged, and the error returned.
   Status ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
                          std::vector<SharedChunkStore::Ref>* refs);
 
@@ -383,8 +411,13 @@ class Pool {
     int refs = 0;
     uint64_t bytes = 0;
     bool on_disk = false;
+    // A persist is writing it (AcquireChunkFiles): one writer per chunk file, others wait on
+    // files_cv_ (its temporary name is per path).
+    bool writing = false;
+    bool rewrite = false;  // written again by the next persist naming it (RewriteChunkFiles)
   };
   std::mutex files_mu_;
+  std::condition_variable files_cv_;  // a chunk file's writing ended
   std::unordered_map<uint64_t, ChunkFile> chunk_files_;
 };
 

@@ -53,10 +53,13 @@ struct Aligned {
 
 // Writes a session file: tokens[0, n_tokens), and for every layer l and chunk c >= n_external the
 // resident form read(l, c, dst) encoded by codec. Crash-safe (temporary name, fsync, rename, fsync of
-// the folder); on error the temporary file is removed and path is untouched.
+// the folder); on error the temporary file is removed and path is untouched, except when only the
+// folder's fsync failed: then the new file is at path (info->replaced).
 Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, const std::string& path, KvCodec& codec,
                         const int32_t* tokens, int n_tokens, int n_external,
-                        const std::function<Status(int, int, uint16_t*)>& read, SessionInfo* info) {
+                        const std::function<Status(int, int, uint16_t*)>& read, SessionInfo* info,
+                        std::vector<SharedChunkStore::FilePlace>* places = nullptr) {
+  if (info) info->replaced = false;
   const int T = g.chunk_tokens;
   const int n_chunks = (n_tokens + T - 1) / T;
   if (n_external < 0 || int64_t(n_external) * T > n_tokens)
@@ -132,15 +135,23 @@ Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, cons
   if (!st.ok()) return fail(st);
   f.reset();
   MZ_RETURN_IF_ERROR(env->Rename(tmp, path));
-  MZ_RETURN_IF_ERROR(env->SyncDir(path));
   if (info) {
     info->n_tokens = n_tokens;
     info->n_chunks = n_chunks;
     info->n_external = n_external;
     info->codec = codec.name();
     info->file_bytes = off;
+    info->replaced = true;
   }
-  return Status::Ok();
+  if (places) {  // chunk 0 of every layer (SaveChunkFile)
+    places->assign(size_t(g.n_layer), SharedChunkStore::FilePlace());
+    for (int l = 0; l < g.n_layer && n_chunks > 0; ++l) {
+      const ChunkRecord& r = recs[size_t(l) * size_t(n_chunks)];
+      (*places)[size_t(l)] = {r.offset, r.size, r.hash};
+    }
+  }
+  // The new file is in place from here: an error now is of durability only (info->replaced tells).
+  return env->SyncDir(path).With("saving session " + path + " (the new file replaced the old one; the rename may not be durable)");
 }
 
 }  // namespace
@@ -160,12 +171,14 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
 }
 
 Status SaveChunkFile(const Model& model, const KvGeometry& g, const std::string& path, const std::string& codec_name,
-                     const int32_t* tokens, const std::function<Status(int, uint16_t*)>& read, SessionInfo* info) {
+                     const int32_t* tokens, const std::function<Status(int, uint16_t*)>& read, SessionInfo* info,
+                     std::vector<SharedChunkStore::FilePlace>* places) {
+  if (info) info->replaced = false;
   auto codec = MakeKvCodecFor(g.kv_type, codec_name);
   if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
   return WriteSessionFile(
       model.env(), model.identity().header_hash, g, path, *codec, tokens, g.chunk_tokens, 0,
-      [&](int l, int, uint16_t* dst) { return read(l, dst); }, info);
+      [&](int l, int, uint16_t* dst) { return read(l, dst); }, info, places);
 }
 
 struct SessionReader::Impl {
@@ -210,7 +223,9 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   if (std::memcmp(h.magic, kMagic, 8) != 0) return m.Bad("bad magic (not an mzcache session file)");
   if (h.version != kVersion && h.version != kVersionExternal) return m.Bad("unsupported version " + std::to_string(h.version));
   if (XXH64(&h, offsetof(Header, header_hash), 0) != h.header_hash) return m.Bad("header checksum mismatch");
-  if ((h.version == kVersion) != (h.n_external == 0)) return m.Bad("external chunk count inconsistent with version");
+  // Version 1 files had a reserved field where n_external now is: ignored there, whatever it holds.
+  if (h.version == kVersion) h.n_external = 0;
+  if (h.version == kVersionExternal && h.n_external == 0) return m.Bad("version 2 without external chunks");
   if (h.model_hash != model.identity().header_hash) return m.Bad("saved with a different model");
   const KvGeometry& g = m.g;
   if (int(h.n_layer) != g.n_layer || int(h.n_kv_head) != g.n_kv_head || int(h.head_dim) != g.head_dim ||

@@ -46,6 +46,10 @@ struct SessionInfo {
   int n_external = 0;  // leading chunks stored in chunk files (version 2), not in this file
   std::string codec;
   uint64_t file_bytes = 0;
+  // True once the new file replaced the old one at its path (the rename done): also when the save
+  // then fails (the folder's fsync), the file at path is the new one. False on every other error:
+  // the file at path (if any) is untouched.
+  bool replaced = false;
 };
 
 // Saves ctx with the given codec ("none" for a lossless raw copy). n_external > 0: ctx's first
@@ -58,9 +62,11 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
 // Writes a chunk file: one full chunk of geometry g (tokens: its chunk_tokens tokens; read(l, dst):
 // its resident form for layer l) encoded by codec, as a version-1 session of one chunk (crash-safe
 // as SaveSession). SessionReader opens it (tokens(): the chunk's tokens, one chunk per layer).
+// places (optional): where each layer's payload lies, once the file is in place (info->replaced),
+// as SessionReader::ChunkPlace would give them.
 Status SaveChunkFile(const Model& model, const KvGeometry& g, const std::string& path, const std::string& codec,
                      const int32_t* tokens, const std::function<Status(int, uint16_t*)>& read,
-                     SessionInfo* info = nullptr);
+                     SessionInfo* info = nullptr, std::vector<SharedChunkStore::FilePlace>* places = nullptr);
 
 // A session file opened for reading without a context: its tokens, and any chunk decoded on
 // demand (a pool's index rebuilt at start, and shared prefix chunks copied out of a stored
