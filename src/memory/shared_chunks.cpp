@@ -18,6 +18,7 @@ struct SharedChunkStore::Unit {
   // at the same path (its last name dropped, then written again) while units hold the old one open.
   std::shared_ptr<SwapFile> file;
   std::shared_ptr<KvCodec> file_codec;
+  uint64_t file_gen = 0;  // the caller's name for that file (AdoptFile's gen)
   bool lost = false;
 };
 
@@ -71,6 +72,7 @@ void SharedChunkStore::FreeUnitLocked(Unit& u) {
   u.fext = SwapExtent();
   u.file.reset();
   u.file_codec.reset();
+  u.file_gen = 0;
   u.refs = u.pins = 0;
   u.lost = false;
 }
@@ -177,8 +179,8 @@ Status SharedChunkStore::ReadStoredLocked(Unit& u, uint16_t* dst) {
     st = (own ? *codec_ : *u.file_codec).Decode(Shape(u.layer), buf.data(), buf.size(), dst);
   if (st.code() == Status::kCorruption) {
     u.lost = true;
-    if (file && std::find(lost_files_.begin(), lost_files_.end(), u.chunk->hash) == lost_files_.end())
-      lost_files_.push_back(u.chunk->hash);
+    const LostFile lf{u.chunk->hash, u.file_gen};
+    if (file && std::find(lost_files_.begin(), lost_files_.end(), lf) == lost_files_.end()) lost_files_.push_back(lf);
   }
   return st.With(std::string("reading ") + name + (file ? " from its chunk file" : ""));
 }
@@ -252,7 +254,8 @@ Status SharedChunkStore::Evict(uint64_t bytes, uint64_t* freed) {
 
 Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t* tokens, int index,
                                    const std::string& path, const std::string& codec_name,
-                                   const std::vector<FilePlace>& places, std::vector<Ref>* refs) {
+                                   const std::vector<FilePlace>& places, std::vector<Ref>* refs, uint64_t gen,
+                                   bool replace) {
   if (refs) refs->clear();
   if (places.size() != size_t(g_.n_layer))
     return Status::InvalidArgument("chunk file " + path + ": " + std::to_string(places.size()) + " places for " +
@@ -289,7 +292,7 @@ Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t
   Chunk& c = *it->second;
   for (int l = 0; l < g_.n_layer; ++l) {
     Unit& u = c.units[size_t(l)];
-    if (!u.fext.valid()) {  // a unit that has a durable copy keeps it (and the file it lies in)
+    if (!u.fext.valid() || replace) {  // else a unit that has a durable copy keeps it (and its file)
       const FilePlace& p = places[size_t(l)];
       u.fext.off = p.off;
       u.fext.len = AlignUp(p.size, kDirectIoAlign);
@@ -297,6 +300,7 @@ Status SharedChunkStore::AdoptFile(uint64_t hash, uint64_t parent, const int32_t
       u.fext.hash = p.hash;
       u.file = f;
       u.file_codec = codec;
+      u.file_gen = gen;
     }
     if (!refs) continue;
     if (u.refs == 0) c.live++;  // absent until now: held in the file only
@@ -315,9 +319,9 @@ bool SharedChunkStore::HasFile(uint64_t hash) const {
   return false;
 }
 
-std::vector<uint64_t> SharedChunkStore::TakeLostFiles() {
+std::vector<SharedChunkStore::LostFile> SharedChunkStore::TakeLostFiles() {
   std::lock_guard<std::mutex> lk(mu_);
-  std::vector<uint64_t> out;
+  std::vector<LostFile> out;
   out.swap(lost_files_);
   return out;
 }

@@ -105,13 +105,20 @@ class SharedChunkStore {
   // kInvalidArgument for a collision (hash names other tokens or another parent), a lost unit,
   // an unknown codec or a wrong count of places; the Env's error opening the file. On error
   // nothing changed and no reference was taken.
+  // gen: the caller's name for this file (reported back by TakeLostFiles). replace: every unit
+  // takes this file as its durable copy, also one that had another (a chunk file written again).
   Status AdoptFile(uint64_t hash, uint64_t parent, const int32_t* tokens, int index, const std::string& path,
-                   const std::string& codec, const std::vector<FilePlace>& places, std::vector<Ref>* refs);
+                   const std::string& codec, const std::vector<FilePlace>& places, std::vector<Ref>* refs,
+                   uint64_t gen = 0, bool replace = false);
   // True if the chunk named hash is held and has a chunk file (AdoptFile).
   bool HasFile(uint64_t hash) const;
-  // The chunks (hashes) a unit of which failed verification when read from its chunk file since
-  // the last call (each once): the file is damaged, the pool's to deal with (Pool removes it).
-  std::vector<uint64_t> TakeLostFiles();
+  // The chunk files a unit of which failed verification when read since the last call (each once):
+  // the chunk's hash and the file's gen (AdoptFile). The file is damaged: the pool's to deal with.
+  struct LostFile {
+    uint64_t hash = 0, gen = 0;
+    bool operator==(const LostFile& o) const { return hash == o.hash && gen == o.gen; }
+  };
+  std::vector<LostFile> TakeLostFiles();
   void AddRef(Ref r);
   // Drops one reference; the last one frees the unit (memory, stored copy). REQUIRES: not pinned by
   // this reference's holder (Unpin first).
@@ -154,7 +161,7 @@ class SharedChunkStore {
   // REQUIRES mu_, hash not held. A chunk with every unit absent (refs 0).
   ChunkMap::iterator NewChunkLocked(uint64_t hash, uint64_t parent, const int32_t* tokens, int index);
   ChunkMap chunks_;  // hash -> chunk
-  std::vector<uint64_t> lost_files_;  // TakeLostFiles (under mu_)
+  std::vector<LostFile> lost_files_;  // TakeLostFiles (under mu_)
 };
 
 }  // namespace mz

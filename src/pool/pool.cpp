@@ -112,16 +112,34 @@ Status Conversation::ComputeAgainLocked(const std::vector<int32_t>& tokens, cons
                                         std::shared_ptr<Context>* out) {
   std::shared_ptr<Context> ctx;
   // A name of its own for its swap file: the context it replaces may still exist.
-  MZ_RETURN_IF_ERROR(pool_->NewContext(id_, &ctx, ctx_ ? "." + std::to_string(++contexts_made_) : std::string()));
-  {
-    std::lock_guard<std::mutex> lk(pool_->mu_);
-    pool_->damaged_.push_back({stored_path_.empty() ? id_ : stored_path_, why + " (its tokens are computed again)"});
-    pool_->stats_.recomputed++;
-  }
+  // '~' is in no conversation name (ValidId): never another conversation's swap file.
+  MZ_RETURN_IF_ERROR(pool_->NewContext(id_, &ctx, ctx_ ? "~" + std::to_string(++pool_->swap_seq_) : std::string()));
   if (!tokens.empty())
     MZ_RETURN_IF_ERROR(WithWeightsLocked([&] { return ctx->Decode(tokens.data(), int(tokens.size()), false); }));
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    pool_->damaged_.push_back({stored_path_.empty() ? id_ : stored_path_, why + " (its tokens were computed again)"});
+    pool_->stats_.recomputed++;
+  }
   version_++;  // not what its stored file holds any more: persisted again
   *out = std::move(ctx);
+  return Status::Ok();
+}
+
+Status Conversation::ReplaceByComputingAgainLocked(int keep_tokens, int shared, const std::string& why) {
+  std::vector<int32_t> hist = ctx_->history();
+  hist.resize(std::min(hist.size(), size_t(keep_tokens)));
+  std::shared_ptr<Context> fresh;
+  MZ_RETURN_IF_ERROR(ComputeAgainLocked(hist, why, &fresh));
+  std::shared_ptr<Context> old;
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    old = std::move(ctx_);
+    ctx_ = std::move(fresh);
+  }
+  old.reset();  // its references to the lost chunk go first: the chunk can be shared again
+  ShareAgainLocked(*ctx_, shared);
+  shared_chunks_ = ctx_->SharedPrefixChunks();
   return Status::Ok();
 }
 
@@ -273,20 +291,8 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
           // A shared chunk it borrows failed its checksum when read (its chunk file or the store's
           // swap): that chunk stays lost for every borrower, so this conversation's tokens are
           // computed again without it, and the call is made again (nothing lost).
-          std::vector<int32_t> hist = ctx_->history();
-          hist.resize(std::min(hist.size(), size_t(before)));
-          std::shared_ptr<Context> fresh;
-          Status hs = ComputeAgainLocked(hist, st.message(), &fresh);
+          Status hs = ReplaceByComputingAgainLocked(before, shared_before, st.message());
           if (hs.ok()) {
-            std::shared_ptr<Context> old;
-            {
-              std::lock_guard<std::mutex> lk(pool_->mu_);
-              old = std::move(ctx_);
-              ctx_ = std::move(fresh);
-            }
-            old.reset();  // its references to the lost chunk go first: the chunk can be shared again
-            ShareAgainLocked(*ctx_, shared_before);
-            shared_chunks_ = ctx_->SharedPrefixChunks();
             computed_again = true;
             continue;
           }
@@ -454,7 +460,7 @@ Status Pool::Init() {
                               : Status::InvalidArgument("not a valid conversation name");
       if (!st.ok()) {
         damaged_.push_back({path, st.message()});
-        unreadable++;
+        if (ValidId(id)) unreadable++;  // a file of ours that may name chunk files
         continue;
       }
       FileInfo fi;
@@ -493,6 +499,7 @@ Status Pool::Init() {
       if (env->StatPath(path, &fi).ok()) {
         it->second.on_disk = true;
         it->second.bytes = fi.size;
+        it->second.gen = ++file_gen_seq_;
       }
     }
     // Named but missing: written again when next named (a conversation naming it is computed again).
@@ -510,7 +517,7 @@ Status Pool::Init() {
     so.codec = opts_.context.kv_codec;
     so.direct_io = opts_.context.direct_io;
     if (!opts_.dir.empty()) {
-      so.swap_path = opts_.dir + "/swap/shared.swap";
+      so.swap_path = opts_.dir + "/swap/~shared.swap";  // '~': no conversation's name (ValidId)
     } else if (!opts_.context.swap_path.empty()) {
       so.swap_path = opts_.context.swap_path + ".shared";
     } else {
@@ -686,16 +693,22 @@ Status Pool::Delete(const std::string& id) {
     if (it != convs_.end() && it->second == c) convs_.erase(it);
   }
   old.reset();
-  // A file that cannot be removed keeps naming its chunk files: their references stay (the next
-  // Open counts them again from the files), and the error is returned.
-  if (!path.empty()) MZ_RETURN_IF_ERROR(model_->env()->Remove(path).With("deleting conversation '" + id + "'"));
+  // A file that cannot be removed keeps naming its chunk files: their references stay, held for
+  // that path until a file replaces it there (Persist) or the next Open counts them again, and the
+  // error is returned.
+  Status st = path.empty() ? Status::Ok() : model_->env()->Remove(path);
   std::vector<uint64_t> drop;
   {
     std::lock_guard<std::mutex> fl(files_mu_);
     drop.swap(c->stored_external_);
+    if (!st.ok()) {
+      std::vector<uint64_t>& keep = unremoved_refs_[path];
+      keep.insert(keep.end(), drop.begin(), drop.end());
+      drop.clear();
+    }
   }
   DropChunkFileRefs(drop);
-  return Status::Ok();
+  return st.With("deleting conversation '" + id + "'");
 }
 
 bool Pool::TryReportShared(Context& ctx, MemoryReport* out) {
@@ -1100,6 +1113,20 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
       }
       SessionInfo info;
       st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()));
+      if (st.code() == Status::kCorruption && !info.replaced && c->ctx_->SharedPrefixChunks() > 0) {
+        // A shared chunk it borrows is lost (found damaged when read for this save): computed
+        // again as a call would (Conversation::Run), then saved whole; nothing of it is lost.
+        TakeDamagedChunkFiles(st);
+        DropChunkFileRefs(ext);
+        ext.clear();
+        Status hs = c->ReplaceByComputingAgainLocked(int(c->ctx_->history().size()), c->ctx_->SharedPrefixChunks(),
+                                                     st.message());
+        if (hs.ok()) {
+          st = SaveSession(*c->ctx_, path, codec, &info, 0);
+        } else {
+          st = st.With("computing its tokens again: " + hs.ToString());
+        }
+      }
       // The file references given up: the old file's once the new one is at its path (also when
       // only the folder's fsync then failed: the new file is what a restart reads), else the new ones.
       std::vector<uint64_t> drop;
@@ -1108,6 +1135,11 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
         if (info.replaced) {
           drop.swap(c->stored_external_);
           c->stored_external_ = ext;
+          auto u = unremoved_refs_.find(path);  // a file that once could not be removed, replaced now
+          if (u != unremoved_refs_.end()) {
+            drop.insert(drop.end(), u->second.begin(), u->second.end());
+            unremoved_refs_.erase(u);
+          }
         } else {
           drop = ext;
         }
@@ -1183,9 +1215,14 @@ Status Pool::EnforceDiskBudget(const std::string& keep) {
     Status st = model_->env()->Remove(p.first);
     if (st.ok()) {
       DropChunkFileRefs(p.second);
-    } else if (first.ok()) {
-      first = st.With("the disk budget deleting a conversation (its file and the chunk files it names stay)");
+      continue;
     }
+    {
+      std::lock_guard<std::mutex> fl(files_mu_);  // held for that path (as Delete does)
+      std::vector<uint64_t>& keep = unremoved_refs_[p.first];
+      keep.insert(keep.end(), p.second.begin(), p.second.end());
+    }
+    if (first.ok()) first = st.With("the disk budget deleting a conversation (its file and the chunk files it names stay)");
   }
   return first;
 }
@@ -1218,6 +1255,7 @@ Status Pool::AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int
         others = true;
       } else {
         f.writing = true;
+        f.gen = ++file_gen_seq_;
         write.push_back(c);
       }
     }
@@ -1226,9 +1264,12 @@ Status Pool::AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int
       files_cv_.wait(fl);
       continue;
     }
+    std::vector<uint64_t> gens;
+    for (int c : write) gens.push_back(chunk_files_[h[size_t(c)]].gen);
     fl.unlock();
     std::vector<std::pair<int, uint64_t>> done;  // (chunk, bytes) in place
-    for (int c : write) {
+    for (size_t i = 0; i < write.size(); ++i) {
+      const int c = write[i];
       const int32_t* ct = hist.data() + size_t(c) * size_t(T);
       const std::string path = ChunkPath(h[size_t(c)]);
       SessionInfo info;
@@ -1240,7 +1281,9 @@ Status Pool::AcquireChunkFiles(Context& ctx, const std::vector<uint64_t>& h, int
       if (!st.ok()) break;
       // The store's units of this chunk get the file as their durable copy (an eviction of a unit
       // then writes nothing when the codecs agree).
-      (void)shared_->AdoptFile(h[size_t(c)], c ? h[size_t(c) - 1] : 0, ct, c, path, info.codec, places, nullptr);
+      // Every unit takes it, also one with a copy in an older file at this path (replaced).
+      (void)shared_->AdoptFile(h[size_t(c)], c ? h[size_t(c) - 1] : 0, ct, c, path, info.codec, places, nullptr,
+                               gens[i], /*replace=*/true);
     }
     fl.lock();
     for (const auto& d : done) {
@@ -1278,12 +1321,13 @@ void Pool::DropChunkFileRefs(const std::vector<uint64_t>& hashes) {
   }
 }
 
-void Pool::ChunkFileDamaged(uint64_t hash, const std::string& why) {
+void Pool::ChunkFileDamaged(uint64_t hash, const std::string& why, uint64_t gen) {
   bool counted = false;
   {
     std::lock_guard<std::mutex> fl(files_mu_);
     auto it = chunk_files_.find(hash);
     if (it == chunk_files_.end() || it->second.writing || !it->second.on_disk) return;  // known, or being replaced
+    if (gen != 0 && gen != it->second.gen) return;  // an older file at that path, already replaced
     // A damaged file is useless (its named tokens are computed again): removed, so that the next
     // persist naming the chunk writes it again. If it cannot be removed it is still written again
     // (replaced by rename).
@@ -1307,7 +1351,7 @@ void Pool::RewriteChunkFiles(const std::vector<uint64_t>& hashes) {
 
 void Pool::TakeDamagedChunkFiles(const Status& st) {
   if (!shared_ || st.code() != Status::kCorruption) return;
-  for (uint64_t h : shared_->TakeLostFiles()) ChunkFileDamaged(h, st.message());
+  for (const auto& lf : shared_->TakeLostFiles()) ChunkFileDamaged(lf.hash, st.message(), lf.gen);
 }
 
 Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
@@ -1336,6 +1380,12 @@ Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunk
         if (ref) shared_->Release(ref);
       row.clear();
       const std::string path = ChunkPath(h[size_t(c)]);
+      uint64_t gen = 0;  // the file at path now (a rewrite meanwhile makes a finding about it stale)
+      {
+        std::lock_guard<std::mutex> fl(files_mu_);
+        auto it = chunk_files_.find(h[size_t(c)]);
+        if (it != chunk_files_.end()) gen = it->second.gen;
+      }
       std::unique_ptr<SessionReader> cr;
       Status st = SessionReader::Open(*model_, T, path, &cr, g.kv_type);
       if (st.ok() && (int(cr->tokens().size()) != T || cr->n_chunks() != 1 ||
@@ -1349,11 +1399,12 @@ Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunk
           if (enc != T) st = Status::Corruption("chunk file " + path + ": layer " + std::to_string(l) + " is not a full chunk");
         }
       }
-      if (st.ok()) st = shared_->AdoptFile(h[size_t(c)], parent, ct, c, path, cr->codec(), places, &row);
+      if (st.ok()) st = shared_->AdoptFile(h[size_t(c)], parent, ct, c, path, cr->codec(), places, &row, gen);
       if (!st.ok()) {
         // Missing (nothing at its path) or failing a check: written again when next named.
         FileInfo fi;
-        if (st.code() == Status::kCorruption || !model_->env()->StatPath(path, &fi).ok()) ChunkFileDamaged(h[size_t(c)], st.message());
+        if (st.code() == Status::kCorruption || !model_->env()->StatPath(path, &fi).ok())
+          ChunkFileDamaged(h[size_t(c)], st.message(), gen);
         release();
         return st.With("shared chunk " + std::to_string(c));
       }

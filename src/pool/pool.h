@@ -52,7 +52,8 @@
 // or when a generation reads it: the conversation's tokens are computed again and the call goes on
 // (reported in Damaged(), counted in PoolStats::recomputed; never a wrong chunk), its prefix is
 // shared again from the recomputed context, and the chunk files are written again by its next
-// persist. A damaged file of a conversation's own (not a chunk file) keeps its error (kCorruption).
+// persist. This holds for any stored copy of a conversation that names or borrows shared chunks;
+// one with no shared chunk keeps its error for a damaged file of its own (kCorruption).
 //
 // Nothing lost (with a folder): every conversation is written to <dir>/<id>.mzs as a session file
 // (runtime/session_file.h: crash-safe by temporary name, fsync and rename) by a write-behind thread,
@@ -225,6 +226,10 @@ class Conversation {
   // by the next persist (RewriteChunkFiles). A failure (a unit another borrower still holds as
   // lost, memory) keeps ctx's own copies: held twice, never wrong.
   void ShareAgainLocked(Context& ctx, int shared);
+  // REQUIRES use_mu_. The context is replaced by a new one that computed its first keep_tokens
+  // tokens again (ComputeAgainLocked), then shares its first `shared` chunks again
+  // (ShareAgainLocked). On error the context is unchanged.
+  Status ReplaceByComputingAgainLocked(int keep_tokens, int shared, const std::string& why);
   // Decode (pipeline false) or RestoreGenerate, with the prefix reuse and the weights lock.
   Status Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats, bool all_logits,
              bool pipeline);
@@ -244,7 +249,6 @@ class Conversation {
   std::atomic<uint64_t> last_use_ns_{0};     // Env clock
   std::atomic<uint64_t> last_use_unix_ms_{0};
   int shared_chunks_ = 0;
-  int contexts_made_ = 0;              // contexts computed again (ComputeAgainLocked; under use_mu_)
   // Under the pool's mu_:
   std::vector<uint64_t> hashes_;       // chained hashes of its full chunks (the prefix index's view)
   std::string stored_path_;            // session file ("" if never stored)
@@ -361,7 +365,9 @@ class Pool {
   void DropChunkFileRefs(const std::vector<uint64_t>& hashes);
   // The chunk file of hash was found missing or damaged (why): it is removed (a damaged one) and
   // no longer on disk, so the next persist naming it writes it again; counted, reported once.
-  void ChunkFileDamaged(uint64_t hash, const std::string& why);
+  // gen: the file found so (ChunkFile::gen when it was read; 0: whichever is there): a finding about
+  // a file since replaced at that path is ignored.
+  void ChunkFileDamaged(uint64_t hash, const std::string& why, uint64_t gen);
   // The chunk files of these hashes are written again by the next persist naming them (one of them,
   // or more, failed verification; which is not known).
   void RewriteChunkFiles(const std::vector<uint64_t>& hashes);
@@ -415,7 +421,13 @@ class Pool {
     // files_cv_ (its temporary name is per path).
     bool writing = false;
     bool rewrite = false;  // written again by the next persist naming it (RewriteChunkFiles)
+    uint64_t gen = 0;      // which file is at its path (file_gen_seq_ when found or written)
   };
+  uint64_t file_gen_seq_ = 0;  // under files_mu_
+  // Under files_mu_: the chunk file references of stored files that Delete or the disk budget could
+  // not remove (path -> references), dropped when a persist replaces the file at that path.
+  std::unordered_map<std::string, std::vector<uint64_t>> unremoved_refs_;
+  std::atomic<uint64_t> swap_seq_{0};  // names the swap files of contexts computed again
   std::mutex files_mu_;
   std::condition_variable files_cv_;  // a chunk file's writing ended
   std::unordered_map<uint64_t, ChunkFile> chunk_files_;
