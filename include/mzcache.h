@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 11
+#define MZ_VERSION_MINOR 12
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -746,6 +746,18 @@ struct mz_pool_params {
   bool read_stored_whole;       /* false (default): a stored conversation's file is its storage tier,
                                    restored front layers first while prefill runs (needs persist_codec
                                    equal to the context's kv_codec); true: read whole when opened */
+  /* since 0.12 */
+  uint64_t load_arena_bytes;    /* the load arena: in-memory swap segments that evictions free are
+                                   kept (mapped, touched) up to this many bytes, inside memory_budget,
+                                   and the next conversation loaded from storage fills them instead of
+                                   fresh memory; mz_pool_evict and pressure give it back first.
+                                   UINT64_MAX (default): min(256 MiB, memory_budget / 8) with a budget,
+                                   else 0; 0: none */
+  uint32_t write_behind_yield_ms; /* a background write waits between chunks while another
+                                   conversation computes its first token (restore and prefill), at
+                                   most this long in all per write (default 2000); it goes on at once
+                                   when a caller waits for the conversation it writes or for a write.
+                                   0: never waits */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
@@ -871,6 +883,15 @@ struct mz_pool_stored_report {
   uint64_t chunk_files_damaged;  /* named chunk files found missing or damaged (each once) */
 };
 int mz_pool_get_stored_report(mz_pool* pool, struct mz_pool_stored_report* out);
+/* The load arena and the write-behind (since 0.12). An output struct, frozen like the others. */
+struct mz_pool_io_report {
+  uint64_t arena_bytes;          /* held by the load arena now (part of in_memory) */
+  uint64_t arena_cap;            /* its cap (mz_pool_params.load_arena_bytes, resolved) */
+  uint64_t arena_reused_bytes;   /* segments loads took from it instead of mapping fresh memory */
+  double persist_yielded_s;      /* time background writes waited for first tokens elsewhere */
+  int32_t unsaved;               /* conversations whose last change is not stored yet */
+};
+int mz_pool_get_io_report(mz_pool* pool, struct mz_pool_io_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

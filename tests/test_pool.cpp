@@ -1033,6 +1033,107 @@ TEST(Pool, WriteBehindStaysAtMostOneCommittedTurnBehind) {
   EXPECT_EQ(r.stored_tokens, 3 * 24);
 }
 
+// The write-behind waits between chunks while another conversation computes a first token, and
+// goes on at once when a caller waits for the conversation it writes (here a Flush).
+TEST(Pool, WriteBehindWaitsForAFirstTokenElsewhereAndGoesOnForAWaiter) {
+  auto m = LoadModel();
+  const std::string dir = FreshDir("yield");
+  PoolOptions o = Opts(dir);
+  o.write_behind = true;
+  o.write_behind_yield_ms = 600000;  // longer than the test: only the rules end the wait
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  const auto a = Tokens(0, 256, 41), b = Tokens(0, 128, 42);
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+  ASSERT_TRUE(ca->Decode(a.data(), 256, false).ok());
+  // b's first call (128 tokens: a first token) stops inside its context until released.
+  std::atomic<bool> in_b{false}, release{false}, yielding{false};
+  SyncPoints::SetCallback("context:decode_locked", [&](int n) {
+    if (n != 128) return;
+    in_b = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  SyncPoints::SetCallback("pool:persist_yield", [&](int) { yielding = true; });
+  std::thread tb([&] { EXPECT_TRUE(cb->Decode(b.data(), 128, false).ok()); });
+  for (int w = 0; w < 10000 && !in_b; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(in_b);
+  ASSERT_TRUE(ca->Commit().ok());  // queues a's write
+  for (int w = 0; w < 10000 && !yielding; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(yielding) << "the write of a did not wait for b's first token";
+  ConversationReport r;
+  ASSERT_TRUE(pool->Report("a", &r).ok());
+  EXPECT_EQ(r.stored_tokens, 0);  // still waiting: nothing of it stored yet
+  // A call on a (its user is back) waits for the write: the write goes on while b still computes,
+  // and the call runs after it.
+  const int32_t next = 7;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  ASSERT_TRUE(pool->Report("a", &r).ok());
+  EXPECT_EQ(r.stored_tokens, 256);
+  EXPECT_EQ(r.n_tokens, 257);
+  EXPECT_TRUE(in_b && !release);
+  release = true;
+  tb.join();
+  SyncPoints::ClearAll();
+  EXPECT_GT(pool->Stats().persist_yielded_s, 0.0);
+}
+
+// The load arena: in-memory swap segments freed by evictions are kept and reused by the next load
+// from storage, inside the memory budget; results are bit-identical to a pool without it, and
+// Evict gives the arena back first.
+TEST(Pool, LoadArenaIsReusedWithinTheBudgetAndGivenBackFirst) {
+  auto m = LoadModel();
+  const uint64_t kv_per_token = 2ull * m->hparams().n_layer * m->hparams().n_head_kv * m->hparams().head_dim * 2;
+  const int n = 4000;  // q8 in the in-memory swap: about half of one 8 MiB segment per conversation
+  const int nv = int(m->hparams().n_vocab);
+  auto run = [&](uint64_t arena, std::vector<std::vector<float>>* logits, PoolStats* end) {
+    PoolOptions o = Opts("");
+    o.context.kv_codec = "q8";
+    o.context.n_ctx = 4096;
+    o.load_arena_bytes = arena;
+    o.memory_budget = m->tensor_bytes() + uint64_t(2.5 * n * double(kv_per_token));
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    std::vector<std::shared_ptr<Conversation>> cs(4);
+    for (int round = 0; round < 4; ++round)
+      for (int i = 0; i < 4; ++i) {
+        const std::string id = "c" + std::to_string(i);
+        if (!cs[size_t(i)]) ASSERT_TRUE(pool->OpenConversation(id, &cs[size_t(i)]).ok());
+        const auto t = Tokens(0, round == 0 ? n : 8, 50 + i + 10 * round);
+        ASSERT_TRUE(cs[size_t(i)]->RestoreGenerate(t.data(), int(t.size()), PipelineOptions(), nullptr).ok());
+        logits->push_back(Last(cs[size_t(i)]->logits(0), nv));
+        const PoolStats s = pool->Stats();
+        EXPECT_LE(s.in_memory, o.memory_budget) << id << " round " << round;
+        EXPECT_LE(s.arena_bytes, s.arena_cap);
+      }
+    *end = pool->Stats();
+    if (arena == 0) return;
+    // Evict: the arena first, and nothing else when it is enough.
+    std::vector<ConversationReport> before = pool->List();
+    const uint64_t held = end->arena_bytes;
+    ASSERT_GT(held, 0u) << "the arena held nothing at the end: nothing to give back";
+    uint64_t freed = 0;
+    ASSERT_TRUE(pool->Evict(held, &freed).ok());
+    EXPECT_GE(freed, held);
+    EXPECT_EQ(pool->Stats().arena_bytes, 0u);
+    std::vector<ConversationReport> after = pool->List();
+    ASSERT_EQ(before.size(), after.size());
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_EQ(before[i].kv_resident, after[i].kv_resident) << before[i].id;
+      EXPECT_EQ(before[i].kv_mem_compressed, after[i].kv_mem_compressed) << before[i].id;
+    }
+  };
+  std::vector<std::vector<float>> with, without;
+  PoolStats sw, so;
+  run(uint64_t(8) << 20, &with, &sw);
+  run(0, &without, &so);
+  EXPECT_GT(sw.arena_reused, 0u) << "no load reused the arena";
+  EXPECT_EQ(so.arena_reused, 0u);
+  ASSERT_EQ(with.size(), without.size());
+  for (size_t i = 0; i < with.size(); ++i) EXPECT_EQ(with[i], without[i]) << "call " << i;
+}
+
 // Eviction of an idle conversation does not wait for a generating one, and two conversations
 // generate at the same time while evictions run (TSan checks the sharing of the weights).
 TEST(PoolConcurrency, EvictionDoesNotWaitForAGeneration) {

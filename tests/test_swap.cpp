@@ -3,13 +3,16 @@
 // clear errors on ENOSPC / EIO / corruption).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <cstring>
 
 #include <random>
 
 #include "env/fault_env.h"
 #include "store/compressed_stack.h"
+#include "store/segment_cache.h"
 #include "store/swap_file.h"
 #include "test_util.h"
 
@@ -79,6 +82,95 @@ TEST(CompressedStack, FailedSegmentMappingIsAClearError) {
   Status st = s.Push(b.data(), b.size(), &h);
   EXPECT_EQ(st.code(), Status::kNoMemory) << st.ToString();
   EXPECT_EQ(s.n_live(), 0);
+}
+
+// Counts the anonymous mappings made and released (the load arena's tests).
+class MapCountingEnv : public EnvWrapper {
+ public:
+  using EnvWrapper::EnvWrapper;
+  void* MapAnon(size_t n) override {
+    maps++;
+    return EnvWrapper::MapAnon(n);
+  }
+  void Unmap(void* p, size_t n) override {
+    unmaps++;
+    EnvWrapper::Unmap(p, n);
+  }
+  std::atomic<int> maps{0}, unmaps{0};
+};
+
+TEST(SegmentCache, KeepsSegmentsUpToItsCapAndHandsThemBack) {
+  MapCountingEnv env(Env::Default());
+  const size_t seg = 1 << 20;
+  {
+    SegmentCache cache(&env, seg, 2 * seg);
+    void* a = env.MapAnon(seg);
+    void* b = env.MapAnon(seg);
+    void* c = env.MapAnon(seg);
+    void* big = env.MapAnon(2 * seg);
+    cache.Give(a, seg);
+    cache.Give(b, seg);
+    cache.Give(c, seg);       // over the cap: unmapped
+    cache.Give(big, 2 * seg);  // not the cache's size: unmapped
+    EXPECT_EQ(env.unmaps.load(), 2);
+    EXPECT_EQ(cache.bytes(), 2 * seg);
+    EXPECT_EQ(cache.Take(2 * seg), nullptr);  // only its own size
+    void* t = cache.Take(seg);
+    EXPECT_TRUE(t == a || t == b);
+    EXPECT_EQ(cache.bytes(), seg);
+    EXPECT_EQ(cache.reused_bytes(), seg);
+    cache.Give(t, seg);
+    EXPECT_EQ(cache.TrimTo(seg), seg);  // one left
+    EXPECT_EQ(env.unmaps.load(), 3);
+    cache.SetCap(0);
+    EXPECT_EQ(cache.bytes(), 0u);
+    EXPECT_EQ(env.unmaps.load(), 4);
+    cache.Give(env.MapAnon(seg), seg);  // cap 0: unmapped at once
+    EXPECT_EQ(env.unmaps.load(), 5);
+  }
+  EXPECT_EQ(env.maps.load(), env.unmaps.load());
+}
+
+TEST(SegmentCache, StacksShareItAndReuseTouchedSegments) {
+  MapCountingEnv env(Env::Default());
+  const size_t seg = 1 << 20;
+  auto cache = std::make_shared<SegmentCache>(&env, seg, 4 * seg);
+  auto fill = [&](CompressedStack& s, uint32_t seed, std::vector<CompressedStack::Handle>* hs) {
+    for (int i = 0; i < 6; ++i) {
+      auto b = Bytes(300 << 10, seed + uint32_t(i));
+      CompressedStack::Handle h;
+      ASSERT_TRUE(s.Push(b.data(), b.size(), &h).ok());
+      hs->push_back(h);
+    }
+  };
+  {
+    CompressedStack a(&env, seg, cache);
+    std::vector<CompressedStack::Handle> ha;
+    fill(a, 1, &ha);
+    const int mapped = env.maps.load();
+    EXPECT_GE(mapped, 2);
+    for (auto h : ha) a.Free(h);
+    EXPECT_EQ(a.n_segments(), 0);
+    EXPECT_EQ(env.unmaps.load(), 0);  // into the arena, not to the OS
+    EXPECT_EQ(cache->bytes(), uint64_t(mapped) * seg);
+    // Another stack (another conversation) takes them: no new mapping, and what it reads back is
+    // what it wrote (a reused segment's old bytes never leak into an entry).
+    CompressedStack b(&env, seg, cache);
+    std::vector<CompressedStack::Handle> hb;
+    fill(b, 100, &hb);
+    EXPECT_EQ(env.maps.load(), mapped);
+    EXPECT_EQ(cache->reused_bytes(), uint64_t(mapped) * seg);
+    for (int i = 0; i < 6; ++i) {
+      size_t n = 0;
+      const uint8_t* p = b.Get(hb[size_t(i)], &n);
+      auto want = Bytes(300 << 10, 100 + uint32_t(i));
+      ASSERT_EQ(n, want.size());
+      EXPECT_EQ(std::memcmp(p, want.data(), n), 0);
+    }
+  }  // b's segments go back to the arena as it is destroyed
+  EXPECT_EQ(env.unmaps.load(), 0);
+  cache.reset();  // the arena unmaps what it holds
+  EXPECT_EQ(env.maps.load(), env.unmaps.load());
 }
 
 TEST(SwapFile, RoundTripChecksumsAndSpaceReuse) {

@@ -97,7 +97,10 @@ inline constexpr SizeRange kPressureParamsSizes[] = {MZ_VERSION_END(mz_pressure_
 inline constexpr SizeRange kProfileParamsSizes[] = {MZ_ONLY_VERSION(mz_profile_params, user)};
 inline constexpr SizeRange kSustainedParamsSizes[] = {MZ_VERSION_END(mz_sustained_params, thermal_root, thermal_zone)};
 inline constexpr SizeRange kPlanParamsSizes[] = {MZ_ONLY_VERSION(mz_plan_params, margin)};
-inline constexpr SizeRange kPoolParamsSizes[] = {MZ_VERSION_END(mz_pool_params, context, read_stored_whole)};  // 0.7
+inline constexpr SizeRange kPoolParamsSizes[] = {
+    MZ_VERSION_END(mz_pool_params, context, read_stored_whole),         // 0.7
+    MZ_VERSION_END(mz_pool_params, read_stored_whole, load_arena_bytes),  // 0.8-0.11
+};
 #undef MZ_ONLY_VERSION
 #undef MZ_VERSION_END
 #undef MZ_FIELD_END

@@ -51,6 +51,8 @@ mz_pool_params mz_pool_default_params(void) {
   p.share_prefixes = true;
   p.context = nullptr;
   p.read_stored_whole = false;
+  p.load_arena_bytes = UINT64_MAX;
+  p.write_behind_yield_ms = 2000;
   return p;
 }
 
@@ -76,6 +78,8 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
     o.write_behind_idle_ms = p.write_behind_idle_ms;
     o.share_prefixes = p.share_prefixes;
     o.stored_as_storage = !p.read_stored_whole;
+    o.load_arena_bytes = p.load_arena_bytes == UINT64_MAX ? mz::PoolOptions::kAutoArena : p.load_arena_bytes;
+    o.write_behind_yield_ms = p.write_behind_yield_ms;
     auto h = std::make_unique<mz_pool>();
     h->model = model;
     MZ_RETURN_IF_ERROR(mz::Pool::Open(model->model.get(), o, &h->pool));
@@ -258,6 +262,20 @@ int mz_pool_get_stored_report(mz_pool* pool, mz_pool_stored_report* out) {
     out->chunk_file_bytes = s.chunk_file_bytes;
     out->chunk_file_refs = s.chunk_file_refs;
     out->chunk_files_damaged = s.chunk_files_damaged;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pool_get_io_report(mz_pool* pool, mz_pool_io_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::PoolStats s = pool->pool->Stats();
+    std::memset(out, 0, sizeof *out);
+    out->arena_bytes = s.arena_bytes;
+    out->arena_cap = s.arena_cap;
+    out->arena_reused_bytes = s.arena_reused;
+    out->persist_yielded_s = s.persist_yielded_s;
+    out->unsaved = s.unsaved;
     return mz::Status::Ok();
   });
 }

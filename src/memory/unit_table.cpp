@@ -20,7 +20,7 @@ double MemoryReport::remaining(bool exclude_base) const {
 
 UnitTable::UnitTable(Model* model, KvCache* kv, const UnitTableOptions& opts)
     : model_(model), kv_(kv), opts_(opts), slots_(size_t(kv->geometry().n_layer)) {
-  stack_ = std::make_unique<CompressedStack>(model->env());
+  stack_ = std::make_unique<CompressedStack>(model->env(), CompressedStack::kDefaultSegmentBytes, opts_.segment_cache);
 }
 
 UnitTable::~UnitTable() {

@@ -110,6 +110,9 @@ struct UnitTableOptions {
   // (core/touch.h: the first-access cost of fresh page-table entries, 2.3 us per page under the
   // shadow paging measured here, is paid there instead of by compute). false: the ablation.
   bool touch_restored = true;
+  // The in-memory swap takes its segments from this load arena and gives them back to it
+  // (store/segment_cache.h; a pool shares one between its conversations). nullptr: mapped afresh.
+  std::shared_ptr<SegmentCache> segment_cache;
 };
 
 // Where a KV chunk's bytes are now (UnitTable::LocateKv): a read-only view for reports

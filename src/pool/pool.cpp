@@ -254,6 +254,16 @@ void Conversation::AfterChangeLocked(int keep_tokens) {
   pool_->TryReportShared(*ctx_, &last_report_);
 }
 
+std::unique_lock<std::mutex> Conversation::LockForUse() {
+  std::unique_lock<std::mutex> use(use_mu_, std::try_to_lock);
+  if (use.owns_lock()) return use;
+  waiters_.fetch_add(1);
+  pool_->WakeYielders();
+  use.lock();
+  waiters_.fetch_sub(1);
+  return use;
+}
+
 Status Conversation::Decode(const int32_t* tokens, int n, bool all_logits) {
   return Run(tokens, n, PipelineOptions(), nullptr, all_logits, /*pipeline=*/false);
 }
@@ -267,7 +277,16 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
                          bool all_logits, bool pipeline) {
   if (!tokens || n <= 0) return Status::InvalidArgument("no tokens");
   {
-    std::lock_guard<std::mutex> use(use_mu_);
+    std::unique_lock<std::mutex> use = LockForUse();
+    // A first token (restore and prefill): the write-behind waits between chunks meanwhile.
+    struct Urgent {
+      Pool* p;
+      bool on;
+      ~Urgent() {
+        if (on && p->urgent_calls_.fetch_sub(1) == 1) p->WakeYielders();
+      }
+    } urgent{pool_, pipeline || n > 1};
+    if (urgent.on) pool_->urgent_calls_.fetch_add(1);
     MZ_RETURN_IF_ERROR(EnsureOpenLocked());
     int before = 0;
     for (bool computed_again = false;;) {
@@ -331,7 +350,7 @@ Status Conversation::WithWeightsLocked(const std::function<Status()>& fn) {
 }
 
 Status Conversation::Truncate(int n_keep) {
-  std::lock_guard<std::mutex> use(use_mu_);
+  std::unique_lock<std::mutex> use = LockForUse();
   MZ_RETURN_IF_ERROR(EnsureOpenLocked());
   if (n_keep < 0) return Status::InvalidArgument("n_keep < 0");
   if (n_keep >= int(ctx_->history().size())) return Status::Ok();
@@ -358,11 +377,14 @@ Status Conversation::Commit() {
     // counted in persist_failures and retried; the loss may then be larger, and that is reported).
     const uint64_t prev = committed_version_.load();
     if (prev > persisted_version_.load()) {
+      pool_->save_waiters_.fetch_add(1);  // a write paused for generations goes on (YieldToCalls)
+      pool_->WakeYielders();
       std::unique_lock<std::mutex> lk(pool_->wb_mu_);
       const uint64_t attempts = persist_attempts_.load();
       pool_->wb_done_cv_.wait(lk, [&] {
         return persisted_version_.load() >= prev || persist_attempts_.load() != attempts || pool_->wb_stop_;
       });
+      pool_->save_waiters_.fetch_sub(1);
     }
     committed_version_ = version_.load();
     pool_->QueuePersist(self);
@@ -372,24 +394,24 @@ Status Conversation::Commit() {
 }
 
 int Conversation::n_tokens() {
-  std::lock_guard<std::mutex> use(use_mu_);
+  std::unique_lock<std::mutex> use = LockForUse();
   if (ctx_) return int(ctx_->history().size());
   std::lock_guard<std::mutex> lk(pool_->mu_);
   return stored_tokens_;
 }
 
 const float* Conversation::logits(int row) {
-  std::lock_guard<std::mutex> use(use_mu_);
+  std::unique_lock<std::mutex> use = LockForUse();
   return ctx_ ? ctx_->logits(row) : nullptr;
 }
 
 int Conversation::n_logit_rows() {
-  std::lock_guard<std::mutex> use(use_mu_);
+  std::unique_lock<std::mutex> use = LockForUse();
   return ctx_ ? ctx_->n_logit_rows() : 0;
 }
 
 Context* Conversation::context() {
-  std::lock_guard<std::mutex> use(use_mu_);
+  std::unique_lock<std::mutex> use = LockForUse();
   return ctx_.get();
 }
 
@@ -401,6 +423,8 @@ Pool::~Pool() {
     std::lock_guard<std::mutex> lk(wb_mu_);
     wb_stop_ = true;
   }
+  stopping_ = true;
+  WakeYielders();
   wb_cv_.notify_all();
   wb_done_cv_.notify_all();
   if (wb_thread_.joinable()) wb_thread_.join();
@@ -422,6 +446,7 @@ std::string Pool::StoredPath(const std::string& id) const { return opts_.dir + "
 Status Pool::NewContext(const std::string& id, std::shared_ptr<Context>* out, const std::string& suffix) {
   ContextOptions o = opts_.context;
   o.shared_weights = true;
+  o.segment_cache = arena_;
   if (!opts_.dir.empty() && o.swap_path.empty())
     o.swap_path = opts_.dir + "/swap/" + id + suffix + ".swap";
   else if (!o.swap_path.empty())
@@ -436,6 +461,11 @@ Status Pool::Init() {
   Env* env = model_->env();
   stats_.memory_budget = opts_.memory_budget;
   stats_.disk_budget = opts_.disk_budget;
+  uint64_t arena = opts_.load_arena_bytes;
+  if (arena == PoolOptions::kAutoArena)
+    arena = opts_.memory_budget > 0 ? std::min<uint64_t>(uint64_t(256) << 20, opts_.memory_budget / 8) : 0;
+  if (arena >= CompressedStack::kDefaultSegmentBytes)
+    arena_ = std::make_shared<SegmentCache>(env, CompressedStack::kDefaultSegmentBytes, arena);
   const int T = opts_.context.kv_chunk_tokens;
   if (!opts_.dir.empty()) {
     MZ_RETURN_IF_ERROR(env->MakeDir(opts_.dir + "/swap"));
@@ -620,7 +650,7 @@ Status Pool::OpenConversation(const std::string& id, std::shared_ptr<Conversatio
     c = it->second;
   }
   {
-    std::lock_guard<std::mutex> use(c->use_mu_);
+    std::unique_lock<std::mutex> use = c->LockForUse();
     Status st = c->EnsureOpenLocked();
     if (!st.ok()) {
       std::lock_guard<std::mutex> lk(mu_);
@@ -646,7 +676,7 @@ Status Pool::Close(const std::string& id) {
   }
   if (opts_.dir.empty()) return Delete(id);  // nowhere to keep it
   MZ_RETURN_IF_ERROR(Persist(c));
-  std::lock_guard<std::mutex> use(c->use_mu_);
+  std::unique_lock<std::mutex> use = c->LockForUse();
   if (c->closed_) return Status::Ok();
   if (c->version_.load() != c->persisted_version_.load())  // changed after the persist above: persist again
     return Status::Busy("conversation '" + id + "' changed while closing: close it again");
@@ -680,7 +710,7 @@ Status Pool::Delete(const std::string& id) {
     if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
     c = it->second;
   }
-  std::lock_guard<std::mutex> use(c->use_mu_);
+  std::unique_lock<std::mutex> use = c->LockForUse();
   std::shared_ptr<Context> old;
   std::string path;
   {
@@ -741,22 +771,54 @@ Status Pool::EnforceBudget() {
     }
   }
   if (shared_) in_memory += shared_->Report().resident_bytes;  // shared chunks, once
-  if (in_memory <= opts_.memory_budget) return Status::Ok();
+  const uint64_t arena = arena_ ? arena_->bytes() : 0;
+  if (in_memory + arena <= opts_.memory_budget) return Status::Ok();
   std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
   if (!ev.owns_lock()) return Status::Ok();  // a pass is under way
+  const uint64_t over = in_memory + arena - opts_.memory_budget;
   uint64_t freed = 0;
-  return EvictLocked(in_memory - opts_.memory_budget, &freed, /*spare_active=*/true);
+  if (!arena_) return EvictLocked(over, &freed, /*spare_active=*/true);
+  // 1. Idle conversations, least recently used first, also for room to keep a full load arena
+  // (the swap segments they free go into it). 2. The arena keeps what fits beside what is still
+  // held. 3. Still over with the arena empty: the usual pass (the conversation in use, then the
+  // weights), and the arena again keeps only what fits.
+  const uint64_t refill = arena_->cap() > arena ? arena_->cap() - arena : 0;
+  Status st = EvictLocked(over + refill, &freed, /*spare_active=*/true, /*idle_only=*/true);
+  uint64_t held = in_memory > freed ? in_memory - freed : 0;
+  arena_->TrimTo(opts_.memory_budget > held ? opts_.memory_budget - held : 0);
+  if (held <= opts_.memory_budget) return st;
+  uint64_t more = 0;
+  Status s2 = EvictLocked(held - opts_.memory_budget, &more, /*spare_active=*/true);
+  held = held > more ? held - more : 0;
+  arena_->TrimTo(opts_.memory_budget > held ? opts_.memory_budget - held : 0);
+  return st.ok() ? s2 : st;
 }
 
 Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
   std::lock_guard<std::mutex> ev(evict_mu_);
   uint64_t f = 0;
-  Status st = EvictLocked(bytes, &f);
+  Status st;
+  if (arena_) {
+    // The load arena first: memory given back at once, nothing of any conversation moves. While
+    // this pass runs, segments the conversations free go to the OS, not into the arena.
+    const uint64_t a = arena_->bytes();
+    f = arena_->TrimTo(a > bytes ? a - bytes : 0);
+    if (f < bytes) {
+      const uint64_t cap = arena_->cap();
+      arena_->SetCap(0);
+      uint64_t g = 0;
+      st = EvictLocked(bytes - f, &g);
+      f += g;
+      arena_->SetCap(cap);
+    }
+  } else {
+    st = EvictLocked(bytes, &f);
+  }
   if (freed) *freed = f;
   return st;
 }
 
-Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
+Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, bool idle_only) {
   *freed = 0;
   struct Victim {
     uint64_t last_use;
@@ -787,7 +849,7 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
         if (!st.ok() && first_err.ok()) first_err = st;
       };
       for (size_t i = 0; i < order.size(); ++i) {
-        if (total >= bytes) break;
+        if (total >= bytes || (idle_only && i + 1 == order.size())) break;
         const auto& v = order[i];
         // An idle conversation goes out whole, its in-memory swap included: the swap is a stack
         // whose segments come back only once it is empty, so moving part of it frees nothing.
@@ -806,7 +868,11 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
         uint64_t f = 0;
         Status st = v.ctx->EvictBytes(idle ? ~uint64_t(0) : bytes - total, &f, nullptr, EvictScope::kKvOnly);
         total += f;
-        if (st.code() == Status::kBusy && idle) idle_busy = true;
+        if (st.code() == Status::kBusy && idle) {
+          idle_busy = true;
+          busy_finds_.fetch_add(1);  // a write of it paused for generations goes on
+          WakeYielders();
+        }
         if (!st.ok() && st.code() != Status::kBusy && first_err.ok()) first_err = st;
         if (idle || total < bytes) {
           if (v.ctx->DetachShared(nullptr).code() == Status::kBusy && idle) idle_busy = true;
@@ -824,7 +890,7 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active) {
     return first_err;
   }
   // 3. weights, only while no conversation computes.
-  if (total < bytes) {
+  if (total < bytes && !idle_only) {
     std::unique_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
     if (wl.owns_lock()) {
       uint64_t f = 0;
@@ -1088,12 +1154,40 @@ void Pool::QueuePersist(const std::shared_ptr<Conversation>& c) {
   wb_cv_.notify_all();
 }
 
-Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
+void Pool::WakeYielders() {
+  { std::lock_guard<std::mutex> lk(yield_mu_); }  // a waiter between its check and its wait sees the change
+  yield_cv_.notify_all();
+}
+
+void Pool::YieldToCalls(Conversation& c, uint64_t busy0, uint64_t* left_ns) {
+  auto go_on = [&] {
+    return urgent_calls_.load() == 0 || c.waiters_.load() > 0 || save_waiters_.load() > 0 ||
+           busy_finds_.load() != busy0 || stopping_.load();
+  };
+  if (*left_ns == 0 || go_on()) return;
+  MZ_SYNC_POINT("pool:persist_yield", 0);  // tests: a background write waits for a first token
+  Env* env = model_->env();
+  const uint64_t t0 = env->NowNs();
+  {
+    std::unique_lock<std::mutex> lk(yield_mu_);
+    yield_cv_.wait_for(lk, std::chrono::nanoseconds(*left_ns), go_on);
+  }
+  const uint64_t d = env->NowNs() - t0;
+  *left_ns = d >= *left_ns ? 0 : *left_ns - d;
+  yielded_ns_.fetch_add(d);
+}
+
+Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
   if (opts_.dir.empty()) return Status::Ok();
   Status st;
   bool unchanged = false;
+  uint64_t yield_left = background ? uint64_t(opts_.write_behind_yield_ms) * 1000000ull : 0;
+  const uint64_t busy0 = busy_finds_.load();
+  std::function<void()> between;
+  if (yield_left > 0) between = [&] { YieldToCalls(*c, busy0, &yield_left); };
   {
-    std::lock_guard<std::mutex> use(c->use_mu_);
+    std::unique_lock<std::mutex> use =
+        background ? std::unique_lock<std::mutex>(c->use_mu_) : c->LockForUse();
     unchanged = c->closed_ || !c->ctx_ || c->version_.load() == c->persisted_version_.load();
     if (!unchanged) {
       const std::string path = StoredPath(c->id_);
@@ -1112,7 +1206,7 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c) {
         if (k > 0 && AcquireChunkFiles(*c->ctx_, h, k).ok()) ext.assign(h.begin(), h.begin() + k);
       }
       SessionInfo info;
-      st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()));
+      st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()), between);
       if (st.code() == Status::kCorruption && !info.replaced && c->ctx_->SharedPrefixChunks() > 0) {
         // A shared chunk it borrows is lost (found damaged when read for this save): computed
         // again as a call would (Conversation::Run), then saved whole; nothing of it is lost.
@@ -1440,7 +1534,7 @@ void Pool::WriteBehindLoop() {
       }
     }
     for (auto& w : q)
-      if (auto c = w.lock()) Persist(c);  // failures are counted (persist_failures) and retried later
+      if (auto c = w.lock()) Persist(c, /*background=*/true);  // failures are counted (persist_failures) and retried later
     // A budget pass that stopped at a busy idle conversation (a generation, now over) runs again.
     if (budget_retry_.exchange(false)) (void)EnforceBudget();
     lk.lock();
@@ -1483,6 +1577,7 @@ PoolStats Pool::Stats() {
     s.stored_bytes += c.stored_bytes_;
     if (!c.ctx_) continue;
     s.n_open++;
+    if (!opts_.dir.empty() && c.version_.load() != c.persisted_version_.load()) s.unsaved++;
     TryReportShared(*c.ctx_, &c.last_report_);
     s.kv_resident += c.last_report_.kv_resident;
     s.kv_mem_compressed += c.last_report_.stack_mapped;
@@ -1499,7 +1594,13 @@ PoolStats Pool::Stats() {
   }
   s.stored_bytes += s.chunk_file_bytes;
   if (shared_) s.shared = shared_->Report();
-  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes;
+  if (arena_) {
+    s.arena_bytes = arena_->bytes();
+    s.arena_cap = arena_->cap();
+    s.arena_reused = arena_->reused_bytes();
+  }
+  s.persist_yielded_s = double(yielded_ns_.load()) * 1e-9;
+  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes + s.arena_bytes;
   return s;
 }
 

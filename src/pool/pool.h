@@ -104,6 +104,13 @@ struct PoolOptions {
   std::string persist_codec = "q8";  // session codec of stored conversations ("none": lossless)
   bool write_behind = true;          // false: Commit() persists before it returns
   uint32_t write_behind_idle_ms = 2000;  // a changed conversation idle this long is persisted
+  // The write-behind yields to generations: between two chunks of a background write it waits
+  // while another conversation's call computes its first token (a restore_generate, or a decode of
+  // more than one token: restore and prefill, on the cores they need), at most this long in all per
+  // write. It goes on at once when a caller waits for the conversation being written (a call, a
+  // close, a commit waiting for its previous turn's write) or an eviction finds it busy. 0: never
+  // waits (the write competes with the generation).
+  uint32_t write_behind_yield_ms = 2000;
   bool share_prefixes = true;
   // A stored conversation opened again (after a restart, or once closed) keeps its session file
   // as its storage tier (OpenSessionAsStorage): nothing is read at open, and its first
@@ -114,6 +121,15 @@ struct PoolOptions {
   // Shared prefix chunks are stored once, in chunk files named by stored conversations (above);
   // false: every stored file holds a copy of every chunk (version 1 files, the ablation).
   bool dedup_stored = true;
+  // The load arena (store/segment_cache.h): in-memory swap segments that conversations' evictions
+  // give back are kept, mapped and touched, up to this many bytes, and a conversation loaded from
+  // storage next fills them instead of fresh memory (which costs a page fault per page, twice
+  // under a VM's shadow paging). It is inside memory_budget: a budget pass evicts idle
+  // conversations to make room for it (never the conversation in use, never weights), and Evict
+  // (pressure, mz_pool_evict) gives it back first. kAutoArena: min(256 MiB, memory_budget / 8)
+  // with a budget, else 0. 0: none (every segment unmapped when freed).
+  static constexpr uint64_t kAutoArena = ~uint64_t(0);
+  uint64_t load_arena_bytes = kAutoArena;
 };
 
 struct ConversationReport {
@@ -150,6 +166,11 @@ struct PoolStats {
   uint64_t evictions = 0, bytes_evicted = 0;
   uint64_t restored_ahead = 0;  // bytes brought back by restore-ahead (PoolPressureOptions)
   uint64_t budget_deferred = 0;  // budget passes that spared the conversation in use (an idle one was busy)
+  // The load arena (PoolOptions::load_arena_bytes; counted in in_memory): held now, its cap, and
+  // bytes of segments reused from it instead of mapped afresh.
+  uint64_t arena_bytes = 0, arena_cap = 0, arena_reused = 0;
+  double persist_yielded_s = 0;  // time background writes waited for generations (write_behind_yield_ms)
+  int unsaved = 0;  // conversations whose last change is not stored yet (dir set)
   // The store of shared chunks (counted once; in_memory includes shared_resident).
   SharedChunkReport shared;
 };
@@ -245,6 +266,10 @@ class Conversation {
   std::atomic<int> n_tokens_{0};       // history length (written under use_mu_)
   std::atomic<uint64_t> persisted_version_{0};
   std::atomic<uint64_t> committed_version_{0};  // version_ at the last Commit
+  // Foreground callers waiting for use_mu_ (LockForUse): a background write of this conversation
+  // paused for other calls (Pool::YieldToCalls) goes on when one waits.
+  std::atomic<int> waiters_{0};
+  std::unique_lock<std::mutex> LockForUse();
   std::atomic<uint64_t> persist_attempts_{0};   // Persist attempts ended (under the pool's wb_mu_)
   std::atomic<uint64_t> last_use_ns_{0};     // Env clock
   std::atomic<uint64_t> last_use_unix_ms_{0};
@@ -344,14 +369,21 @@ class Pool {
   bool LlmBytes(uint64_t* llm, uint64_t* resident);
   // REQUIRES evict_mu_. spare_active: step 2 and 3 are skipped when an idle conversation was
   // busy (budget_retry_ set: the next persist runs the budget pass again).
-  Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false);
+  // idle_only: only the idle conversations (not the most recently used one, not the weights).
+  Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false, bool idle_only = false);
   bool AllWeightsResident() const;
   // ctx's report (it reads the shared weight units' state) under the weights lock taken shared,
   // without waiting for either: false (out unchanged: the last known figures) if one is busy.
   bool TryReportShared(Context& ctx, MemoryReport* out);
   void QueuePersist(const std::shared_ptr<Conversation>& c);
   // Saves c if it changed since its last save (waits for a call running on it). Counted in stats_.
-  Status Persist(const std::shared_ptr<Conversation>& c);
+  // background: the write-behind thread's write, which yields to generations (YieldToCalls).
+  Status Persist(const std::shared_ptr<Conversation>& c, bool background = false);
+  // The write-behind's pause between two chunks of conversation c's write: waits while a call
+  // computes its first token elsewhere, until one waits for c or for a write (Commit), an eviction
+  // found a conversation busy since the write began (busy0), or *left_ns runs out (decremented).
+  void YieldToCalls(Conversation& c, uint64_t busy0, uint64_t* left_ns);
+  void WakeYielders();  // something YieldToCalls waits on changed
   Status EnforceDiskBudget(const std::string& keep);
   void WriteBehindLoop();
   // ---- chunk files (dedup_stored) ----
@@ -392,6 +424,7 @@ class Pool {
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
   // Full chunks held once for every conversation using them (share_prefixes); thread-safe itself.
   std::shared_ptr<SharedChunkStore> shared_;
+  std::shared_ptr<SegmentCache> arena_;  // the load arena (nullptr: none); every context's in-memory swap uses it
   std::mutex pressure_mu_;
   AmountPolicy amount_{AmountOptions()};  // under pressure_mu_
   // Odd while an OnPressure runs; bumped at its start and end (under pressure_mu_). A restore-ahead
@@ -402,6 +435,15 @@ class Pool {
   std::unique_ptr<PressureSource> watch_src_;
   std::thread watch_thread_;
   std::atomic<bool> watch_ended_{false};  // the watch thread returned on a source error
+  // The write-behind's yield (YieldToCalls): calls computing a first token, Commits waiting for a
+  // write, evictions that found an idle conversation busy.
+  std::mutex yield_mu_;
+  std::condition_variable yield_cv_;
+  std::atomic<int> urgent_calls_{0};
+  std::atomic<int> save_waiters_{0};
+  std::atomic<uint64_t> busy_finds_{0};
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> yielded_ns_{0};
   // Write-behind.
   std::mutex wb_mu_;
   std::condition_variable wb_cv_, wb_done_cv_;

@@ -33,6 +33,7 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   eo.map_swap = opts.map_swap;
   eo.restore_threads = opts.restore_threads;
   eo.touch_restored = opts.touch_restored;
+  eo.segment_cache = opts.segment_cache;
   units_ = std::make_unique<UnitTable>(model, kv_.get(), eo);
 }
 

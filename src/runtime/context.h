@@ -87,6 +87,9 @@ struct ContextOptions {
   // Restored units are read once from user space by the thread that restored them
   // (UnitTableOptions::touch_restored, core/touch.h). false: the ablation.
   bool touch_restored = true;
+  // The in-memory swap's load arena (UnitTableOptions::segment_cache): a pool gives every
+  // conversation's context its own one. nullptr: none.
+  std::shared_ptr<SegmentCache> segment_cache;
   // The model's weight units are shared with other contexts (a pool's conversations, src/pool):
   // this context never moves them on its own. EvictBytes plans KV chunks only (EvictScope::kDefault)
   // and Reconcile checks KV chunks only; weights are evicted by the owner of the sharing, which
@@ -261,7 +264,8 @@ class Context {
   const ContextOptions& options() const { return opts_; }
 
  private:
-  friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*, int);
+  friend Status SaveSession(Context&, const std::string&, const std::string&, struct SessionInfo*, int,
+                            const std::function<void()>&);
   friend Status LoadSession(Context&, const std::string&, struct SessionInfo*, const ExternalChunkResolver&);
   friend Status OpenSessionAsStorage(Context&, const std::string&, struct SessionInfo*, const ExternalChunkResolver&);
   friend struct ContextTestPeer;

@@ -58,7 +58,8 @@ struct Aligned {
 Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, const std::string& path, KvCodec& codec,
                         const int32_t* tokens, int n_tokens, int n_external,
                         const std::function<Status(int, int, uint16_t*)>& read, SessionInfo* info,
-                        std::vector<SharedChunkStore::FilePlace>* places = nullptr) {
+                        std::vector<SharedChunkStore::FilePlace>* places = nullptr,
+                        const std::function<void()>& between = nullptr) {
   if (info) info->replaced = false;
   const int T = g.chunk_tokens;
   const int n_chunks = (n_tokens + T - 1) / T;
@@ -98,6 +99,7 @@ Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, cons
   uint64_t off = h.data_offset;
   for (int l = 0; l < g.n_layer; ++l) {
     for (int c = n_external; c < n_chunks; ++c) {
+      if (between) between();
       Status st = read(l, c, reinterpret_cast<uint16_t*>(raw.p));
       if (!st.ok()) return fail(st);
       const ChunkShape sh{g.n_kv_head, T, g.head_dim, std::min(T, n_tokens - c * T), l, g.n_layer};
@@ -157,7 +159,7 @@ Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, cons
 }  // namespace
 
 Status SaveSession(Context& ctx, const std::string& path, const std::string& codec_name, SessionInfo* info,
-                   int n_external) {
+                   int n_external, const std::function<void()>& between) {
   Context::ForegroundLock lk(&ctx);
   MZ_SYNC_POINT("session:save_locked", 0);  // tests: a save in progress (the context is busy)
   const KvGeometry& g = ctx.kv_->geometry();
@@ -167,7 +169,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   return WriteSessionFile(
       ctx.model_->env(), ctx.model_->identity().header_hash, g, path, *codec, ctx.history_.data(),
       int(ctx.history_.size()), n_external,
-      [&](int l, int c, uint16_t* dst) { return ctx.units_->ReadChunk(l, c, dst); }, info);
+      [&](int l, int c, uint16_t* dst) { return ctx.units_->ReadChunk(l, c, dst); }, info, nullptr, between);
 }
 
 Status SaveChunkFile(const Model& model, const KvGeometry& g, const std::string& path, const std::string& codec_name,

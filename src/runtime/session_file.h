@@ -55,9 +55,11 @@ struct SessionInfo {
 // Saves ctx with the given codec ("none" for a lossless raw copy). n_external > 0: ctx's first
 // n_external chunks (full) are not written; the file (version 2) names them by the chain hashes of
 // its tokens, and the caller must have stored each in its chunk file (SaveChunkFile) before this
-// call. kInvalidArgument if ctx has fewer full chunks.
+// call. kInvalidArgument if ctx has fewer full chunks. between (optional): called before each
+// chunk is read and written, with ctx locked (a pool's write-behind waits there while a generation
+// needs the cores: Pool::YieldToCalls); it must not use ctx.
 Status SaveSession(Context& ctx, const std::string& path, const std::string& codec, SessionInfo* info = nullptr,
-                   int n_external = 0);
+                   int n_external = 0, const std::function<void()>& between = nullptr);
 
 // Writes a chunk file: one full chunk of geometry g (tokens: its chunk_tokens tokens; read(l, dst):
 // its resident form for layer l) encoded by codec, as a version-1 session of one chunk (crash-safe

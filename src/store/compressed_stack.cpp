@@ -5,11 +5,20 @@
 
 namespace mz {
 
-CompressedStack::CompressedStack(Env* env, size_t segment_bytes) : env_(env), segment_bytes_(segment_bytes) {}
+CompressedStack::CompressedStack(Env* env, size_t segment_bytes, std::shared_ptr<SegmentCache> cache)
+    : env_(env), cache_(std::move(cache)), segment_bytes_(segment_bytes) {}
 
 CompressedStack::~CompressedStack() {
   for (auto& s : segs_)
-    if (s.base) env_->Unmap(s.base, s.cap);
+    if (s.base) Release(s.base, s.cap);
+}
+
+void CompressedStack::Release(uint8_t* base, size_t cap) {
+  if (cache_) {
+    cache_->Give(base, cap);
+  } else {
+    env_->Unmap(base, cap);
+  }
 }
 
 Status CompressedStack::Push(const void* data, size_t n, Handle* out) {
@@ -27,7 +36,8 @@ Status CompressedStack::Reserve(size_t n, size_t cap, size_t align, Handle* out,
   size_t off = segs_.empty() ? 0 : AlignUp(segs_.back().top, align);
   if (segs_.empty() || !segs_.back().base || off > segs_.back().cap || segs_.back().cap - off < need) {
     const size_t seg_cap = AlignUp(std::max(segment_bytes_, need), kDirectIoAlign);
-    void* m = env_->MapAnon(seg_cap);
+    void* m = cache_ ? cache_->Take(seg_cap) : nullptr;  // a touched segment of the load arena
+    if (!m) m = env_->MapAnon(seg_cap);
     if (!m) return Status::NoMemory("mapping a " + std::to_string(seg_cap) + "-byte swap stack segment");
     segs_.push_back(Segment{static_cast<uint8_t*>(m), seg_cap, 0, 0});
     off = 0;
@@ -68,7 +78,7 @@ void CompressedStack::Free(Handle h) {
   Segment& seg = segs_[size_t(e.seg)];
   if (--seg.live == 0 && seg.base && size_t(e.seg) + 1 < segs_.size()) {
     // An interior segment emptied out of order: give it back now (the top one is handled by Shrink).
-    env_->Unmap(seg.base, seg.cap);
+    Release(seg.base, seg.cap);
     seg.base = nullptr;
     seg.top = 0;
   }
@@ -82,7 +92,7 @@ void CompressedStack::Shrink() {
     if (segs_[size_t(e.seg)].base) segs_[size_t(e.seg)].top = e.off;
   }
   while (!segs_.empty() && (segs_.back().top == 0 || !segs_.back().base)) {
-    if (segs_.back().base) env_->Unmap(segs_.back().base, segs_.back().cap);
+    if (segs_.back().base) Release(segs_.back().base, segs_.back().cap);
     segs_.pop_back();
   }
 }

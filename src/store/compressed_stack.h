@@ -10,18 +10,24 @@
 // read concurrently (the pointer stays valid until that entry is freed).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "core/status.h"
 #include "env/env.h"
+#include "store/segment_cache.h"
 
 namespace mz {
 
 class CompressedStack {
  public:
+  static constexpr size_t kDefaultSegmentBytes = size_t(8) << 20;
   // segment_bytes: default size of a new segment (a larger push gets a segment of its own size).
-  CompressedStack(Env* env, size_t segment_bytes = size_t(8) << 20);
+  // cache (optional, shared): segments of its size are taken from it before mapping new ones and
+  // given back to it instead of being unmapped (it keeps them up to its cap: the load arena).
+  CompressedStack(Env* env, size_t segment_bytes = kDefaultSegmentBytes,
+                  std::shared_ptr<SegmentCache> cache = nullptr);
   ~CompressedStack();
   CompressedStack(const CompressedStack&) = delete;
   CompressedStack& operator=(const CompressedStack&) = delete;
@@ -58,7 +64,9 @@ class CompressedStack {
     uint32_t gen;  // push sequence number: a stale handle never matches a reused slot
   };
   void Shrink();  // pops dead entries from the top and releases empty segments
+  void Release(uint8_t* base, size_t cap);  // to the cache, or unmapped
   Env* env_;
+  std::shared_ptr<SegmentCache> cache_;
   size_t segment_bytes_;
   mutable std::mutex mu_;
   std::vector<Segment> segs_;

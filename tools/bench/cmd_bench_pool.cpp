@@ -53,6 +53,8 @@ struct PoolBenchArgs {
   std::string out = "results/bench-pool";
   bool quick = false;
   std::string settle = "none";  // none | alternate: wait for the previous turn's save before even returns
+  int64_t arena_mib = -1;        // mz_pool_params.load_arena_bytes in MiB (-1: the default)
+  int yield_ms = -1;             // mz_pool_params.write_behind_yield_ms (-1: the default)
 };
 
 struct PoolFree {
@@ -130,6 +132,8 @@ class PoolBench {
     pp.dir = dir.c_str();
     pp.memory_budget = budget;
     pp.context = &cp;
+    if (a.arena_mib >= 0) pp.load_arena_bytes = uint64_t(a.arena_mib) << 20;
+    if (a.yield_ms >= 0) pp.write_behind_yield_ms = uint32_t(a.yield_ms);
     {
       mz_pool* p = nullptr;
       if (int rc = mz_pool_new(model.get(), &pp, &p); rc != MZ_OK) return MzStatus(rc);
@@ -224,6 +228,7 @@ class PoolBench {
                    "resident %.3f s\n",
                    q + 1, a.queries, name(i).c_str(), 100 * share, 100 * mem_q8, r1.ttft_s, r2.ttft_s);
     }
+    mz_pool_get_io_report(pool.get(), &io_trace);  // before the re-prefills left: the trace's own figures
     while (int(reprefill.size()) < a.reprefill_reps) {
       st = reprefill_once(int(reprefill.size()));
       if (!st.ok()) return st;
@@ -416,10 +421,21 @@ class PoolBench {
                   (unsigned long long)stored.chunk_file_refs,
                   stored.chunk_files ? double(stored.chunk_file_bytes) / stored.chunk_files / 1048576 : 0.0);
     md += buf;
+    std::snprintf(buf, sizeof buf,
+                  "\nAt the trace's end: load arena %.0f of %.0f MiB held, %.0f MiB of segments reused by loads "
+                  "instead of fresh memory; background writes waited %.1f s in all for first tokens elsewhere; %d "
+                  "conversations had a change not yet stored.\n",
+                  double(io_trace.arena_bytes) / 1048576, double(io_trace.arena_cap) / 1048576,
+                  double(io_trace.arena_reused_bytes) / 1048576, io_trace.persist_yielded_s, (int)io_trace.unsaved);
+    md += buf;
     nlohmann::json doc = {{"machine", MachineDescription()}, {"model", info.name}, {"args",
                            {{"conversations", a.conversations}, {"tokens", a.tokens}, {"system", a.system},
                             {"resident", a.resident}, {"queries", a.queries}, {"threads", a.threads}, {"seed", a.seed},
-                            {"settle", a.settle}}},
+                            {"settle", a.settle}, {"arena_mib", a.arena_mib}, {"yield_ms", a.yield_ms}}},
+                          {"io_at_trace_end", {{"arena_bytes", io_trace.arena_bytes}, {"arena_cap", io_trace.arena_cap},
+                                               {"arena_reused_bytes", io_trace.arena_reused_bytes},
+                                               {"persist_yielded_s", io_trace.persist_yielded_s},
+                                               {"unsaved", io_trace.unsaved}}},
                           {"ttft_return_settled_s", ret_settled}, {"ttft_return_in_flight_s", ret_in_flight},
                           {"budget_bytes", budget}, {"model_load_s", model_load_s}, {"build_s", build_s},
                           {"ttft_return_s", ret}, {"ttft_resident_s", res}, {"kv_resident_share", resident_share},
@@ -472,6 +488,7 @@ class PoolBench {
   uint64_t prefix_reused = 0, stored_after_build = 0;
   mz_pool_shared_report shr{};     // the shared system prompt's chunks, held once (issue 22)
   mz_pool_stored_report stored{};  // and stored once, in chunk files (0.11)
+  mz_pool_io_report io_trace{};    // load arena and write-behind at the trace's end (0.12)
   // Trace.
   std::vector<double> ret, res, resident_share, reprefill;
   std::vector<double> ret_settled, ret_in_flight;  // --settle alternate: the two halves
@@ -511,6 +528,11 @@ void AddPoolBench(CLI::App* bench, Runners& runners) {
                 "none: each return runs while the previous turn is being saved (write-behind); alternate: even "
                 "returns first wait for that save, reported apart")
       ->check(CLI::IsMember({"none", "alternate"}));
+  c->add_option("--arena-mib", a->arena_mib, "load arena in MiB (mz_pool_params.load_arena_bytes; -1: the default, 0: none)")
+      ->check(CLI::Range(int64_t(-1), int64_t(1) << 20));
+  c->add_option("--yield-ms", a->yield_ms,
+                "write-behind yield per write in ms (mz_pool_params.write_behind_yield_ms; -1: the default, 0: never)")
+      ->check(CLI::Range(-1, 600000));
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
     return RunPoolBench(*a);
