@@ -756,8 +756,8 @@ struct mz_pool_params {
   uint32_t write_behind_yield_ms; /* a background write waits between chunks while another
                                    conversation computes its first token (restore and prefill), at
                                    most this long in all per write (default 2000); it goes on at once
-                                   when a caller waits for the conversation it writes or for a write.
-                                   0: never waits */
+                                   when a caller waits for the conversation it writes or for a write,
+                                   or another write is queued. 0: never waits */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */

@@ -1043,8 +1043,9 @@ TEST(Pool, WriteBehindWaitsForAFirstTokenElsewhereAndGoesOnForAWaiter) {
   o.write_behind_yield_ms = 600000;  // longer than the test: only the rules end the wait
   std::unique_ptr<Pool> pool;
   ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
-  const auto a = Tokens(0, 256, 41), b = Tokens(0, 128, 42);
-  std::shared_ptr<Conversation> ca, cb;
+  // a and c share a 128-token system prompt (two chunks); b shares nothing.
+  const auto a = Tokens(128, 256, 41), b = Tokens(0, 128, 42), c = Tokens(128, 200, 43);
+  std::shared_ptr<Conversation> ca, cb, cc;
   ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
   ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
   ASSERT_TRUE(ca->Decode(a.data(), 256, false).ok());
@@ -1065,8 +1066,15 @@ TEST(Pool, WriteBehindWaitsForAFirstTokenElsewhereAndGoesOnForAWaiter) {
   ConversationReport r;
   ASSERT_TRUE(pool->Report("a", &r).ok());
   EXPECT_EQ(r.stored_tokens, 0);  // still waiting: nothing of it stored yet
-  // A call on a (its user is back) waits for the write: the write goes on while b still computes,
-  // and the call runs after it.
+  // A new conversation whose first call copies or borrows a's prefix chunks waits for a's context,
+  // which the paused write holds: the write notices and goes on (else this call would wait for the
+  // whole yield budget, 10 minutes).
+  ASSERT_TRUE(pool->OpenConversation("c", &cc).ok());
+  ASSERT_TRUE(cc->Decode(c.data(), int(c.size()), false).ok());
+  EXPECT_GE(pool->Stats().prefix_chunks_reused, 2u);
+  EXPECT_TRUE(in_b && !release);
+  // A call on a (its user is back) waits for the write if it is still under way: it goes on while
+  // b still computes, and the call runs after it.
   const int32_t next = 7;
   ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
   ASSERT_TRUE(pool->Report("a", &r).ok());

@@ -464,8 +464,10 @@ Status Pool::Init() {
   uint64_t arena = opts_.load_arena_bytes;
   if (arena == PoolOptions::kAutoArena)
     arena = opts_.memory_budget > 0 ? std::min<uint64_t>(uint64_t(256) << 20, opts_.memory_budget / 8) : 0;
-  if (arena >= CompressedStack::kDefaultSegmentBytes)
+  if (arena >= CompressedStack::kDefaultSegmentBytes) {
+    arena_cap_ = arena;
     arena_ = std::make_shared<SegmentCache>(env, CompressedStack::kDefaultSegmentBytes, arena);
+  }
   const int T = opts_.context.kv_chunk_tokens;
   if (!opts_.dir.empty()) {
     MZ_RETURN_IF_ERROR(env->MakeDir(opts_.dir + "/swap"));
@@ -754,7 +756,18 @@ bool Pool::AllWeightsResident() const {
 
 Status Pool::EnforceBudget() {
   if (opts_.memory_budget == 0) return Status::Ok();
+  if (arena_ && arena_resume_ns_.load() != 0) {
+    // The arena off since an Evict (pressure) comes back kArenaPauseNs after the last one (under
+    // evict_mu_, as Evict turns it off).
+    std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
+    const uint64_t resume = arena_resume_ns_.load();
+    if (ev.owns_lock() && resume != 0 && model_->env()->NowNs() >= resume) {
+      arena_resume_ns_ = 0;
+      arena_->SetCap(arena_cap_);
+    }
+  }
   uint64_t in_memory = 0;
+  uint64_t idle_swap = 0;  // in-memory swap segments of the idle conversations (what can refill the arena)
   {
     // Reports read the shared weight units: not while a generation restores them.
     std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
@@ -763,12 +776,19 @@ Status Pool::EnforceBudget() {
     if (!weights_ctx_->TryReport(&wr)) return Status::Ok();
     in_memory = wr.weights_resident;
     std::lock_guard<std::mutex> lk(mu_);
+    uint64_t newest = 0, newest_swap = 0;
     for (auto& kv : convs_) {
       Conversation& c = *kv.second;
       if (!c.ctx_) continue;
       c.ctx_->TryReport(&c.last_report_);  // busy: the last known figures (weights lock held)
       in_memory += RamOf(c.last_report_);
+      idle_swap += c.last_report_.stack_mapped;
+      if (c.last_use_ns_.load() >= newest) {
+        newest = c.last_use_ns_.load();
+        newest_swap = c.last_report_.stack_mapped;
+      }
     }
+    idle_swap -= std::min(idle_swap, newest_swap);  // the conversation in use is not evicted for the arena
   }
   if (shared_) in_memory += shared_->Report().resident_bytes;  // shared chunks, once
   const uint64_t arena = arena_ ? arena_->bytes() : 0;
@@ -782,11 +802,17 @@ Status Pool::EnforceBudget() {
   // (the swap segments they free go into it). 2. The arena keeps what fits beside what is still
   // held. 3. Still over with the arena empty: the usual pass (the conversation in use, then the
   // weights), and the arena again keeps only what fits.
-  const uint64_t refill = arena_->cap() > arena ? arena_->cap() - arena : 0;
+  // Only in-memory swap segments refill it: resident KV an eviction frees goes to the OS, so no
+  // idle conversation goes to storage for room the arena would not get.
+  const uint64_t refill = std::min(arena_->cap() > arena ? arena_->cap() - arena : 0, idle_swap);
   Status st = EvictLocked(over + refill, &freed, /*spare_active=*/true, /*idle_only=*/true);
   uint64_t held = in_memory > freed ? in_memory - freed : 0;
   arena_->TrimTo(opts_.memory_budget > held ? opts_.memory_budget - held : 0);
-  if (held <= opts_.memory_budget) return st;
+  if (held <= opts_.memory_budget) {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.evictions++;  // one pass (the idle-only step does not count itself)
+    return st;
+  }
   uint64_t more = 0;
   Status s2 = EvictLocked(held - opts_.memory_budget, &more, /*spare_active=*/true);
   held = held > more ? held - more : 0;
@@ -804,12 +830,13 @@ Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
     const uint64_t a = arena_->bytes();
     f = arena_->TrimTo(a > bytes ? a - bytes : 0);
     if (f < bytes) {
-      const uint64_t cap = arena_->cap();
+      // The arena stays off (segments freed go to the OS, also those a running call frees) until
+      // a budget pass kArenaPauseNs after the last such eviction: not refilled under pressure.
       arena_->SetCap(0);
+      arena_resume_ns_ = model_->env()->NowNs() + kArenaPauseNs;
       uint64_t g = 0;
       st = EvictLocked(bytes - f, &g);
       f += g;
-      arena_->SetCap(cap);
     }
   } else {
     st = EvictLocked(bytes, &f);
@@ -901,7 +928,7 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, boo
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stats_.evictions++;
+    if (!idle_only) stats_.evictions++;
     stats_.bytes_evicted += total;
   }
   *freed = total;
@@ -1150,8 +1177,10 @@ void Pool::QueuePersist(const std::shared_ptr<Conversation>& c) {
   {
     std::lock_guard<std::mutex> lk(wb_mu_);
     wb_queue_.push_back(c);
+    wb_pending_.fetch_add(1);
   }
   wb_cv_.notify_all();
+  WakeYielders();  // a write waiting for a first token goes on: another one is queued behind it
 }
 
 void Pool::WakeYielders() {
@@ -1160,9 +1189,13 @@ void Pool::WakeYielders() {
 }
 
 void Pool::YieldToCalls(Conversation& c, uint64_t busy0, uint64_t* left_ns) {
+  // c's context is locked by this write (Persist holds c's use_mu_): a caller that waits for that
+  // lock without LockForUse (another conversation copying or borrowing c's prefix chunks) is seen
+  // through foreground_waiting(), which wakes nobody: the wait is sliced (5 ms) to notice it.
   auto go_on = [&] {
     return urgent_calls_.load() == 0 || c.waiters_.load() > 0 || save_waiters_.load() > 0 ||
-           busy_finds_.load() != busy0 || stopping_.load();
+           wb_pending_.load() > 0 || busy_finds_.load() != busy0 || stopping_.load() ||
+           (c.ctx_ && c.ctx_->foreground_waiting());
   };
   if (*left_ns == 0 || go_on()) return;
   MZ_SYNC_POINT("pool:persist_yield", 0);  // tests: a background write waits for a first token
@@ -1170,7 +1203,8 @@ void Pool::YieldToCalls(Conversation& c, uint64_t busy0, uint64_t* left_ns) {
   const uint64_t t0 = env->NowNs();
   {
     std::unique_lock<std::mutex> lk(yield_mu_);
-    yield_cv_.wait_for(lk, std::chrono::nanoseconds(*left_ns), go_on);
+    for (uint64_t waited = 0; waited < *left_ns && !go_on(); waited = env->NowNs() - t0)
+      yield_cv_.wait_for(lk, std::chrono::nanoseconds(std::min<uint64_t>(*left_ns - waited, 5000000)), go_on);
   }
   const uint64_t d = env->NowNs() - t0;
   *left_ns = d >= *left_ns ? 0 : *left_ns - d;
@@ -1520,6 +1554,7 @@ void Pool::WriteBehindLoop() {
     if (wb_stop_) break;
     std::vector<std::weak_ptr<Conversation>> q;
     q.swap(wb_queue_);
+    const size_t queued = q.size();  // the rest joins below (idle ones): not counted in wb_pending_
     lk.unlock();
     // Idle conversations with changes not yet persisted join the queue.
     const uint64_t now = env->NowNs();
@@ -1533,8 +1568,10 @@ void Pool::WriteBehindLoop() {
         q.push_back(kv.second);
       }
     }
-    for (auto& w : q)
-      if (auto c = w.lock()) Persist(c, /*background=*/true);  // failures are counted (persist_failures) and retried later
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (i < queued) wb_pending_.fetch_sub(1);  // started: a write behind it makes it stop yielding
+      if (auto c = q[i].lock()) Persist(c, /*background=*/true);  // failures are counted (persist_failures) and retried later
+    }
     // A budget pass that stopped at a busy idle conversation (a generation, now over) runs again.
     if (budget_retry_.exchange(false)) (void)EnforceBudget();
     lk.lock();

@@ -108,8 +108,9 @@ struct PoolOptions {
   // while another conversation's call computes its first token (a restore_generate, or a decode of
   // more than one token: restore and prefill, on the cores they need), at most this long in all per
   // write. It goes on at once when a caller waits for the conversation being written (a call, a
-  // close, a commit waiting for its previous turn's write) or an eviction finds it busy. 0: never
-  // waits (the write competes with the generation).
+  // close, a commit waiting for its previous turn's write), when another write is queued behind it
+  // (the writes do not fall behind the turns: durability first), or when an eviction finds it
+  // busy. 0: never waits (the write competes with the generation).
   uint32_t write_behind_yield_ms = 2000;
   bool share_prefixes = true;
   // A stored conversation opened again (after a restart, or once closed) keeps its session file
@@ -425,6 +426,11 @@ class Pool {
   // Full chunks held once for every conversation using them (share_prefixes); thread-safe itself.
   std::shared_ptr<SharedChunkStore> shared_;
   std::shared_ptr<SegmentCache> arena_;  // the load arena (nullptr: none); every context's in-memory swap uses it
+  uint64_t arena_cap_ = 0;  // its configured cap (set at Init)
+  // Off (cap 0) after an Evict that reached the conversations; back at the first budget pass from
+  // this Env time on (0: not off).
+  std::atomic<uint64_t> arena_resume_ns_{0};
+  static constexpr uint64_t kArenaPauseNs = 30ull * 1000000000ull;
   std::mutex pressure_mu_;
   AmountPolicy amount_{AmountOptions()};  // under pressure_mu_
   // Odd while an OnPressure runs; bumped at its start and end (under pressure_mu_). A restore-ahead
@@ -441,6 +447,7 @@ class Pool {
   std::condition_variable yield_cv_;
   std::atomic<int> urgent_calls_{0};
   std::atomic<int> save_waiters_{0};
+  std::atomic<int> wb_pending_{0};  // writes queued (QueuePersist) and not yet started
   std::atomic<uint64_t> busy_finds_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> yielded_ns_{0};

@@ -165,6 +165,9 @@ class Context {
   void set_cost_restore_paths(bool on) { opts_.cost_restore_paths = on; }
   void set_reconcile_min_missing(uint64_t bytes) { opts_.reconcile_min_missing = bytes; }
   void set_touch_restored(bool on);
+  // A foreground call (Decode, RestoreGenerate, a session save or load, a chunk read for another
+  // conversation) waits for this context's lock now. Lock-free; any thread.
+  bool foreground_waiting() const { return fg_waiting_.load() > 0; }
   // restore_generate: appends tokens and computes the last token's logits while evicted units are
   // restored in forward order (layer l's compute starts when layer l is resident). Compute uses
   // n_threads - 1 threads while restoration runs (the restore workers take the other core) and all
