@@ -1408,6 +1408,51 @@ int ChunkFilesIn(const std::string& dir) {
 // store adopts each chunk file once; units held only there until attached) and go on exactly as
 // never-pooled contexts (lossless codec). Deleting one keeps the chunk files (the other names
 // them); deleting the other removes them.
+// A conversation stored before another shared its prefix holds its own copy in its file; once the
+// prefix is shared, the write-behind writes it again naming the chunk files: stored once.
+TEST(SharedChunks, ConversationStoredBeforeItsPrefixWasSharedIsWrittenAgainNamingIt) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const auto a = Tokens(200, 300, 1), b = Tokens(200, 280, 2);
+  const std::string dir = FreshDir("shlate");
+  PoolOptions o = Opts(dir);
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(ca->Decode(a.data(), int(a.size()), false).ok());
+  ASSERT_TRUE(ca->Commit().ok());
+  ASSERT_TRUE(pool->Flush().ok());
+  ConversationReport ra;
+  ASSERT_TRUE(pool->Report("a", &ra).ok());
+  EXPECT_EQ(ra.stored_external, 0);
+  const uint64_t whole = ra.stored_bytes;
+  ASSERT_TRUE(pool->OpenConversation("b", &cb).ok());
+  ASSERT_TRUE(cb->Decode(b.data(), int(b.size()), false).ok());  // borrows a's 3 full chunks
+  ASSERT_TRUE(cb->Commit().ok());
+  ASSERT_TRUE(pool->Flush().ok());  // a has no new token, but is written again
+  ASSERT_TRUE(pool->Report("a", &ra).ok());
+  EXPECT_EQ(ra.stored_external, 3);
+  EXPECT_LT(ra.stored_bytes, whole);
+  EXPECT_EQ(ra.stored_tokens, 300);
+  PoolStats s = pool->Stats();
+  EXPECT_EQ(s.chunk_files, 3);
+  EXPECT_EQ(s.chunk_file_refs, 6u);
+  // Nothing else is written again: a second flush finds both unchanged.
+  const uint64_t persists = s.persists;
+  ASSERT_TRUE(pool->Flush().ok());
+  EXPECT_EQ(pool->Stats().persists, persists);
+  // After a restart a reopens from its file and the chunk files, exactly.
+  ca.reset();
+  cb.reset();
+  pool.reset();
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  const int32_t next = 5;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  EXPECT_EQ(Last(ca->logits(0), nv), Plain(m.get(), {a, {next}}));
+}
+
 TEST(SharedChunks, StoredOnceInChunkFilesAndReopenedFromThem) {
   auto m = LoadModel();
   const int L = int(m->hparams().n_layer), nv = int(m->hparams().n_vocab);

@@ -167,6 +167,7 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   if (max_chunks <= 0) return Status::Ok();
   const std::vector<uint64_t> h = ChainHashes(pool_->model_->identity().header_hash, tokens, max_chunks * T, T);
   std::shared_ptr<Context> src_ctx;
+  std::shared_ptr<Conversation> src_conv;  // the open source (its stored file may hold its own copy)
   std::string src_path;
   int depth = 0;
   {
@@ -180,6 +181,7 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
         // An open conversation serves from memory (any tier); else its stored file.
         if (c->second->ctx_) {
           src_ctx = c->second->ctx_;
+          src_conv = c->second;
           src_path.clear();
           depth = k + 1;
           break;
@@ -230,7 +232,10 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
     // cannot attach (the store cannot restore it) stays its own copy: held twice, never wrong.
     std::vector<SharedChunkStore::Ref> theirs = mine;
     for (auto r : theirs) pool_->shared_->AddRef(r);
-    (void)src_ctx->BorrowShared(tokens, depth, pool_->shared_, theirs);
+    // Its stored file, written before, holds its own copy of them: written again (write-behind)
+    // naming their chunk files, so that they are stored once too.
+    if (src_ctx->BorrowShared(tokens, depth, pool_->shared_, theirs).ok() && pool_->opts_.dedup_stored)
+      src_conv->rename_shared_ = true;
   }
   if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, mine).ok()) {
     ctx_->Truncate(0);
@@ -1222,7 +1227,9 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
   {
     std::unique_lock<std::mutex> use =
         background ? std::unique_lock<std::mutex>(c->use_mu_) : c->LockForUse();
-    unchanged = c->closed_ || !c->ctx_ || c->version_.load() == c->persisted_version_.load();
+    unchanged = c->closed_ || !c->ctx_ ||
+                (c->version_.load() == c->persisted_version_.load() && !c->rename_shared_.load());
+    const bool renaming = c->rename_shared_.exchange(false);  // a borrow from now on sets it again
     if (!unchanged) {
       const std::string path = StoredPath(c->id_);
       const std::string codec = opts_.persist_codec.empty() ? "q8" : opts_.persist_codec;
@@ -1284,6 +1291,7 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
         stats_.persists++;
       } else {
         stats_.persist_failures++;  // retried: the version stays unpersisted
+        if (renaming) c->rename_shared_ = true;
       }
     }
   }
@@ -1562,7 +1570,7 @@ void Pool::WriteBehindLoop() {
       std::lock_guard<std::mutex> g(mu_);
       for (auto& kv : convs_) {
         Conversation& c = *kv.second;
-        if (!c.ctx_ || c.version_.load() == c.persisted_version_.load() ||
+        if (!c.ctx_ || (c.version_.load() == c.persisted_version_.load() && !c.rename_shared_.load()) ||
             now - c.last_use_ns_.load() < uint64_t(opts_.write_behind_idle_ms) * 1000000ull)
           continue;
         q.push_back(kv.second);

@@ -270,6 +270,10 @@ class Conversation {
   // Foreground callers waiting for use_mu_ (LockForUse): a background write of this conversation
   // paused for other calls (Pool::YieldToCalls) goes on when one waits.
   std::atomic<int> waiters_{0};
+  // Another conversation borrowed chunks this one computed (now in the shared store): its stored
+  // file holds its own copy, so the write-behind writes it again (naming their chunk files) once it
+  // has been idle write_behind_idle_ms, as a change would be.
+  std::atomic<bool> rename_shared_{false};
   std::unique_lock<std::mutex> LockForUse();
   std::atomic<uint64_t> persist_attempts_{0};   // Persist attempts ended (under the pool's wb_mu_)
   std::atomic<uint64_t> last_use_ns_{0};     // Env clock
