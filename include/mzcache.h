@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 12
+#define MZ_VERSION_MINOR 13
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -727,7 +727,8 @@ int mz_plan_estimate_shape(const struct mz_plan_shape* shape, const struct mz_pl
  * that another conversation (open in any tier, or stored) has for the same tokens, confirmed token
  * by token: those chunks' KV is copied, not computed.
  * Thread-safety: pool functions may be called from any thread. Calls on one conversation are
- * serialized; distinct conversations may run on distinct threads at once. */
+ * serialized; distinct conversations may run on distinct threads at once, and since 0.13 the calls
+ * running at the same moment share one forward pass (mz_pool_params.batch: continuous batching). */
 typedef struct mz_pool mz_pool;
 typedef struct mz_conversation mz_conversation;
 
@@ -758,6 +759,28 @@ struct mz_pool_params {
                                    most this long in all per write (default 2000); it goes on at once
                                    when a caller waits for the conversation it writes or for a write,
                                    or another write is queued. 0: never waits */
+  /* since 0.13: many users at once */
+  bool batch;                   /* one forward pass for every conversation that is generating
+                                   (default true): calls on distinct conversations made from
+                                   distinct threads at the same time are computed together, a step
+                                   at a time (each decode token, and prompts in slices, share the
+                                   matrix products; attention runs per conversation over its own
+                                   KV in any tier). One set of compute buffers for the pool, counted
+                                   in memory_budget. A conversation whose KV or weights must come
+                                   back restores front layers first while its prefill runs when
+                                   nothing else generates; while others do, it restores first
+                                   (beside their steps) and then joins. false: each conversation
+                                   computes on its own pass */
+  int32_t batch_max_seqs;       /* conversations per step at most (default 64; 1..n_ubatch) */
+  int32_t batch_prefill_slice;  /* prompt tokens per step at most while other conversations decode
+                                   (default 512): a long prompt is cut so the others' tokens keep
+                                   coming (chunked prefill) */
+  float batch_itl_factor;       /* while decoding conversations outnumber the waiting prompts, a
+                                   prompt slice is sized (from measured step times) so that a step
+                                   takes at most this many times a step without prompt tokens: the
+                                   others' inter-token latency (default 2; at least 8 tokens a step;
+                                   0: batch_prefill_slice, fixed). With as many prompts waiting as
+                                   conversations decoding, prompts get whole steps */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
@@ -809,8 +832,17 @@ const float* mz_conversation_logits(mz_conversation* conv, int32_t i);
 mz_token mz_conversation_sample(mz_conversation* conv, mz_sampler* s, int32_t i);
 int32_t mz_conversation_n_tokens(mz_conversation* conv);
 int mz_conversation_truncate(mz_conversation* conv, int32_t n_keep);
-/* The end of a turn: the conversation is persisted (in the background with write_behind). */
+/* The end of a turn: the conversation is persisted (in the background with write_behind). Since
+ * 0.13 it also ends the turn for the budget: a conversation is in use (spared by the budget pass
+ * while two or more are) from a restore_generate or a one-token decode until its commit, or until
+ * it has been idle write_behind_idle_ms (mz_pool_batch_report.in_use). */
 int mz_conversation_commit(mz_conversation* conv);
+/* Since 0.13: stops the call running on conv (another thread's mz_conversation_decode or
+ * restore_generate) at its next batch step: that call returns MZ_ERR_CANCELLED and the
+ * conversation is as before it; the other conversations in the batch go on undisturbed. A call
+ * that starts afterwards is not affected; without batching the call runs to its end. Never waits;
+ * any thread. MZ_OK, or MZ_ERR_INVALID_ARG for NULL. */
+int mz_conversation_cancel(mz_conversation* conv);
 
 struct mz_conversation_report {
   char id[132];
@@ -892,6 +924,24 @@ struct mz_pool_io_report {
   int32_t unsaved;               /* conversations whose last change is not stored yet */
 };
 int mz_pool_get_io_report(mz_pool* pool, struct mz_pool_io_report* out);
+/* The shared forward pass and the conversations in use (since 0.13; frozen like the others). */
+struct mz_pool_batch_report {
+  bool batching;                 /* mz_pool_params.batch */
+  uint64_t steps;                /* forward passes run */
+  uint64_t seq_slots;            /* conversations summed over steps (seq_slots / steps: mean batch) */
+  uint64_t tokens;               /* tokens computed */
+  uint64_t prefill_tokens;       /* of them, prompt tokens */
+  uint64_t cancelled;            /* calls stopped by mz_conversation_cancel */
+  int32_t max_batch;             /* most conversations in one step */
+  uint64_t compute_buffer_bytes; /* the pass's compute buffers (part of the memory budget) */
+  int32_t in_use;                /* conversations in use now: a call runs, or its turn is open
+                                    (generated since its last commit, last call within
+                                    write_behind_idle_ms) */
+  uint64_t budget_spared_in_use; /* budget passes that stopped before the conversations in use
+                                    (two or more mid-turn: none of them, nor the weights, is taken
+                                    by a budget pass; mz_pool_evict and pressure still take them) */
+};
+int mz_pool_get_batch_report(mz_pool* pool, struct mz_pool_batch_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

@@ -1204,6 +1204,20 @@ static int check_pool(const char* path) {
   t[199] = 7; /* b shares the first 3 chunks */
   struct mz_restore_stats rs;
   CHECK(mz_conversation_restore_generate(b, t, 200, NULL, &rs) == MZ_OK, "restore_generate b: %s", mz_last_error());
+  /* The shared forward pass (since 0.13): on by default; every call above went through it. b's
+   * turn is open (restore_generate, not committed): in use. Cancel without a call in flight is a
+   * no-op for later calls. */
+  {
+    struct mz_pool_batch_report br;
+    CHECK(mz_pool_get_batch_report(pool, NULL) == MZ_ERR_INVALID_ARG, "batch report without out");
+    CHECK(mz_pool_get_batch_report(pool, &br) == MZ_OK && br.batching && br.steps >= 2 && br.tokens >= 208 &&
+              br.compute_buffer_bytes > 0 && br.max_batch >= 1 && br.in_use == 1,
+          "batch report: batching %d, %llu steps, %llu tokens, %llu buffer bytes, in use %d", (int)br.batching,
+          (unsigned long long)br.steps, (unsigned long long)br.tokens, (unsigned long long)br.compute_buffer_bytes,
+          (int)br.in_use);
+    CHECK(mz_conversation_cancel(NULL) == MZ_ERR_INVALID_ARG, "cancel NULL");
+    CHECK(mz_conversation_cancel(a) == MZ_OK, "cancel a: %s", mz_last_error());
+  }
   struct mz_conversation_report r;
   CHECK(mz_pool_conversation_report(pool, "b", &r) == MZ_OK, "report b");
   CHECK(r.shared_chunks == 3 && r.n_tokens == 200 && r.open, "b: shared %d tokens %d", (int)r.shared_chunks,

@@ -76,6 +76,17 @@ std::vector<int32_t> Tokens(int sys, int n, int seed) {
 
 std::vector<float> Last(const float* l, int nv) { return std::vector<float>(l, l + nv); }
 
+// The pool's one set of compute buffers (PoolOptions::batch: sized at open, counted in the
+// budget): what a budget built from weights and KV must hold besides them.
+uint64_t BatchBuffers(Model* m, PoolOptions o) {
+  o.dir.clear();
+  o.memory_budget = 0;
+  o.context.swap_path = test::TempDir() + "/pool-probe-" + std::to_string(getpid()) + ".swap";
+  std::unique_ptr<Pool> p;
+  EXPECT_TRUE(Pool::Open(m, o, &p).ok());
+  return p ? p->Stats().batch.compute_buffer_bytes : 0;
+}
+
 // Reference logits: a plain context that decodes `first` (all of it), truncates to keep, then
 // decodes the rest of `toks` from keep on: the same computation as a pool conversation that copied
 // keep tokens of a conversation whose first call decoded `first`.
@@ -483,7 +494,7 @@ TEST(Pool, MemoryBudgetTakesIdleConversationsFirstAndWeightsLast) {
   PoolOptions o = Opts("");
   // Weights + about one and a half conversations of KV.
   const uint64_t kv_per_token = 2ull * m->hparams().n_layer * m->hparams().n_head_kv * m->hparams().head_dim * 2;
-  o.memory_budget = m->tensor_bytes() + uint64_t(1.5 * 256 * double(kv_per_token));
+  o.memory_budget = m->tensor_bytes() + BatchBuffers(m.get(), o) + uint64_t(1.5 * 256 * double(kv_per_token));
   std::unique_ptr<Pool> pool;
   ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
   const char* ids[] = {"a", "b", "c"};
@@ -524,7 +535,7 @@ TEST(Pool, BudgetSparesTheConversationInUseWhileAnIdleOneIsBeingWritten) {
   const std::string dir = FreshDir("defer");
   PoolOptions o = Opts(dir);
   const uint64_t kv_per_token = 2ull * m->hparams().n_layer * m->hparams().n_head_kv * m->hparams().head_dim * 2;
-  o.memory_budget = m->tensor_bytes() + uint64_t(1.5 * 256 * double(kv_per_token));
+  o.memory_budget = m->tensor_bytes() + BatchBuffers(m.get(), o) + uint64_t(1.5 * 256 * double(kv_per_token));
   std::unique_ptr<Pool> pool;
   ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
   const auto a = Tokens(0, 256, 21), b = Tokens(0, 256, 22);
@@ -569,7 +580,7 @@ TEST(Pool, BudgetEmptiesIdleInMemorySwapsBeforeTheActiveConversation) {
   o.context.n_ctx = 4096;
   const uint64_t kv_per_token = 2ull * m->hparams().n_layer * m->hparams().n_head_kv * m->hparams().head_dim * 2;
   const int n = 2048;
-  o.memory_budget = m->tensor_bytes() + uint64_t(1.6 * n * double(kv_per_token));
+  o.memory_budget = m->tensor_bytes() + BatchBuffers(m.get(), o) + uint64_t(1.6 * n * double(kv_per_token));
   std::unique_ptr<Pool> pool;
   ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
   std::vector<std::shared_ptr<Conversation>> cs(5);
@@ -582,6 +593,9 @@ TEST(Pool, BudgetEmptiesIdleInMemorySwapsBeforeTheActiveConversation) {
       PipelineOptions po;
       po.attend_compressed = false;
       ASSERT_TRUE(cs[size_t(i)]->RestoreGenerate(t.data(), int(t.size()), po, nullptr).ok());
+      // The turn ends (a chat commits it): the conversation is idle for the next budget passes, so
+      // that only the one used last is in use (Conversation::InUse).
+      ASSERT_TRUE(cs[size_t(i)]->Commit().ok());
       ConversationReport r;
       ASSERT_TRUE(pool->Report(id, &r).ok());
       // The conversation just used stays whole: the idle ones (and their in-memory swaps) gave.
@@ -608,7 +622,8 @@ TEST(Pool, PressureEventsGiveBackAShareThenEverything) {
   }
   const PoolStats s0 = pool->Stats();
   const uint64_t base = m->unit(m->base_unit()).region_bytes;
-  const uint64_t llm = s0.in_memory - base;  // everything is resident: the LLM memory
+  // Everything is resident: the LLM memory (not the batcher's compute buffers, which stay).
+  const uint64_t llm = s0.in_memory - base - s0.batch.compute_buffer_bytes;
   PressureEvent ev;
   ev.level = PressureLevel::kLow;
   ev.time_ns = Env::Default()->NowNs();
@@ -926,7 +941,7 @@ TEST(Pool, RestoreAheadStopsAtTheMemoryBudgetMostRecentFirst) {
   ASSERT_TRUE(pool->Report("b", &rb).ok());
   // Room for the weights and about half of the KV: b's comes back, a's stays out.
   pool.reset();
-  o.memory_budget = full.weights_total + rb.kv_resident + rb.kv_resident / 4;
+  o.memory_budget = full.weights_total + full.batch.compute_buffer_bytes + rb.kv_resident + rb.kv_resident / 4;
   ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
   ASSERT_TRUE(pool->OpenConversation("a", &a).ok());
   ASSERT_TRUE(pool->OpenConversation("b", &b).ok());
@@ -1100,7 +1115,7 @@ TEST(Pool, LoadArenaIsReusedWithinTheBudgetAndGivenBackFirst) {
     o.context.kv_codec = "q8";
     o.context.n_ctx = 4096;
     o.load_arena_bytes = arena;
-    o.memory_budget = m->tensor_bytes() + uint64_t(2.5 * n * double(kv_per_token));
+    o.memory_budget = m->tensor_bytes() + BatchBuffers(m.get(), o) + uint64_t(2.5 * n * double(kv_per_token));
     std::unique_ptr<Pool> pool;
     ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
     std::vector<std::shared_ptr<Conversation>> cs(4);
@@ -1111,6 +1126,7 @@ TEST(Pool, LoadArenaIsReusedWithinTheBudgetAndGivenBackFirst) {
         const auto t = Tokens(0, round == 0 ? n : 8, 50 + i + 10 * round);
         ASSERT_TRUE(cs[size_t(i)]->RestoreGenerate(t.data(), int(t.size()), PipelineOptions(), nullptr).ok());
         logits->push_back(Last(cs[size_t(i)]->logits(0), nv));
+        ASSERT_TRUE(cs[size_t(i)]->Commit().ok());  // the turn ends: idle for the next passes
         const PoolStats s = pool->Stats();
         EXPECT_LE(s.in_memory, o.memory_budget) << id << " round " << round;
         EXPECT_LE(s.arena_bytes, s.arena_cap);
@@ -1279,7 +1295,8 @@ TEST(SharedChunks, HeldOnceWithReferenceCountsAndCopyOnWrite) {
   EXPECT_EQ(ra.kv_shared, uint64_t(3 * L) * cb);
   EXPECT_EQ(ra.kv_resident, uint64_t(2 * L) * cb);  // 300 tokens: 5 chunks, 2 its own
   EXPECT_EQ(rb.kv_resident, uint64_t(2 * L) * cb);  // 280 tokens: 5 chunks, 2 its own
-  EXPECT_EQ(s.in_memory, s.weights_resident + ra.kv_resident + rb.kv_resident + s.shared.resident_bytes);
+  EXPECT_EQ(s.in_memory, s.weights_resident + ra.kv_resident + rb.kv_resident + s.shared.resident_bytes +
+                             s.batch.compute_buffer_bytes);
 
   // Copy-on-write: b keeps 150 tokens (inside chunk 2), then writes rows 150.. of its copy.
   ASSERT_TRUE(cb_->Truncate(150).ok());

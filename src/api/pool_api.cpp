@@ -53,6 +53,10 @@ mz_pool_params mz_pool_default_params(void) {
   p.read_stored_whole = false;
   p.load_arena_bytes = UINT64_MAX;
   p.write_behind_yield_ms = 2000;
+  p.batch = true;
+  p.batch_max_seqs = 64;
+  p.batch_prefill_slice = 512;
+  p.batch_itl_factor = 2.0f;
   return p;
 }
 
@@ -80,6 +84,14 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
     o.stored_as_storage = !p.read_stored_whole;
     o.load_arena_bytes = p.load_arena_bytes == UINT64_MAX ? mz::PoolOptions::kAutoArena : p.load_arena_bytes;
     o.write_behind_yield_ms = p.write_behind_yield_ms;
+    if (p.batch_max_seqs < 1 || p.batch_prefill_slice < 1)
+      return mz::Status::InvalidArgument("batch_max_seqs and batch_prefill_slice must be >= 1");
+    if (!(p.batch_itl_factor == 0 || (p.batch_itl_factor >= 1 && p.batch_itl_factor <= 1000)))
+      return mz::Status::InvalidArgument("batch_itl_factor must be 0 or in [1, 1000]");
+    o.batch_itl_factor = p.batch_itl_factor;
+    o.batch = p.batch;
+    o.batch_max_seqs = p.batch_max_seqs;
+    o.batch_prefill_slice = p.batch_prefill_slice;
     auto h = std::make_unique<mz_pool>();
     h->model = model;
     MZ_RETURN_IF_ERROR(mz::Pool::Open(model->model.get(), o, &h->pool));
@@ -276,6 +288,33 @@ int mz_pool_get_io_report(mz_pool* pool, mz_pool_io_report* out) {
     out->arena_reused_bytes = s.arena_reused;
     out->persist_yielded_s = s.persist_yielded_s;
     out->unsaved = s.unsaved;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pool_get_batch_report(mz_pool* pool, mz_pool_batch_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::PoolStats s = pool->pool->Stats();
+    std::memset(out, 0, sizeof *out);
+    out->batching = pool->pool->options().batch;
+    out->steps = s.batch.steps;
+    out->seq_slots = s.batch.seq_slots;
+    out->tokens = s.batch.tokens;
+    out->prefill_tokens = s.batch.prefill_tokens;
+    out->cancelled = s.batch.cancelled;
+    out->max_batch = s.batch.max_batch;
+    out->compute_buffer_bytes = s.batch.compute_buffer_bytes;
+    out->in_use = s.in_use;
+    out->budget_spared_in_use = s.budget_spared_in_use;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_conversation_cancel(mz_conversation* conv) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv) return mz::Status::InvalidArgument("conv must not be NULL");
+    conv->conv->Cancel();
     return mz::Status::Ok();
   });
 }

@@ -292,6 +292,11 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
       }
     } urgent{pool_, pipeline || n > 1};
     if (urgent.on) pool_->urgent_calls_.fetch_add(1);
+    struct Running {
+      std::atomic<bool>& r;
+      ~Running() { r = false; }
+    } running{running_};
+    running_ = true;
     MZ_RETURN_IF_ERROR(EnsureOpenLocked());
     int before = 0;
     for (bool computed_again = false;;) {
@@ -331,9 +336,34 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
       }
       return st;
     }
+    // A reply under way: the turn's prompt (restore_generate) or a generated token (a one-token
+    // decode). A plain prefill (a longer decode) opens no turn: it is idle once it returns.
+    if (pipeline || n == 1) turn_open_ = true;
     AfterChangeLocked(before);
   }
+  if (pool_->batcher_) {
+    // Once per batcher step: the first call returning after a step runs the pass.
+    const uint64_t step = pool_->batcher_->steps();
+    uint64_t seen = pool_->budget_step_.load();
+    if (seen == step || !pool_->budget_step_.compare_exchange_strong(seen, step)) return Status::Ok();
+  }
   return pool_->EnforceBudget();
+}
+
+void Conversation::Cancel() {
+  std::shared_ptr<Context> ctx;
+  {
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    ctx = ctx_;
+  }
+  if (ctx) ctx->Cancel();
+}
+
+bool Conversation::InUse() {
+  if (running_.load()) return true;
+  if (!turn_open_.load()) return false;
+  const uint64_t now = pool_->model_->env()->NowNs();
+  return now - last_use_ns_.load() < uint64_t(pool_->opts_.write_behind_idle_ms) * 1000000ull;
 }
 
 Status Conversation::WithWeightsLocked(const std::function<Status()>& fn) {
@@ -367,6 +397,7 @@ Status Conversation::Truncate(int n_keep) {
 }
 
 Status Conversation::Commit() {
+  turn_open_ = false;  // the turn ended: idle for the budget pass (InUse)
   if (pool_->opts_.dir.empty()) return Status::Ok();
   std::shared_ptr<Conversation> self;
   {
@@ -392,9 +423,11 @@ Status Conversation::Commit() {
       pool_->save_waiters_.fetch_sub(1);
     }
     committed_version_ = version_.load();
+    turn_open_ = false;
     pool_->QueuePersist(self);
     return Status::Ok();
   }
+  turn_open_ = false;
   return pool_->Persist(self);
 }
 
@@ -452,6 +485,7 @@ Status Pool::NewContext(const std::string& id, std::shared_ptr<Context>* out, co
   ContextOptions o = opts_.context;
   o.shared_weights = true;
   o.segment_cache = arena_;
+  o.batcher = batcher_;
   if (!opts_.dir.empty() && o.swap_path.empty())
     o.swap_path = opts_.dir + "/swap/" + id + suffix + ".swap";
   else if (!o.swap_path.empty())
@@ -549,6 +583,16 @@ Status Pool::Init() {
   wo.shared_weights = true;
   weights_ctx_ = std::make_shared<Context>(model_, wo);
   MZ_RETURN_IF_ERROR(weights_ctx_->Init());
+  if (opts_.batch) {
+    BatcherOptions bo;
+    bo.n_threads = opts_.context.n_threads;
+    bo.n_ubatch = opts_.context.n_ubatch;
+    bo.max_seqs = std::min(opts_.batch_max_seqs, bo.n_ubatch);
+    bo.prefill_slice = opts_.batch_prefill_slice;
+    bo.min_prefill_slice = std::min(bo.min_prefill_slice, bo.prefill_slice);
+    bo.itl_factor = opts_.batch_itl_factor;
+    MZ_RETURN_IF_ERROR(Batcher::Create(model_, bo, &batcher_).With("the pool's batcher"));
+  }
   if (opts_.share_prefixes) {
     SharedChunkOptions so;
     so.codec = opts_.context.kv_codec;
@@ -796,6 +840,7 @@ Status Pool::EnforceBudget() {
     idle_swap -= std::min(idle_swap, newest_swap);  // the conversation in use is not evicted for the arena
   }
   if (shared_) in_memory += shared_->Report().resident_bytes;  // shared chunks, once
+  if (batcher_) in_memory += batcher_->compute_buffer_bytes();  // the one set of compute buffers
   const uint64_t arena = arena_ ? arena_->bytes() : 0;
   if (in_memory + arena <= opts_.memory_budget) return Status::Ok();
   std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
@@ -853,20 +898,31 @@ Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
 Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, bool idle_only) {
   *freed = 0;
   struct Victim {
+    bool in_use;
     uint64_t last_use;
     std::shared_ptr<Context> ctx;
   };
   std::vector<Victim> order;
+  int in_use = 0;
   {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& kv : convs_)
-      if (kv.second->ctx_) order.push_back({kv.second->last_use_ns_.load(), kv.second->ctx_});
+      if (kv.second->ctx_) {
+        const bool u = kv.second->InUse();
+        in_use += u;
+        order.push_back({u, kv.second->last_use_ns_.load(), kv.second->ctx_});
+      }
   }
-  // 1. idle conversations, least recently used first; 2. the most recently used one (last).
-  std::sort(order.begin(), order.end(), [](const Victim& a, const Victim& b) { return a.last_use < b.last_use; });
+  // 1. idle conversations, least recently used first; then those in use, least recently used
+  // first; 2. the most recently used one (last).
+  std::sort(order.begin(), order.end(), [](const Victim& a, const Victim& b) {
+    return a.in_use != b.in_use ? b.in_use : a.last_use < b.last_use;
+  });
+  // Several streams mid-turn: a budget pass takes none of them, nor the weights they all read.
+  const bool spare_in_use = spare_active && in_use >= 2;
   Status first_err;
   uint64_t total = 0;
-  bool deferred = false;
+  bool deferred = false, spared_in_use = false;
   {
     std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);  // the planner reads weight states
     if (wl.owns_lock()) {
@@ -889,6 +945,10 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, boo
         // The most recently used one (last) gives only what is still needed, after the shared
         // chunks nobody holds attached.
         const bool idle = i + 1 < order.size();
+        if (spare_in_use && v.in_use) {
+          spared_in_use = true;
+          break;
+        }
         if (!idle && spare_active && idle_busy) {
           deferred = true;  // not the conversation in use: the busy one goes once it is free
           break;
@@ -912,6 +972,13 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, boo
         }
       }
     }
+  }
+  if (spared_in_use) {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.budget_spared_in_use++;
+    stats_.bytes_evicted += total;
+    *freed = total;
+    return first_err;
   }
   if (deferred) {
     budget_retry_ = true;
@@ -1645,7 +1712,10 @@ PoolStats Pool::Stats() {
     s.arena_reused = arena_->reused_bytes();
   }
   s.persist_yielded_s = double(yielded_ns_.load()) * 1e-9;
-  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes + s.arena_bytes;
+  for (auto& kv : convs_) s.in_use += kv.second->InUse();
+  if (batcher_) s.batch = batcher_->Stats();
+  s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes + s.arena_bytes +
+                s.batch.compute_buffer_bytes;
   return s;
 }
 

@@ -15,6 +15,13 @@
 //   3. the weight units (backward-out, then the base unit), only while no conversation computes.
 // Eviction never waits for a generation: a conversation that is computing (or being persisted) is
 // skipped, and weights stay when any conversation computes.
+// Conversations in use (Conversation::InUse: a call runs on it, or its turn is open) come after
+// every idle one in that order. When two or more are in use (several streams generating), the
+// budget pass stops before them and before the weights (counted in budget_spared_in_use): a
+// budget pass never evicts a conversation mid-reply then. Evict and pressure still go on through
+// them (least recently used first) and the weights, skipping what is computing.
+// With batching (PoolOptions::batch) the budget pass runs once per batcher step, by the first call
+// that returns after it, not once per call.
 // The budget pass after a call (not Evict or pressure, which take what they must) does not cut the
 // conversation in use, nor weights, because an idle one was busy (being persisted, say): it stops,
 // counts PoolStats::budget_deferred, and the pass runs again when the next persist ends. RAM may
@@ -131,6 +138,17 @@ struct PoolOptions {
   // with a budget, else 0. 0: none (every segment unmapped when freed).
   static constexpr uint64_t kAutoArena = ~uint64_t(0);
   uint64_t load_arena_bytes = kAutoArena;
+  // One forward pass for every conversation that is generating (runtime/batcher.h): calls on
+  // distinct conversations from distinct threads are computed together, a step at a time, by the
+  // pool's batcher (one backend, one set of compute buffers counted in the budget, context.n_threads
+  // compute threads). false: each conversation computes on its own Forward (the ablation).
+  bool batch = true;
+  int batch_max_seqs = 64;        // sequences per step at most
+  int batch_prefill_slice = 512;  // prompt tokens per step at most while other conversations decode
+  // A prompt slice beside decoding conversations keeps the step within this many times a step
+  // without prompt tokens (their inter-token latency; BatcherOptions::itl_factor). 0: the slice is
+  // batch_prefill_slice, fixed.
+  double batch_itl_factor = 2.0;
 };
 
 struct ConversationReport {
@@ -167,6 +185,11 @@ struct PoolStats {
   uint64_t evictions = 0, bytes_evicted = 0;
   uint64_t restored_ahead = 0;  // bytes brought back by restore-ahead (PoolPressureOptions)
   uint64_t budget_deferred = 0;  // budget passes that spared the conversation in use (an idle one was busy)
+  // Budget passes that stopped at the conversations in use (two or more mid-turn: none is evicted
+  // by a budget pass; RAM stays above the budget until a turn ends or pressure takes it).
+  uint64_t budget_spared_in_use = 0;
+  int in_use = 0;  // conversations in use now (a call runs on it, or its turn is open: below)
+  BatcherStats batch;  // the shared forward pass (PoolOptions::batch); compute buffers counted in in_memory
   // The load arena (PoolOptions::load_arena_bytes; counted in in_memory): held now, its cap, and
   // bytes of segments reused from it instead of mapped afresh.
   uint64_t arena_bytes = 0, arena_cap = 0, arena_reused = 0;
@@ -224,6 +247,15 @@ class Conversation {
   // the next call on this conversation.
   const float* logits(int row);
   int n_logit_rows();
+  // Stops this conversation's call in flight at its next batch step (PoolOptions::batch): it
+  // returns kCancelled and the conversation is as before that call; the others in the batch go
+  // on. A call that starts afterwards is not affected. Never waits; any thread.
+  void Cancel();
+  // In use: a call runs on it, or it generated since its last Commit (a restore_generate, or a
+  // one-token decode: a reply under way; a plain prefill opens no turn) and its last call ended
+  // less than write_behind_idle_ms ago (mid-reply between tokens). The budget pass spares every
+  // conversation in use when two or more are (Pool, "Memory budget").
+  bool InUse();
   // The context, for read-only helpers (a sampler reads logits through it). nullptr once closed.
   // Do not call its mutating methods: the pool would not see the change.
   Context* context();
@@ -277,6 +309,8 @@ class Conversation {
   std::unique_lock<std::mutex> LockForUse();
   std::atomic<uint64_t> persist_attempts_{0};   // Persist attempts ended (under the pool's wb_mu_)
   std::atomic<uint64_t> last_use_ns_{0};     // Env clock
+  std::atomic<bool> turn_open_{false};       // generated since the last Commit
+  std::atomic<bool> running_{false};         // a generation call runs on it
   std::atomic<uint64_t> last_use_unix_ms_{0};
   int shared_chunks_ = 0;
   // Under the pool's mu_:
@@ -347,6 +381,8 @@ class Pool {
   std::vector<DamagedFile> Damaged();
   Model* model() const { return model_; }
   const PoolOptions& options() const { return opts_; }
+  // The shared forward pass (nullptr without PoolOptions::batch): tests and benchmarks hold it.
+  Batcher* batcher() const { return batcher_.get(); }
 
  private:
   friend class Conversation;
@@ -427,6 +463,8 @@ class Pool {
   std::mutex evict_mu_;           // one eviction pass at a time
   std::atomic<bool> budget_retry_{false};  // a budget pass stopped at a busy idle conversation
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
+  std::shared_ptr<Batcher> batcher_;      // the shared forward pass (PoolOptions::batch), else nullptr
+  std::atomic<uint64_t> budget_step_{0};  // the batcher's step count at the last budget pass
   // Full chunks held once for every conversation using them (share_prefixes); thread-safe itself.
   std::shared_ptr<SharedChunkStore> shared_;
   std::shared_ptr<SegmentCache> arena_;  // the load arena (nullptr: none); every context's in-memory swap uses it

@@ -306,9 +306,34 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
     req.attend_compressed_below = first_write;
   }
   MZ_RETURN_IF_ERROR(RunRestore(units_.get(), req));
-  MZ_RETURN_IF_ERROR(fwd_->Decode(tokens, n, all_logits, &logits_));
+  MZ_RETURN_IF_ERROR(ComputeLocked(tokens, n, all_logits));
   history_.insert(history_.end(), tokens, tokens + n);
   return Status::Ok();
+}
+
+Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, const std::function<Status(int)>& wait,
+                              const std::function<bool()>& restoring, int threads_while_restoring, double* wait_s) {
+  cancel_.store(false);
+  if (!opts_.batcher) {
+    fwd_->set_wait(wait);
+    Status st = fwd_->Decode(tokens, n, all_logits, &logits_);
+    if (wait_s) *wait_s = fwd_->timing().wait_s;
+    fwd_->set_wait(nullptr);
+    return st;
+  }
+  Batcher::Request r;
+  r.kv = kv_.get();
+  r.tokens = tokens;
+  r.n = n;
+  r.all_logits = all_logits;
+  r.logits = &logits_;
+  r.wait = wait;
+  r.restoring = restoring;
+  r.threads_while_restoring = threads_while_restoring;
+  r.cancel = &cancel_;
+  Status st = opts_.batcher->Run(&r);
+  if (wait_s) *wait_s = r.wait_s;
+  return st;
 }
 
 int Context::n_logit_rows() const {
@@ -368,23 +393,58 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   PipelineOptions pipe_opts = po;
   pipe_opts.attend_compressed_below =
       po.attend_compressed && opts_.attend_compressed ? start / kv_->geometry().chunk_tokens : 0;
+  if (opts_.batcher && opts_.batcher->active() > 0) {
+    // Others are generating through the shared pass: this call's units come back first (the
+    // restore executor's workers, beside their steps), then it joins the batch. Their steps never
+    // wait for its units.
+    RestoreRequest req;
+    if (pipe_opts.attend_compressed_below > 0) {
+      req.mode = RestoreMode::kForCompute;
+      req.attend_compressed_below = pipe_opts.attend_compressed_below;
+    }
+    Status st = RunRestore(units_.get(), req);
+    const uint64_t tr = model_->env()->NowNs();
+    if (st.ok()) st = ComputeLocked(tokens, n, false);
+    if (!st.ok()) {
+      kv_->Truncate(start);
+      return st;
+    }
+    history_.insert(history_.end(), tokens, tokens + n);
+    if (stats) {
+      stats->ttft_s = double(model_->env()->NowNs() - t0) * 1e-9;
+      stats->wait_s = double(tr - t0) * 1e-9;  // the restore ran before compute
+      stats->cpu_s = CpuSeconds(model_->env()) - c0;
+      stats->compute_threads_during_restore = 0;
+    }
+    return Status::Ok();
+  }
   RestorePipeline pipe(units_.get(), int(model_->hparams().n_layer), pipe_opts);
   Status st = pipe.Start();
-  const int full = opts_.n_threads;
+  const int full = opts_.batcher ? opts_.batcher->options().n_threads : opts_.n_threads;
   // Restoration threads that run ahead of compute (restore_nice granted) need no core kept free.
   const int during = pipe.done() || pipe.restore_priority_raised() ? full : std::max(1, full - 1);
-  fwd_->set_n_threads(during);
-  fwd_->set_wait([&](int unit) -> Status {
-    Status s = pipe.Wait(unit);
-    if ((pipe.done() || (po.full_threads_for_io && pipe.cpu_work_done())) && fwd_->n_threads() != full)
-      fwd_->set_n_threads(full);
-    return s;
-  });
-  if (st.ok()) st = fwd_->Decode(tokens, n, false, &logits_);
-  const double wait = fwd_->timing().wait_s;
+  double wait = 0;
+  if (opts_.batcher) {
+    // Alone in the batcher while it restores (front layers first, overlapped with this prefill);
+    // once every unit is back it batches with whoever arrived meanwhile.
+    if (st.ok())
+      st = ComputeLocked(tokens, n, false, [&](int unit) { return pipe.Wait(unit); }, [&] { return !pipe.done(); },
+                         during, &wait);
+  } else {
+    fwd_->set_n_threads(during);
+    if (st.ok())
+      st = ComputeLocked(
+          tokens, n, false,
+          [&](int unit) -> Status {
+            Status s = pipe.Wait(unit);
+            if ((pipe.done() || (po.full_threads_for_io && pipe.cpu_work_done())) && fwd_->n_threads() != full)
+              fwd_->set_n_threads(full);
+            return s;
+          },
+          nullptr, 0, &wait);
+    fwd_->set_n_threads(full);
+  }
   const uint64_t t1 = model_->env()->NowNs();
-  fwd_->set_wait(nullptr);
-  fwd_->set_n_threads(full);
   Status fin = pipe.Finish();
   if (st.ok() && !fin.ok()) st = fin;
   if (!st.ok()) {

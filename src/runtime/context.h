@@ -21,6 +21,7 @@
 #include "restore/restore_pipeline.h"
 #include "policy/hybrid_swap.h"
 #include "model/model.h"
+#include "runtime/batcher.h"
 #include "runtime/forward.h"
 #include "runtime/session_file.h"
 
@@ -105,6 +106,13 @@ struct ContextOptions {
   // on): no check.
   bool memory_check = false;
   uint64_t memory_budget = 0;  // bytes the context may use in all (0: none); with memory_check
+  // Compute through a shared batcher (runtime/batcher.h: a pool's one forward pass) instead of
+  // this context's own Forward: Decode and RestoreGenerate join the batcher's steps with every
+  // other context computing at that moment. RestoreGenerate restores front layers first
+  // overlapped with its own prefill when nothing else computes; while others do, it restores
+  // first (the restore executor, on its workers) and then joins the batch, so the others' steps
+  // never wait for its units. SetThreads then changes only this context's own Forward (unused).
+  std::shared_ptr<Batcher> batcher;
 };
 
 // What an EvictBytes call may move.
@@ -122,6 +130,11 @@ class Context {
 
   // See Forward::Decode. Tokens are appended to history() on success only.
   Status Decode(const int32_t* tokens, int n, bool all_logits);
+  // Stops the Decode / RestoreGenerate running on this context at its next batch step
+  // (ContextOptions::batcher; without one the call runs to its end): it returns kCancelled with
+  // the context as before it. Other contexts in the batch are not disturbed. A call that starts
+  // after Cancel is not affected. Lock-free; any thread.
+  void Cancel() { cancel_.store(true); }
   const float* logits(int row) const;  // nullptr if out of range
   int n_logit_rows() const;
   // Keeps the first n_keep tokens. A borrowed (shared) chunk kept in part is copied first
@@ -300,6 +313,13 @@ class Context {
   };
   std::vector<int32_t> history_;
   std::vector<float> logits_;
+  std::atomic<bool> cancel_{false};
+  // The compute of a call (REQUIRES mu_): appends tokens to the KV cache and fills logits_, through
+  // the batcher when there is one (wait/restoring: the restore pipeline's hooks, see
+  // Batcher::Request), else this context's Forward. *wait_s (optional): time compute waited for units.
+  Status ComputeLocked(const int32_t* tokens, int n, bool all_logits, const std::function<Status(int)>& wait = nullptr,
+                       const std::function<bool()>& restoring = nullptr, int threads_while_restoring = 0,
+                       double* wait_s = nullptr);
   void RunSafePoint();
   struct SafePointOnExit {  // declared before the lock guard: runs the hook after the unlock
     Context* c;

@@ -20,32 +20,42 @@ namespace {
 // Seconds on env's monotonic clock.
 double Now(Env* env) { return double(env->NowNs()) * 1e-9; }
 
+// One sequence of a layer graph: its cache and its columns [row0, row0 + n) of the ubatch, at
+// positions [pos0, pos0 + n).
+struct SeqSlice {
+  KvCache* kv;
+  int row0, n, pos0;
+};
+
 // Shared by the two custom ops of one layer graph; lives on the stack of RunUbatch.
 struct LayerOpData {
-  KvCache* kv;
+  const SeqSlice* seqs;
+  int n_seqs;
+  const int* seq_of_row;  // [n_tokens]: which slice each column belongs to
   int layer;
-  int pos0;
   int n_tokens;
   float scale;
 };
 
-// dst->src[0] = k [D, Hkv, n] f32, dst->src[1] = v [D, Hkv, n] f32. Writes fp16 rows into chunks
-// (q8_0 KV: q8 rows, store/q8_kv.h).
+// dst->src[0] = k [D, Hkv, n] f32, dst->src[1] = v [D, Hkv, n] f32. Writes fp16 rows into each
+// column's sequence's chunks (q8_0 KV: q8 rows, store/q8_kv.h). Threads split columns.
 void KvStoreOp(ggml_tensor* dst, int ith, int nth, void* ud) {
   auto* d = static_cast<LayerOpData*>(ud);
   const ggml_tensor* k = dst->src[0];
   const ggml_tensor* v = dst->src[1];
-  const KvGeometry& g = d->kv->geometry();
-  const int D = g.head_dim, H = g.n_kv_head, T = g.chunk_tokens;
-  if (g.q8()) {
-    // q8_0 KV: each row (one token of one kv head) rounded to fp16 as below, then q8-encoded into
-    // row `off` of its segment (rows = T); rows are independent, so threads split tokens as below.
-    thread_local std::vector<uint16_t> h16;
-    if (int(h16.size()) < D) h16.resize(size_t(D));
-    for (int i = ith; i < d->n_tokens; i += nth) {
-      const int pos = d->pos0 + i;
-      const int c = pos / T, off = pos % T;
-      uint8_t* q = reinterpret_cast<uint8_t*>(d->kv->chunk(d->layer, c));
+  thread_local std::vector<uint16_t> h16;
+  for (int i = ith; i < d->n_tokens; i += nth) {
+    const SeqSlice& s = d->seqs[d->seq_of_row[i]];
+    KvCache* kv = s.kv;
+    const KvGeometry& g = kv->geometry();
+    const int D = g.head_dim, H = g.n_kv_head, T = g.chunk_tokens;
+    const int pos = s.pos0 + (i - s.row0);
+    const int c = pos / T, off = pos % T;
+    if (g.q8()) {
+      // q8_0 KV: each row (one token of one kv head) rounded to fp16 as below, then q8-encoded into
+      // row `off` of its segment (rows = T); rows are independent.
+      if (int(h16.size()) < D) h16.resize(size_t(D));
+      uint8_t* q = reinterpret_cast<uint8_t*>(kv->chunk(d->layer, c));
       for (int b = 0; b < 2; ++b) {
         const ggml_tensor* src = b == 0 ? k : v;
         for (int h = 0; h < H; ++h) {
@@ -55,14 +65,10 @@ void KvStoreOp(ggml_tensor* dst, int ith, int nth, void* ud) {
           Q8KvEncodeRow(h16.data(), D, q8_row_codes(seg, T, D, off), q8_row_amax(seg, off));
         }
       }
+      continue;
     }
-    return;
-  }
-  for (int i = ith; i < d->n_tokens; i += nth) {
-    const int pos = d->pos0 + i;
-    const int c = pos / T, off = pos % T;
-    uint16_t* kb = d->kv->k_block(d->layer, c);
-    uint16_t* vb = d->kv->v_block(d->layer, c);
+    uint16_t* kb = kv->k_block(d->layer, c);
+    uint16_t* vb = kv->v_block(d->layer, c);
     for (int h = 0; h < H; ++h) {
       const float* ks = reinterpret_cast<const float*>(static_cast<const char*>(k->data) + i * k->nb[2] + h * k->nb[1]);
       const float* vs = reinterpret_cast<const float*>(static_cast<const char*>(v->data) + i * v->nb[2] + h * v->nb[1]);
@@ -74,19 +80,25 @@ void KvStoreOp(ggml_tensor* dst, int ith, int nth, void* ud) {
   }
 }
 
-// dst [D, H, n] f32 = attention(q = dst->src[0] [D, H, n] f32 contiguous) over the layer's chunks.
+// dst [D, H, n] f32 = attention(q = dst->src[0] [D, H, n] f32 contiguous), each sequence's columns
+// over its own layer's chunks. Every thread takes its share of every sequence (attention_chunked's
+// split: disjoint output rows, no barrier).
 void AttentionOp(ggml_tensor* dst, int ith, int nth, void* ud) {
   auto* d = static_cast<LayerOpData*>(ud);
   const ggml_tensor* q = dst->src[0];
-  AttnArgs a;
-  a.q = static_cast<const float*>(q->data);
-  a.out = static_cast<float*>(dst->data);
-  a.n_tokens = d->n_tokens;
-  a.n_head = int(q->ne[1]);
-  a.pos0 = d->pos0;
-  a.scale = d->scale;
-  KvLayerView view = d->kv->view(d->layer, d->pos0 + d->n_tokens);
-  attention_chunked(a, view, ith, nth);
+  const int H = int(q->ne[1]), D = int(q->ne[0]);
+  for (int si = 0; si < d->n_seqs; ++si) {
+    const SeqSlice& s = d->seqs[si];
+    AttnArgs a;
+    a.q = static_cast<const float*>(q->data) + size_t(s.row0) * H * D;
+    a.out = static_cast<float*>(dst->data) + size_t(s.row0) * H * D;
+    a.n_tokens = s.n;
+    a.n_head = H;
+    a.pos0 = s.pos0;
+    a.scale = d->scale;
+    KvLayerView view = s.kv->view(d->layer, s.pos0 + s.n);
+    attention_chunked(a, view, ith, nth);
+  }
 }
 
 ggml_tensor* Norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, float eps) {
@@ -204,8 +216,11 @@ Status Forward::Decode(const int32_t* tokens, int n, bool all_logits, std::vecto
   return st;
 }
 
+uint64_t Forward::compute_buffer_bytes() const { return galloc_ ? ggml_gallocr_get_buffer_size(galloc_, 0) : 0; }
+
 Status Forward::DecodePass(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
   if (n <= 0) return Status::InvalidArgument("no tokens to decode");
+  if (!kv_) return Status::InvalidArgument("Decode: this pass has no KV cache of its own (use Step)");
   const int n_vocab = int(model_->hparams().n_vocab);
   for (int i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= n_vocab)
@@ -222,7 +237,13 @@ Status Forward::DecodePass(const int32_t* tokens, int n, bool all_logits, std::v
   for (int off = 0; off < n; off += opts_.n_ubatch) {
     const int m = std::min(opts_.n_ubatch, n - off);
     const bool want = all_logits || off + m == n;
-    st = RunUbatch(tokens + off, m, start + off, all_logits, want ? logits : nullptr);
+    Seq seq;
+    seq.kv = kv_;
+    seq.tokens = tokens + off;
+    seq.n = m;
+    seq.n_logits = want ? (all_logits ? m : 1) : 0;
+    seq.logits = logits;
+    st = RunUbatch(&seq, 1);
     if (!st.ok()) {
       kv_->Truncate(start);
       return st;
@@ -232,15 +253,173 @@ Status Forward::DecodePass(const int32_t* tokens, int n, bool all_logits, std::v
   return Status::Ok();
 }
 
-Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logits, std::vector<float>* logits) {
+Status Forward::Step(Seq* seqs, int n_seqs) {
+  if (n_seqs <= 0) return Status::InvalidArgument("Step: no sequences");
+  const int n_vocab = int(model_->hparams().n_vocab);
+  int total = 0;
+  for (int s = 0; s < n_seqs; ++s) {
+    const Seq& q = seqs[s];
+    if (!q.kv || !q.tokens || q.n <= 0 || (q.n_logits != 0 && q.n_logits != 1 && q.n_logits != q.n) ||
+        (q.n_logits && !q.logits))
+      return Status::InvalidArgument("Step: sequence " + std::to_string(s) + " is malformed");
+    for (int t = 0; t < s; ++t)
+      if (seqs[t].kv == q.kv) return Status::InvalidArgument("Step: a KV cache appears twice");
+    if (q.kv->n_chunks() < q.kv->n_chunks_for(q.kv->n_tokens() + q.n))
+      return Status::InvalidArgument("Step: sequence " + std::to_string(s) + " has no chunks reserved");
+    if (q.kv->geometry().n_layer != int(model_->hparams().n_layer) ||
+        q.kv->geometry().n_kv_head != int(model_->hparams().n_head_kv) ||
+        q.kv->geometry().head_dim != int(model_->hparams().head_dim))
+      return Status::InvalidArgument("Step: a KV cache of another model");
+    for (int i = 0; i < q.n; ++i)
+      if (q.tokens[i] < 0 || q.tokens[i] >= n_vocab)
+        return Status::InvalidArgument("token id " + std::to_string(q.tokens[i]) + " out of range [0, " +
+                                       std::to_string(n_vocab) + ")");
+    total += q.n;
+  }
+  if (total > opts_.n_ubatch)
+    return Status::InvalidArgument("Step: " + std::to_string(total) + " tokens exceed n_ubatch " +
+                                   std::to_string(opts_.n_ubatch));
+  std::vector<size_t> before(static_cast<size_t>(n_seqs));
+  for (int s = 0; s < n_seqs; ++s) before[size_t(s)] = seqs[s].logits ? seqs[s].logits->size() : 0;
+  timing_ = LayerTiming();
+  Env* env = model_->env();
+  std::vector<int> saved;
+  const bool restore = pool_ && env->GetThreadAffinity(&saved).ok() && !saved.empty();
+  if (pool_ && !cpus_.empty() && opts_.n_threads == 1) (void)env->SetThreadAffinity({cpus_[0]});
+  Status st = RunUbatch(seqs, n_seqs);
+  if (restore) (void)env->SetThreadAffinity(saved);
+  for (int s = 0; s < n_seqs; ++s) {
+    if (st.ok()) {
+      seqs[s].kv->SetTokens(seqs[s].kv->n_tokens() + seqs[s].n);
+    } else {
+      seqs[s].kv->Truncate(seqs[s].kv->n_tokens());  // rows past the old length are dropped
+      if (seqs[s].logits) seqs[s].logits->resize(before[size_t(s)]);
+    }
+  }
+  return st;
+}
+
+ggml_tensor* Forward::BuildLayer(ggml_context* ctx, int il, int n, void* od) {
+  const HParams& hp = model_->hparams();
+  const int E = int(hp.n_embd), D = int(hp.head_dim), H = int(hp.n_head), HKV = int(hp.n_head_kv);
+  const BaseTensors& B = model_->base();
+  const LayerTensors& L = model_->layer(il);
+  ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
+  x->data = act_.data();
+  ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+  pos->data = pos_.data();
+
+  ggml_tensor* cur = Norm(ctx, x, L.attn_norm, hp.rms_eps);
+  ggml_tensor* q = ggml_mul_mat(ctx, L.wq, cur);
+  ggml_tensor* k = ggml_mul_mat(ctx, L.wk, cur);
+  ggml_tensor* v = ggml_mul_mat(ctx, L.wv, cur);
+  if (L.bq) q = ggml_add(ctx, q, L.bq);
+  if (L.bk) k = ggml_add(ctx, k, L.bk);
+  if (L.bv) v = ggml_add(ctx, v, L.bv);
+  q = ggml_reshape_3d(ctx, q, D, H, n);
+  k = ggml_reshape_3d(ctx, k, D, HKV, n);
+  v = ggml_reshape_3d(ctx, v, D, HKV, n);
+  if (L.q_norm) q = Norm(ctx, q, L.q_norm, hp.rms_eps);
+  if (L.k_norm) k = Norm(ctx, k, L.k_norm, hp.rms_eps);
+  const int mode = int(hp.rope_type);
+  q = ggml_rope_ext(ctx, q, pos, B.rope_freqs, int(hp.n_rot), mode, int(hp.n_ctx_train), hp.rope_freq_base,
+                    hp.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+  k = ggml_rope_ext(ctx, k, pos, B.rope_freqs, int(hp.n_rot), mode, int(hp.n_ctx_train), hp.rope_freq_base,
+                    hp.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
+  ggml_tensor* store_args[2] = {k, v};
+  ggml_tensor* stored = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, store_args, 2, KvStoreOp,
+                                       GGML_N_TASKS_MAX, od);
+  ggml_tensor* attn_args[2] = {q, stored};
+  ggml_tensor* attn = ggml_custom_4d(ctx, GGML_TYPE_F32, D, H, n, 1, attn_args, 2, AttentionOp,
+                                     GGML_N_TASKS_MAX, od);
+  cur = ggml_reshape_2d(ctx, attn, D * H, n);
+  cur = ggml_mul_mat(ctx, L.wo, cur);
+  ggml_tensor* h = ggml_add(ctx, cur, x);
+  cur = Norm(ctx, h, L.ffn_norm, hp.rms_eps);
+  ggml_tensor* gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
+  ggml_tensor* up = ggml_mul_mat(ctx, L.ffn_up, cur);
+  cur = ggml_swiglu_split(ctx, gate, up);
+  cur = ggml_mul_mat(ctx, L.ffn_down, cur);
+  cur = ggml_add(ctx, cur, h);
+  // The residual is written back in place (x read earlier).
+  return ggml_cpy(ctx, cur, x);
+}
+
+ggml_tensor* Forward::BuildHead(ggml_context* ctx, int n, int n_out, bool tail) {
+  const HParams& hp = model_->hparams();
+  const BaseTensors& B = model_->base();
+  const int E = int(hp.n_embd);
+  ggml_tensor* act = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
+  act->data = act_.data();
+  ggml_tensor* x = act;
+  if (tail) {  // the last n_out columns (one sequence's rows): a view
+    x = ggml_view_2d(ctx, act, E, n_out, act->nb[1], size_t(n - n_out) * act->nb[1]);
+  } else {
+    ggml_tensor* rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_out);
+    rows->data = out_rows_.data();
+    x = ggml_get_rows(ctx, act, rows);
+  }
+  ggml_tensor* cur = Norm(ctx, x, B.output_norm, hp.rms_eps);
+  // The logits [n_vocab, n_out] are written straight into out_ (resized by the caller): a tensor
+  // with its data set is not placed in the compute buffers, which would otherwise hold n_vocab
+  // floats per row (39 MB for 64 rows of a 152k vocabulary). Reservation passes no out_.
+  cur = ggml_mul_mat(ctx, B.output, cur);
+  cur->data = out_.empty() ? static_cast<void*>(&reserve_only_) : static_cast<void*>(out_.data());
+  return cur;
+}
+
+ggml_tensor* Forward::BuildEmbed(ggml_context* ctx, int n) {
+  const int E = int(model_->hparams().n_embd);
+  ggml_tensor* ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+  ids->data = ids_.data();
+  ggml_tensor* out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
+  out->data = act_.data();
+  return ggml_cpy(ctx, ggml_get_rows(ctx, model_->base().tok_embd, ids), out);
+}
+
+Status Forward::ReserveCompute(int n_tokens, int n_out) {
+  if (n_tokens < 1 || n_out < 1 || n_out > n_tokens)
+    return Status::InvalidArgument("ReserveCompute: " + std::to_string(n_out) + " rows of " + std::to_string(n_tokens) + " tokens");
+  // No data is read: the graphs are only measured (their inputs and outputs live outside the
+  // buffers, as in a step).
+  ggml_init_params ip{meta_buf_.size(), meta_buf_.data(), /*no_alloc=*/true};
+  LayerOpData od{nullptr, 0, nullptr, 0, n_tokens, 1.0f};
+  for (int g = 0; g < 3; ++g) {
+    ggml_context* ctx = ggml_init(ip);
+    ggml_tensor* out = g == 0 ? BuildEmbed(ctx, n_tokens) : g == 1 ? BuildLayer(ctx, 0, n_tokens, &od)
+                                                                   : BuildHead(ctx, n_tokens, n_out, false);
+    ggml_cgraph* gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    const bool ok = ggml_gallocr_reserve(galloc_, gf);
+    ggml_free(ctx);
+    if (!ok) return Status::NoMemory("reserving compute buffers for " + std::to_string(n_tokens) + " tokens");
+  }
+  return Status::Ok();
+}
+
+Status Forward::RunUbatch(const Seq* seqs, int n_seqs) {
   const HParams& hp = model_->hparams();
   const int E = int(hp.n_embd), D = int(hp.head_dim), H = int(hp.n_head), HKV = int(hp.n_head_kv);
   const int base = model_->base_unit();
   const BaseTensors& B = model_->base();
+  int n = 0;
+  for (int s = 0; s < n_seqs; ++s) n += seqs[s].n;
   act_.resize(size_t(n) * E);
-  ids_.assign(tokens, tokens + n);
+  ids_.resize(size_t(n));
   pos_.resize(size_t(n));
-  for (int i = 0; i < n; ++i) pos_[size_t(i)] = pos0 + i;
+  std::vector<SeqSlice> slices(static_cast<size_t>(n_seqs));
+  std::vector<int> seq_of_row(static_cast<size_t>(n));
+  out_rows_.clear();
+  for (int s = 0, row = 0; s < n_seqs; ++s) {
+    const Seq& q = seqs[s];
+    slices[size_t(s)] = SeqSlice{q.kv, row, q.n, q.kv->n_tokens()};
+    for (int i = 0; i < q.n; ++i, ++row) {
+      ids_[size_t(row)] = q.tokens[i];
+      pos_[size_t(row)] = q.kv->n_tokens() + i;
+      seq_of_row[size_t(row)] = s;
+      if (i >= q.n - q.n_logits) out_rows_.push_back(row);
+    }
+  }
 
   ggml_init_params ip{meta_buf_.size(), meta_buf_.data(), /*no_alloc=*/true};
 
@@ -249,12 +428,7 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
   MZ_RETURN_IF_ERROR(Wait(base));
   {
     ggml_context* ctx = ggml_init(ip);
-    ggml_tensor* ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-    ids->data = ids_.data();
-    ggml_tensor* out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
-    out->data = act_.data();
-    ggml_tensor* x = ggml_get_rows(ctx, B.tok_embd, ids);
-    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, x, out)));
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildEmbed(ctx, n)));
   }
   double t1 = Now(model_->env());
   timing_.embed_s += t1 - t0;
@@ -262,72 +436,39 @@ Status Forward::RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logit
   const float scale = 1.0f / std::sqrt(float(D));
   for (int il = 0; il < int(hp.n_layer); ++il) {
     MZ_RETURN_IF_ERROR(Wait(il));
-    const int first_write = pos0 / kv_->geometry().chunk_tokens;
-    for (int c = 0; c < first_write; ++c)  // read only: resident, or compressed in a form attention reads
-      if (!kv_->chunk_readable(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
-                                                           std::to_string(il) + " is not in memory");
-    for (int c = first_write; c < kv_->n_chunks_for(pos0 + n); ++c)
-      if (!kv_->chunk_resident(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
-                                                           std::to_string(il) + " is not resident");
-    const LayerTensors& L = model_->layer(il);
-    LayerOpData od{kv_, il, pos0, n, scale};
+    for (const SeqSlice& sl : slices) {
+      KvCache* kv = sl.kv;
+      const int first_write = sl.pos0 / kv->geometry().chunk_tokens;
+      for (int c = 0; c < first_write; ++c)  // read only: resident, or compressed in a form attention reads
+        if (!kv->chunk_readable(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
+                                                            std::to_string(il) + " is not in memory");
+      for (int c = first_write; c < kv->n_chunks_for(sl.pos0 + sl.n); ++c)
+        if (!kv->chunk_resident(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
+                                                            std::to_string(il) + " is not resident");
+    }
+    LayerOpData od{slices.data(), n_seqs, seq_of_row.data(), il, n, scale};
     ggml_context* ctx = ggml_init(ip);
-    ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
-    x->data = act_.data();
-    ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-    pos->data = pos_.data();
-
-    ggml_tensor* cur = Norm(ctx, x, L.attn_norm, hp.rms_eps);
-    ggml_tensor* q = ggml_mul_mat(ctx, L.wq, cur);
-    ggml_tensor* k = ggml_mul_mat(ctx, L.wk, cur);
-    ggml_tensor* v = ggml_mul_mat(ctx, L.wv, cur);
-    if (L.bq) q = ggml_add(ctx, q, L.bq);
-    if (L.bk) k = ggml_add(ctx, k, L.bk);
-    if (L.bv) v = ggml_add(ctx, v, L.bv);
-    q = ggml_reshape_3d(ctx, q, D, H, n);
-    k = ggml_reshape_3d(ctx, k, D, HKV, n);
-    v = ggml_reshape_3d(ctx, v, D, HKV, n);
-    if (L.q_norm) q = Norm(ctx, q, L.q_norm, hp.rms_eps);
-    if (L.k_norm) k = Norm(ctx, k, L.k_norm, hp.rms_eps);
-    const int mode = int(hp.rope_type);
-    q = ggml_rope_ext(ctx, q, pos, B.rope_freqs, int(hp.n_rot), mode, int(hp.n_ctx_train), hp.rope_freq_base,
-                      hp.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
-    k = ggml_rope_ext(ctx, k, pos, B.rope_freqs, int(hp.n_rot), mode, int(hp.n_ctx_train), hp.rope_freq_base,
-                      hp.rope_freq_scale, 0.0f, 1.0f, 32.0f, 1.0f);
-    ggml_tensor* store_args[2] = {k, v};
-    ggml_tensor* stored = ggml_custom_4d(ctx, GGML_TYPE_F32, 1, 1, 1, 1, store_args, 2, KvStoreOp,
-                                         GGML_N_TASKS_MAX, &od);
-    ggml_tensor* attn_args[2] = {q, stored};
-    ggml_tensor* attn = ggml_custom_4d(ctx, GGML_TYPE_F32, D, H, n, 1, attn_args, 2, AttentionOp,
-                                       GGML_N_TASKS_MAX, &od);
-    cur = ggml_reshape_2d(ctx, attn, D * H, n);
-    cur = ggml_mul_mat(ctx, L.wo, cur);
-    ggml_tensor* h = ggml_add(ctx, cur, x);
-    cur = Norm(ctx, h, L.ffn_norm, hp.rms_eps);
-    ggml_tensor* gate = ggml_mul_mat(ctx, L.ffn_gate, cur);
-    ggml_tensor* up = ggml_mul_mat(ctx, L.ffn_up, cur);
-    cur = ggml_swiglu_split(ctx, gate, up);
-    cur = ggml_mul_mat(ctx, L.ffn_down, cur);
-    cur = ggml_add(ctx, cur, h);
-    // The residual is written back in place (x read earlier).
-    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, cur, x)).With("layer " + std::to_string(il)));
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildLayer(ctx, il, n, &od)).With("layer " + std::to_string(il)));
   }
   double t2 = Now(model_->env());
   timing_.layers_s += t2 - t1;
 
-  if (logits) {
+  if (!out_rows_.empty()) {
     MZ_RETURN_IF_ERROR(Wait(base));
-    const int n_out = all_logits ? n : 1;
-    const size_t before = logits->size();
-    logits->resize(before + size_t(n_out) * hp.n_vocab);
+    const int n_out = int(out_rows_.size());
+    out_.resize(size_t(n_out) * hp.n_vocab);
     ggml_context* ctx = ggml_init(ip);
-    ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n_out);
-    x->data = act_.data() + size_t(n - n_out) * E;
-    ggml_tensor* dst = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp.n_vocab, n_out);
-    dst->data = logits->data() + before;
-    ggml_tensor* cur = Norm(ctx, x, B.output_norm, hp.rms_eps);
-    cur = ggml_mul_mat(ctx, B.output, cur);
-    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, cur, dst)));
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildHead(ctx, n, n_out, out_rows_.front() == n - n_out)));
+    // Each sequence's rows, in its order.
+    size_t k = 0;
+    for (int s = 0; s < n_seqs; ++s) {
+      const Seq& q = seqs[s];
+      if (!q.n_logits) continue;
+      const size_t at = q.logits->size(), len = size_t(q.n_logits) * hp.n_vocab;
+      q.logits->resize(at + len);
+      std::memcpy(q.logits->data() + at, out_.data() + k * hp.n_vocab, len * sizeof(float));
+      k += size_t(q.n_logits);
+    }
     timing_.head_s += Now(model_->env()) - t2;
   }
   return Status::Ok();

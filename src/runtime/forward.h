@@ -14,7 +14,14 @@
 //   -> attention over the chunk pointers (custom op, src/kernels/attention.h) [D,H,n]
 //   -> Wo -> +x -> rms_norm*ffn_norm -> down(silu(gate) * up) -> +  -> x (written back in place)
 //
-// Thread-safety: one Forward per context; not safe for concurrent use.
+// Several sequences in one pass (Step): the tokens of every sequence are the columns of one ubatch;
+// the matrix products run once over all of them, the KV store and attention run per sequence over
+// its own cache (each KvCache may hold chunks resident f16, q8 rows, or q8 read in place), and
+// each sequence gets its own logits rows. Positions are per token, so sequences at different
+// lengths mix freely (src/runtime/batcher.h schedules them).
+//
+// Thread-safety: one Forward is used by one thread at a time (a context's, or a pool's batcher);
+// not safe for concurrent use.
 #pragma once
 #include <functional>
 #include <memory>
@@ -44,6 +51,7 @@ struct LayerTiming {
 
 class Forward {
  public:
+  // kv: the cache Decode appends to (nullptr for a pass that only runs Steps, which name theirs).
   Forward(Model* model, KvCache* kv, const ForwardOptions& opts);
   ~Forward();
   Forward(const Forward&) = delete;
@@ -78,10 +86,42 @@ class Forward {
   // token's. On failure the KV cache is truncated back to its previous length (no torn state).
   Status Decode(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits);
 
+  // One sequence's part of a Step. kv must have chunks reserved for positions
+  // [kv->n_tokens(), kv->n_tokens() + n) (KvCache::Reserve); those are written, and on success
+  // kv->n_tokens() grows by n. n_logits: rows appended to *logits (n_vocab floats each): 0 (none),
+  // 1 (the last token's) or n (every token's).
+  struct Seq {
+    KvCache* kv = nullptr;
+    const int32_t* tokens = nullptr;
+    int n = 0;
+    int n_logits = 0;
+    std::vector<float>* logits = nullptr;
+  };
+  // One pass over several sequences (distinct KvCaches), every token at once: sum of n at most
+  // n_ubatch (kInvalidArgument otherwise; no KV touched). On failure every sequence's KV cache is
+  // truncated back to its length before the call and its logits are left as they were. kBusy when
+  // a unit the step needs is not in memory (after the wait hook), as Decode.
+  Status Step(Seq* seqs, int n_seqs);
+  // Bytes of the compute buffers allocated so far (they grow to the largest graph computed).
+  uint64_t compute_buffer_bytes() const;
+  // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now (they still
+  // grow if a larger step comes: all_logits over more rows). kNoMemory when they cannot be
+  // allocated (nothing else changed); kInvalidArgument unless 1 <= n_out <= n_tokens.
+  Status ReserveCompute(int n_tokens, int n_out);
+
   const LayerTiming& timing() const { return timing_; }
 
  private:
-  Status RunUbatch(const int32_t* tokens, int n, int pos0, bool all_logits, std::vector<float>* logits);
+  // One ubatch over seqs (tokens already validated, chunks reserved): KV written at each
+  // sequence's positions from its kv->n_tokens(); KV lengths are not changed here.
+  Status RunUbatch(const Seq* seqs, int n_seqs);
+  // The three graphs of a ubatch of n columns, each ending in the copy to its output (outside the
+  // compute buffers): token embedding into act_; layer il over act_ in place (od: the custom ops'
+  // LayerOpData); the head of n_out rows of act_ into out_ (tail: the last n_out columns, else the
+  // rows out_rows_ lists).
+  ggml_tensor* BuildEmbed(ggml_context* ctx, int n);
+  ggml_tensor* BuildLayer(ggml_context* ctx, int il, int n, void* od);
+  ggml_tensor* BuildHead(ggml_context* ctx, int n, int n_out, bool tail);
   Status Wait(int unit);
   // Builds the graph that ends in `out`, allocates and computes it, then frees ctx (always, also on
   // failure). NoMemory when the compute buffers cannot be allocated, Internal when compute fails.
@@ -104,6 +144,10 @@ class Forward {
   std::vector<float> act_;      // residual stream [n][E]
   std::vector<int32_t> pos_;    // positions of the ubatch
   std::vector<int32_t> ids_;
+  std::vector<int32_t> out_rows_;  // rows of act_ whose logits the ubatch computes
+  std::vector<float> out_;         // those logits [n_out][n_vocab], copied to each sequence
+  // Data of graph outputs while compute buffers are only reserved (never read or written).
+  char reserve_only_ = 0;
   LayerTiming timing_;
 };
 

@@ -438,6 +438,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   AddTtftBench(bench, runners);
   AddEvictBench(bench, runners);
   AddPoolBench(bench, runners);
+  AddBatchBench(bench, runners);
   AddPeersBench(bench, runners);
   AddAccuracyBench(bench, runners);
   AddKvTypeBench(bench, runners);

@@ -18,8 +18,10 @@
 // {"bytes": N}, DELETE /v1/mzcache/conversations/ID.
 //
 // Threads: httplib's worker pool runs the handlers; at most --parallel turns generate at once
-// (others wait in a queue of at most --queue, then 503); the pool's own threads persist and watch
-// pressure. Shutdown (SIGINT/SIGTERM): stop accepting, finish the turns, persist, exit 0.
+// (others wait in a queue of at most --queue, then 503 with Retry-After); the turns generating
+// share one forward pass a step at a time (the pool's batcher, mz_pool_params.batch: continuous
+// batching, a finished turn's slot taken by the next request at the next step; --no-batch: each
+// turn computes alone); the pool's own threads persist and watch pressure. Shutdown (SIGINT/SIGTERM): stop accepting, finish the turns, persist, exit 0.
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -62,11 +64,13 @@ using serve::ChatRequest;
 constexpr int kListenBacklog = 512;
 
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", api_key, dir, alias, persist_codec = "q8", kv_codec = "q8";
-  int port = 8080, threads = 2, n_ctx = 8192, parallel = 1, queue = 64, max_tokens = 1024, http_threads = 32;
+  std::string model, host = "127.0.0.1", api_key, dir, alias, persist_codec = "q8", kv_codec = "q8", kv_type = "f16";
+  int port = 8080, threads = 2, n_ctx = 8192, parallel = 8, queue = 64, max_tokens = 1024, http_threads = 32;
   uint64_t memory_budget_mib = 0, disk_budget_mib = 8192, max_body_kib = 1024;
   int read_timeout_s = 10;
-  bool watch_pressure = true, restore_ahead = true, sync_persist = false;
+  bool watch_pressure = true, restore_ahead = true, sync_persist = false, batch = true;
+  int prefill_slice = 512;
+  double itl_factor = 2.0;
   std::string pressure_source = "auto", pressure_cgroup;
   std::string port_file;
 };
@@ -212,6 +216,7 @@ bool Server::Authorized(const httplib::Request& req, httplib::Response& res) {
 
 void Server::Error(httplib::Response& res, const ApiError& e) {
   res.status = e.http;
+  if (e.http == 503) res.set_header("Retry-After", "1");  // the queue is full or a conversation is busy: soon
   res.set_content(serve::ErrorBody(e), "application/json");
 }
 
@@ -634,6 +639,7 @@ int Server::Start() {
   cp.n_ctx = uint32_t(a_.n_ctx);
   cp.n_threads = a_.threads;
   cp.kv_codec = a_.kv_codec.c_str();
+  cp.kv_type = a_.kv_type == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
   chunk_tokens_ = int(cp.kv_chunk_tokens);
   mz_pool_params pp = mz_pool_default_params();
   pp.dir = a_.dir.c_str();
@@ -642,6 +648,9 @@ int Server::Start() {
   pp.disk_budget = a_.disk_budget_mib << 20;
   pp.persist_codec = a_.persist_codec.c_str();
   pp.write_behind = !a_.sync_persist;
+  pp.batch = a_.batch;
+  pp.batch_prefill_slice = a_.prefill_slice;
+  pp.batch_itl_factor = float(a_.itl_factor);
   if (int rc = mz_pool_new(model_, &pp, &pool_)) return CFail("opening the pool in " + a_.dir, rc);
   char buf[1024];
   for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i)
@@ -768,7 +777,16 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   c->add_option("--alias", a->alias, "model id reported to clients (default: the GGUF file's name)");
   c->add_option("-t,--threads", a->threads, "compute threads per turn (default 2)")->check(CLI::Range(1, 512));
   c->add_option("-c,--ctx", a->n_ctx, "tokens per conversation, prompt and reply (default 8192)")->check(CLI::Range(64, 1 << 20));
-  c->add_option("--parallel", a->parallel, "turns generating at once (default 1; more wait)")->check(CLI::Range(1, 64));
+  c->add_option("--parallel", a->parallel, "turns generating at once, batched in one forward pass (default 8; more wait)")
+      ->check(CLI::Range(1, 64));
+  c->add_flag("!--no-batch", a->batch, "each turn computes on its own forward pass (default: one pass for every turn)");
+  c->add_option("--prefill-slice", a->prefill_slice,
+                "prompt tokens per step at most while other turns decode (default 512; chunked prefill)")
+      ->check(CLI::Range(1, 8192));
+  c->add_option("--itl-factor", a->itl_factor,
+                "a prompt slice beside decoding turns keeps the step within this many decode steps (default 2; 0: "
+                "--prefill-slice fixed)")
+      ->check(CLI::Range(0.0, 1000.0));
   c->add_option("--queue", a->queue, "requests waiting for a turn before 503 (default 64)")->check(CLI::Range(0, 100000));
   c->add_option("--max-tokens", a->max_tokens, "most tokens of a reply (default 1024; a request may ask fewer)")->check(CLI::Range(1, 1 << 20));
   c->add_option("--memory-budget", a->memory_budget_mib, "MiB of RAM for weights and every conversation (default 0: none; pressure still applies)");
@@ -777,6 +795,8 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   c->add_option("--timeout", a->read_timeout_s, "seconds a client may stay silent while sending or receiving (default 10)")->check(CLI::Range(1, 3600));
   c->add_option("--http-threads", a->http_threads, "connection handler threads (default 32)")->check(CLI::Range(2, 4096));
   c->add_option("--persist-codec", a->persist_codec, "codec of stored conversations: q8 (default), none (lossless), lz4, zstd");
+  c->add_option("--kv-type", a->kv_type, "resident KV format: f16 (default) or q8_0 (about half the memory, read in place)")
+      ->check(CLI::IsMember({"f16", "q8_0"}));
   c->add_option("--kv-codec", a->kv_codec, "codec of KV evicted under pressure: q8 (default), none, lz4, zstd, q4, cachegen");
   c->add_flag("--sync-persist", a->sync_persist,
               "persist each turn before answering it (default: write-behind, at most one turn behind on a kill -9)");

@@ -1,0 +1,389 @@
+// Many users at once (runtime/batcher.h, the pool's shared forward pass): each conversation's
+// logits in a batch against the same conversation computed alone (B = 1, 2, 4, 8; mixed lengths;
+// KV partly compressed q8 read in place, borrowed shared prefix chunks, a conversation just
+// restored), a prompt sliced among others' decodes, a sequence cancelled mid-batch, conversations
+// joining and leaving with Evict running (TSan: label concurrency), and the budget pass sparing
+// every conversation mid-reply.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "core/sync_point.h"
+#include "pool/pool.h"
+#include "runtime/batcher.h"
+#include "runtime/context.h"
+#include "test_util.h"
+
+namespace mz {
+namespace {
+
+constexpr int T = 64;  // chunk tokens (tiny model)
+
+std::string ModelFile() { return test::ModelPath("tiny-qwen3", "q8_0"); }
+
+std::unique_ptr<Model> LoadModel() {
+  std::unique_ptr<Model> m;
+  Status st = Model::Load(Env::Default(), ModelFile(), ModelOptions(), &m);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return m;
+}
+
+PoolOptions Opts(bool batch, const std::string& tag) {
+  PoolOptions o;
+  o.context.n_ctx = 1024;
+  o.context.kv_chunk_tokens = T;
+  o.context.kv_codec = "q8";  // compressed chunks are read in place by attention
+  o.context.swap_path = test::TempDir() + "/batch-" + tag + "-" + std::to_string(getpid()) + ".swap";
+  o.write_behind_idle_ms = 60000;
+  o.batch = batch;
+  return o;
+}
+
+std::vector<int32_t> Tokens(int sys, int n, int seed) {
+  std::vector<int32_t> t = test::PromptTokens(ModelFile(), sys);
+  std::mt19937 rng{uint32_t(seed)};
+  while (int(t.size()) < n) t.push_back(int32_t(100 + rng() % 2000));
+  t.resize(size_t(n));
+  return t;
+}
+
+// KL(p || q) of the softmaxes of two logits rows, in double.
+double Kl(const float* p, const float* q, int n) {
+  auto lse = [n](const float* x) {
+    double m = x[0];
+    for (int i = 1; i < n; ++i) m = std::max(m, double(x[i]));
+    double s = 0;
+    for (int i = 0; i < n; ++i) s += std::exp(double(x[i]) - m);
+    return m + std::log(s);
+  };
+  const double lp = lse(p), lq = lse(q);
+  double kl = 0;
+  for (int i = 0; i < n; ++i) {
+    const double a = double(p[i]) - lp, b = double(q[i]) - lq;
+    kl += std::exp(a) * (a - b);
+  }
+  return kl;
+}
+
+// Greedy tokens agree wherever the reference's top-2 margin is clear (> 1e-3).
+void ExpectSameChoice(const float* ref, const float* got, int n, const std::string& what) {
+  int a = 0, b = -1;
+  for (int i = 1; i < n; ++i)
+    if (ref[i] > ref[a]) a = i;
+  for (int i = 0; i < n; ++i)
+    if (i != a && (b < 0 || ref[i] > ref[b])) b = i;
+  int g = 0;
+  for (int i = 1; i < n; ++i)
+    if (got[i] > got[g]) g = i;
+  if (ref[a] - ref[b] > 1e-3f) EXPECT_EQ(g, a) << what;
+}
+
+// The conversations of a case: mixed lengths; 1 and 2 start with the same 2-chunk system prompt
+// (2 borrows it from 1); 3 is partly evicted (q8 chunks in memory, read in place, or on storage);
+// 4 is evicted whole (restored by its next call).
+struct Case {
+  std::vector<std::vector<int32_t>> hist;
+  std::vector<int32_t> next;  // the token each decodes in the batch
+};
+
+Case MakeCase(int b) {
+  Case c;
+  for (int i = 0; i < b; ++i) {
+    const int len = 40 + 53 * i;
+    c.hist.push_back(i == 1 || i == 2 ? Tokens(2 * T, 2 * T + 20 + 9 * i, 7 + i) : Tokens(0, len, 100 + i));
+    c.next.push_back(int32_t(300 + 17 * i));
+  }
+  return c;
+}
+
+// Builds the case's conversations in pool, one call at a time (the same computation and the same
+// evictions in every pool: the placement policy is deterministic).
+void Build(Pool* pool, const Case& c, std::vector<std::shared_ptr<Conversation>>* convs) {
+  for (size_t i = 0; i < c.hist.size(); ++i) {
+    std::shared_ptr<Conversation> conv;
+    ASSERT_TRUE(pool->OpenConversation("c" + std::to_string(i), &conv).ok());
+    ASSERT_TRUE(conv->Decode(c.hist[i].data(), int(c.hist[i].size()), false).ok());
+    convs->push_back(conv);
+  }
+  for (size_t i = 3; i < c.hist.size() && i <= 4; ++i) {
+    Context* ctx = (*convs)[i]->context();
+    uint64_t freed = 0;
+    const uint64_t before = ctx->Report().kv_resident;
+    const uint64_t want = i == 3 ? before / 2 : ~uint64_t(0);
+    ASSERT_TRUE(ctx->EvictBytes(want, &freed, nullptr, EvictScope::kKvOnly).ok());
+    // (freed counts RAM net of the in-memory swap's segment, which may exceed a tiny model's KV.)
+    EXPECT_LT(ctx->Report().kv_resident, before) << "conversation " << i << " moved out of RAM";
+  }
+}
+
+// Runs fn(i) for every i on its own thread while the pool's batcher is held, releases it once all
+// are queued: they share the steps deterministically.
+void Together(Pool* pool, int n, const std::function<void(int)>& fn) {
+  Batcher* b = pool->batcher();
+  ASSERT_NE(b, nullptr);
+  b->Hold(true);
+  const int before = b->active();
+  std::vector<std::thread> th;
+  for (int i = 0; i < n; ++i) th.emplace_back([&, i] { fn(i); });
+  while (b->active() < before + n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  b->Hold(false);
+  for (auto& t : th) t.join();
+}
+
+class BatchSizes : public ::testing::TestWithParam<int> {};
+
+// Every conversation's next-token logits in one batched step against the same conversations
+// (same history, same KV forms) computed one at a time without the batcher.
+TEST_P(BatchSizes, EachConversationsLogitsMatchItComputedAlone) {
+  const int B = GetParam();
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const Case c = MakeCase(B);
+  std::unique_ptr<Pool> alone, batched;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(false, "alone"), &alone).ok());
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(true, "batched"), &batched).ok());
+  std::vector<std::shared_ptr<Conversation>> ca, cb;
+  Build(alone.get(), c, &ca);
+  Build(batched.get(), c, &cb);
+  if (B >= 3) {
+    ConversationReport r;
+    ASSERT_TRUE(batched->Report("c2", &r).ok());
+    EXPECT_EQ(r.shared_chunks, 2) << "c2 borrows c1's system prompt";
+  }
+  std::vector<std::vector<float>> ref(static_cast<size_t>(B));
+  for (int i = 0; i < B; ++i) {
+    ASSERT_TRUE(ca[size_t(i)]->Decode(&c.next[size_t(i)], 1, false).ok());
+    ref[size_t(i)].assign(ca[size_t(i)]->logits(0), ca[size_t(i)]->logits(0) + nv);
+  }
+  const BatcherStats s0 = batched->batcher()->Stats();
+  std::vector<Status> st(static_cast<size_t>(B));
+  Together(batched.get(), B, [&](int i) { st[size_t(i)] = cb[size_t(i)]->Decode(&c.next[size_t(i)], 1, false); });
+  const BatcherStats s1 = batched->batcher()->Stats();
+  EXPECT_EQ(s1.steps - s0.steps, 1u) << "one step for every decode";
+  EXPECT_EQ(s1.max_batch, B);
+  double worst = 0;
+  for (int i = 0; i < B; ++i) {
+    ASSERT_TRUE(st[size_t(i)].ok()) << i << ": " << st[size_t(i)].ToString();
+    ASSERT_EQ(cb[size_t(i)]->n_tokens(), int(c.hist[size_t(i)].size()) + 1);
+    const float* got = cb[size_t(i)]->logits(0);
+    ASSERT_NE(got, nullptr);
+    const double kl = Kl(ref[size_t(i)].data(), got, nv);
+    worst = std::max(worst, kl);
+    EXPECT_LE(kl, 1e-4) << "conversation " << i;
+    ExpectSameChoice(ref[size_t(i)].data(), got, nv, "conversation " + std::to_string(i));
+    if (B == 1) EXPECT_EQ(std::memcmp(ref[0].data(), got, size_t(nv) * sizeof(float)), 0) << "B = 1 is the same pass";
+  }
+  std::printf("B=%d worst KL %.3g\n", B, worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Batch, BatchSizes, ::testing::Values(1, 2, 4, 8));
+
+// A prompt arriving while three conversations decode is cut into prefill_slice slices: the first
+// step holds the three decodes and one slice, the rest of the prompt follows; every result matches
+// the same conversations computed alone.
+TEST(Batch, PromptIsSlicedAmongOthersDecodes) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const Case c = MakeCase(3);
+  PoolOptions ob = Opts(true, "slice");
+  ob.batch_prefill_slice = 32;
+  ob.batch_itl_factor = 0;  // the fixed slice
+  std::unique_ptr<Pool> alone, batched;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(false, "slice-alone"), &alone).ok());
+  ASSERT_TRUE(Pool::Open(m.get(), ob, &batched).ok());
+  std::vector<std::shared_ptr<Conversation>> ca, cb;
+  Build(alone.get(), c, &ca);
+  Build(batched.get(), c, &cb);
+  const std::vector<int32_t> prompt = Tokens(0, 150, 55);
+  std::shared_ptr<Conversation> pa, pb;
+  ASSERT_TRUE(alone->OpenConversation("p", &pa).ok());
+  ASSERT_TRUE(batched->OpenConversation("p", &pb).ok());
+  ASSERT_TRUE(pa->Decode(prompt.data(), 150, false).ok());
+  std::vector<float> pref(pa->logits(0), pa->logits(0) + nv);
+  const BatcherStats s0 = batched->batcher()->Stats();
+  Status pst;
+  std::vector<Status> st(3);
+  Together(batched.get(), 4, [&](int i) {
+    if (i == 3) pst = pb->Decode(prompt.data(), 150, false);
+    else st[size_t(i)] = cb[size_t(i)]->Decode(&c.next[size_t(i)], 1, false);
+  });
+  const BatcherStats s1 = batched->batcher()->Stats();
+  ASSERT_TRUE(pst.ok()) << pst.ToString();
+  // 3 decodes + 32 prompt tokens, then 118 more in one step with nobody decoding.
+  EXPECT_EQ(s1.steps - s0.steps, 2u);
+  EXPECT_EQ(s1.max_batch, 4);
+  EXPECT_EQ(s1.prefill_tokens - s0.prefill_tokens, 149u);
+  EXPECT_LE(Kl(pref.data(), pb->logits(0), nv), 1e-4);
+  ExpectSameChoice(pref.data(), pb->logits(0), nv, "the sliced prompt");
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(st[size_t(i)].ok());
+    ASSERT_TRUE(ca[size_t(i)]->Decode(&c.next[size_t(i)], 1, false).ok());
+    EXPECT_LE(Kl(ca[size_t(i)]->logits(0), cb[size_t(i)]->logits(0), nv), 1e-4) << i;
+  }
+}
+
+// A sequence cancelled after its first slice returns kCancelled with its conversation as before
+// the call; the others in the batch finish with the right logits, and the cancelled one computes
+// correctly afterwards.
+TEST(Batch, CancelledSequenceLeavesTheOthersUndisturbed) {
+  auto m = LoadModel();
+  const int nv = int(m->hparams().n_vocab);
+  const Case c = MakeCase(3);
+  PoolOptions ob = Opts(true, "cancel");
+  ob.batch_prefill_slice = 16;
+  ob.batch_itl_factor = 0;
+  std::unique_ptr<Pool> alone, batched;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(false, "cancel-alone"), &alone).ok());
+  ASSERT_TRUE(Pool::Open(m.get(), ob, &batched).ok());
+  std::vector<std::shared_ptr<Conversation>> ca, cb;
+  Build(alone.get(), c, &ca);
+  Build(batched.get(), c, &cb);
+  const std::vector<int32_t> prompt = Tokens(0, 200, 77);
+  const int held = cb[0]->n_tokens();
+  // Conversation 0 gets a long prompt; 1 and 2 decode. After the first step, 0 is cancelled.
+  std::atomic<int> steps{0};
+  SyncPoints::SetCallback("batcher:step_done", [&](int) {
+    if (steps.fetch_add(1) == 0) cb[0]->Cancel();
+  });
+  Status s0;
+  std::vector<Status> st(3);
+  Together(batched.get(), 3, [&](int i) {
+    if (i == 0) s0 = cb[0]->Decode(prompt.data(), 200, false);
+    else st[size_t(i)] = cb[size_t(i)]->Decode(&c.next[size_t(i)], 1, false);
+  });
+  SyncPoints::ClearAll();
+  EXPECT_EQ(s0.code(), Status::kCancelled) << s0.ToString();
+  EXPECT_EQ(cb[0]->n_tokens(), held);
+  for (int i = 1; i < 3; ++i) {
+    ASSERT_TRUE(st[size_t(i)].ok()) << st[size_t(i)].ToString();
+    ASSERT_TRUE(ca[size_t(i)]->Decode(&c.next[size_t(i)], 1, false).ok());
+    EXPECT_LE(Kl(ca[size_t(i)]->logits(0), cb[size_t(i)]->logits(0), nv), 1e-4) << i;
+  }
+  EXPECT_EQ(batched->batcher()->Stats().cancelled, 1u);
+  // The cancelled conversation's KV was cut back cleanly: its next call is right.
+  ASSERT_TRUE(cb[0]->Decode(&c.next[0], 1, false).ok());
+  ASSERT_TRUE(ca[0]->Decode(&c.next[0], 1, false).ok());
+  EXPECT_LE(Kl(ca[0]->logits(0), cb[0]->logits(0), nv), 1e-4);
+}
+
+// Conversations join and leave (opened, closed, deleted) while others generate in batches, with
+// Evict and pressure-sized evictions running meanwhile: every call succeeds and every history is
+// what its thread fed (TSan runs this: label concurrency).
+TEST(Batch, JoinLeaveAndEvictWhileBatchesRun) {
+  auto m = LoadModel();
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(true, "churn"), &pool).ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> th;
+  for (int w = 0; w < 3; ++w)
+    th.emplace_back([&, w] {
+      for (int round = 0; round < 3; ++round) {
+        const std::string id = "w" + std::to_string(w) + "-" + std::to_string(round);
+        std::shared_ptr<Conversation> c;
+        if (!pool->OpenConversation(id, &c).ok()) {
+          failures++;
+          continue;
+        }
+        const auto t = Tokens(0, 30 + 10 * w, 900 + w * 10 + round);
+        if (!c->Decode(t.data(), int(t.size()), false).ok()) failures++;
+        for (int k = 0; k < 6; ++k) {
+          const int32_t tok = int32_t(200 + k + w);
+          Status st = c->Decode(&tok, 1, false);
+          if (!st.ok()) {
+            failures++;
+            ADD_FAILURE() << id << ": " << st.ToString();
+          }
+        }
+        if (c->n_tokens() != int(t.size()) + 6) failures++;
+        (void)c->Commit();
+        if (round % 2 == 0) (void)pool->Close(id);
+        else (void)pool->Delete(id);
+      }
+    });
+  std::thread evictor([&] {
+    while (!stop.load()) {
+      uint64_t f = 0;
+      (void)pool->Evict(uint64_t(1) << 20, &f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    }
+  });
+  for (auto& t : th) t.join();
+  stop = true;
+  evictor.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(pool->batcher()->active(), 0);
+}
+
+// With three conversations mid-reply under a budget below their KV, the budget pass (once per
+// step) evicts the idle conversation and none of the three: each keeps its KV resident between its
+// tokens. Once their turns end (Commit), a pass takes them as usual. (Before 0.13 the pass spared
+// only the most recently used conversation: with the rule off this test fails at the first token.)
+TEST(Batch, BudgetPassNeverEvictsAConversationMidReply) {
+  auto m = LoadModel();
+  PoolOptions o = Opts(true, "inuse");
+  o.load_arena_bytes = 0;
+  std::shared_ptr<Conversation> idle;
+  std::vector<std::shared_ptr<Conversation>> live(3);
+  std::unique_ptr<Pool> pool;
+  // An idle conversation whose turn ended, and three mid-reply (prompt computed, no Commit).
+  auto setup = [&] {
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    ASSERT_TRUE(pool->OpenConversation("idle", &idle).ok());
+    const auto ti = Tokens(0, 150, 50);
+    ASSERT_TRUE(idle->Decode(ti.data(), 150, false).ok());
+    ASSERT_TRUE(idle->Commit().ok());
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(pool->OpenConversation("live" + std::to_string(i), &live[size_t(i)]).ok());
+      const auto t = Tokens(0, 150, 60 + i);
+      // A turn's prompt (restore_generate, as the server sends it) opens the turn.
+      ASSERT_TRUE(live[size_t(i)]->RestoreGenerate(t.data(), 150, PipelineOptions(), nullptr).ok());
+    }
+  };
+  // Without a budget: what the four hold (weights, KV, the batcher's buffers).
+  setup();
+  const uint64_t all = pool->Stats().in_memory;
+  std::printf("compute buffers %.2f MiB, weights %.2f MiB\n", double(pool->Stats().batch.compute_buffer_bytes) / 1048576,
+              double(pool->Stats().weights_total) / 1048576);
+  ConversationReport r0;
+  ASSERT_TRUE(pool->Report("live0", &r0).ok());
+  const uint64_t one = r0.kv_resident;
+  ASSERT_GT(one, 0u);
+  idle.reset();
+  for (auto& c : live) c.reset();
+  pool.reset();
+  // A budget one and a half conversations short: the idle one is not enough.
+  o.memory_budget = all - one - one / 2;
+  setup();
+  // Interleaved tokens, as three streams: after every call, no live conversation lost KV.
+  for (int k = 0; k < 8; ++k)
+    for (int i = 0; i < 3; ++i) {
+      const int32_t tok = int32_t(400 + k);
+      ASSERT_TRUE(live[size_t(i)]->Decode(&tok, 1, false).ok());
+      for (int j = 0; j < 3; ++j) {
+        ConversationReport r;
+        ASSERT_TRUE(pool->Report("live" + std::to_string(j), &r).ok());
+        EXPECT_EQ(r.kv_mem_compressed + r.kv_storage, 0u) << "live" << j << " evicted mid-reply (token " << k << ")";
+      }
+    }
+  ConversationReport ri;
+  ASSERT_TRUE(pool->Report("idle", &ri).ok());
+  EXPECT_EQ(ri.kv_resident, 0u) << "the idle conversation goes first";
+  PoolStats s = pool->Stats();
+  EXPECT_EQ(s.in_use, 3);
+  EXPECT_GT(s.budget_spared_in_use, 0u);
+  // Turns end: the next pass may take them (the budget holds again).
+  for (auto& c : live) ASSERT_TRUE(c->Commit().ok());
+  const int32_t tok = 7;
+  ASSERT_TRUE(live[0]->Decode(&tok, 1, false).ok());
+  s = pool->Stats();
+  EXPECT_LE(s.in_use, 1);
+  EXPECT_LE(s.in_memory, o.memory_budget + (uint64_t(1) << 20));
+}
+
+}  // namespace
+}  // namespace mz

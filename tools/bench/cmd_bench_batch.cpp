@@ -1,0 +1,281 @@
+// bench batch: many users at once through the library (public C API only). B conversations of one
+// pool, each with its own history, each decoding on its own thread (as an app or a server's turns
+// would): aggregate decode tokens/s and the slowest stream's, with the pool's shared forward pass
+// (mz_pool_params.batch, the default) against each conversation computing alone (batch off: the
+// 0.12 behaviour), alternated per rep; plus the physical bound at each B: the bytes of weights a
+// step reads over the machine's read bandwidth measured in the same run.
+//
+// Writes batch.md, batch.json and batch.png (aggregate tokens/s against streams) into -o DIR.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mzcache.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/report.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace mz::cli {
+namespace {
+
+struct BatchArgs {
+  std::string model, type = "q8_0";
+  std::string streams = "1,2,4,8";
+  int history = 512, gen = 128, reps = 3, threads = 2;
+  std::string kv = "f16";
+  std::string systems = "batched,alone";
+  std::string dir = "/var/tmp";
+  std::string out = "results/bench-batch";
+};
+
+struct PoolFree {
+  void operator()(mz_pool* p) const { mz_pool_free(p); }
+};
+struct ConvFree {
+  void operator()(mz_conversation* c) const { mz_conversation_release(c); }
+};
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> v;
+  for (size_t i = 0, j; i < s.size(); i = j + 1) {
+    j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    v.push_back(std::atoi(s.substr(i, j - i).c_str()));
+  }
+  return v;
+}
+
+std::vector<std::string> ParseNames(const std::string& s) {
+  std::vector<std::string> v;
+  for (size_t i = 0, j; i < s.size(); i = j + 1) {
+    j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    v.push_back(s.substr(i, j - i));
+  }
+  return v;
+}
+
+struct Run {
+  double agg_tps = 0, slowest_tps = 0, wall_s = 0, mean_batch = 0;
+  uint64_t steps = 0, compute_buffers = 0;
+};
+
+// One measurement: a fresh pool, B histories prefilled one at a time (not timed), then B threads
+// each sample-and-decode `gen` tokens (greedy) at once.
+Status Measure(mz_model* model, const BatchArgs& a, bool batch, int B, uint32_t seed, Run* out) {
+  mz_model_info info;
+  mz_model_get_info(model, &info);
+  const std::string dir = a.dir + "/mzcache-bench-batch-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a.history + a.gen + 64);
+  cp.n_threads = a.threads;
+  cp.kv_type = a.kv == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
+  mz_pool_params pp = mz_pool_default_params();
+  pp.dir = dir.c_str();
+  pp.context = &cp;
+  pp.batch = batch;
+  pp.share_prefixes = false;  // distinct histories anyway; nothing to look up
+  mz_pool* raw = nullptr;
+  MZ_RETURN_IF_ERROR(MzStatus(mz_pool_new(model, &pp, &raw)));
+  std::unique_ptr<mz_pool, PoolFree> pool(raw);
+  std::vector<std::unique_ptr<mz_conversation, ConvFree>> convs;
+  std::mt19937 rng(seed);
+  for (int i = 0; i < B; ++i) {
+    mz_conversation* c = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(pool.get(), ("s" + std::to_string(i)).c_str(), &c)));
+    convs.emplace_back(c);
+    std::vector<mz_token> h(size_t(a.history));
+    for (auto& t : h) t = mz_token(200 + rng() % uint32_t(info.n_vocab - 400));
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_decode(c, h.data(), int32_t(h.size()), false)));
+  }
+  mz_pool_batch_report b0{};
+  mz_pool_get_batch_report(pool.get(), &b0);
+  std::vector<double> tps(static_cast<size_t>(B));
+  std::vector<int> rc(size_t(B), MZ_OK);
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<std::thread> th;
+  for (int i = 0; i < B; ++i)
+    th.emplace_back([&, i] {
+      mz_sampler_params sp = mz_sampler_default_params();
+      sp.temperature = 0;
+      mz_sampler* s = mz_sampler_new(&sp);
+      ready++;
+      while (!go.load()) std::this_thread::yield();
+      const double t0 = NowSeconds();
+      for (int k = 0; k < a.gen && rc[size_t(i)] == MZ_OK; ++k) {
+        mz_token t = mz_conversation_sample(convs[size_t(i)].get(), s, 0);
+        if (t < 0) {
+          rc[size_t(i)] = t;
+          break;
+        }
+        rc[size_t(i)] = mz_conversation_decode(convs[size_t(i)].get(), &t, 1, false);
+      }
+      tps[size_t(i)] = double(a.gen) / (NowSeconds() - t0);
+      mz_sampler_free(s);
+    });
+  while (ready.load() < B) std::this_thread::yield();
+  const double t0 = NowSeconds();
+  go = true;
+  for (auto& t : th) t.join();
+  out->wall_s = NowSeconds() - t0;
+  for (int i = 0; i < B; ++i)
+    if (rc[size_t(i)] != MZ_OK) return MzStatus(rc[size_t(i)]).With("stream " + std::to_string(i));
+  out->agg_tps = double(B) * a.gen / out->wall_s;
+  out->slowest_tps = *std::min_element(tps.begin(), tps.end());
+  mz_pool_batch_report b1{};
+  mz_pool_get_batch_report(pool.get(), &b1);
+  out->steps = b1.steps - b0.steps;
+  out->mean_batch = out->steps ? double(b1.seq_slots - b0.seq_slots) / double(out->steps) : 0;
+  out->compute_buffers = b1.compute_buffer_bytes;
+  convs.clear();
+  pool.reset();
+  std::filesystem::remove_all(dir);
+  return Status::Ok();
+}
+
+std::string Num(const char* f, double x) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, x);
+  return b;
+}
+
+int RunBatchBench(const BatchArgs& a) {
+  std::string path;
+  MzModel model;
+  if (Status st = OpenBenchModel(a.model, a.type, &path, &model); !st.ok()) return Fail(st);
+  mz_model_info info;
+  mz_model_get_info(model.get(), &info);
+  const std::vector<int> streams = ParseList(a.streams);
+  const std::vector<std::string> systems = ParseNames(a.systems);
+  for (const auto& s : systems)
+    if (s != "batched" && s != "alone") return Fail(Status::InvalidArgument("--systems: batched, alone"));
+  std::fprintf(stderr, "[bench batch] %s, %d-token histories, %d new tokens, streams %s, %d threads, KV %s, %d reps\n",
+               info.name, a.history, a.gen, a.streams.c_str(), a.threads, a.kv.c_str(), a.reps);
+  const double bw = MeasureReadBandwidth(a.threads);
+  std::fprintf(stderr, "[bench batch] read bandwidth (%d threads): %.2f GB/s\n", a.threads, bw / 1e9);
+  nlohmann::json doc;
+  doc["machine"] = MachineDescription();
+  doc["model"] = info.name;
+  doc["args"] = {{"history", a.history}, {"gen", a.gen}, {"reps", a.reps}, {"threads", a.threads}, {"kv", a.kv}};
+  doc["read_bandwidth_Bps"] = bw;
+  doc["weight_bytes"] = info.weight_bytes;
+  nlohmann::json rows = nlohmann::json::array();
+  // results[system][B] = runs
+  std::map<std::string, std::map<int, std::vector<Run>>> res;
+  for (int rep = 0; rep < a.reps; ++rep)
+    for (int B : streams)
+      for (size_t k = 0; k < systems.size(); ++k) {
+        // Alternated: A B in even reps, B A in odd ones.
+        const std::string& sys = systems[(rep % 2 == 0) ? k : systems.size() - 1 - k];
+        Run r;
+        std::fprintf(stderr, "[bench batch] rep %d/%d, %d streams, %s ...\n", rep + 1, a.reps, B, sys.c_str());
+        if (Status st = Measure(model.get(), a, sys == "batched", B, uint32_t(1000 * rep + B), &r); !st.ok())
+          return Fail(st);
+        std::fprintf(stderr, "[bench batch]   %.2f tok/s aggregate, slowest stream %.2f tok/s, mean batch %.2f\n",
+                     r.agg_tps, r.slowest_tps, r.mean_batch);
+        res[sys][B].push_back(r);
+        rows.push_back({{"rep", rep}, {"system", sys}, {"streams", B}, {"agg_tps", r.agg_tps},
+                        {"slowest_tps", r.slowest_tps}, {"wall_s", r.wall_s}, {"steps", r.steps},
+                        {"mean_batch", r.mean_batch}, {"compute_buffer_bytes", r.compute_buffers}});
+      }
+  doc["runs"] = rows;
+  std::string md = "# bench batch\n\n" + MachineDescription() + ", " + std::string(info.name) + ", " +
+                   std::to_string(a.history) + "-token histories, " + std::to_string(a.gen) + " new tokens, " +
+                   std::to_string(a.threads) + " threads, KV " + a.kv + ", " + std::to_string(a.reps) +
+                   " reps alternated. Medians (min-max).\n\n";
+  md += "| streams | system | aggregate tok/s | slowest stream tok/s | mean batch | weights read GB/s (bound " +
+        Num("%.1f", bw / 1e9) + ") |\n|---|---|---|---|---|---|\n";
+  auto cell = [](const std::vector<double>& v, const char* f) {
+    Stats s = Summarize(v);
+    return Num(f, s.median) + " (" + Num(f, s.min) + "-" + Num(f, s.max) + ")";
+  };
+  nlohmann::json summary = nlohmann::json::array();
+  std::string dat;
+  for (int B : streams) {
+    dat += std::to_string(B);
+    for (const auto& sys : systems) {
+      std::vector<double> agg, slow, mb, wbw;
+      for (const Run& r : res[sys][B]) {
+        agg.push_back(r.agg_tps);
+        slow.push_back(r.slowest_tps);
+        mb.push_back(r.mean_batch);
+        // Each step (batched) or each token (alone) reads every weight once.
+        const double passes = sys == "batched" ? double(r.steps) : double(B) * a.gen;
+        wbw.push_back(passes * double(info.weight_bytes) / r.wall_s / 1e9);
+      }
+      md += "| " + std::to_string(B) + " | " + sys + " | " + cell(agg, "%.2f") + " | " + cell(slow, "%.2f") + " | " +
+            (sys == "batched" ? cell(mb, "%.2f") : std::string("1")) + " | " + cell(wbw, "%.2f") + " |\n";
+      Stats s = Summarize(agg);
+      dat += " " + Num("%.3f", s.median) + " " + Num("%.3f", s.min) + " " + Num("%.3f", s.max);
+      summary.push_back({{"streams", B}, {"system", sys}, {"agg_tps_median", s.median}, {"agg_tps_min", s.min},
+                         {"agg_tps_max", s.max}, {"slowest_tps_median", Summarize(slow).median},
+                         {"weights_GBps_median", Summarize(wbw).median}});
+    }
+    dat += "\n";
+    if (systems.size() == 2 && res.count("batched") && res.count("alone")) {
+      std::vector<double> ratio;
+      for (size_t i = 0; i < res["batched"][B].size() && i < res["alone"][B].size(); ++i)
+        ratio.push_back(res["batched"][B][i].agg_tps / res["alone"][B][i].agg_tps);
+      md += "| " + std::to_string(B) + " | batched / alone | " + cell(ratio, "%.2f") + " | | | |\n";
+    }
+  }
+  doc["summary"] = summary;
+  md += "\nThe bound: one step reads every weight once (" + Num("%.0f", double(info.weight_bytes) / 1048576.0) +
+        " MiB); at the read bandwidth measured here a step cannot take less than " +
+        Num("%.1f", double(info.weight_bytes) / bw * 1000.0) + " ms.\n";
+  md += "\nCommand: `mzcache bench batch --streams " + a.streams + " --history " + std::to_string(a.history) +
+        " --new " + std::to_string(a.gen) + " --reps " + std::to_string(a.reps) + " -t " + std::to_string(a.threads) +
+        " --kv " + a.kv + "`\n";
+  WriteFile(a.out, "batch.dat", dat);
+  std::string gp = "set terminal pngcairo size 800,500\nset output 'batch.png'\nset xlabel 'concurrent streams'\n"
+                   "set ylabel 'aggregate decode tokens/s'\nset key left top\nset grid\nset logscale x 2\n"
+                   "set title 'Many users at once (" + std::string(info.name) + ", " + std::to_string(a.threads) +
+                   " threads)'\nplot ";
+  for (size_t k = 0; k < systems.size(); ++k)
+    gp += std::string(k ? ", " : "") + "'batch.dat' using 1:" + std::to_string(2 + 3 * k) + ":" +
+          std::to_string(3 + 3 * k) + ":" + std::to_string(4 + 3 * k) + " with yerrorlines title '" + systems[k] + "'";
+  gp += "\n";
+  const std::string png = PlotPng(a.out, "batch", gp);
+  if (!png.empty()) md += "\n![aggregate tokens/s](" + png + ")\n";
+  WriteReport(a.out, "batch", md, doc);
+  std::printf("%s", md.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddBatchBench(CLI::App* bench, Runners& runners) {
+  auto a = std::make_shared<BatchArgs>();
+  auto* c = bench->add_subcommand("batch", "many users at once: B conversations decoding together through the pool's "
+                                           "one forward pass, against each computing alone");
+  c->add_option("-m,--model", a->model, "GGUF path or synthesized shape (default qwen3-0.6b)");
+  c->add_option("--type", a->type, "weight type of a synthesized model");
+  c->add_option("--streams", a->streams, "concurrent streams, comma-separated (default 1,2,4,8)");
+  c->add_option("--history", a->history, "tokens of each conversation's history (default 512)")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--new", a->gen, "tokens each stream decodes (default 128)")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--reps", a->reps, "repetitions, systems alternated (default 3)")->check(CLI::Range(1, 100));
+  c->add_option("-t,--threads", a->threads, "compute threads (default 2)")->check(CLI::Range(1, 256));
+  c->add_option("--kv", a->kv, "resident KV: f16 (default) or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
+  c->add_option("--systems", a->systems, "batched,alone (default both)");
+  c->add_option("--dir", a->dir, "where the pools' folders are made (removed at the end)");
+  c->add_option("-o,--out", a->out, "report folder (default results/bench-batch)");
+  runners.push_back([c, a]() -> int {
+    if (!c->parsed()) return -1;
+    return RunBatchBench(*a);
+  });
+}
+
+}  // namespace mz::cli
