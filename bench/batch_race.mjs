@@ -12,7 +12,7 @@
 // started fresh for every (rep, streams level), so nothing is cached between levels:
 //   mzcache  `mzcache serve --port 0 --port-file F --pool-dir <fresh> --ctx C --no-watch-pressure
 //            --parallel max(N,8)` (+ `--kv-type q8_0`); its defaults otherwise.
-//   llama    `llama-server -t T -tb T -np N -c N*C --no-webui` (+ `-ctk q8_0 -ctv q8_0 -fa on`);
+//   llama    `llama-server -t T -tb T -np N -c N*C --no-webui --no-jinja` (+ `-ctk q8_0 -ctv q8_0 -fa on`);
 //            continuous batching is its default.
 // C = --ctx-per-seq (default: 1024, raised to fit the history and the reply when they need more).
 // At level N, N clients start at the same moment; client i sends one streamed chat completion
@@ -160,7 +160,11 @@ async function startServer(sys, slots, ctxPerSeq, logName) {
     port = await freePort();
     cmd = A.llama;
     argv = ['-m', A.model, '--host', '127.0.0.1', '--port', String(port), '-t', String(A.threads), '-tb', String(A.threads),
-            '-np', String(slots), '-c', String(slots * ctxPerSeq), '--no-webui'];
+            '-np', String(slots), '-c', String(slots * ctxPerSeq), '--no-webui',
+            // The random-weight model's output is not valid Qwen3 thinking/tool-call syntax: its jinja
+            // chat parser fails such replies ("does not match the expected peg-native format", seen at
+            // 8 streams); the built-in template renders the same chat without that parser.
+            '--no-jinja'];
     if (A.kv === 'q8_0') argv.push('-ctk', 'q8_0', '-ctv', 'q8_0', '-fa', 'on');
   }
   const t0 = performance.now();

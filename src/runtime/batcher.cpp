@@ -55,7 +55,7 @@ Status Batcher::Run(Request* r) {
   r->logits->clear();
   r->wait_s = 0;
   r->steps = 0;
-  Pending p{r, r->kv->n_tokens()};
+  Pending p{r, r->kv->n_tokens(), model_->env()->NowNs()};
   // Chunks for every new token exist before the batcher's thread writes any (the chunk table of
   // this cache only grows here, on the caller's thread).
   if (Status st = r->kv->Reserve(p.start + r->n); !st.ok()) {
@@ -116,8 +116,10 @@ std::vector<Batcher::Slice> Batcher::Schedule() {
       return step;
     }
   int tokens = 0, prompts = 0;
+  const Pending* oldest_prompt = nullptr;
   for (Pending* p : queue_) {
     if (p->r->n - p->done > 1) {
+      if (!oldest_prompt) oldest_prompt = p;
       ++prompts;
       continue;
     }
@@ -125,10 +127,15 @@ std::vector<Batcher::Slice> Batcher::Schedule() {
     step.push_back({p, 1});
     ++tokens;
   }
-  // Prompt slices, oldest first: the whole ubatch with nobody decoding or with as many prompts
-  // waiting as decoding requests, else a slice that keeps the step within itl_factor x a decode step.
+  // The streams the oldest waiting prompt would slow: those decoding since before it arrived.
+  int protect = 0;
+  for (const Slice& s : step)
+    if (oldest_prompt && s.p->r->decoding_since_ns != 0 && s.p->r->decoding_since_ns < oldest_prompt->arrived_ns)
+      ++protect;
+  // Prompt slices, oldest first: whole steps unless those streams outnumber the waiting prompts;
+  // then a slice that keeps the step within itl_factor x a decode step.
   int slice = opts_.n_ubatch;
-  if (tokens > 0 && prompts < tokens) {
+  if (protect > 0 && prompts < protect) {
     slice = opts_.prefill_slice;
     if (opts_.itl_factor > 0) {
       if (decode_step_s_ == 0) slice = 0;  // first a step without prompt tokens, to measure it

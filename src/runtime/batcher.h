@@ -9,13 +9,15 @@
 //
 // Step composition (Schedule, the one place that decides it):
 //   - a request with one token left (a decode) contributes it; at most max_seqs sequences a step;
-//   - prompt tokens (a prefill) are cut into slices, oldest prompt first: with nobody decoding, or
-//     with at least as many prompts waiting as requests decoding (many users arriving at once:
-//     their first tokens come first), up to n_ubatch tokens of prompts; while decoding requests
-//     outnumber the waiting prompts, a slice sized so that the step takes at most itl_factor times
-//     a step without prompt tokens (measured: the time of the last decode-only steps, and the time
-//     per prompt token of the last steps with prompts), at most prefill_slice and at least
-//     min_prefill_slice tokens, so one long prompt does not freeze every stream (chunked prefill);
+//   - prompt tokens (a prefill) are cut into slices, oldest prompt first. The streams a prompt may
+//     slow are those that were decoding before it arrived (Request::decoding_since_ns earlier than
+//     the prompt's arrival): while they outnumber the waiting prompts, a slice is sized so that the
+//     step takes at most itl_factor times a step without prompt tokens (measured: the time of the
+//     last decode-only steps, and the time per prompt token of the last steps with prompts), at
+//     most prefill_slice and at least min_prefill_slice tokens, so one long prompt does not freeze
+//     every stream (chunked prefill). Otherwise (nobody decoding, users arriving together, more
+//     prompts waiting than such streams) prompts take whole steps of n_ubatch tokens: first
+//     tokens come first;
 //   - a request still restoring its units (Request::restoring set) runs alone, its wait hook
 //     called before each unit (the restore pipeline: front layers first, overlapped with its own
 //     prefill). Contexts submit such a request only when nothing else runs (Context); a request
@@ -62,7 +64,7 @@ struct BatcherOptions {
   // later: the next step waits for them at most this long (microseconds; 0: starts at once with
   // whatever is queued), so that synchronous streams keep sharing steps instead of splitting into
   // half-full ones.
-  int gather_us = 2000;
+  int gather_us = 5000;
 };
 
 struct BatcherStats {
@@ -99,6 +101,10 @@ class Batcher {
     std::function<bool()> restoring;
     int threads_while_restoring = 0;  // compute threads while it runs alone restoring (0: all)
     const std::atomic<bool>* cancel = nullptr;  // set by another thread: stop before the next slice
+    // For a one-token request: when this sequence began decoding (its prompt was computed), on the
+    // Env's clock; 0 for a prompt (the request's arrival counts). Chunked prefill protects only
+    // the streams that were decoding before a prompt arrived.
+    uint64_t decoding_since_ns = 0;
     // Out: time the pass waited in `wait`, and steps this request was part of.
     double wait_s = 0;
     int steps = 0;
@@ -125,6 +131,7 @@ class Batcher {
   struct Pending {
     Request* r;
     int start;      // r->kv->n_tokens() when it arrived
+    uint64_t arrived_ns = 0;
     int done = 0;   // tokens computed
     bool finished = false;
     Status status;

@@ -331,8 +331,10 @@ Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, con
   r.restoring = restoring;
   r.threads_while_restoring = threads_while_restoring;
   r.cancel = &cancel_;
+  r.decoding_since_ns = n == 1 ? decoding_since_ns_ : 0;
   Status st = opts_.batcher->Run(&r);
   if (wait_s) *wait_s = r.wait_s;
+  if (st.ok() && n > 1) decoding_since_ns_ = model_->env()->NowNs();
   return st;
 }
 

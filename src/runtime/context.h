@@ -314,6 +314,7 @@ class Context {
   std::vector<int32_t> history_;
   std::vector<float> logits_;
   std::atomic<bool> cancel_{false};
+  uint64_t decoding_since_ns_ = 1;  // when the last prompt (a call of more than one token) was computed
   // The compute of a call (REQUIRES mu_): appends tokens to the KV cache and fills logits_, through
   // the batcher when there is one (wait/restoring: the restore pipeline's hooks, see
   // Batcher::Request), else this context's Forward. *wait_s (optional): time compute waited for units.

@@ -5,6 +5,9 @@
 // 0.12 behaviour), alternated per rep; plus the physical bound at each B: the bytes of weights a
 // step reads over the machine's read bandwidth measured in the same run.
 //
+// The return case: a stored conversation comes back (restore_generate from its file) while others
+// decode: their tokens/s during its return against just before it.
+//
 // Writes batch.md, batch.json and batch.png (aggregate tokens/s against streams) into -o DIR.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -12,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -37,6 +41,10 @@ struct BatchArgs {
   std::string systems = "batched,alone";
   std::string dir = "/var/tmp";
   std::string out = "results/bench-batch";
+  // The return case (0: skip): `restore_streams` conversations decode while one more, of
+  // `return_tokens` tokens stored and closed, comes back with a short query (restore_generate from
+  // its stored file, beside their steps).
+  int restore_streams = 4, return_tokens = 2048;
 };
 
 struct PoolFree {
@@ -146,6 +154,108 @@ Status Measure(mz_model* model, const BatchArgs& a, bool batch, int B, uint32_t 
   return Status::Ok();
 }
 
+// The return case: `restore_streams` conversations decode `gen` tokens each (every token's time
+// kept); when each has made gen/4, conversation "ret" (return_tokens tokens, stored and closed,
+// so its KV is read from its file on storage) returns with 16 tokens through restore_generate. The
+// others' aggregate tokens/s while it restores and prefills, against the same streams' before it.
+struct ReturnRun {
+  double before_tps = 0, during_tps = 0, return_s = 0;
+};
+Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, ReturnRun* out) {
+  mz_model_info info;
+  mz_model_get_info(model, &info);
+  const std::string dir = a.dir + "/mzcache-bench-batch-ret-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(std::max(a.history, a.return_tokens) + a.gen + 64);
+  cp.n_threads = a.threads;
+  cp.kv_type = a.kv == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
+  mz_pool_params pp = mz_pool_default_params();
+  pp.dir = dir.c_str();
+  pp.context = &cp;
+  pp.share_prefixes = false;
+  mz_pool* raw = nullptr;
+  MZ_RETURN_IF_ERROR(MzStatus(mz_pool_new(model, &pp, &raw)));
+  std::unique_ptr<mz_pool, PoolFree> pool(raw);
+  std::mt19937 rng(seed);
+  auto tokens = [&](int n) {
+    std::vector<mz_token> h(static_cast<size_t>(n));
+    for (auto& t : h) t = mz_token(200 + rng() % uint32_t(info.n_vocab - 400));
+    return h;
+  };
+  {
+    mz_conversation* c = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(pool.get(), "ret", &c)));
+    std::unique_ptr<mz_conversation, ConvFree> h(c);
+    const auto t = tokens(a.return_tokens);
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_decode(c, t.data(), int32_t(t.size()), false)));
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_commit(c)));
+  }
+  MZ_RETURN_IF_ERROR(MzStatus(mz_pool_close(pool.get(), "ret")));  // stored; its memory freed
+  const int B = a.restore_streams;
+  std::vector<std::unique_ptr<mz_conversation, ConvFree>> convs;
+  for (int i = 0; i < B; ++i) {
+    mz_conversation* c = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(pool.get(), ("s" + std::to_string(i)).c_str(), &c)));
+    convs.emplace_back(c);
+    const auto h = tokens(a.history);
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_decode(c, h.data(), int32_t(h.size()), false)));
+  }
+  mz_conversation* rc_raw = nullptr;
+  MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(pool.get(), "ret", &rc_raw)));  // opened: nothing read yet
+  std::unique_ptr<mz_conversation, ConvFree> ret(rc_raw);
+  std::vector<std::vector<double>> times(static_cast<size_t>(B));
+  std::vector<int> rc(static_cast<size_t>(B), MZ_OK);
+  std::atomic<int> past_quarter{0};
+  std::vector<std::thread> th;
+  for (int i = 0; i < B; ++i)
+    th.emplace_back([&, i] {
+      mz_sampler_params sp = mz_sampler_default_params();
+      sp.temperature = 0;
+      mz_sampler* s = mz_sampler_new(&sp);
+      for (int k = 0; k < a.gen && rc[size_t(i)] == MZ_OK; ++k) {
+        mz_token t = mz_conversation_sample(convs[size_t(i)].get(), s, 0);
+        if (t < 0) {
+          rc[size_t(i)] = t;
+          break;
+        }
+        rc[size_t(i)] = mz_conversation_decode(convs[size_t(i)].get(), &t, 1, false);
+        times[size_t(i)].push_back(NowSeconds());
+        if (k + 1 == a.gen / 4) past_quarter++;
+      }
+      mz_sampler_free(s);
+    });
+  while (past_quarter.load() < B) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto q = tokens(16);
+  const double r0 = NowSeconds();
+  const int rr = mz_conversation_restore_generate(ret.get(), q.data(), 16, nullptr, nullptr);
+  const double r1 = NowSeconds();
+  for (auto& t : th) t.join();
+  if (rr != MZ_OK) return MzStatus(rr).With("the returning conversation");
+  for (int i = 0; i < B; ++i)
+    if (rc[size_t(i)] != MZ_OK) return MzStatus(rc[size_t(i)]).With("stream " + std::to_string(i));
+  // Tokens in [r0, r1] against tokens in the window of the same length before r0 (after the first
+  // tokens: from the earliest token of all streams on).
+  double first = r0;
+  for (auto& v : times)
+    if (!v.empty()) first = std::min(first, v.front());
+  const double len = r1 - r0, b0 = std::max(first, r0 - len);
+  int during = 0, before = 0;
+  for (auto& v : times)
+    for (double t : v) {
+      during += t >= r0 && t <= r1;
+      before += t >= b0 && t < r0;
+    }
+  out->return_s = len;
+  out->during_tps = double(during) / len;
+  out->before_tps = r0 > b0 ? double(before) / (r0 - b0) : 0;
+  convs.clear();
+  ret.reset();
+  pool.reset();
+  std::filesystem::remove_all(dir);
+  return Status::Ok();
+}
+
 std::string Num(const char* f, double x) {
   char b[64];
   std::snprintf(b, sizeof b, f, x);
@@ -192,6 +302,22 @@ int RunBatchBench(const BatchArgs& a) {
                         {"mean_batch", r.mean_batch}, {"compute_buffer_bytes", r.compute_buffers}});
       }
   doc["runs"] = rows;
+  std::vector<double> drops;
+  std::string ret_md;
+  if (a.restore_streams > 0) {
+    nlohmann::json rr = nlohmann::json::array();
+    for (int rep = 0; rep < a.reps; ++rep) {
+      ReturnRun r;
+      std::fprintf(stderr, "[bench batch] rep %d/%d: %d streams decode while a %d-token conversation returns from storage ...\n",
+                   rep + 1, a.reps, a.restore_streams, a.return_tokens);
+      if (Status st = MeasureReturn(model.get(), a, uint32_t(7000 + rep), &r); !st.ok()) return Fail(st);
+      std::fprintf(stderr, "[bench batch]   before %.2f tok/s, during the return (%.2f s) %.2f tok/s\n", r.before_tps,
+                   r.return_s, r.during_tps);
+      drops.push_back(r.before_tps > 0 ? 1.0 - r.during_tps / r.before_tps : 0);
+      rr.push_back({{"rep", rep}, {"before_tps", r.before_tps}, {"during_tps", r.during_tps}, {"return_s", r.return_s}});
+    }
+    doc["return"] = rr;
+  }
   std::string md = "# bench batch\n\n" + MachineDescription() + ", " + std::string(info.name) + ", " +
                    std::to_string(a.history) + "-token histories, " + std::to_string(a.gen) + " new tokens, " +
                    std::to_string(a.threads) + " threads, KV " + a.kv + ", " + std::to_string(a.reps) +
@@ -233,6 +359,13 @@ int RunBatchBench(const BatchArgs& a) {
     }
   }
   doc["summary"] = summary;
+  if (!drops.empty()) {
+    Stats d = Summarize(drops);
+    md += "\nA conversation of " + std::to_string(a.return_tokens) + " tokens returns from storage (stored, closed, " +
+          "reopened: restore_generate of 16 tokens) while " + std::to_string(a.restore_streams) +
+          " streams decode: their aggregate tokens/s drop during its return, against the same streams just before: median " +
+          Num("%.0f", 100 * d.median) + "% (" + Num("%.0f", 100 * d.min) + "-" + Num("%.0f", 100 * d.max) + "%).\n";
+  }
   md += "\nThe bound: one step reads every weight once (" + Num("%.0f", double(info.weight_bytes) / 1048576.0) +
         " MiB); at the read bandwidth measured here a step cannot take less than " +
         Num("%.1f", double(info.weight_bytes) / bw * 1000.0) + " ms.\n";
@@ -270,6 +403,11 @@ void AddBatchBench(CLI::App* bench, Runners& runners) {
   c->add_option("-t,--threads", a->threads, "compute threads (default 2)")->check(CLI::Range(1, 256));
   c->add_option("--kv", a->kv, "resident KV: f16 (default) or q8_0")->check(CLI::IsMember({"f16", "q8_0"}));
   c->add_option("--systems", a->systems, "batched,alone (default both)");
+  c->add_option("--restore-streams", a->restore_streams,
+                "streams decoding while a stored conversation returns (default 4; 0: skip the return case)")
+      ->check(CLI::Range(0, 64));
+  c->add_option("--return-tokens", a->return_tokens, "tokens of the returning conversation (default 2048)")
+      ->check(CLI::Range(16, 1 << 20));
   c->add_option("--dir", a->dir, "where the pools' folders are made (removed at the end)");
   c->add_option("-o,--out", a->out, "report folder (default results/bench-batch)");
   runners.push_back([c, a]() -> int {
