@@ -107,6 +107,22 @@ std::vector<Batcher::Slice> Batcher::Schedule() {
     }
     ++i;
   }
+  // A request whose restore ended (its wait hook no longer blocks) is checked once, every unit,
+  // before it batches: a unit that failed to restore (a damaged chunk) fails that request with its
+  // error, never the step it would have joined.
+  for (size_t i = 0; i < queue_.size();) {
+    Pending* p = queue_[i];
+    if (p->r->wait && !p->restore_checked && !(p->r->restoring && p->r->restoring())) {
+      p->restore_checked = true;
+      Status st = p->r->wait(model_->base_unit());
+      for (int l = 0; st.ok() && l < int(model_->hparams().n_layer); ++l) st = p->r->wait(l);
+      if (!st.ok()) {
+        FinishLocked(p, st);
+        continue;
+      }
+    }
+    ++i;
+  }
   if (queue_.empty()) return step;
   // A request still restoring runs alone (the oldest such one); it was submitted when nothing else
   // ran, so at most the requests that arrived since wait behind it.

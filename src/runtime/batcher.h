@@ -96,7 +96,9 @@ class Batcher {
     std::vector<float>* logits = nullptr;  // cleared, then filled (n_vocab floats per row)
     // Units still restoring: the request runs alone and wait(unit) is called before each unit the
     // pass needs (it may block until the unit is resident, or fail). restoring() true while that
-    // holds; once it returns false the request batches like any other.
+    // holds; once it returns false, wait is asked for every unit once (it must not block then): an
+    // error ends this request with it (kCorruption for a damaged chunk), and otherwise the request
+    // batches like any other.
     std::function<Status(int unit)> wait;
     std::function<bool()> restoring;
     int threads_while_restoring = 0;  // compute threads while it runs alone restoring (0: all)
@@ -132,6 +134,7 @@ class Batcher {
     Request* r;
     int start;      // r->kv->n_tokens() when it arrived
     uint64_t arrived_ns = 0;
+    bool restore_checked = false;  // its wait hook was asked for every unit once it stopped restoring
     int done = 0;   // tokens computed
     bool finished = false;
     Status status;
