@@ -2,7 +2,7 @@
 """kill -9 of `mzcache serve` at random points of its turns and their persistence (issue 25).
 
 Usage: serve_kill.py MZCACHE_CLI MODEL.gguf WORK_DIR [--kills N] [--seed S] [--conversations K] [--tol T]
-                     [--replay-all] [--kill-at-once] [--perturb-reference | --perturb-replay]
+                     [--replay-all] [--kill-at-once | --concurrent] [--perturb-reference | --perturb-replay]
 
 A client holds K named conversations and sends turns to them (each turn resends the whole history,
 as OpenAI clients do). After a random 0-600 ms, while turns run and the pool writes them behind,
@@ -49,6 +49,30 @@ in the same order, and the token count each turn left is read from its witness, 
 same tokens) and kills right after a turn is acknowledged, with no turn in flight: the writes lag
 behind the turns, so states behind the last acknowledged turn become frequent (a stress test of
 their check).
+--concurrent: K clients at once, one thread per conversation sending its turns in order (so a
+conversation has at most one turn in flight), and the server runs with --parallel K: the turns
+generate together, batched in one forward pass (continuous batching). Half of the kills come at the
+random deadline wherever the clients' turns are (several cut in the server's batches); in the other
+half the clients stop at the deadline, each sends one more turn at the same moment and leaves it in
+flight (half of them streamed, the client gone after the first event: cancelled beside the others in
+the batch), and the kill comes 0-50 ms after the last was sent. Each client reads its conversation's
+token count after each acknowledged turn when the kill lets it; the witnesses (the reference, the
+mirrors) get the acknowledged turns after the kill, one at a time in the order they were
+acknowledged, must reply the same and give the same count (the count a kill kept the client from
+reading). Then every conversation is checked exactly as above, its own turn in flight, if any, being
+"the turn in flight". Batch composition: the witnesses, and the replays, compute alone what the
+killed server computed in batches with other conversations' turns (a prompt possibly in slices
+beside other turns' decodes), so "the same batches" above holds only per conversation. The
+comparisons stay bit for bit (and --tol only for the reference out of step, as above) because
+batched equals alone, bit for bit, on this machine (AMD EPYC, tiny-qwen3 q8_0, 1 thread;
+tests/test_batch.cpp measures KL 0 for batches of 1-8). Measured in this mode (2026-12-06, 170 kills
+over 6 runs: 4 and 8 clients, --replay-all, and two with the server's prompts in fixed 8- and
+11-token slices beside the decodes, --prefill-slice 8 or 11 --itl-factor 0; 872 reopened states, 330
+behind the last turn): max difference 0 over 2622 tokens' logprobs compared bit for bit and 2475
+within --tol, and the witness in step repeated every one of the 2982 acknowledged replies and every
+token count the clients read. Were batching not exact (another machine, other kernels), a state
+reopened right would fail in this mode as in Finding 8 (docs/reliability.md): the comparisons where
+the batch composition differs would then need --tol, sized from measured differences.
 --replay-all replays every reopened state, those at the last acknowledged turn too: there the
 replay and the reference must both equal the reopened server bit for bit (a check of the replay).
 --perturb-reference and --perturb-replay are the negative controls: the reference, or every replay
@@ -63,12 +87,14 @@ import http.client
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -84,6 +110,8 @@ def fail(msg):
 
 
 class Server:
+    parallel = 2  # turns generating at once (--concurrent: one per conversation, batched together)
+
     def __init__(self, cli, model, work):
         self.cli, self.model, self.work = cli, model, work
         self.proc = None
@@ -99,7 +127,7 @@ class Server:
         self.proc = subprocess.Popen([self.cli, "serve", "-m", self.model, "--port", "0", "--port-file", pf,
                                       "--pool-dir", os.path.join(self.work, "pool"), "--persist-codec", "none",
                                       "--kv-codec", "none", "-c", "4096", "--max-tokens", "8", "-t", "1",
-                                      "--parallel", "2", "--no-watch-pressure"], stdout=log, stderr=log)
+                                      "--parallel", str(self.parallel), "--no-watch-pressure"], stdout=log, stderr=log)
         deadline = time.time() + 120
         while not (os.path.exists(pf) and os.path.getsize(pf) > 0):
             if self.proc.poll() is not None:
@@ -162,6 +190,12 @@ def main():
     perturb_replay = "--perturb-replay" in sys.argv
     replay_all = "--replay-all" in sys.argv or perturb_replay
     at_once = "--kill-at-once" in sys.argv
+    concurrent = "--concurrent" in sys.argv
+    if concurrent and at_once:
+        print("serve_kill: --concurrent and --kill-at-once exclude each other", file=sys.stderr)
+        sys.exit(2)
+    if concurrent:
+        Server.parallel = max(2, k)  # every conversation's turn generates at once, in the same batches
     rng = random.Random(seed)
     os.makedirs(work, exist_ok=True)
     for old in [os.path.join(work, "pool"), os.path.join(work, "ref")] + glob.glob(os.path.join(work, "replay-*")):
@@ -174,7 +208,8 @@ def main():
     # reference that computed the conversation in other batches (diff_tol, compared_tol).
     stats = {"diff": 0.0, "compared": 0, "diff_tol": 0.0, "compared_tol": 0, "ties": 0, "ref_exact": 0,
              "ref_tol": 0, "behind_exact": 0, "latest_replayed": 0, "mirror_exact": 0, "replays": 0,
-             "replayed_turns": 0, "replay_s": 0.0, "cuts": {}}
+             "replayed_turns": 0, "replay_s": 0.0, "cuts": {}, "sent": 0, "sent_beside": 0, "in_flight_max": 0,
+             "computing_at_deadline": {}, "computing_at_kill": {}}
 
     def perturbed(body):
         """body with one word of its system message changed (the negative controls)."""
@@ -293,6 +328,127 @@ def main():
                 fail(f"{c}: its mirror (a replay computing the same turns in the same batches) replied "
                      f"{rm['choices'][0]['message']['content']!r}, the server {reply!r}")
 
+    def concurrent_round(kill, deadline):
+        """--concurrent: one client thread per conversation sends its turns, in order, all at once (the
+        server batches the turns generating together). Half of the kills come at the deadline, with
+        the clients' turns running wherever they are (each conversation's turn in flight is cut in
+        the server's batches; a client whose connection breaks ends, its turn in flight); the other
+        half, the clients stop at the deadline, then send one more turn each at the same moment and
+        leave it in flight, half of the time streamed with its client gone after the first event
+        (cancelled beside the others in the batch), and the kill comes 0-50 ms after the last of
+        them was sent. The witnesses get the acknowledged turns after the kill, one at a time, in
+        the order they were acknowledged (each conversation's in its own order), must reply the same,
+        and give the token count each turn left, which must equal the server's when the client
+        could read it. Returns the turn each conversation had in flight."""
+        convs = sorted(msgs)
+        plans = {c: random.Random(rng.random()) for c in convs}  # each client's own choices
+        at_deadline = rng.random() < 0.5
+        lock = threading.Lock()
+        killing = threading.Event()  # set just before the kill: a connection broken before it is a failure
+        together = threading.Barrier(len(convs))  # the turns left in flight start at the same moment
+        acked, errors = [], []
+        finals = {}  # c: (its turn in flight, its connection to close after the kill)
+        busy = [0]  # turns awaited from the server right now (what the clients see of its batches)
+
+        def send():
+            with lock:
+                busy[0] += 1
+                stats["sent"] += 1
+                stats["sent_beside"] += busy[0] - 1
+                stats["in_flight_max"] = max(stats["in_flight_max"], busy[0])
+
+        def client(c):
+            body0 = None
+            try:
+                while (not killing.is_set()) if at_deadline else time.time() < deadline:
+                    turn = msgs[c] + [{"role": "user", "content": f"turn {nturn(c)} of {c}"}]
+                    body0 = {"messages": turn, "max_tokens": 3, "temperature": 0, "conversation": c}
+                    send()
+                    try:
+                        status, r = srv.call("POST", "/v1/chat/completions", body0)
+                    finally:
+                        with lock:
+                            busy[0] -= 1
+                    if status != 200:
+                        raise RuntimeError(f"turn on {c}: HTTP {status}: {r}")
+                    reply = r["choices"][0]["message"]["content"]
+                    msgs[c] = turn + [{"role": "assistant", "content": reply}]
+                    step = {"body": body0, "prompt": r["usage"]["prompt_tokens"], "reply": reply, "count": None}
+                    body0 = None  # acknowledged: no turn in flight
+                    steps[c].append(step)
+                    prompts[c].append(step["prompt"])
+                    with lock:
+                        acked.append((c, reply, step))
+                    _, pool = srv.call("GET", "/v1/mzcache/pool")
+                    step["count"] = {x["id"]: x["tokens"] for x in pool["conversations"]}[c]
+                if at_deadline:
+                    return  # (the turn in flight was killed, or never sent: killing was set)
+                # The turn left in flight (as the one-client mode's, below), sent by every client at once.
+                together.wait(timeout=120)
+                turn = msgs[c] + [{"role": "user", "content": f"turn {nturn(c)} of {c}"}]
+                stream = plans[c].random() < 0.5
+                body = {"messages": turn, "max_tokens": 8 if stream else 3, "temperature": 0, "conversation": c}
+                conn = None
+                if stream:
+                    leave_mid_stream(srv.port, dict(body, stream=True))
+                else:
+                    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+                    conn.request("POST", "/v1/chat/completions", json.dumps(body))
+                with lock:
+                    finals[c] = (body, conn)
+            except (OSError, http.client.HTTPException) as e:
+                if at_deadline and killing.is_set():  # the kill broke the connection
+                    if body0 is not None:
+                        with lock:
+                            finals[c] = (body0, None)
+                    return
+                with lock:
+                    errors.append(f"{c}: {e!r}")
+                together.abort()
+            except Exception as e:  # reported by the main thread (fail() exits only its own thread)
+                with lock:
+                    errors.append(f"{c}: {e!r}")
+                together.abort()
+
+        threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in convs]
+        for t in threads:
+            t.start()
+        if at_deadline:
+            time.sleep(max(0.0, deadline - time.time()))
+            with lock:
+                computing = busy[0]  # the clients' turns unanswered at the kill
+            killing.set()
+            srv.kill()
+            stats["computing_at_deadline"][computing] = stats["computing_at_deadline"].get(computing, 0) + 1
+        for t in threads:
+            t.join(timeout=max(0.0, deadline - time.time()) + 120)
+        if any(t.is_alive() for t in threads):
+            fail(f"kill {kill}: a client did not end its turns within 120 s of the deadline")
+        if errors:
+            fail(f"kill {kill}: {errors}")
+        if not at_deadline:
+            time.sleep(rng.uniform(0.0, 0.05))
+            # The turns still computing at the kill: those left in flight unstreamed whose answer has
+            # not come (the streamed ones were cancelled after their first event).
+            computing = sum(1 for _, conn in finals.values()
+                            if conn is not None and not select.select([conn.sock], [], [], 0)[0])
+            srv.kill()
+            stats["computing_at_kill"][computing] = stats["computing_at_kill"].get(computing, 0) + 1
+            for _, conn in finals.values():
+                if conn is not None:
+                    conn.close()
+        for c, reply, step in acked:
+            witness_turn(c, step["body"], reply)
+            w = mirror.get(c, ref)
+            _, pool = w.call("GET", "/v1/mzcache/pool")
+            held = {x["id"]: x["tokens"] for x in pool["conversations"]}.get(c)
+            if step["count"] is not None and held != step["count"]:
+                fail(f"kill {kill}: {c} held {step['count']} tokens after a turn, its witness {held}")
+            step["count"] = held  # (None: the kill came before the client read it)
+        for c in convs:
+            counts[c] = [0] + [st["count"] for st in steps[c]]
+        return {c: body for c, (body, conn) in finals.items()}
+
     # Per conversation: the messages acknowledged, and the token counts the pool reported after each
     # acknowledged turn (index = turns acknowledged).
     msgs = {f"k{i}": [{"role": "system", "content": f"conversation {i}"}] for i in range(k)}
@@ -329,7 +485,7 @@ def main():
                 mirror.pop(old).retire()
         killed = False
         later = []  # with --kill-at-once: the turns the witnesses get after the kill
-        while True:
+        while not concurrent:
             c = rng.choice(sorted(msgs))
             turn = msgs[c] + [{"role": "user", "content": f"turn {nturn(c)} of {c}"}]
             inflight[c] = turn
@@ -368,7 +524,7 @@ def main():
                     counts[c2] = [0] + [st["count"] for st in steps[c2]]
                 c = None  # no turn in flight
                 break
-        if not killed:
+        if not killed and not concurrent:
             # Kill during a turn in flight: send it and kill without waiting for the answer. Half
             # of the time it is streamed and its client goes away after the first event: the server
             # cancels the turn at its next token and commits what it computed, so the turn's write
@@ -387,6 +543,10 @@ def main():
             srv.kill()
             if not stream:
                 conn.close()
+        if concurrent:
+            inflight_bodies = concurrent_round(kill, deadline)
+        else:
+            inflight_bodies = {} if killed else {c: inflight_body}  # the turn cut by the kill, by conversation
         srv.start()
         _, pool = srv.call("GET", "/v1/mzcache/pool")
         if pool["damaged_files"]:
@@ -411,7 +571,7 @@ def main():
                 # turn, never past it (found by this harness; docs/pool.md).
                 outcome = "mid-turn"
                 j = acked - 1
-            elif conv == c and stored > seen[acked]:
+            elif conv in inflight_bodies and stored > seen[acked]:
                 outcome = "in flight"  # the turn cut by the kill was persisted, whole or in part
                 j = acked
             else:
@@ -454,6 +614,7 @@ def main():
                     kept, cut = steps[conv][:acked - 1], dict(steps[conv][acked - 1]["body"])
                     p = prompts[conv][acked]
                 else:  # in flight: the request cut by the kill, whose messages the client resent now
+                    inflight_body = inflight_bodies[conv]
                     if inflight_body["messages"] != turn:
                         fail(f"kill {kill}: {conv}: the turn after restart is not the one in flight")
                     kept, cut, p = steps[conv], dict(inflight_body), r["usage"]["prompt_tokens"]
@@ -509,7 +670,8 @@ def main():
     print(f"| {kills} | {n} | {outcomes['latest']} | {outcomes['one behind']} | {outcomes['mid-turn']} "
           f"| {outcomes['in flight']} | {stats['behind_exact']} | {behind - stats['behind_exact']} | 0 |")
     print(f"serve_kill: {kills} kills in {time.time() - t0:.0f} s, every state the old or the new one; replies "
-          f"after restart compared bit for bit: {stats['ref_exact']} with the reference (same batches), "
+          f"after restart compared bit for bit: {stats['ref_exact']} with the reference "
+          f"({'in step; it computed alone what the server batched' if concurrent else 'same batches'}), "
           f"{stats['behind_exact']} with a replay of a state behind the last turn, {stats['mirror_exact']} with a "
           f"replay mirroring a conversation after such a state, {stats['latest_replayed']} with a replay of a state "
           f"at the last turn too (--replay-all): {stats['compared']} tokens' logprobs, max difference "
@@ -517,6 +679,12 @@ def main():
           f"({stats['compared_tol']} tokens, max difference {stats['diff_tol']:.3g}, {stats['ties']} near ties); "
           f"{stats['replays']} replays of {stats['replayed_turns']} requests in {stats['replay_s']:.0f} s; the turns they "
           f"cut (max_tokens m: the state holds the prompt and m - 1 tokens): {dict(sorted(stats['cuts'].items()))}")
+    if concurrent:
+        print(f"serve_kill: --concurrent: {k} clients at once sent {stats['sent']} acknowledged turns, each beside "
+              f"{stats['sent_beside'] / max(1, stats['sent']):.2f} others awaited from the server on average (at most "
+              f"{stats['in_flight_max']} at once); kills by the number of turns unanswered at the kill (n: kills), at "
+              f"the deadline: {dict(sorted(stats['computing_at_deadline'].items()))}, after the turns left in flight "
+              f"(unstreamed ones; the streamed were cancelled): {dict(sorted(stats['computing_at_kill'].items()))}")
 
 
 if __name__ == "__main__":

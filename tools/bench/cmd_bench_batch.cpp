@@ -45,6 +45,9 @@ struct BatchArgs {
   // `return_tokens` tokens stored and closed, comes back with a short query (restore_generate from
   // its stored file, beside their steps).
   int restore_streams = 4, return_tokens = 2048;
+  // The long-prompt case (0: skip): a prompt of this many tokens arrives while restore_streams
+  // conversations decode: their inter-token latency p95 during it against before it.
+  int long_prompt = 0;
 };
 
 struct PoolFree {
@@ -160,14 +163,17 @@ Status Measure(mz_model* model, const BatchArgs& a, bool batch, int B, uint32_t 
 // others' aggregate tokens/s while it restores and prefills, against the same streams' before it.
 struct ReturnRun {
   double before_tps = 0, during_tps = 0, return_s = 0;
+  double itl_p95_before = 0, itl_p95_during = 0;  // gaps between a stream's tokens, all streams
 };
-Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, ReturnRun* out) {
+// long_prompt > 0: instead of the return, a new conversation's prompt of that many tokens arrives
+// (mz_conversation_decode), and the window is its prefill while the streams still decode.
+Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, int long_prompt, ReturnRun* out) {
   mz_model_info info;
   mz_model_get_info(model, &info);
   const std::string dir = a.dir + "/mzcache-bench-batch-ret-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   mz_context_params cp = mz_context_default_params();
-  cp.n_ctx = uint32_t(std::max(a.history, a.return_tokens) + a.gen + 64);
+  cp.n_ctx = uint32_t(std::max({a.history, a.return_tokens, long_prompt}) + a.gen + 64);
   cp.n_threads = a.threads;
   cp.kv_type = a.kv == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
   mz_pool_params pp = mz_pool_default_params();
@@ -226,11 +232,39 @@ Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, ReturnR
       mz_sampler_free(s);
     });
   while (past_quarter.load() < B) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const auto q = tokens(16);
+  const auto q = tokens(long_prompt > 0 ? long_prompt : 16);
   const double r0 = NowSeconds();
-  const int rr = mz_conversation_restore_generate(ret.get(), q.data(), 16, nullptr, nullptr);
-  const double r1 = NowSeconds();
+  int rr = MZ_OK;
+  if (long_prompt > 0) {
+    mz_conversation* lc = nullptr;
+    rr = mz_pool_open(pool.get(), "long", &lc);
+    if (rr == MZ_OK) rr = mz_conversation_decode(lc, q.data(), int32_t(q.size()), false);
+    if (lc) mz_conversation_release(lc);
+  } else {
+    rr = mz_conversation_restore_generate(ret.get(), q.data(), 16, nullptr, nullptr);
+  }
+  double r1 = NowSeconds();
   for (auto& t : th) t.join();
+  if (long_prompt > 0) {
+    // The window: the prompt's prefill while every stream still decodes.
+    double last = r1;
+    for (auto& v : times)
+      if (!v.empty()) last = std::min(last, v.back());
+    r1 = last;
+  }
+  std::vector<double> gaps_before, gaps_during;
+  for (auto& v : times)
+    for (size_t k = 1; k < v.size(); ++k) {
+      if (v[k] < r0) gaps_before.push_back(v[k] - v[k - 1]);
+      else if (v[k - 1] >= r0 && v[k] <= r1) gaps_during.push_back(v[k] - v[k - 1]);
+    }
+  auto p95 = [](std::vector<double> g) {
+    if (g.empty()) return 0.0;
+    std::sort(g.begin(), g.end());
+    return g[std::min(g.size() - 1, size_t(0.95 * double(g.size())))];
+  };
+  out->itl_p95_before = p95(gaps_before);
+  out->itl_p95_during = p95(gaps_during);
   if (rr != MZ_OK) return MzStatus(rr).With("the returning conversation");
   for (int i = 0; i < B; ++i)
     if (rc[size_t(i)] != MZ_OK) return MzStatus(rc[size_t(i)]).With("stream " + std::to_string(i));
@@ -310,7 +344,7 @@ int RunBatchBench(const BatchArgs& a) {
       ReturnRun r;
       std::fprintf(stderr, "[bench batch] rep %d/%d: %d streams decode while a %d-token conversation returns from storage ...\n",
                    rep + 1, a.reps, a.restore_streams, a.return_tokens);
-      if (Status st = MeasureReturn(model.get(), a, uint32_t(7000 + rep), &r); !st.ok()) return Fail(st);
+      if (Status st = MeasureReturn(model.get(), a, uint32_t(7000 + rep), 0, &r); !st.ok()) return Fail(st);
       std::fprintf(stderr, "[bench batch]   before %.2f tok/s, during the return (%.2f s) %.2f tok/s\n", r.before_tps,
                    r.return_s, r.during_tps);
       drops.push_back(r.before_tps > 0 ? 1.0 - r.during_tps / r.before_tps : 0);
@@ -318,12 +352,33 @@ int RunBatchBench(const BatchArgs& a) {
     }
     doc["return"] = rr;
   }
+  std::vector<double> itl_ratio, itl_b, itl_d;
+  if (a.long_prompt > 0) {
+    nlohmann::json lr = nlohmann::json::array();
+    for (int rep = 0; rep < a.reps; ++rep) {
+      ReturnRun r;
+      std::fprintf(stderr, "[bench batch] rep %d/%d: %d streams decode while a %d-token prompt arrives ...\n", rep + 1,
+                   a.reps, a.restore_streams, a.long_prompt);
+      if (Status st = MeasureReturn(model.get(), a, uint32_t(9000 + rep), a.long_prompt, &r); !st.ok()) return Fail(st);
+      std::fprintf(stderr, "[bench batch]   ITL p95 before %.3f s, during the prompt %.3f s (window %.1f s)\n",
+                   r.itl_p95_before, r.itl_p95_during, r.return_s);
+      itl_b.push_back(r.itl_p95_before);
+      itl_d.push_back(r.itl_p95_during);
+      if (r.itl_p95_before > 0) itl_ratio.push_back(r.itl_p95_during / r.itl_p95_before);
+      lr.push_back({{"rep", rep}, {"itl_p95_before_s", r.itl_p95_before}, {"itl_p95_during_s", r.itl_p95_during},
+                    {"window_s", r.return_s}, {"before_tps", r.before_tps}, {"during_tps", r.during_tps}});
+    }
+    doc["long_prompt"] = lr;
+  }
   std::string md = "# bench batch\n\n" + MachineDescription() + ", " + std::string(info.name) + ", " +
                    std::to_string(a.history) + "-token histories, " + std::to_string(a.gen) + " new tokens, " +
                    std::to_string(a.threads) + " threads, KV " + a.kv + ", " + std::to_string(a.reps) +
                    " reps alternated. Medians (min-max).\n\n";
+  // Weights per byte of the file's type (q8_0: 32 per 34 bytes), for the operations a token costs.
+  const double per_byte = a.type == "f16" ? 0.5 : a.type == "q4_0" ? 32.0 / 18 : 32.0 / 34;
+  const double ops_per_token = 2.0 * double(info.weight_bytes) * per_byte;
   md += "| streams | system | aggregate tok/s | slowest stream tok/s | mean batch | weights read GB/s (bound " +
-        Num("%.1f", bw / 1e9) + ") |\n|---|---|---|---|---|---|\n";
+        Num("%.1f", bw / 1e9) + ") | GOP/s (2 x weights x tok/s) |\n|---|---|---|---|---|---|---|\n";
   auto cell = [](const std::vector<double>& v, const char* f) {
     Stats s = Summarize(v);
     return Num(f, s.median) + " (" + Num(f, s.min) + "-" + Num(f, s.max) + ")";
@@ -342,8 +397,11 @@ int RunBatchBench(const BatchArgs& a) {
         const double passes = sys == "batched" ? double(r.steps) : double(B) * a.gen;
         wbw.push_back(passes * double(info.weight_bytes) / r.wall_s / 1e9);
       }
+      std::vector<double> gops;
+      for (double x : agg) gops.push_back(x * ops_per_token / 1e9);
       md += "| " + std::to_string(B) + " | " + sys + " | " + cell(agg, "%.2f") + " | " + cell(slow, "%.2f") + " | " +
-            (sys == "batched" ? cell(mb, "%.2f") : std::string("1")) + " | " + cell(wbw, "%.2f") + " |\n";
+            (sys == "batched" ? cell(mb, "%.2f") : std::string("1")) + " | " + cell(wbw, "%.2f") + " | " +
+            cell(gops, "%.1f") + " |\n";
       Stats s = Summarize(agg);
       dat += " " + Num("%.3f", s.median) + " " + Num("%.3f", s.min) + " " + Num("%.3f", s.max);
       summary.push_back({{"streams", B}, {"system", sys}, {"agg_tps_median", s.median}, {"agg_tps_min", s.min},
@@ -355,7 +413,7 @@ int RunBatchBench(const BatchArgs& a) {
       std::vector<double> ratio;
       for (size_t i = 0; i < res["batched"][B].size() && i < res["alone"][B].size(); ++i)
         ratio.push_back(res["batched"][B][i].agg_tps / res["alone"][B][i].agg_tps);
-      md += "| " + std::to_string(B) + " | batched / alone | " + cell(ratio, "%.2f") + " | | | |\n";
+      md += "| " + std::to_string(B) + " | batched / alone | " + cell(ratio, "%.2f") + " | | | | |\n";
     }
   }
   doc["summary"] = summary;
@@ -365,6 +423,14 @@ int RunBatchBench(const BatchArgs& a) {
           "reopened: restore_generate of 16 tokens) while " + std::to_string(a.restore_streams) +
           " streams decode: their aggregate tokens/s drop during its return, against the same streams just before: median " +
           Num("%.0f", 100 * d.median) + "% (" + Num("%.0f", 100 * d.min) + "-" + Num("%.0f", 100 * d.max) + "%).\n";
+  }
+  if (!itl_ratio.empty()) {
+    Stats b = Summarize(itl_b), d = Summarize(itl_d), q = Summarize(itl_ratio);
+    md += "\nA prompt of " + std::to_string(a.long_prompt) + " tokens arrives while " +
+          std::to_string(a.restore_streams) + " streams decode: their inter-token latency p95 " + Num("%.3f", d.median) +
+          " s (" + Num("%.3f", d.min) + "-" + Num("%.3f", d.max) + ") during its prefill against " + Num("%.3f", b.median) +
+          " s (" + Num("%.3f", b.min) + "-" + Num("%.3f", b.max) + ") before it: " + Num("%.2f", q.median) + "x (" +
+          Num("%.2f", q.min) + "-" + Num("%.2f", q.max) + ").\n";
   }
   md += "\nThe bound: one step reads every weight once (" + Num("%.0f", double(info.weight_bytes) / 1048576.0) +
         " MiB); at the read bandwidth measured here a step cannot take less than " +
@@ -408,6 +474,9 @@ void AddBatchBench(CLI::App* bench, Runners& runners) {
       ->check(CLI::Range(0, 64));
   c->add_option("--return-tokens", a->return_tokens, "tokens of the returning conversation (default 2048)")
       ->check(CLI::Range(16, 1 << 20));
+  c->add_option("--long-prompt", a->long_prompt,
+                "tokens of a prompt arriving while --restore-streams streams decode: their inter-token latency (default 0: skip)")
+      ->check(CLI::Range(0, 1 << 20));
   c->add_option("--dir", a->dir, "where the pools' folders are made (removed at the end)");
   c->add_option("-o,--out", a->out, "report folder (default results/bench-batch)");
   runners.push_back([c, a]() -> int {
