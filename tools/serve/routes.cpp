@@ -1,0 +1,102 @@
+// The HTTP endpoints of `mzcache serve` (docs/server.md lists them). Each handler checks the key
+// (Authorized), validates its body (a 400 naming the field) and calls the pool's C API.
+#include <cstdio>
+#include <string>
+
+#include "tools/serve/server.h"
+
+namespace mz::cli::serve_app {
+
+using nlohmann::json;
+using serve::ApiError;
+using serve::ChatRequest;
+
+void Server::Routes() {
+  const auto json_body = [](httplib::Response& res, const json& j) {
+    res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  };
+  http_.Get("/health", [json_body](const httplib::Request&, httplib::Response& res) { json_body(res, {{"status", "ok"}}); });
+  http_.Get("/v1/models", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    json_body(res, {{"object", "list"},
+                    {"data", json::array({{{"id", model_id_}, {"object", "model"}, {"created", UnixNow()}, {"owned_by", "mzcache"}}})}});
+  });
+  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) Completions(req, res, true);
+  });
+  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) Completions(req, res, false);
+  });
+  http_.Get("/v1/mzcache/pool", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (Authorized(req, res)) json_body(res, PoolJson());
+  });
+  // Memory given back on request: as Android's onTrimMemory(level), or a number of bytes.
+  http_.Post("/v1/mzcache/(trim|evict)", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const bool trim = req.matches[1] == "trim";
+    const char* key = trim ? "level" : "bytes";
+    json j = json::parse(req.body, nullptr, false);
+    ApiError e;
+    e.param = key;
+    if (j.is_discarded() || !j.is_object() || !j.contains(key) || !j[key].is_number_unsigned()) {
+      e.message = std::string("the body must be {\"") + key + "\": N} with N a non-negative integer";
+      return Error(res, e);
+    }
+    uint64_t freed = 0;
+    const uint64_t v = j[key].get<uint64_t>();
+    int st = trim ? (v > 1000 ? MZ_ERR_INVALID_ARG : mz_pool_on_trim_memory(pool_, int32_t(v), &freed))
+                  : mz_pool_evict(pool_, v, &freed);
+    if (st != MZ_OK) {
+      e.http = st == MZ_ERR_INVALID_ARG ? 400 : 500;
+      e.message = mz_last_error();
+      return Error(res, e);
+    }
+    json out = PoolJson();
+    out["freed"] = freed;
+    json_body(res, out);
+  });
+  http_.Delete(R"(/v1/mzcache/conversations/([A-Za-z0-9._-]{1,128}))", [this, json_body](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    ApiError e;
+    if (!serve::ValidConversationId(id)) {
+      e.message = "not a conversation id";
+      return Error(res, e);
+    }
+    if (int st = mz_pool_delete(pool_, id.c_str()); st != MZ_OK) {
+      e.http = st == MZ_ERR_INVALID_ARG ? 404 : 500;
+      e.message = mz_last_error();
+      return Error(res, e);
+    }
+    router_.Forget(id);
+    std::remove(TurnMarkPath(id).c_str());
+    json_body(res, {{"id", id}, {"deleted", true}});
+  });
+  http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    ApiError e;
+    e.http = 500;
+    e.type = "server_error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      e.message = ex.what();
+    } catch (...) {
+      e.message = "internal error";
+    }
+    Error(res, e);
+  });
+  // httplib's own refusals (413 over --max-body, 404, 400 of a malformed request line) get
+  // OpenAI's error body too.
+  http_.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    ApiError e;
+    e.http = res.status;
+    e.message = res.status == 413   ? "the body is larger than this server accepts (--max-body)"
+                : res.status == 404 ? "no such endpoint"
+                                    : "bad request";
+    if (res.status >= 500) e.type = "server_error";
+    Error(res, e);
+  });
+}
+
+}  // namespace mz::cli::serve_app

@@ -1,0 +1,561 @@
+// The server's admission, turns, pool report, start and stop (tools/serve/server.h).
+#include "tools/serve/server.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "tools/cli/c_api_text.h"
+#include "tools/common.h"
+
+namespace mz::cli::serve_app {
+
+using nlohmann::json;
+using serve::ApiError;
+using serve::ChatRequest;
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Constant-time comparison of the presented key with the configured one.
+bool KeyMatches(const std::string& got, const std::string& want) {
+  unsigned diff = unsigned(got.size() ^ want.size());
+  for (size_t i = 0; i < want.size(); ++i) diff |= unsigned(uint8_t(want[i]) ^ uint8_t(i < got.size() ? got[i] : 0));
+  return diff == 0;
+}
+
+std::string RandomId(const char* prefix) {
+  static std::mutex mu;
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lk(mu);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx", prefix, (unsigned long long)rng());
+  return buf;
+}
+
+// The ids the server gives conversations it found no match for ("c-" and 16 hex digits): the only
+// ones requests are routed to by their history. A client's own names are reached by name only.
+bool ImplicitId(const std::string& id) {
+  if (id.size() != 18 || id.compare(0, 2, "c-") != 0) return false;
+  for (size_t i = 2; i < id.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(id[i]))) return false;
+  return true;
+}
+
+int64_t UnixNow() { return int64_t(std::time(nullptr)); }
+
+
+struct Server::Job {
+  Server* s = nullptr;
+  ChatRequest req;
+  std::vector<mz_token> prompt;
+  serve::Router::Claim claim;
+  mz_conversation* conv = nullptr;
+  bool slot = false, finished = false, was_empty = false;
+  int shared_before = 0;
+  ~Job() {
+    if (conv) mz_conversation_release(conv);
+    if (!finished && !claim.id.empty()) s->router_.Abandon(claim.id, false);
+    if (slot) s->slots_.Release();
+  }
+  // Moves the job onto a fresh claim (a new, empty conversation) after its own was found damaged.
+  // The old claim must have been ended already (FinishJob with damaged = true); its handle is
+  // released here. Returns mz_pool_open's status; on failure the job holds no handle, and its
+  // destructor abandons the fresh claim.
+  int Rebind(serve::Router::Claim fresh) {
+    if (conv) mz_conversation_release(conv);
+    conv = nullptr;
+    claim = std::move(fresh);
+    claim.keep = 0;
+    finished = false;
+    was_empty = true;
+    return mz_pool_open(s->pool_, claim.id.c_str(), &conv);
+  }
+};
+
+bool Server::Authorized(const httplib::Request& req, httplib::Response& res) {
+  if (a_.api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 && KeyMatches(h.substr(prefix.size()), a_.api_key))
+    return true;
+  ApiError e;
+  e.http = 401;
+  e.message = h.empty() ? "missing API key (Authorization: Bearer KEY)" : "incorrect API key";
+  e.code = "invalid_api_key";
+  Error(res, e);
+  return false;
+}
+
+void Server::Error(httplib::Response& res, const ApiError& e) {
+  res.status = e.http;
+  if (e.http == 503) res.set_header("Retry-After", "1");  // the queue is full or a conversation is busy: soon
+  res.set_content(serve::ErrorBody(e), "application/json");
+}
+
+bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* err) {
+  std::string text;
+  if (!r.chat) {
+    text = r.prompt;
+  } else if (ApplyChatTemplate(model_, r.messages, true, &text) != MZ_OK) {
+    err->http = 400;
+    err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
+    return false;
+  }
+  if (int rc = TokenizeText(model_, text, true, r.chat, out); rc != MZ_OK) {
+    err->http = 400;
+    err->message = std::string("the prompt cannot be tokenized: ") + CError(rc);
+    return false;
+  }
+  if (out->empty()) {
+    err->http = 400;
+    err->message = "the prompt tokenizes to nothing";
+    return false;
+  }
+  const int32_t n = int32_t(out->size());
+  if (n >= a_.n_ctx) {
+    err->http = 400;
+    err->message = "the prompt has " + std::to_string(n) + " tokens; this server's context holds " +
+                   std::to_string(a_.n_ctx) + " (prompt and reply)";
+    err->code = "context_length_exceeded";
+    err->param = r.chat ? "messages" : "prompt";
+    return false;
+  }
+  return true;
+}
+
+std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_token> prompt, ApiError* err) {
+  auto job = std::make_shared<Job>();
+  job->s = this;
+  job->req = r;
+  job->prompt = std::move(prompt);
+  if (!slots_.Acquire()) {
+    err->http = 503;
+    err->type = "server_error";
+    err->message = "too many requests waiting; retry later";
+    return nullptr;
+  }
+  job->slot = true;
+  if (!r.conversation.empty()) {
+    std::string why;
+    if (!router_.AcquireId(r.conversation, job->prompt, &job->claim, &why)) {
+      err->http = 409;
+      err->message = why;
+      err->param = "conversation";
+      return nullptr;
+    }
+  } else {
+    job->claim = router_.Acquire(job->prompt, RandomId("c-"));
+  }
+  if (mz_pool_open(pool_, job->claim.id.c_str(), &job->conv) != MZ_OK) {
+    err->http = 500;
+    err->type = "server_error";
+    err->message = "opening conversation " + job->claim.id + ": " + mz_last_error();
+    router_.Abandon(job->claim.id, true);
+    job->claim.id.clear();
+    return nullptr;
+  }
+  // What the pool really holds decides what is kept. A conversation whose history is not the one
+  // the router matched (it changed behind the router: the disk budget deleted it, a failed call)
+  // is not cut: the request forks into a new conversation instead. An empty one (deleted) is
+  // simply filled again.
+  std::vector<mz_token> history;
+  int st = History(job->claim.id, &history);
+  if (st == MZ_OK && !job->claim.is_new && r.conversation.empty() && !history.empty() && history != job->claim.expected) {
+    std::fprintf(stderr, "[serve] conversation %s changed behind the router (%zu tokens, %zu expected): forking\n",
+                 job->claim.id.c_str(), history.size(), job->claim.expected.size());
+    router_.Put(job->claim.id, history, int(history.size()));
+    router_.Abandon(job->claim.id, false);
+    mz_conversation_release(job->conv);
+    job->conv = nullptr;
+    job->claim = router_.Acquire(job->prompt, RandomId("c-"));
+    if (mz_pool_open(pool_, job->claim.id.c_str(), &job->conv) != MZ_OK) st = MZ_ERR_INTERNAL;
+    else st = History(job->claim.id, &history);
+  }
+  if (st != MZ_OK) {
+    err->http = 503;
+    err->type = "server_error";
+    err->message = "conversation " + job->claim.id + " cannot be read now: " + mz_last_error();
+    return nullptr;
+  }
+  job->claim.keep = int(std::min(serve::CommonPrefix(history, job->prompt), job->prompt.size() - 1));
+  job->was_empty = history.empty();
+  return job;
+}
+
+// The pool's history of conversation id, waiting (up to 10 s) while the pool's own threads hold
+// it (a write-behind persisting it, a restore-ahead slice): MZ_OK, or the pool's error.
+int Server::History(const std::string& id, std::vector<mz_token>* out) {
+  for (int attempt = 0;; ++attempt) {
+    const int32_t n = mz_pool_conversation_tokens(pool_, id.c_str(), nullptr, 0);
+    if (n >= 0) {
+      out->resize(size_t(n));
+      const int32_t m = n > 0 ? mz_pool_conversation_tokens(pool_, id.c_str(), out->data(), n) : 0;
+      if (m == n) return MZ_OK;
+      if (m >= 0) continue;  // it changed between the two calls: ask again
+      if (m != MZ_ERR_BUSY) return m;
+    } else if (n != MZ_ERR_BUSY) {
+      return n;
+    }
+    if (attempt >= 1000) return MZ_ERR_BUSY;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
+  serve::TurnParams tp;
+  tp.sampler.temperature = job.req.temperature;
+  tp.sampler.top_p = job.req.top_p;
+  tp.sampler.top_k = job.req.top_k;
+  tp.sampler.seed = job.req.seed ? *job.req.seed : uint32_t(std::random_device{}());
+  tp.max_tokens = std::min(job.req.max_tokens > 0 ? job.req.max_tokens : a_.max_tokens, a_.max_tokens);
+  tp.n_ctx = a_.n_ctx;
+  tp.stop = job.req.stop;
+  tp.top_logprobs = job.req.top_logprobs;
+  bool emitted = false;
+  auto counting = [&](const std::string& s, const std::vector<serve::TokenLogprob>& lps) {
+    emitted = true;
+    return emit(s, lps);
+  };
+  serve::TurnResult r = serve::RunTurn(model_, job.conv, job.prompt, job.claim.keep, tp, counting);
+  const bool storage_fault = r.status == MZ_ERR_CORRUPT || r.status == MZ_ERR_IO;
+  if (storage_fault && !emitted) {
+    // The conversation's stored or swapped data failed its checksum or could not be read: it is
+    // never used again (kept in the pool for the operator), and this turn is computed from the
+    // request's own history in a new conversation. Nothing wrong is ever answered from it.
+    std::fprintf(stderr, "[serve] conversation %s is damaged (%s): recomputing the request in a new one\n",
+                 job.claim.id.c_str(), r.error.c_str());
+    recovered_++;
+    FinishJob(job, /*damaged=*/true, {});
+    if (job.Rebind(router_.Acquire(job.prompt, RandomId("c-"))) != MZ_OK) {
+      r.status = MZ_ERR_INTERNAL;
+      r.error = mz_last_error();
+      return r;
+    }
+    r = serve::RunTurn(model_, job.conv, job.prompt, 0, tp, counting);
+  }
+  return r;
+}
+
+// Ends the job's claim: the router learns the conversation's history after the turn (the turn's
+// own account of it: what it kept, computed and decoded), or that it is damaged.
+void Server::FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history) {
+  if (job.finished || job.claim.id.empty()) return;
+  job.finished = true;
+  if (damaged) {
+    router_.Abandon(job.claim.id, true);
+    return;
+  }
+  router_.Release(job.claim.id, history, int(job.prompt.size()));
+  WriteTurnMark(job.claim.id, int(job.prompt.size()));
+}
+
+// <dir>/serve/<id>.turn: where the conversation's last prompt ended, so that after a restart the
+// router still tells a continuation from a fork. Written crash-safely (temporary name, rename); a
+// missing or stale mark only makes the router stricter (it forks instead of cutting a reply).
+void Server::WriteTurnMark(const std::string& id, int prompt_end) {
+  const std::string path = TurnMarkPath(id), tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << prompt_end << "\n";
+    if (!f) return;
+  }
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void Server::Completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  requests_++;
+  ChatRequest r;
+  ApiError err;
+  std::vector<mz_token> prompt;
+  if (!serve::ParseRequest(req.body, chat, limits_, &r, &err) || !Prompt(r, &prompt, &err)) {
+    failures_++;
+    return Error(res, err);
+  }
+  std::shared_ptr<Job> job = Claim(r, std::move(prompt), &err);
+  if (!job) {
+    failures_++;
+    return Error(res, err);
+  }
+  const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = UnixNow();
+  auto usage = [this](const Job& j, const serve::TurnResult& t, serve::Usage* u, serve::TurnInfo* info) {
+    u->prompt_tokens = int(j.prompt.size());
+    u->completion_tokens = t.completion_tokens;
+    mz_conversation_report cr;
+    int shared = 0;
+    if (mz_pool_conversation_report(pool_, j.claim.id.c_str(), &cr) == MZ_OK) shared = cr.shared_chunks;
+    u->cached_tokens = j.was_empty ? std::min(int(j.prompt.size()) - 1, shared * chunk_tokens_) : j.claim.keep;
+    info->conversation = j.claim.id;
+    info->new_conversation = j.was_empty;
+    info->ttft_s = t.restore.ttft_s;
+    info->reload_s = t.restore.reload_s;
+    info->wait_s = t.restore.wait_s;
+    info->bytes_from_storage = t.restore.bytes_from_storage;
+    info->units_restored = t.restore.units_restored;
+  };
+  if (!r.stream) {
+    serve::TurnResult t = Turn(*job, [](const std::string&, const std::vector<serve::TokenLogprob>&) { return true; });
+    FinishJob(*job, false, t.history);
+    if (t.status != MZ_OK) {
+      failures_++;
+      ApiError e;
+      e.http = 500;
+      e.type = "server_error";
+      e.message = std::string(mz_status_str(t.status)) + ": " + t.error;
+      return Error(res, e);
+    }
+    serve::Usage u;
+    serve::TurnInfo info;
+    usage(*job, t, &u, &info);
+    res.set_header("X-Mz-Conversation", job->claim.id);
+    res.set_content(serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info, t.logprobs)
+                        .dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
+    return;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Mz-Conversation", job->claim.id);
+  res.set_chunked_content_provider("text/event-stream", [this, job, id, created, usage](size_t, httplib::DataSink& sink) {
+    const ChatRequest& r = job->req;
+    auto send = [&](const json& j) {
+      const std::string ev = serve::SseEvent(j);
+      return sink.write(ev.data(), ev.size());
+    };
+    bool alive = true;
+    if (r.chat) alive = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, /*role_only=*/true));
+    serve::TurnResult t;
+    size_t offset = 0;  // completions' text_offset of the next chunk's first token: bytes sent so far
+    auto advance = [&offset](const std::vector<serve::TokenLogprob>& lps) {
+      const size_t at = offset;
+      for (const serve::TokenLogprob& l : lps) offset += l.piece.size();
+      return at;
+    };
+    if (alive) {
+      t = Turn(*job, [&](const std::string& text, const std::vector<serve::TokenLogprob>& lps) {
+        const size_t at = advance(lps);
+        return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false, &lps, at));
+      });
+      FinishJob(*job, false, t.history);
+    } else {
+      t.finish_reason = "cancelled";  // the turn never ran: the job's destructor abandons the claim
+    }
+    if (t.status != MZ_OK) {
+      failures_++;
+      ApiError e;
+      e.type = "server_error";
+      e.message = std::string(mz_status_str(t.status)) + ": " + t.error;
+      const std::string ev = "data: " + serve::ErrorBody(e) + "\n\n";
+      sink.write(ev.data(), ev.size());
+    } else if (t.finish_reason != "cancelled") {
+      // The last chunk carries the logprobs of tokens whose text never went out (held back, or
+      // after a stop string).
+      const std::vector<serve::TokenLogprob> rest(t.logprobs.begin() + std::ptrdiff_t(t.logprobs_emitted),
+                                                  t.logprobs.end());
+      const size_t at = advance(rest);
+      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest, at));
+      if (r.include_usage) {
+        serve::Usage u;
+        serve::TurnInfo info;
+        usage(*job, t, &u, &info);
+        send(serve::UsageChunkBody(r, id, model_id_, created, u, info));
+      }
+    }
+    if (t.finish_reason != "cancelled") {
+      static const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+    }
+    sink.done();
+    return true;
+  });
+}
+
+json Server::PoolJson() {
+  mz_pool_report p;
+  json j = json::object();
+  if (mz_pool_get_report(pool_, &p) == MZ_OK) {
+    j["pool"] = {{"conversations", p.n_conversations}, {"open", p.n_open}, {"damaged", p.n_damaged},
+                 {"weights_total", p.weights_total}, {"weights_resident", p.weights_resident},
+                 {"kv_resident", p.kv_resident}, {"kv_mem_compressed", p.kv_mem_compressed},
+                 {"kv_storage", p.kv_storage}, {"in_memory", p.in_memory}, {"stored_bytes", p.stored_bytes},
+                 {"memory_budget", p.memory_budget}, {"disk_budget", p.disk_budget},
+                 {"conversations_lost", p.conversations_lost}, {"persists", p.persists},
+                 {"persist_failures", p.persist_failures}, {"prefix_chunks_reused", p.prefix_chunks_reused},
+                 {"evictions", p.evictions}, {"bytes_evicted", p.bytes_evicted}};
+  }
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
+  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
+  json list = json::array();
+  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+    const auto& r = all[size_t(i)];
+    list.push_back({{"id", r.id}, {"tokens", r.n_tokens}, {"open", r.open}, {"busy", r.busy},
+                    {"kv_resident", r.kv_resident}, {"kv_mem_compressed", r.kv_mem_compressed},
+                    {"kv_storage", r.kv_storage}, {"stored_bytes", r.stored_bytes}, {"stored_tokens", r.stored_tokens},
+                    {"last_use_unix_ms", r.last_use_unix_ms}, {"shared_chunks", r.shared_chunks}});
+  }
+  j["conversations"] = list;
+  json dmg = json::array();
+  char buf[1024];
+  for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i) dmg.push_back(buf);
+  j["damaged_files"] = dmg;
+  j["server"] = {{"requests", requests_.load()}, {"failures", failures_.load()}, {"recovered", recovered_.load()}};
+  return j;
+}
+
+int Server::Start() {
+  if (!IsLoopback(a_.host) && a_.api_key.empty()) {
+    std::fprintf(stderr, "error: --host %s is not loopback: set an API key first (--api-key or MZ_API_KEY)\n", a_.host.c_str());
+    return 2;
+  }
+  if (a_.model.empty()) {
+    Status st = EnsureDefaultModel(&a_.model);
+    if (!st.ok()) return Fail(st);
+  }
+  if (a_.dir.empty()) a_.dir = CacheDir() + "/server";
+  std::error_code ec;
+  std::filesystem::create_directories(a_.dir + "/serve", ec);
+  if (ec) {
+    std::fprintf(stderr, "error: cannot create %s/serve: %s\n", a_.dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  if (int rc = mz_model_load(a_.model.c_str(), nullptr, &model_)) return CFail("loading " + a_.model, rc);
+  model_id_ = a_.alias.empty() ? std::filesystem::path(a_.model).stem().string() : a_.alias;
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a_.n_ctx);
+  cp.n_threads = a_.threads;
+  cp.kv_codec = a_.kv_codec.c_str();
+  cp.kv_type = a_.kv_type == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
+  chunk_tokens_ = int(cp.kv_chunk_tokens);
+  mz_pool_params pp = mz_pool_default_params();
+  pp.dir = a_.dir.c_str();
+  pp.context = &cp;
+  pp.memory_budget = a_.memory_budget_mib << 20;
+  pp.disk_budget = a_.disk_budget_mib << 20;
+  pp.persist_codec = a_.persist_codec.c_str();
+  pp.write_behind = !a_.sync_persist;
+  pp.batch = a_.batch;
+  pp.batch_prefill_slice = a_.prefill_slice;
+  pp.batch_itl_factor = float(a_.itl_factor);
+  if (int rc = mz_pool_new(model_, &pp, &pool_)) return CFail("opening the pool in " + a_.dir, rc);
+  char buf[1024];
+  for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i)
+    std::fprintf(stderr, "[serve] warning: damaged, skipped: %s\n", buf);
+  // The router learns every stored conversation's history (header and index reads only).
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
+  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
+  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+    const std::string id = all[size_t(i)].id;
+    std::vector<mz_token> h;
+    if (History(id, &h) != MZ_OK) {
+      std::fprintf(stderr, "[serve] warning: conversation %s unreadable (%s): not routed to\n", id.c_str(), mz_last_error());
+      continue;
+    }
+    const int k = int(h.size());
+    int prompt_end = k;  // without a mark: only a request extending the whole history continues it
+    std::ifstream f(TurnMarkPath(id));
+    if (f && !(f >> prompt_end)) prompt_end = k;
+    router_.Put(id, std::move(h), prompt_end);
+  }
+  if (a_.watch_pressure) {
+    mz_pressure_params pr = mz_pressure_default_params();
+    pr.source = a_.pressure_source.c_str();
+    pr.cgroup_dir = a_.pressure_cgroup.empty() ? nullptr : a_.pressure_cgroup.c_str();
+    pr.restore_in_background = a_.restore_ahead;
+    if (mz_pool_pressure_watch_start(pool_, &pr) != MZ_OK)
+      std::fprintf(stderr, "[serve] warning: no memory-pressure watch (%s): memory is given back only by the budget and /v1/mzcache/trim\n",
+                   mz_last_error());
+  }
+  Routes();
+  http_.set_payload_max_length(size_t(a_.max_body_kib) << 10);
+  http_.set_read_timeout(a_.read_timeout_s, 0);
+  http_.set_write_timeout(a_.read_timeout_s, 0);
+  const int http_threads = a_.http_threads;
+  http_.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
+  // Debian's httplib is a compiled library that listens with a backlog of 5: a burst of more than
+  // 6 connections (clients arriving at once, or one that opens and drops connections faster than
+  // the accept thread hands them on) overflows it, the kernel drops the SYN and the client waits
+  // for its 1 s retransmit. Measured here with a tight connect/close loop: 1 connection in 10
+  // waited 1 s (94 ms each on average). The socket-options hook sees the listening socket before
+  // bind (SO_REUSEADDR for restarts, not httplib's SO_REUSEPORT, which would let another process of
+  // this user bind the same port); after bind, listen() again widens the backlog (Linux allows
+  // that on a listening socket; the kernel caps it at net.core.somaxconn).
+  http_.set_socket_options([this](int fd) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = fd;
+  });
+  int port = a_.port;
+  if (port == 0) {
+    port = http_.bind_to_any_port(a_.host);
+  } else if (!http_.bind_to_port(a_.host, port)) {
+    port = -1;
+  }
+  if (port <= 0) {
+    std::fprintf(stderr, "error: cannot listen on %s:%d\n", a_.host.c_str(), a_.port);
+    return 1;
+  }
+  if (listen_fd_ >= 0 && listen(listen_fd_, kListenBacklog) != 0)
+    std::fprintf(stderr, "[serve] warning: could not widen the listen backlog (%s): bursts of connections may wait 1 s\n",
+                 std::strerror(errno));
+  a_.port = port;
+  std::fprintf(stderr, "[serve] %s: %zu conversations in %s; listening on http://%s:%d%s\n", model_id_.c_str(),
+               router_.size(), a_.dir.c_str(), a_.host.c_str(), port, a_.api_key.empty() ? "" : " (API key required)");
+  if (!a_.port_file.empty()) {
+    std::ofstream f(a_.port_file + ".tmp");
+    f << port << "\n";
+    f.close();
+    std::rename((a_.port_file + ".tmp").c_str(), a_.port_file.c_str());
+  }
+  return 0;
+}
+
+int Server::Run() {
+  // SIGINT/SIGTERM end the server cleanly: the listener stops, turns in flight finish, the pool
+  // persists every changed conversation (its destructor).
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  std::thread waiter([this, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != 0) std::fprintf(stderr, "[serve] signal %d: stopping\n", sig);
+    http_.stop();
+  });
+  http_.listen_after_bind();
+  // listen_after_bind returns after stop(): wake the waiter if it is still waiting (stop by error).
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  std::fprintf(stderr, "[serve] persisting conversations\n");
+  if (mz_pool_flush(pool_) != MZ_OK) std::fprintf(stderr, "[serve] warning: %s\n", mz_last_error());
+  return 0;
+}
+
+int RunServe(ServeArgs a) {
+  if (a.api_key.empty())
+    if (const char* k = std::getenv("MZ_API_KEY")) a.api_key = k;
+  // Block the stop signals in every thread (the pool's and httplib's inherit the mask); one thread
+  // waits for them (Server::Run). SIGPIPE: a client gone is an error of its write, not a signal.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  Server s(a);
+  if (int rc = s.Start()) return rc;
+  return s.Run();
+}
+
+}  // namespace mz::cli::serve_app

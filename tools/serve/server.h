@@ -1,0 +1,124 @@
+// The server of `mzcache serve` (docs/server.md): its arguments, the turns' admission (Slots) and
+// the Server itself: the pool it serves, the router, the HTTP listener. Built on the public C API
+// only (include/mzcache.h).
+//
+// One concern per file: server.cpp (admission, turns, the pool report, start and stop),
+// routes.cpp (the HTTP endpoints), cmd_serve.cpp (the command line). Thread-safety: the handlers
+// run on httplib's worker threads; the Server's members are either set before listening (model_,
+// pool_, a_) or synchronized themselves (router_, slots_, the counters).
+#pragma once
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mzcache.h"
+#include "tools/serve/openai_api.h"
+#include "tools/serve/router.h"
+#include "tools/serve/turn.h"
+
+namespace mz::cli::serve_app {
+
+// Connections the kernel queues for the accept thread (see Server::Start).
+constexpr int kListenBacklog = 512;
+
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", api_key, dir, alias, persist_codec = "q8", kv_codec = "q8", kv_type = "f16";
+  int port = 8080, threads = 2, n_ctx = 8192, parallel = 8, queue = 64, max_tokens = 1024, http_threads = 32;
+  uint64_t memory_budget_mib = 0, disk_budget_mib = 8192, max_body_kib = 1024;
+  int read_timeout_s = 10;
+  bool watch_pressure = true, restore_ahead = true, sync_persist = false, batch = true;
+  int prefill_slice = 512;
+  double itl_factor = 2.0;
+  std::string pressure_source = "auto", pressure_cgroup;
+  std::string port_file;
+};
+
+
+// Whether host is a loopback address (binding elsewhere needs an API key).
+bool IsLoopback(const std::string& host);
+// Constant-time comparison of the presented key with the configured one.
+bool KeyMatches(const std::string& got, const std::string& want);
+// prefix and 16 random hex digits.
+std::string RandomId(const char* prefix);
+// The ids the server gives conversations it found no match for ("c-" and 16 hex digits).
+bool ImplicitId(const std::string& id);
+int64_t UnixNow();
+
+// At most n turns at once; at most max_wait waiting (then Acquire refuses).
+class Slots {
+ public:
+  Slots(int n, int max_wait) : free_(n), max_wait_(max_wait) {}
+  bool Acquire() {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (free_ == 0 && waiting_ >= max_wait_) return false;
+    ++waiting_;
+    cv_.wait(lk, [&] { return free_ > 0; });
+    --waiting_;
+    --free_;
+    return true;
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      ++free_;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int free_, waiting_ = 0;
+  const int max_wait_;
+};
+
+class Server {
+ public:
+  explicit Server(const ServeArgs& a) : a_(a), router_(&ImplicitId), slots_(a.parallel, a.queue) {}
+  ~Server() {
+    if (pool_) mz_pool_free(pool_);  // persists every changed conversation
+    if (model_) mz_model_free(model_);
+  }
+  int Start();
+  int Run();
+
+ private:
+  struct Job;  // one turn in flight: its claim, slot and conversation handle (released in its destructor)
+  bool Authorized(const httplib::Request& req, httplib::Response& res);
+  void Error(httplib::Response& res, const serve::ApiError& e);
+  void Routes();
+  void Completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  bool Prompt(const serve::ChatRequest& r, std::vector<mz_token>* out, serve::ApiError* err);
+  std::shared_ptr<Job> Claim(const serve::ChatRequest& r, std::vector<mz_token> prompt, serve::ApiError* err);
+  serve::TurnResult Turn(Job& job, const serve::EmitFn& emit);
+  void FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history);
+  int History(const std::string& id, std::vector<mz_token>* out);
+  std::string TurnMarkPath(const std::string& id) const { return a_.dir + "/serve/" + id + ".turn"; }
+  void WriteTurnMark(const std::string& id, int prompt_end);
+  nlohmann::json PoolJson();
+
+  ServeArgs a_;
+  mz_model* model_ = nullptr;
+  mz_pool* pool_ = nullptr;
+  std::string model_id_;
+  int chunk_tokens_ = 256;
+  serve::Limits limits_;
+  serve::Router router_;
+  Slots slots_;
+  httplib::Server http_;
+  int listen_fd_ = -1;  // the listening socket (httplib owns and closes it); -1 before Start()
+  std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};
+};
+
+// Runs the server until SIGINT/SIGTERM: the exit code.
+int RunServe(ServeArgs a);
+
+}  // namespace mz::cli::serve_app
