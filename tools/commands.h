@@ -19,6 +19,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench t
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddPlanCommands(CLI::App& app, Runners& runners);     // plan [--recommend] (tools/cli/cmd_plan.cpp)
 void AddServeCommands(CLI::App& app, Runners& runners);    // serve (tools/serve/cmd_serve.cpp)
+void AddDemoCommands(CLI::App& app, Runners& runners);     // demo (tools/cli/cmd_demo.cpp): the main job's story
 void AddTtftBench(CLI::App* bench, Runners& runners);       // bench ttft
 void AddEvictBench(CLI::App* bench, Runners& runners);      // bench evict
 void AddPeersBench(CLI::App* bench, Runners& runners);      // bench peers, bench peers-worker (hidden)

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   mz::cli::AddPlanCommands(app, runners);
 #ifdef MZ_HAVE_SERVE
   mz::cli::AddServeCommands(app, runners);
+  mz::cli::AddDemoCommands(app, runners);
 #endif
   mz::cli::AddOsPagingWorker(app, runners);
   mz::cli::AddMultitaskCommands(app, runners);  // after AddBenchCommands: adds `bench multitask`
