@@ -399,9 +399,8 @@ Status Forward::ReserveCompute(int n_tokens, int n_out) {
 
 Status Forward::RunUbatch(const Seq* seqs, int n_seqs) {
   const HParams& hp = model_->hparams();
-  const int E = int(hp.n_embd), D = int(hp.head_dim), H = int(hp.n_head), HKV = int(hp.n_head_kv);
+  const int E = int(hp.n_embd), D = int(hp.head_dim);
   const int base = model_->base_unit();
-  const BaseTensors& B = model_->base();
   int n = 0;
   for (int s = 0; s < n_seqs; ++s) n += seqs[s].n;
   act_.resize(size_t(n) * E);

@@ -23,6 +23,11 @@ constexpr uint32_t kVersion = 1;
 constexpr uint32_t kVersionExternal = 2;
 constexpr size_t kHeaderBytes = 4096;
 
+}  // namespace
+// The file's layout types, in a named namespace: SessionReader::Impl holds them, and a class with
+// external linkage must not have members of anonymous-namespace types (gcc's -Wsubobject-linkage,
+// which a unity build reports since the .cpp is then an included file).
+namespace session_format {
 #pragma pack(push, 1)
 struct Header {
   char magic[8];
@@ -50,6 +55,11 @@ struct Aligned {
   size_t n;
   uint8_t* p;
 };
+}  // namespace session_format
+namespace {
+using session_format::Aligned;
+using session_format::ChunkRecord;
+using session_format::Header;
 
 // Writes a session file: tokens[0, n_tokens), and for every layer l and chunk c >= n_external the
 // resident form read(l, c, dst) encoded by codec. Crash-safe (temporary name, fsync, rename, fsync of
