@@ -68,6 +68,35 @@ TEST(FootprintCalc, KvBytesEqualWhatAContextAllocates) {
   EXPECT_EQ(ctx.Report().weights_total >= model->tensor_bytes(), true);  // regions add alignment slack only
 }
 
+// The field notes' 8B (docs/field-notes.md): llama.cpp's recipes give the files the notes list,
+// within 2% (sizes in GB of 1e9 bytes, as the notes and Hugging Face write them): Q4_K_M 4.92 GB at
+// 4.90 bits per weight, Q3_K_M 0.9 GB smaller, Q8_0 8.54 GB. Planned without writing 5-9 GB.
+TEST(SynthRecipes, FieldNotes8BSizes) {
+  const ModelSpec* spec = FindModelSpec("llama3.1-8b");
+  ASSERT_NE(spec, nullptr);
+  SynthOptions o;
+  o.vocab_dir = kVocabDir;
+  auto plan = [&](const char* t) {
+    o.type = t;
+    ModelFilePlan p;
+    Status st = PlanModelFile(*spec, o, &p);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return p;
+  };
+  const ModelFilePlan q4km = plan("q4_k_m"), q3km = plan("q3_k_m"), q8 = plan("q8_0");
+  EXPECT_NEAR(double(q4km.file_bytes) / 1e9, 4.92, 4.92 * 0.02);
+  EXPECT_NEAR(q4km.bits_per_weight, 4.90, 4.90 * 0.02);
+  EXPECT_NEAR(double(q3km.file_bytes) / 1e9, 4.92 - 0.9, (4.92 - 0.9) * 0.02);
+  EXPECT_NEAR(double(q8.file_bytes) / 1e9, 8.54, 8.54 * 0.02);
+  EXPECT_NEAR(double(q4km.params) / 1e9, 8.03, 0.01);
+  // Q6_K: output.weight, and attn_v + ffn_down on the 16 layers use_more_bits picks.
+  const uint64_t E = 4096, V = 128256, KV = 1024, F = 14336;
+  const uint64_t q6_elems = E * V + 16 * (E * KV + F * E);
+  EXPECT_EQ(q4km.bytes_by_type.at("q6_K"), q6_elems / 256 * 210);
+  EXPECT_EQ(q4km.bytes_by_type.count("q5_K"), 0u);
+  EXPECT_GT(q3km.bytes_by_type.at("q5_K"), 0u);  // attn_v of layers 0-1, ffn_down of layers 0-1
+}
+
 TEST(FootprintCalc, UnknownTypeIsRefused) {
   cli::WeightBytes wb;
   EXPECT_EQ(cli::SynthWeightBytes(*FindModelSpec("tiny-qwen3"), "q3_x", 1000, &wb).code(), Status::kInvalidArgument);

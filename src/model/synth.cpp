@@ -21,6 +21,9 @@ const std::vector<ModelSpec>& KnownModelSpecs() {
       {"qwen3-4b", "qwen3", "Qwen3-4B", "qwen2", 2560, 36, 32, 8, 128, 9728, 40960, 1e6f, 1e-6f, true, false},
       {"llama3.2-1b", "llama", "Llama-3.2-1B", "llama-bpe", 2048, 16, 32, 8, 64, 8192, 131072, 5e5f, 1e-5f, true, true},
       {"llama3.2-3b", "llama", "Llama-3.2-3B", "llama-bpe", 3072, 28, 24, 8, 128, 8192, 131072, 5e5f, 1e-5f, true, true},
+      // The field notes' case (docs/field-notes.md): untied embeddings, 128,256-token vocabulary.
+      {"llama3.1-8b", "llama", "Llama-3.1-8B", "llama-bpe", 4096, 32, 32, 8, 128, 14336, 131072, 5e5f, 1e-5f, false, true},
+      {"qwen3-8b", "qwen3", "Qwen3-8B", "qwen2", 4096, 36, 32, 8, 128, 12288, 40960, 1e6f, 1e-6f, false, false},
       {"qwen2.5-0.5b", "qwen2", "Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, true, false},
       // Tiny test shapes (real vocabularies, small layers).
       {"tiny-qwen3", "qwen3", "tiny-qwen3", "qwen2", 256, 4, 4, 2, 64, 768, 40960, 1e6f, 1e-6f, true, false},
@@ -70,14 +73,44 @@ const char* kLlama3Template =
     "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt "
     "%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
-ggml_type MatrixType(const std::string& t, int64_t ne0, bool* ok) {
-  *ok = true;
+// The weight recipes. "f16", "q8_0", "q4_0", "q4_k": every matrix in that type (q4_k: every
+// matrix Q4_K, tagged Q4_K_M as before 0.14). "q4_k_m", "q3_k_m": llama.cpp's mixed recipes, the
+// per-tensor rules of its quantizer (src/llama-quant.cpp, llama_tensor_get_type_impl, at the pinned
+// commit) for a dense model without an importance matrix:
+//   output.weight (and a tied token_embd)  Q6_K
+//   q4_k_m: attn_v and ffn_down Q6_K on the layers use_more_bits picks (the first and last eighth,
+//           and every third between: 16 of 32), Q4_K elsewhere; every other matrix Q4_K
+//   q3_k_m: attn_v Q5_K on layers 0-1 and Q4_K after; ffn_down Q5_K on the first sixteenth, Q4_K
+//           after; attn_output Q4_K; every other matrix Q3_K
+// Rows not divisible by the type's block fall back as before (Q8_0 or F16).
+bool KnownRecipe(const std::string& t) {
+  return t == "f16" || t == "q8_0" || t == "q4_0" || t == "q4_k" || t == "q4_k_m" || t == "q3_k_m";
+}
+
+bool UseMoreBits(int il, int n) { return il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2; }
+
+// The type of matrix `name` (il: its layer, -1 for token_embd/output) of a model of n_layer layers.
+ggml_type MatrixType(const std::string& t, const std::string& name, int il, int n_layer, bool tied, int64_t ne0) {
+  auto ends = [&](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
   ggml_type want = GGML_TYPE_Q8_0;
   if (t == "f16") want = GGML_TYPE_F16;
   else if (t == "q8_0") want = GGML_TYPE_Q8_0;
   else if (t == "q4_0") want = GGML_TYPE_Q4_0;
   else if (t == "q4_k") want = GGML_TYPE_Q4_K;
-  else *ok = false;
+  else if (t == "q4_k_m" || t == "q3_k_m") {
+    const bool q4 = t == "q4_k_m";
+    want = q4 ? GGML_TYPE_Q4_K : GGML_TYPE_Q3_K;
+    if (name == "output.weight" || (tied && name == "token_embd.weight")) want = GGML_TYPE_Q6_K;
+    else if (ends("attn_v.weight"))
+      want = q4 ? (UseMoreBits(il, n_layer) ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K) : (il < 2 ? GGML_TYPE_Q5_K : GGML_TYPE_Q4_K);
+    else if (ends("ffn_down.weight"))
+      want = q4 ? (UseMoreBits(il, n_layer) ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K)
+                : (il < n_layer / 16 ? GGML_TYPE_Q5_K : GGML_TYPE_Q4_K);
+    else if (!q4 && ends("attn_output.weight")) want = GGML_TYPE_Q4_K;
+  }
   // Rows not divisible by the block size fall back as llama.cpp's quantizer does.
   if (ne0 % ggml_blck_size(want) != 0) want = (ne0 % 32 == 0) ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
   return want;
@@ -87,7 +120,8 @@ int FileType(const std::string& t) {
   if (t == "f16") return 1;
   if (t == "q4_0") return 2;
   if (t == "q8_0") return 7;
-  if (t == "q4_k") return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
+  if (t == "q3_k_m") return 12;  // LLAMA_FTYPE_MOSTLY_Q3_K_M
+  if (t == "q4_k" || t == "q4_k_m") return 15;  // LLAMA_FTYPE_MOSTLY_Q4_K_M
   return 0;
 }
 
@@ -168,9 +202,10 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& s, const SynthOptions& o, i
   const int64_t E = s.n_embd, Q = int64_t(s.n_head) * s.head_dim, KV = int64_t(s.n_head_kv) * s.head_dim,
                 F = s.n_ff, D = s.head_dim;
   std::vector<TensorPlan> plan;
+  int il = -1;  // the layer of the matrices being planned (-1: token_embd, output)
   auto mat = [&](const std::string& name, int64_t ne0, int64_t ne1, float stdev) {
-    bool ok;
-    plan.push_back({name, MatrixType(o.type, ne0, &ok), {ne0, ne1}, Init::kUniform, stdev * std::sqrt(3.0f), {}});
+    plan.push_back({name, MatrixType(o.type, name, il, s.n_layer, s.tied, ne0), {ne0, ne1}, Init::kUniform,
+                    stdev * std::sqrt(3.0f), {}});
   };
   auto vec = [&](const std::string& name, int64_t n, Init init, float w) {
     plan.push_back({name, GGML_TYPE_F32, {n}, init, w, {}});
@@ -183,7 +218,7 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& s, const SynthOptions& o, i
   }
   vec("output_norm.weight", E, Init::kNorm, 0.1f);
   if (!s.tied) mat("output.weight", E, n_vocab, 4.0f / std::sqrt(float(E)));
-  for (int il = 0; il < s.n_layer; ++il) {
+  for (il = 0; il < s.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     vec(p + "attn_norm.weight", E, Init::kNorm, 0.1f);
     mat(p + "attn_q.weight", E, Q, 1.0f / std::sqrt(float(E)));
@@ -264,28 +299,66 @@ Status WriteTensor(Env* env, File* f, const TensorPlan& t, const ggml_tensor* x,
 
 }  // namespace
 
-Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, const std::string& path) {
+namespace {
+// The GGUF of spec s with recipe o.type, planned: *g its metadata and tensor infos (the caller frees
+// *g and *meta), *plan and *tensors in file order, *total the tensors' bytes.
+Status PlanFile(const ModelSpec& s, const SynthOptions& o, gguf_context** g, ggml_context** meta,
+                std::vector<TensorPlan>* plan, std::vector<ggml_tensor*>* tensors, uint64_t* total) {
   InitLibraryLogging();
-  bool type_ok = true;
-  MatrixType(o.type, 256, &type_ok);
-  if (!type_ok) return Status::InvalidArgument("weight type '" + o.type + "' (use f16, q8_0, q4_0 or q4_k)");
-
-  gguf_context* g = nullptr;
+  if (!KnownRecipe(o.type))
+    return Status::InvalidArgument("weight type '" + o.type + "' (use f16, q8_0, q4_0, q4_k, q4_k_m or q3_k_m)");
   int64_t n_vocab = 0;
-  MZ_RETURN_IF_ERROR(OpenVocabulary(s, o.vocab_dir + "/ggml-vocab-" + s.vocab + ".gguf", &g, &n_vocab));
-  SetHyperParams(g, s, o, n_vocab);
-  const std::vector<TensorPlan> plan = PlanTensors(s, o, n_vocab);
+  MZ_RETURN_IF_ERROR(OpenVocabulary(s, o.vocab_dir + "/ggml-vocab-" + s.vocab + ".gguf", g, &n_vocab));
+  SetHyperParams(*g, s, o, n_vocab);
+  *plan = PlanTensors(s, o, n_vocab);
+  ggml_init_params ip{(plan->size() + 4) * ggml_tensor_overhead(), nullptr, true};
+  *meta = ggml_init(ip);
+  *total = 0;
+  for (const auto& t : *plan) {
+    ggml_tensor* x = ggml_new_tensor(*meta, t.type, int(t.ne.size()), t.ne.data());
+    ggml_set_name(x, t.name.c_str());
+    gguf_add_tensor(*g, x);
+    tensors->push_back(x);
+    *total += ggml_nbytes(x);
+  }
+  return Status::Ok();
+}
+}  // namespace
 
-  ggml_init_params ip{(plan.size() + 4) * ggml_tensor_overhead(), nullptr, true};
-  ggml_context* meta = ggml_init(ip);
+Status PlanModelFile(const ModelSpec& s, const SynthOptions& o, ModelFilePlan* out) {
+  gguf_context* g = nullptr;
+  ggml_context* meta = nullptr;
+  std::vector<TensorPlan> plan;
   std::vector<ggml_tensor*> tensors;
   uint64_t total = 0;
-  for (const auto& t : plan) {
-    ggml_tensor* x = ggml_new_tensor(meta, t.type, int(t.ne.size()), t.ne.data());
-    ggml_set_name(x, t.name.c_str());
-    gguf_add_tensor(g, x);
-    tensors.push_back(x);
-    total += ggml_nbytes(x);
+  Status st = PlanFile(s, o, &g, &meta, &plan, &tensors, &total);
+  if (st.ok()) {
+    *out = ModelFilePlan();
+    const uint64_t data_off = gguf_get_meta_size(g);
+    const uint64_t last = data_off + gguf_get_tensor_offset(g, int64_t(plan.size() - 1)) + ggml_nbytes(tensors.back());
+    out->file_bytes = AlignUp(last, gguf_get_alignment(g));
+    out->tensor_bytes = total;
+    for (size_t i = 0; i < plan.size(); ++i) {
+      out->params += uint64_t(ggml_nelements(tensors[i]));
+      out->bytes_by_type[ggml_type_name(plan[i].type)] += ggml_nbytes(tensors[i]);
+    }
+    out->bits_per_weight = out->params ? 8.0 * double(total) / double(out->params) : 0.0;
+  }
+  if (meta) ggml_free(meta);
+  if (g) gguf_free(g);
+  return st;
+}
+
+Status SynthesizeModel(Env* env, const ModelSpec& s, const SynthOptions& o, const std::string& path) {
+  gguf_context* g = nullptr;
+  ggml_context* meta = nullptr;
+  std::vector<TensorPlan> plan;
+  std::vector<ggml_tensor*> tensors;
+  uint64_t total = 0;
+  if (Status ps = PlanFile(s, o, &g, &meta, &plan, &tensors, &total); !ps.ok()) {
+    if (meta) ggml_free(meta);
+    if (g) gguf_free(g);
+    return ps;
   }
 
   const std::string tmp = path + ".tmp";

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,13 +28,24 @@ const std::vector<ModelSpec>& KnownModelSpecs();
 const ModelSpec* FindModelSpec(const std::string& id);
 
 struct SynthOptions {
-  std::string type = "q8_0";   // f16 | q8_0 | q4_0 | q4_k
+  std::string type = "q8_0";   // f16 | q8_0 | q4_0 | q4_k | q4_k_m | q3_k_m (synth.cpp: the recipes)
   uint64_t seed = 1;
   std::string vocab_dir;       // folder holding ggml-vocab-*.gguf
   int threads = 2;
   // Progress: called with (bytes written, total bytes) now and then.
   std::function<void(uint64_t, uint64_t)> progress;
 };
+
+// The file a recipe makes, without writing it (the vocabulary file is read for its size).
+struct ModelFilePlan {
+  uint64_t file_bytes = 0;    // the whole GGUF: metadata, tokenizer, tensors, padding
+  uint64_t tensor_bytes = 0;  // the tensors' data
+  uint64_t params = 0;        // tensor elements
+  double bits_per_weight = 0; // 8 * tensor_bytes / params (what llama.cpp's loader prints as BPW)
+  std::map<std::string, uint64_t> bytes_by_type;  // ggml type name -> tensor bytes
+};
+// Errors: InvalidArgument (unknown recipe), the vocabulary's IOError / Corruption.
+Status PlanModelFile(const ModelSpec& spec, const SynthOptions& opts, ModelFilePlan* out);
 
 // Writes the model to path (via a temporary name + rename: a partial file is never left behind).
 Status SynthesizeModel(Env* env, const ModelSpec& spec, const SynthOptions& opts, const std::string& path);

@@ -16,17 +16,21 @@ void AddMakeModel(CLI::App& app, Runners& runners) {
     std::string shape = "qwen3-0.6b", type = "q8_0", out, vocab_dir;
     uint64_t seed = 1;
     int threads = 2;
-    bool list = false;
+    bool list = false, plan = false;
   };
   auto ma = std::make_shared<MakeArgs>();
   auto* mk = app.add_subcommand("make-model", "write a GGUF with a real model's shapes, seeded random weights and its real tokenizer");
   mk->add_option("--shape", ma->shape, "model shape (see --list)");
-  mk->add_option("--type", ma->type, "weight type: f16, q8_0, q4_0, q4_k")->check(CLI::IsMember({"f16", "q8_0", "q4_0", "q4_k"}));
+  mk->add_option("--type", ma->type,
+                 "weight recipe: f16, q8_0, q4_0, q4_k (every matrix in that type), q4_k_m, q3_k_m (llama.cpp's mixed "
+                 "recipes: src/model/synth.cpp)")
+      ->check(CLI::IsMember({"f16", "q8_0", "q4_0", "q4_k", "q4_k_m", "q3_k_m"}));
   mk->add_option("-o,--out", ma->out, "output path (default: <cache>/models/<shape>-<type>.gguf)");
   mk->add_option("--seed", ma->seed, "random seed");
   mk->add_option("--threads", ma->threads, "threads");
   mk->add_option("--vocab-dir", ma->vocab_dir, "folder with llama.cpp's ggml-vocab-*.gguf");
   mk->add_flag("--list", ma->list, "list known shapes and exit");
+  mk->add_flag("--plan", ma->plan, "print the file's size, bits per weight and bytes per type, and write nothing");
   runners.push_back([mk, ma]() -> int {
     if (!mk->parsed()) return -1;
     if (ma->list) {
@@ -50,6 +54,15 @@ void AddMakeModel(CLI::App& app, Runners& runners) {
     o.seed = ma->seed;
     o.threads = ma->threads;
     o.vocab_dir = ma->vocab_dir.empty() ? VocabDir() : ma->vocab_dir;
+    if (ma->plan) {
+      ModelFilePlan p;
+      if (Status st = PlanModelFile(*spec, o, &p); !st.ok()) return Fail(st);
+      std::printf("%s %s: %.3f GB (%.2f GiB), %.3f B params, %.2f bits per weight\n", ma->shape.c_str(),
+                  ma->type.c_str(), double(p.file_bytes) / 1e9, double(p.file_bytes) / 1073741824.0,
+                  double(p.params) / 1e9, p.bits_per_weight);
+      for (const auto& [type, bytes] : p.bytes_by_type) std::printf("  %-5s %10.1f MB\n", type.c_str(), double(bytes) / 1e6);
+      return 0;
+    }
     o.progress = [](uint64_t d, uint64_t t) { Progress("writing", d, t); };
     Status st = SynthesizeModel(Env::Default(), *spec, o, out);
     if (!st.ok()) return Fail(st);
