@@ -5,7 +5,7 @@
 //
 //   node bench/serve_race.mjs --mzcache build/mzcache --llama-server PATH -m MODEL.gguf
 //        [--conversations 4] [--history-words 1200] [--reps 2] [--threads 2] [-o DIR]
-//        [--openai DIR] [--text FILE] [--systems mzcache,llama,llama-nocache]
+//        [--openai DIR] [--text FILE] [--systems mzcache,llama,llama-nocache,llama-slots]
 //
 // Systems (alternated in every rep, A B C A B C ...):
 //   mzcache     `mzcache serve`; memory asked back with POST /v1/mzcache/trim {"level":80} (what an
@@ -14,6 +14,8 @@
 //   llama       `llama-server --parallel 1` with its defaults (the prompt cache keeps other
 //               conversations in RAM, --cache-ram); it has no way to give memory back.
 //   llama-nocache  `llama-server --cache-ram 0`: what a runtime pays that forgets (re-prefill).
+//   llama-slots `llama-server --parallel N -c N*ctx --no-cache-idle-slots` (N = --conversations):
+//               configured for returning users, one slot (and its KV) per conversation.
 // Per system and rep: the RSS after the histories were built and after the memory was asked back,
 // TTFT (first streamed content) of each user's return, and TTFT of the first return after kill -9
 // and restart (model load reported separately). Writes race.json, race.md and race.png
@@ -73,6 +75,14 @@ function startServer(sys, poolDir) {
   if (sys === 'mzcache') {
     cmd = A.mzcache;
     argv = ['serve', ...common, '-c', String(A.ctx), '--pool-dir', poolDir, '--no-watch-pressure', '--max-tokens', '64'];
+  } else if (sys === 'llama-slots') {
+    // Configured for returning users: one slot per conversation, each with the whole context
+    // (-c is split among the slots), so a returning user's prompt matches its own slot's KV; idle
+    // slots are not moved to the prompt cache. It holds every conversation's KV for its whole
+    // context from the start.
+    cmd = A.llama;
+    argv = [...common, '-c', String(A.ctx * A.conversations), '--parallel', String(A.conversations),
+            '--no-cache-idle-slots', '--no-warmup'];
   } else {
     cmd = A.llama;
     argv = [...common, '-c', String(A.ctx), '--parallel', '1', '--no-warmup'];

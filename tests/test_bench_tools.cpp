@@ -68,7 +68,7 @@ TEST(FootprintCalc, KvBytesEqualWhatAContextAllocates) {
   EXPECT_EQ(ctx.Report().weights_total >= model->tensor_bytes(), true);  // regions add alignment slack only
 }
 
-// The field notes' 8B (docs/field-notes.md): llama.cpp's recipes give the files the notes list,
+// The field notes' 8B (issue 49): llama.cpp's recipes give the files the notes list,
 // within 2% (sizes in GB of 1e9 bytes, as the notes and Hugging Face write them): Q4_K_M 4.92 GB at
 // 4.90 bits per weight, Q3_K_M 0.9 GB smaller, Q8_0 8.54 GB. Planned without writing 5-9 GB.
 TEST(SynthRecipes, FieldNotes8BSizes) {

@@ -21,7 +21,7 @@ const std::vector<ModelSpec>& KnownModelSpecs() {
       {"qwen3-4b", "qwen3", "Qwen3-4B", "qwen2", 2560, 36, 32, 8, 128, 9728, 40960, 1e6f, 1e-6f, true, false},
       {"llama3.2-1b", "llama", "Llama-3.2-1B", "llama-bpe", 2048, 16, 32, 8, 64, 8192, 131072, 5e5f, 1e-5f, true, true},
       {"llama3.2-3b", "llama", "Llama-3.2-3B", "llama-bpe", 3072, 28, 24, 8, 128, 8192, 131072, 5e5f, 1e-5f, true, true},
-      // The field notes' case (docs/field-notes.md): untied embeddings, 128,256-token vocabulary.
+      // The field notes' case (issue 49: an 8B on an 8 GB phone): untied embeddings, 128,256-token vocabulary.
       {"llama3.1-8b", "llama", "Llama-3.1-8B", "llama-bpe", 4096, 32, 32, 8, 128, 14336, 131072, 5e5f, 1e-5f, false, true},
       {"qwen3-8b", "qwen3", "Qwen3-8B", "qwen2", 4096, 36, 32, 8, 128, 12288, 40960, 1e6f, 1e-6f, false, false},
       {"qwen2.5-0.5b", "qwen2", "Qwen2.5-0.5B", "qwen2", 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, true, false},
