@@ -49,7 +49,7 @@ const before = { failures: [], consoles: [] };
 const problems = [];
 try {
   const page = await browser.newPage();
-  page.setDefaultTimeout(30000);
+  page.setDefaultTimeout(shot ? 300000 : 30000);  // the screenshot may run on a real-sized model
   page.on('pageerror', (e) => problems.push(`uncaught exception: ${e.message}`));
   page.on('console', (m) => {
     if (m.type() !== 'error' && m.type() !== 'assert') return;
@@ -63,6 +63,14 @@ try {
     (keyed ? problems : before.failures).push({ text, status: r.status(), url: r.url() });
   });
   const stopOnProblem = () => { if (problems.length) throw new Failed(problems.join('\n')); };
+  // page.waitForFunction, failing with what was waited for.
+  const waitFor = async (what, fn, ...args) => {
+    try {
+      await page.waitForFunction(fn, {}, ...args);
+    } catch (e) {
+      throw new Failed(`${what}: ${e.message}`);
+    }
+  };
 
   // 1. The page, its headers, and the key.
   const res = await page.goto(`${base}/`, { waitUntil: 'domcontentloaded' });
@@ -77,7 +85,7 @@ try {
   keyed = true;
   await page.type('#key', apiKey);
   await page.click('#key-save');
-  await page.waitForFunction(() => document.getElementById('t-rss').textContent !== '-' &&
+  await waitFor('the pool shown after the key', () => document.getElementById('t-rss').textContent !== '-' &&
     document.getElementById('status').textContent === 'live');
   const rss = await page.$eval('#t-rss', (e) => e.textContent);
   check(/iB/.test(rss), `the pool is shown live after the key (RSS ${rss})`);
@@ -99,7 +107,7 @@ try {
     await page.click('#msg');
     await page.type('#msg', text);
     await page.keyboard.press('Enter');
-    await page.waitForFunction((n) => document.querySelectorAll('.msg.assistant.done').length > n, {}, n);
+    await waitFor(`a reply to ${JSON.stringify(text)}`, (n) => document.querySelectorAll('.msg.assistant.done').length > n, n);
     return page.$$eval('.msg.assistant.done', (es) => {
       const e = es[es.length - 1];
       return { text: e.querySelector('.text').textContent, error: e.classList.contains('error'),
@@ -126,10 +134,10 @@ try {
   check(ups.filter((u) => u.streaming && u.len > 0).length >= 2, `the text appeared while it streamed (${ups.length} updates)`);
   check(a1.ttft > 0 && /TTFT/.test(a1.info), `the turn's TTFT shown (${a1.ttft} s)`);
   check(await page.$eval('#conv', (e) => e.value) === a1.conv, 'the conversation is selected');
-  await page.waitForFunction((id) => {
+  await waitFor('the conversation in memory in the pool', (id) => {
     const r = document.querySelector(`#convs .conv[data-id="${id}"]`);
     return r && Number(r.dataset.resident) > 0;
-  }, {}, a1.conv);
+  }, a1.conv);
   const r1 = await row(a1.conv);
   check(r1.resident > 0 && r1.widths[0] > 0, `its bar: ${r1.resident} bytes in memory (${r1.tokens} tokens)`);
   stopOnProblem();
@@ -137,10 +145,10 @@ try {
   // 3. Give memory back: level 80 (COMPLETE).
   await page.select('#trim-level', '80');
   await page.click('#trim');
-  await page.waitForFunction((id) => {
+  await waitFor('trim 80: the bar moved to storage', (id) => {
     const r = document.querySelector(`#convs .conv[data-id="${id}"]`);
     return r && Number(r.dataset.resident) === 0 && Number(r.dataset.storage) > 0;
-  }, {}, a1.conv);
+  }, a1.conv);
   const r2 = await row(a1.conv);
   check(r2.resident === 0 && r2.compressed === 0 && r2.storage > 0 && r2.widths[0] === 0 && r2.widths[2] > 0,
     `trim 80: the bar moved to storage (${r2.storage} bytes on storage, widths ${r2.widths.map((w) => w.toFixed(0)).join('/')})`);
@@ -158,10 +166,10 @@ try {
   await page.waitForSelector(`#turns tr.return[data-cached]`);
   const tr = await page.$eval('#turns tr.return', (e) => ({ cached: Number(e.dataset.cached), ttft: Number(e.dataset.ttft), text: e.textContent }));
   check(tr.cached === a2.cached && Math.abs(tr.ttft - a2.ttft) < 1e-6, `and in the returns table: ${tr.text}`);
-  await page.waitForFunction((id) => {
+  await waitFor('the conversation back in memory after the return', (id) => {
     const r = document.querySelector(`#convs .conv[data-id="${id}"]`);
     return r && Number(r.dataset.resident) > 0;
-  }, {}, a1.conv);
+  }, a1.conv);
   check(true, 'its bar is back in memory');
   stopOnProblem();
   if (shot) {
@@ -172,7 +180,7 @@ try {
 
   // 5. Forget.
   await page.click(`#convs .conv[data-id="${a1.conv}"] .forget`);
-  await page.waitForFunction((id) => !document.querySelector(`#convs .conv[data-id="${id}"]`), {}, a1.conv);
+  await waitFor('forget: the row gone', (id) => !document.querySelector(`#convs .conv[data-id="${id}"]`), a1.conv);
   const opts = await page.$$eval('#conv option', (os) => os.map((o) => o.value));
   check(!opts.includes(a1.conv) && await page.$eval('#conv', (e) => e.value) === '', 'forget: the conversation is gone from the pool and the chat');
   const pool = await page.evaluate(async (key) => (await fetch('/v1/mzcache/pool', { headers: { Authorization: `Bearer ${key}` } })).json(), apiKey);
