@@ -152,6 +152,8 @@ try {
   const r2 = await row(a1.conv);
   check(r2.resident === 0 && r2.compressed === 0 && r2.storage > 0 && r2.widths[0] === 0 && r2.widths[2] > 0,
     `trim 80: the bar moved to storage (${r2.storage} bytes on storage, widths ${r2.widths.map((w) => w.toFixed(0)).join('/')})`);
+  const wts = await page.$eval('#weights', (e) => ({ resident: Number(e.dataset.resident), storage: Number(e.dataset.storage) }));
+  check(wts.resident < wts.storage, `and the weights' bar: ${wts.resident} bytes resident, ${wts.storage} left in the model file`);
   await page.waitForSelector('#events li[data-kind="trim"]');
   const ev = await page.$eval('#events li[data-kind="trim"]', (e) => ({ bytes: Number(e.dataset.bytes), text: e.textContent }));
   check(ev.bytes > 0, `the trim is listed among the events: ${ev.text}`);
