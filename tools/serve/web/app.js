@@ -107,6 +107,15 @@ function render(p) {
   $('t-weights').textContent = `${fmtBytes(pool.weights_resident)} of ${fmtBytes(pool.weights_total)}`;
   $('t-storage').textContent = fmtBytes(pool.kv_storage);
   $('t-stored').textContent = fmtBytes(pool.stored_bytes);
+  // The weights: resident, and the rest left in the model file (read back when needed).
+  const w = $('weights');
+  const wt = pool.weights_total || 0, wr = pool.weights_resident || 0;
+  w.dataset.resident = wr;
+  w.dataset.storage = Math.max(0, wt - wr);
+  const [wres, wsto] = w.querySelectorAll('.seg');
+  wres.style.width = `${wt ? (100 * wr) / wt : 0}%`;
+  wsto.style.width = `${wt ? (100 * (wt - wr)) / wt : 0}%`;
+  w.querySelector('.figures').textContent = `${fmtBytes(wr)} in memory · ${fmtBytes(Math.max(0, wt - wr))} left in the model file`;
   renderConversations(p.conversations || []);
   renderTurns(p.turns || []);
   renderEvents(p.events || []);
