@@ -27,15 +27,19 @@ fail() { echo "check_serve_page: FAILED: $*" >&2; [ -f "$W/server.log" ] && tail
 
 CHROMIUM=$(command -v chromium || true)
 if [ -z "$CHROMIUM" ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  if [ "$(id -u)" != 0 ]; then
+    why="not root: cannot apt-get install it"
+  elif ! command -v apt-get >/dev/null; then
+    why="no apt-get on this system"
+  else
     echo "check_serve_page: installing Debian's chromium (apt-get install -y chromium)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y chromium >"$W/apt.log" 2>&1 ||
       { apt-get update >>"$W/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium >>"$W/apt.log" 2>&1; } || true
     CHROMIUM=$(command -v chromium || true)
+    why="apt-get install chromium failed: see $W/apt.log"
   fi
   if [ -z "$CHROMIUM" ]; then
-    echo "check_serve_page: SKIPPED: chromium is not installed and could not be installed" \
-      "($( [ "$(id -u)" = 0 ] && echo "apt-get failed: see $W/apt.log" || echo "not root" ))"
+    echo "check_serve_page: SKIPPED: chromium is not installed and could not be installed ($why)"
     exit 77
   fi
 fi

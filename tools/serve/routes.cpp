@@ -18,7 +18,7 @@ void Server::Routes() {
   };
   // The web page (tools/serve/web_page.h): no key (it holds no data; it asks for the key).
   for (const serve::WebAsset& a : serve::WebAssets())
-    http_.Get(a.path, [&a](const httplib::Request&, httplib::Response& res) {
+    http_.Get(a.route, [&a](const httplib::Request&, httplib::Response& res) {
       for (const auto& [k, v] : serve::WebHeaders()) res.set_header(k, v);
       res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.content_type);
     });

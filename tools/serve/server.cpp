@@ -436,8 +436,9 @@ void Server::PressureAction(const mz_pressure_action* a, void* self) {
   const std::string source = a->source ? a->source : "";
   if (a->status != MZ_OK) {
     s->activity_.AddEvent("error", 0, source + ": " + (a->error ? a->error : ""));
-  } else if (a->restored) {
-    if (a->restored_bytes > 0) s->activity_.AddEvent("restore", a->restored_bytes, source);
+  } else if (a->restored || source == "restore-ahead") {
+    // A restore-ahead slice; one still waiting for free memory is not an event.
+    if (a->restored && a->restored_bytes > 0) s->activity_.AddEvent("restore", a->restored_bytes, source);
   } else {
     std::string detail = source + ": " + (a->level_name ? a->level_name : "");
     if (a->note && *a->note) detail += std::string(" (") + a->note + ")";

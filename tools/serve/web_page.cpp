@@ -7,10 +7,10 @@ namespace mz::serve {
 
 const std::vector<WebAsset>& WebAssets() {
   static const std::vector<WebAsset> assets = {
-      {"/", "text/html; charset=utf-8", web::index_html, web::index_html_size},
-      {"/app.js", "text/javascript; charset=utf-8", web::app_js, web::app_js_size},
-      {"/style.css", "text/css; charset=utf-8", web::style_css, web::style_css_size},
-      {"/favicon.svg", "image/svg+xml", web::favicon_svg, web::favicon_svg_size},
+      {"/", "/", "text/html; charset=utf-8", web::index_html, web::index_html_size},
+      {"/app.js", R"(/app\.js)", "text/javascript; charset=utf-8", web::app_js, web::app_js_size},
+      {"/style.css", R"(/style\.css)", "text/css; charset=utf-8", web::style_css, web::style_css_size},
+      {"/favicon.svg", R"(/favicon\.svg)", "image/svg+xml", web::favicon_svg, web::favicon_svg_size},
   };
   return assets;
 }

@@ -12,6 +12,7 @@ namespace mz::serve {
 
 struct WebAsset {
   const char* path;          // the request path: "/", "/app.js", ...
+  const char* route;         // path as a regular expression, as httplib routes: /app\.js
   const char* content_type;  // with charset for text
   const unsigned char* data;
   size_t size;
