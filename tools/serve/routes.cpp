@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tools/serve/server.h"
+#include "tools/serve/web_page.h"
 
 namespace mz::cli::serve_app {
 
@@ -15,6 +16,12 @@ void Server::Routes() {
   const auto json_body = [](httplib::Response& res, const json& j) {
     res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   };
+  // The web page (tools/serve/web_page.h): no key (it holds no data; it asks for the key).
+  for (const serve::WebAsset& a : serve::WebAssets())
+    http_.Get(a.route, [&a](const httplib::Request&, httplib::Response& res) {
+      for (const auto& [k, v] : serve::WebHeaders()) res.set_header(k, v);
+      res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.content_type);
+    });
   http_.Get("/health", [json_body](const httplib::Request&, httplib::Response& res) { json_body(res, {{"status", "ok"}}); });
   http_.Get("/v1/models", [this, json_body](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
@@ -44,8 +51,12 @@ void Server::Routes() {
     }
     uint64_t freed = 0;
     const uint64_t v = j[key].get<uint64_t>();
+    activity_.BeginAction();
     int st = trim ? (v > 1000 ? MZ_ERR_INVALID_ARG : mz_pool_on_trim_memory(pool_, int32_t(v), &freed))
                   : mz_pool_evict(pool_, v, &freed);
+    activity_.AddEvent(st != MZ_OK ? "error" : trim ? "trim" : "evict", freed,
+                       (trim ? "level " : "asked ") + std::to_string(v) + (st != MZ_OK ? std::string(": ") + mz_last_error() : ""),
+                       /*ends_action=*/true);
     if (st != MZ_OK) {
       e.http = st == MZ_ERR_INVALID_ARG ? 400 : 500;
       e.message = mz_last_error();

@@ -17,6 +17,7 @@
 
 #include "tools/cli/c_api_text.h"
 #include "tools/common.h"
+#include "tools/serve/proc_rss.h"
 
 namespace mz::cli::serve_app {
 
@@ -305,6 +306,19 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     info->bytes_from_storage = t.restore.bytes_from_storage;
     info->units_restored = t.restore.units_restored;
   };
+  auto record = [this](const serve::Usage& u, const serve::TurnInfo& info) {
+    serve::TurnRecord rec;
+    rec.conversation = info.conversation;
+    rec.new_conversation = info.new_conversation;
+    rec.prompt_tokens = u.prompt_tokens;
+    rec.cached_tokens = u.cached_tokens;
+    rec.completion_tokens = u.completion_tokens;
+    rec.ttft_s = info.ttft_s;
+    rec.reload_s = info.reload_s;
+    rec.bytes_from_storage = info.bytes_from_storage;
+    rec.units_restored = info.units_restored;
+    activity_.AddTurn(std::move(rec));
+  };
   if (!r.stream) {
     serve::TurnResult t = Turn(*job, [](const std::string&, const std::vector<serve::TokenLogprob>&) { return true; });
     FinishJob(*job, false, t.history);
@@ -319,6 +333,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     serve::Usage u;
     serve::TurnInfo info;
     usage(*job, t, &u, &info);
+    record(u, info);
     res.set_header("X-Mz-Conversation", job->claim.id);
     res.set_content(serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info, t.logprobs)
                         .dump(-1, ' ', false, json::error_handler_t::replace),
@@ -327,7 +342,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Mz-Conversation", job->claim.id);
-  res.set_chunked_content_provider("text/event-stream", [this, job, id, created, usage](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [this, job, id, created, usage, record](size_t, httplib::DataSink& sink) {
     const ChatRequest& r = job->req;
     auto send = [&](const json& j) {
       const std::string ev = serve::SseEvent(j);
@@ -365,12 +380,11 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
                                                   t.logprobs.end());
       const size_t at = advance(rest);
       send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest, at));
-      if (r.include_usage) {
-        serve::Usage u;
-        serve::TurnInfo info;
-        usage(*job, t, &u, &info);
-        send(serve::UsageChunkBody(r, id, model_id_, created, u, info));
-      }
+      serve::Usage u;
+      serve::TurnInfo info;
+      usage(*job, t, &u, &info);
+      record(u, info);
+      if (r.include_usage) send(serve::UsageChunkBody(r, id, model_id_, created, u, info));
     }
     if (t.finish_reason != "cancelled") {
       static const std::string done = "data: [DONE]\n\n";
@@ -393,6 +407,7 @@ json Server::PoolJson() {
                  {"conversations_lost", p.conversations_lost}, {"persists", p.persists},
                  {"persist_failures", p.persist_failures}, {"prefix_chunks_reused", p.prefix_chunks_reused},
                  {"evictions", p.evictions}, {"bytes_evicted", p.bytes_evicted}};
+    activity_.NoteEvicted(p.bytes_evicted);
   }
   std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
   const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
@@ -410,7 +425,25 @@ json Server::PoolJson() {
   for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i) dmg.push_back(buf);
   j["damaged_files"] = dmg;
   j["server"] = {{"requests", requests_.load()}, {"failures", failures_.load()}, {"recovered", recovered_.load()}};
+  j["rss"] = serve::ProcessRssBytes();  // the whole process (0: unknown)
+  j["events"] = activity_.EventsJson();
+  j["turns"] = activity_.TurnsJson();
   return j;
+}
+
+void Server::PressureAction(const mz_pressure_action* a, void* self) {
+  auto* s = static_cast<Server*>(self);
+  const std::string source = a->source ? a->source : "";
+  if (a->status != MZ_OK) {
+    s->activity_.AddEvent("error", 0, source + ": " + (a->error ? a->error : ""));
+  } else if (a->restored || source == "restore-ahead") {
+    // A restore-ahead slice; one still waiting for free memory is not an event.
+    if (a->restored && a->restored_bytes > 0) s->activity_.AddEvent("restore", a->restored_bytes, source);
+  } else {
+    std::string detail = source + ": " + (a->level_name ? a->level_name : "");
+    if (a->note && *a->note) detail += std::string(" (") + a->note + ")";
+    s->activity_.AddEvent("pressure", a->freed, detail);
+  }
 }
 
 int Server::Start() {
@@ -472,6 +505,8 @@ int Server::Start() {
     pr.source = a_.pressure_source.c_str();
     pr.cgroup_dir = a_.pressure_cgroup.empty() ? nullptr : a_.pressure_cgroup.c_str();
     pr.restore_in_background = a_.restore_ahead;
+    pr.on_action = &Server::PressureAction;
+    pr.user = this;
     if (mz_pool_pressure_watch_start(pool_, &pr) != MZ_OK)
       std::fprintf(stderr, "[serve] warning: no memory-pressure watch (%s): memory is given back only by the budget and /v1/mzcache/trim\n",
                    mz_last_error());

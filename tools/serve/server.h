@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/serve/activity_log.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
 #include "tools/serve/turn.h"
@@ -104,6 +105,8 @@ class Server {
   std::string TurnMarkPath(const std::string& id) const { return a_.dir + "/serve/" + id + ".turn"; }
   void WriteTurnMark(const std::string& id, int prompt_end);
   nlohmann::json PoolJson();
+  // The pressure watcher's on_action (mz_pressure_params): records the action in activity_.
+  static void PressureAction(const mz_pressure_action* a, void* self);
 
   ServeArgs a_;
   mz_model* model_ = nullptr;
@@ -116,6 +119,7 @@ class Server {
   httplib::Server http_;
   int listen_fd_ = -1;  // the listening socket (httplib owns and closes it); -1 before Start()
   std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};
+  serve::ActivityLog activity_;  // recent memory events and turns, for the pool report (the web page)
 };
 
 // Runs the server until SIGINT/SIGTERM: the exit code.
