@@ -38,7 +38,7 @@
 namespace mz::serve {
 
 struct ChatMessage {
-  std::string role;     // "system", "user" or "assistant"
+  std::string role;     // "system", "user", "assistant" or "tool" (tool calling: see ChatRequest::jinja)
   std::string content;
 };
 
