@@ -3,7 +3,10 @@
 // (tools/serve/text_stream.h). Contract checked: any bytes are either refused with a 400 and a
 // message, or give a request within the documented bounds; the error and response bodies are
 // valid JSON; the stream releases only valid UTF-8 that never contains a stop string, and
-// releases everything it was given up to the first stop string.
+// releases everything it was given up to the first stop string. Tool calling: an accepted request's
+// messages_json / tools_json are JSON arrays when it takes the Jinja path, tool_choice one of its
+// values; the tool-call reader (tools/serve/tool_calls.h) fed the text in pieces gives the same
+// content and calls as fed whole, and text without a call comes back whole as content.
 #include <cstdint>
 #include <string>
 
@@ -12,6 +15,7 @@
 #include "fuzz_util.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/text_stream.h"
+#include "tools/serve/tool_calls.h"
 
 namespace {
 using mz::fuzz::Fail;
@@ -35,6 +39,35 @@ void CheckStream(const std::string& input, const std::vector<std::string>& stops
     if (out.find(s) != std::string::npos) Fail("a stop string was released");
   if (!stopped && out != mz::serve::SanitizeUtf8(input)) Fail("text without a stop string was not released whole");
 }
+
+void CheckToolCalls(const std::string& input) {
+  for (auto syn : {mz::serve::ToolSyntax::kHermes, mz::serve::ToolSyntax::kLlama3}) {
+    auto run = [&](bool pieces, std::string* content, std::vector<mz::serve::ToolCall>* calls) {
+      mz::serve::ToolCallStream s(syn, [] { return std::string("id"); });
+      std::vector<mz::serve::ToolEvent> ev;
+      for (size_t i = 0; i < input.size();) {
+        const size_t n = pieces ? std::min<size_t>(1 + (uint8_t(input[i]) % 5), input.size() - i) : input.size();
+        s.Push(input.substr(i, n), &ev);
+        i += n;
+      }
+      s.Finish(&ev);
+      for (auto& e : ev) {
+        if (e.is_call) {
+          if (nlohmann::json::parse(e.call.arguments, nullptr, false).is_discarded()) Fail("call arguments not JSON");
+          calls->push_back(e.call);
+        } else {
+          *content += e.content;
+        }
+      }
+    };
+    std::string c1, c2;
+    std::vector<mz::serve::ToolCall> k1, k2;
+    run(false, &c1, &k1);
+    run(true, &c2, &k2);
+    if (c1 != c2 || k1.size() != k2.size()) Fail("the tool-call reader depends on how the text is split");
+    if (k1.empty() && c1 != input) Fail("text without a call was not returned whole");
+  }
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) { return 0; }
@@ -55,7 +88,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Fail("an accepted request out of bounds");
     if (!r.conversation.empty() && !mz::serve::ValidConversationId(r.conversation)) Fail("a bad conversation id accepted");
     for (const auto& m : r.messages)
-      if (m.role != "system" && m.role != "user" && m.role != "assistant") Fail("a bad role accepted: " + m.role);
+      if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "tool")
+        Fail("a bad role accepted: " + m.role);
+    if (r.jinja) {
+      const auto mj = nlohmann::json::parse(r.messages_json, nullptr, false);
+      if (!mj.is_array() || mj.size() != r.messages.size()) Fail("messages_json is not the messages");
+      if (!r.tools_json.empty() && !nlohmann::json::parse(r.tools_json, nullptr, false).is_array()) Fail("tools_json not an array");
+    }
+    if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required" && r.tool_choice != "function")
+      Fail("a bad tool_choice accepted");
+    if (r.parse_tool_calls && r.tools_json.empty()) Fail("tool calls read without tools");
     mz::serve::Usage u;
     mz::serve::TurnInfo info;
     const std::string text = chat && !r.messages.empty() ? r.messages.back().content : r.prompt;
@@ -63,6 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                    .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     if (nlohmann::json::parse(dumped, nullptr, false).is_discarded()) Fail("a response body that is not JSON");
     CheckStream(text, r.stop);
+    if (chat) CheckToolCalls(text);
   }
   return 0;
 }

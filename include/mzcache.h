@@ -110,6 +110,25 @@ struct mz_chat_message {
  * a template this build cannot apply). Since 0.7. */
 int32_t mz_chat_apply_template(const mz_model* model, const struct mz_chat_message* msgs, size_t n,
                                bool add_assistant, char* buf, int32_t cap);
+/* Renders OpenAI chat messages, and optionally tools, through a Jinja chat template with llama.cpp's
+ * Jinja engine, as llama-server --jinja does: the path for tool calling (Qwen3's and Llama 3.x's
+ * templates describe tools and tool calls). chat_template: the Jinja source to use, or NULL for the
+ * model's own (its GGUF tokenizer.chat_template; as llama-server's --chat-template-file).
+ * messages_json: a JSON array of messages {role, content (string, text parts or null), tool_calls
+ * [{id, type:"function", function:{name, arguments}}] (assistant), tool_call_id (role "tool"), name};
+ * tools_json: a JSON array of {type:"function", function:{name, description, parameters}}, or NULL
+ * or "[]" for none (the template's `tools` is then undefined). add_generation_prompt opens the
+ * assistant's reply. The template's clock (strftime_now, date_string) is the current local time.
+ * A leading BOS text is removed when tokenizing adds BOS (as llama.cpp does).
+ * Writes the text NUL-terminated into out, truncated to cap-1 bytes, and returns its full length
+ * (call again with a larger buffer if it is >= cap; out may be NULL with cap 0), or a negative
+ * status: MZ_ERR_INVALID_ARG (NULL model or messages_json, cap < 0, JSON that is not the shapes
+ * above, or a template that fails to parse or raises while rendering (raise_exception); mz_last_error
+ * has the text), MZ_ERR_UNSUPPORTED (no template: chat_template
+ * NULL or empty and the model has none).
+ * Thread-safe. Since 0.14. */
+int32_t mz_chat_render(const mz_model* model, const char* chat_template, const char* messages_json,
+                       const char* tools_json, bool add_generation_prompt, char* out, int32_t cap);
 
 /* ---- context: one conversation (KV cache in chunks) ---- */
 struct mz_context_params {

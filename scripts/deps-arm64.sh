@@ -86,7 +86,10 @@ KEY=$(printf '%s %s %s %s' "$COMMIT" "$BUILD_FLAGS" "$TOOLCHAIN_KEY" "$CXX_VERSI
 CACHE=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}
 ROOT=$CACHE/deps/node-llama-cpp-$VERSION-aarch64-$KEY
 PREFIX=$ROOT/install
+# SOURCE: the llama.cpp source this prefix was built from, where CMakeLists.txt finds the Jinja
+# engine it compiles (common/jinja); written on a cached prefix too (it is not part of the key).
 if [ -f "$PREFIX/.complete" ]; then
+  [ -f "$PREFIX/SOURCE" ] || echo "$SRC" > "$PREFIX/SOURCE"
   echo "$PREFIX"
   exit 0
 fi
@@ -106,6 +109,7 @@ for lib in libllama.so libggml.so libggml-base.so libggml-cpu.so; do
   file -L "$PREFIX/lib/$lib" | grep -q 'ARM aarch64' || { log "$PREFIX/lib/$lib is not an AArch64 library"; exit 1; }
 done
 printf 'commit %s\nflags %s\ncompiler aarch64-linux-gnu-g++ %s\n' "$COMMIT" "$BUILD_FLAGS" "$CXX_VERSION" > "$PREFIX/BUILD-INFO"
+echo "$SRC" > "$PREFIX/SOURCE"
 touch "$PREFIX/.complete"
 log "done: $PREFIX"
 echo "$PREFIX"

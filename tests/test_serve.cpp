@@ -52,7 +52,7 @@ TEST(ServeApi, RefusesWhatItCannotHonour) {
   Parse(R"({"messages":[]})", false, "messages");
   Parse(R"({"model":"x"})", false, "messages");
   Parse(R"({"messages":"hi"})", false, "messages");
-  Parse(R"({"messages":[{"role":"tool","content":"x"}]})", false, "messages[0].role");
+  Parse(R"({"messages":[{"role":"tool","content":"x"}]})", false, "messages[0].tool_call_id");  // tools: test_tool_calls
   Parse(R"({"messages":[{"role":"user"}]})", false, "messages[0].content");
   Parse(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})", false,
         "messages[0].content[0]");
@@ -70,7 +70,7 @@ TEST(ServeApi, RefusesWhatItCannotHonour) {
   EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}]})").top_logprobs, -1);
   EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true})").top_logprobs, 0);
   EXPECT_EQ(Parse(R"({"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":20})").top_logprobs, 20);
-  Parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", false, "tools");
+  Parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", false, "tools[0].function");
   Parse(R"({"messages":[{"role":"user","content":"x"}],"stream":"yes"})", false, "stream");
   // A conversation id can never name a file.
   Parse(R"({"messages":[{"role":"user","content":"x"}],"conversation":"../etc/passwd"})", false, "conversation");

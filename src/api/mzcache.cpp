@@ -19,6 +19,7 @@
 #include "policy/profiler.h"
 #include "pressure/manual_source.h"
 #include "pressure/monitor.h"
+#include "runtime/chat_render.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -125,6 +126,33 @@ int32_t mz_chat_apply_template(const mz_model* model, const mz_chat_message* msg
     const size_t k = std::min(text.size(), size_t(cap - 1));
     std::memcpy(buf, text.data(), k);
     buf[k] = 0;
+  }
+  return int32_t(text.size());
+}
+
+int32_t mz_chat_render(const mz_model* model, const char* chat_template, const char* messages_json,
+                       const char* tools_json, bool add_generation_prompt, char* out, int32_t cap) {
+  std::string text;
+  int rc = Guard(__func__, [&]() -> mz::Status {
+    if (!model || !messages_json || cap < 0 || (cap > 0 && !out)) return mz::Status::InvalidArgument("null argument");
+    mz::ChatRenderInput in;
+    in.tmpl = chat_template && *chat_template ? std::string(chat_template) : model->tok->ChatTemplateSource();
+    in.bos_token = model->tok->BosText();
+    in.eos_token = model->tok->EosText();
+    in.add_bos = model->tok->AddsBos();
+    in.add_eos = model->tok->AddsEos();
+    in.messages_json = messages_json;
+    if (tools_json) in.tools_json = tools_json;
+    in.add_generation_prompt = add_generation_prompt;
+    MZ_RETURN_IF_ERROR(mz::RenderChatTemplate(in, &text));
+    if (text.size() > size_t(INT32_MAX - 1)) return mz::Status::InvalidArgument("chat text too long");
+    return mz::Status::Ok();
+  });
+  if (rc != MZ_OK) return rc;
+  if (cap > 0) {
+    const size_t k = std::min(text.size(), size_t(cap - 1));
+    std::memcpy(out, text.data(), k);
+    out[k] = 0;
   }
   return int32_t(text.size());
 }

@@ -78,6 +78,21 @@ std::string Tokenizer::PieceImpl(int32_t token) const {
 bool Tokenizer::IsEog(int32_t token) const { return llama_vocab_is_eog(vocab_, token); }
 int32_t Tokenizer::n_vocab() const { return llama_vocab_n_tokens(vocab_); }
 
+std::string Tokenizer::ChatTemplateSource() const {
+  const char* t = llama_model_chat_template(model_, nullptr);
+  return t ? std::string(t) : std::string();
+}
+std::string Tokenizer::BosText() const {
+  const int32_t t = llama_vocab_bos(vocab_);
+  return t < 0 ? std::string() : Piece(t);
+}
+std::string Tokenizer::EosText() const {
+  const int32_t t = llama_vocab_eos(vocab_);
+  return t < 0 ? std::string() : Piece(t);
+}
+bool Tokenizer::AddsBos() const { return llama_vocab_get_add_bos(vocab_); }
+bool Tokenizer::AddsEos() const { return llama_vocab_get_add_eos(vocab_); }
+
 Status Tokenizer::ApplyChat(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
                             std::string* out) const {
   try {  // as Tokenize: an exception from libllama is a Status, not a terminated process

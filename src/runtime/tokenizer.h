@@ -27,6 +27,14 @@ class Tokenizer {
   // Applies the model's chat template to (role, content) messages; add_assistant opens the reply.
   Status ApplyChat(const std::vector<std::pair<std::string, std::string>>& msgs, bool add_assistant,
                    std::string* out) const;
+  // For the Jinja path (runtime/chat_render.h): the GGUF tokenizer.chat_template ("" if the file has
+  // none), the BOS/EOS tokens' text ("" if the vocabulary has none) and whether Tokenize with
+  // add_special adds them.
+  std::string ChatTemplateSource() const;
+  std::string BosText() const;
+  std::string EosText() const;
+  bool AddsBos() const;
+  bool AddsEos() const;
 
  private:
   // The calls into libllama, which may throw: the public methods above catch.

@@ -75,6 +75,12 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   c->add_option("--pressure-source", a->pressure_source, "auto (default), psi, cgroup-v1, watermark");
   c->add_option("--pressure-cgroup", a->pressure_cgroup, "memory cgroup folder to watch (default: system-wide)");
   c->add_option("--port-file", a->port_file, "write the port listened on to this file once listening (for scripts)");
+  c->add_option("--chat-template-file", a->chat_template_file,
+                "Jinja chat template for requests with tools (default: the GGUF's tokenizer.chat_template)");
+  // TEST HOOK, hidden from --help (group ""): tools/serve/scripted_replies.h.
+  c->add_option("--test-scripted-replies", a->test_scripted_replies,
+                "TEST HOOK: each turn's reply is the next string of this JSON array (loopback only)")
+      ->group("");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
     return RunServe(*a);

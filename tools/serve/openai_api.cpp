@@ -2,6 +2,8 @@
 
 #include "tools/serve/text_stream.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -71,6 +73,116 @@ bool Content(const json& c, const std::string& param, std::string* out, ApiError
   return true;
 }
 
+// An assistant message's tool_calls (*calls: it has at least one); other roles may not have them.
+bool ToolCallsField(const json& m, const std::string& role, const std::string& p, bool* calls, ApiError* err) {
+  auto it = m.find("tool_calls");
+  if (it == m.end() || it->is_null()) return true;
+  const std::string f = p + ".tool_calls";
+  if (role != "assistant") return Fail(err, "only an assistant message may have 'tool_calls'", f);
+  if (!it->is_array()) return Fail(err, "'tool_calls' must be an array", f);
+  for (size_t k = 0; k < it->size(); ++k) {
+    const json& tc = (*it)[k];
+    const std::string q = f + "[" + std::to_string(k) + "]";
+    if (!tc.is_object()) return Fail(err, "a tool call must be an object", q);
+    auto id = tc.find("id");
+    if (id != tc.end() && !id->is_null() && !id->is_string()) return Fail(err, "a tool call's 'id' must be a string", q + ".id");
+    auto type = tc.find("type");
+    if (type != tc.end() && !type->is_null() && *type != "function")
+      return Fail(err, "a tool call's 'type' must be \"function\"", q + ".type");
+    auto fn = tc.find("function");
+    if (fn == tc.end() || !fn->is_object()) return Fail(err, "a tool call needs a 'function' object", q + ".function");
+    auto name = fn->find("name");
+    if (name == fn->end() || !name->is_string() || name->get<std::string>().empty())
+      return Fail(err, "a tool call's function needs a non-empty string 'name'", q + ".function.name");
+    auto args = fn->find("arguments");
+    if (args != fn->end() && !args->is_null() && !args->is_string() && !args->is_object())
+      return Fail(err, "a tool call's 'arguments' must be a string (JSON) or an object", q + ".function.arguments");
+  }
+  *calls = !it->empty();
+  return true;
+}
+
+bool ValidToolName(const std::string& n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (unsigned char c : n)
+    if (!(std::isalnum(c) || c == '_' || c == '-' || c == '.')) return false;
+  return true;
+}
+
+// tools, tool_choice, parallel_tool_calls; and whether the request takes the Jinja path.
+bool Tools(const std::string& body, const json& j, ChatRequest* out, ApiError* err) {
+  std::vector<std::string> names;
+  auto t = j.find("tools");
+  const bool has_tools = t != j.end() && !t->is_null() && !(t->is_array() && t->empty());
+  if (t != j.end() && !t->is_null()) {
+    if (!t->is_array()) return Fail(err, "'tools' must be an array", "tools");
+    if (t->size() > 128) return Fail(err, "at most 128 tools", "tools");
+    for (size_t i = 0; i < t->size(); ++i) {
+      const json& tool = (*t)[i];
+      const std::string p = "tools[" + std::to_string(i) + "]";
+      if (!tool.is_object()) return Fail(err, "a tool must be an object", p);
+      if (!tool.contains("type") || tool["type"] != "function")
+        return Fail(err, "a tool's 'type' must be \"function\"", p + ".type");
+      auto fn = tool.find("function");
+      if (fn == tool.end() || !fn->is_object()) return Fail(err, "a tool needs a 'function' object", p + ".function");
+      auto name = fn->find("name");
+      if (name == fn->end() || !name->is_string() || !ValidToolName(name->get<std::string>()))
+        return Fail(err, "a function's 'name' must be 1-64 of [A-Za-z0-9_.-]", p + ".function.name");
+      if (std::find(names.begin(), names.end(), name->get<std::string>()) != names.end())
+        return Fail(err, "two tools are named '" + name->get<std::string>() + "'", p + ".function.name");
+      names.push_back(name->get<std::string>());
+      auto d = fn->find("description");
+      if (d != fn->end() && !d->is_null() && !d->is_string())
+        return Fail(err, "a function's 'description' must be a string", p + ".function.description");
+      auto ps = fn->find("parameters");
+      if (ps != fn->end() && !ps->is_null() && !ps->is_object())
+        return Fail(err, "a function's 'parameters' must be a JSON Schema object", p + ".function.parameters");
+    }
+  }
+  auto c = j.find("tool_choice");
+  if (c != j.end() && !c->is_null()) {
+    if (c->is_string()) {
+      const std::string v = c->get<std::string>();
+      if (v != "none" && v != "auto" && v != "required")
+        return Fail(err, "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\":\"function\",\"function\":{\"name\"}}", "tool_choice");
+      out->tool_choice = v;
+    } else if (c->is_object()) {
+      if (!c->contains("type") || (*c)["type"] != "function")
+        return Fail(err, "'tool_choice.type' must be \"function\"", "tool_choice.type");
+      auto fn = c->find("function");
+      if (fn == c->end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string())
+        return Fail(err, "'tool_choice.function.name' must be a string", "tool_choice.function.name");
+      out->tool_choice = "function";
+      out->tool_choice_name = (*fn)["name"].get<std::string>();
+      if (std::find(names.begin(), names.end(), out->tool_choice_name) == names.end())
+        return Fail(err, "'tool_choice' names '" + out->tool_choice_name + "', which is not in 'tools'",
+                    "tool_choice.function.name");
+    } else {
+      return Fail(err, "'tool_choice' must be a string or an object", "tool_choice");
+    }
+    if (!has_tools && out->tool_choice != "none" && out->tool_choice != "auto")
+      return Fail(err, "'tool_choice' \"" + out->tool_choice + "\" needs 'tools'", "tool_choice");
+  }
+  bool parallel = true;
+  if (!Bool(j, "parallel_tool_calls", &parallel, err)) return false;
+  bool tool_messages = false;
+  for (const json& m : j["messages"])
+    if ((m.contains("tool_calls") && !m["tool_calls"].is_null()) || m["role"] == "tool") tool_messages = true;
+  out->jinja = has_tools || tool_messages;
+  out->parse_tool_calls = has_tools && out->tool_choice != "none";
+  if (!out->jinja) return true;
+  // Key order as sent (a tool's schema renders in the client's order): the body once more.
+  const nlohmann::ordered_json o = nlohmann::ordered_json::parse(body, nullptr, false);
+  out->messages_json = o["messages"].dump(-1, ' ', false, json::error_handler_t::replace);
+  if (out->parse_tool_calls) {
+    nlohmann::ordered_json ts = nlohmann::ordered_json::array();
+    for (const auto& tool : o["tools"])
+      if (out->tool_choice != "function" || tool["function"]["name"] == out->tool_choice_name) ts.push_back(tool);
+    out->tools_json = ts.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  return true;
+}
+
 bool Messages(const json& j, const Limits& limits, std::vector<ChatMessage>* out, ApiError* err) {
   auto it = j.find("messages");
   if (it == j.end()) return Fail(err, "'messages' is required", "messages");
@@ -85,15 +197,23 @@ bool Messages(const json& j, const Limits& limits, std::vector<ChatMessage>* out
     if (r == m.end() || !r->is_string()) return Fail(err, "a message needs a string 'role'", p + ".role");
     std::string role = r->get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant")
-      return Fail(err, "role '" + role + "' is not supported (system, developer, user, assistant)", p + ".role");
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null())
-      return Fail(err, "tool calls are not supported", p + ".tool_calls");
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      return Fail(err, "role '" + role + "' is not supported (system, developer, user, assistant, tool)", p + ".role");
+    bool calls = false;
+    if (!ToolCallsField(m, role, p, &calls, err)) return false;
+    if (role == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || !id->is_string() || id->get<std::string>().empty())
+        return Fail(err, "a 'tool' message needs a non-empty string 'tool_call_id'", p + ".tool_call_id");
+    }
     auto c = m.find("content");
-    if (c == m.end() || c->is_null()) return Fail(err, "a message needs 'content'", p + ".content");
     ChatMessage msg;
     msg.role = role;
-    if (!Content(*c, p + ".content", &msg.content, err)) return false;
+    if (c == m.end() || c->is_null()) {
+      if (!calls) return Fail(err, "a message needs 'content'", p + ".content");
+    } else if (!Content(*c, p + ".content", &msg.content, err)) {
+      return false;
+    }
     out->push_back(std::move(msg));
   }
   return true;
@@ -255,8 +375,11 @@ bool ParseRequest(const std::string& body, bool chat, const Limits& limits, Chat
     if (v != 0) return Fail(err, std::string("'") + key + "' is not supported (only 0)", key);
   }
   if (!Logprobs(j, chat, out, err)) return false;
-  if (j.contains("tools") && !j["tools"].is_null() && !(j["tools"].is_array() && j["tools"].empty()))
-    return Fail(err, "tools are not supported", "tools");
+  if (chat) {
+    if (!Tools(body, j, out, err)) return false;
+  } else if (j.contains("tools") && !j["tools"].is_null() && !(j["tools"].is_array() && j["tools"].empty())) {
+    return Fail(err, "tools need /v1/chat/completions", "tools");
+  }
   if (!Stop(j, limits, &out->stop, err)) return false;
   auto c = j.find("conversation");
   if (c != j.end() && !c->is_null()) {

@@ -5,8 +5,15 @@
 // What is accepted (POST /v1/chat/completions; POST /v1/completions takes `prompt` instead of
 // `messages`):
 //   messages      1..limits.max_messages of {role, content}; role system|developer (as system)|user|
-//                 assistant; content a string, or an array of {type:"text", text} parts (joined);
-//                 anything else (images, audio, tool calls, role "tool") is a 400 naming the field
+//                 assistant|tool; content a string, or an array of {type:"text", text} parts (joined);
+//                 anything else (images, audio) is a 400 naming the field. Tool calling
+//                 (docs/server.md): an assistant message may carry tool_calls [{id, type:"function",
+//                 function:{name, arguments (a string of JSON, or an object)}}] (content then may be
+//                 null or absent); a "tool" message needs a non-empty string tool_call_id
+//   tools         an array of {type:"function", function:{name ([A-Za-z0-9_.-]{1,64}, unique),
+//                 description (string), parameters (object)}}
+//   tool_choice   "none" | "auto" | "required" | {type:"function", function:{name}} (a name of tools);
+//                 parallel_tool_calls a boolean (accepted, not enforced)
 //   model         a string (any: the server has one model and answers with its own id)
 //   stream, stream_options.include_usage
 //   max_tokens | max_completion_tokens   >= 1 (the server caps it at its --max-tokens and n_ctx)
@@ -31,7 +38,7 @@
 namespace mz::serve {
 
 struct ChatMessage {
-  std::string role;     // "system", "user" or "assistant"
+  std::string role;     // "system", "user", "assistant" or "tool" (tool calling: see ChatRequest::jinja)
   std::string content;
 };
 
@@ -54,6 +61,15 @@ struct ChatRequest {
   std::vector<std::string> stop;
   std::string conversation;           // extension; "" = found by the history it continues
   int top_logprobs = -1;              // -1: no logprobs; else the alternatives per token (0..20)
+  // Tool calling (tools/serve/tool_calls.h). jinja: the request has tools, tool calls or "tool"
+  // messages, so it is rendered by the model's own Jinja template (mz_chat_render) from
+  // messages_json (the messages as sent, key order kept) and tools_json ("" = no tools rendered:
+  // none given or tool_choice "none"; a named tool_choice renders that tool only).
+  bool jinja = false;
+  std::string messages_json, tools_json;
+  std::string tool_choice = "auto";   // "none", "auto", "required" or "function" (tool_choice_name)
+  std::string tool_choice_name;
+  bool parse_tool_calls = false;      // the reply is read for tool calls (tools given, tool_choice not "none")
 };
 
 // One sampled token's log-probability under the model (log-softmax of its logits row), and the

@@ -12,6 +12,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <random>
 #include <thread>
 
@@ -109,6 +111,28 @@ bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* 
   std::string text;
   if (!r.chat) {
     text = r.prompt;
+  } else if (r.jinja) {
+    // Tool calling goes through the model's own Jinja template (mz_chat_render), which carries the
+    // tool syntax; plain chats keep mz_chat_apply_template (llama.cpp's built-in template
+    // heuristics), the text every stored conversation of earlier versions was computed from, so
+    // their prefixes keep matching. The two agree for plain chats of Qwen3 and Llama 3.2
+    // (tests/test_chat_render.cpp), except Llama 3.x's Jinja system header ("Cutting Knowledge
+    // Date ... Today Date ..."), which changes with the date and would break the prefix match of
+    // every returning conversation each day.
+    const char* tmpl = chat_template_.empty() ? nullptr : chat_template_.c_str();
+    const char* tools = r.tools_json.empty() ? nullptr : r.tools_json.c_str();
+    int32_t n = mz_chat_render(model_, tmpl, r.messages_json.c_str(), tools, true, nullptr, 0);
+    if (n >= 0) {
+      text.resize(size_t(n) + 1);
+      n = mz_chat_render(model_, tmpl, r.messages_json.c_str(), tools, true, text.data(), int32_t(text.size()));
+      text.resize(n >= 0 ? size_t(n) : 0);
+    }
+    if (n < 0) {
+      err->http = 400;
+      err->param = "messages";
+      err->message = std::string("the model's chat template cannot render this request: ") + mz_last_error();
+      return false;
+    }
   } else if (ApplyChatTemplate(model_, r.messages, true, &text) != MZ_OK) {
     err->http = 400;
     err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
@@ -224,6 +248,8 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
   tp.n_ctx = a_.n_ctx;
   tp.stop = job.req.stop;
   tp.top_logprobs = job.req.top_logprobs;
+  const std::optional<std::string> script = scripted_.Next();  // TEST HOOK (none unless configured)
+  if (script) tp.scripted = &*script;
   bool emitted = false;
   auto counting = [&](const std::string& s, const std::vector<serve::TokenLogprob>& lps) {
     emitted = true;
@@ -335,9 +361,20 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     usage(*job, t, &u, &info);
     record(u, info);
     res.set_header("X-Mz-Conversation", job->claim.id);
-    res.set_content(serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info, t.logprobs)
-                        .dump(-1, ' ', false, json::error_handler_t::replace),
-                    "application/json");
+    json body = serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info, t.logprobs);
+    if (r.parse_tool_calls) {  // the reply read for tool calls (tools/serve/tool_calls.h)
+      serve::ToolCallStream tcs(tool_syntax_, [] { return RandomId("call_"); });
+      std::vector<serve::ToolEvent> ev;
+      tcs.Push(t.text, &ev);
+      tcs.Finish(&ev);
+      if (!tcs.calls().empty()) {
+        json& choice = body["choices"][0];
+        choice["message"]["content"] = tcs.content().empty() ? json(nullptr) : json(tcs.content());
+        choice["message"]["tool_calls"] = serve::ToolCallsJson(tcs.calls());
+        if (t.finish_reason == "stop") choice["finish_reason"] = "tool_calls";
+      }
+    }
+    res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     return;
   }
   res.set_header("Cache-Control", "no-cache");
@@ -357,9 +394,36 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
       for (const serve::TokenLogprob& l : lps) offset += l.piece.size();
       return at;
     };
+    // With tools, the text goes through the tool-call reader first: content streams as it comes,
+    // each call as one tool_calls delta once complete (tools/serve/tool_calls.h).
+    std::optional<serve::ToolCallStream> tcs;
+    if (r.parse_tool_calls) tcs.emplace(tool_syntax_, [] { return RandomId("call_"); });
+    auto send_events = [&](const std::vector<serve::ToolEvent>& ev, const std::vector<serve::TokenLogprob>& lps,
+                           size_t at) {
+      bool ok = true, lps_sent = false;
+      for (const serve::ToolEvent& e : ev) {
+        const std::vector<serve::TokenLogprob> none;
+        const std::vector<serve::TokenLogprob>* l = lps_sent ? &none : &lps;
+        lps_sent = true;
+        if (!e.is_call) {
+          ok = ok && send(serve::ChunkBody(r, id, model_id_, created, &e.content, nullptr, false, l, at));
+        } else {
+          json c = serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, false, l, at);
+          c["choices"][0]["delta"]["tool_calls"] = serve::ToolCallDeltaJson(e.index, e.call);
+          ok = ok && send(c);
+        }
+      }
+      if (!lps_sent && !lps.empty()) ok = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, false, &lps, at));
+      return ok;
+    };
     if (alive) {
       t = Turn(*job, [&](const std::string& text, const std::vector<serve::TokenLogprob>& lps) {
         const size_t at = advance(lps);
+        if (tcs) {
+          std::vector<serve::ToolEvent> ev;
+          tcs->Push(text, &ev);
+          return send_events(ev, lps, at);
+        }
         return send(serve::ChunkBody(r, id, model_id_, created, &text, nullptr, false, &lps, at));
       });
       FinishJob(*job, false, t.history);
@@ -379,6 +443,12 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
       const std::vector<serve::TokenLogprob> rest(t.logprobs.begin() + std::ptrdiff_t(t.logprobs_emitted),
                                                   t.logprobs.end());
       const size_t at = advance(rest);
+      if (tcs) {
+        std::vector<serve::ToolEvent> ev;
+        tcs->Finish(&ev);
+        send_events(ev, {}, at);
+        if (!tcs->calls().empty() && t.finish_reason == "stop") t.finish_reason = "tool_calls";
+      }
       send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest, at));
       serve::Usage u;
       serve::TurnInfo info;
@@ -462,7 +532,30 @@ int Server::Start() {
     std::fprintf(stderr, "error: cannot create %s/serve: %s\n", a_.dir.c_str(), ec.message().c_str());
     return 1;
   }
+  if (!a_.chat_template_file.empty()) {  // the Jinja template of tool calling (as llama-server's option)
+    std::ifstream f(a_.chat_template_file, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (!f || ss.str().empty()) {
+      std::fprintf(stderr, "error: --chat-template-file %s: cannot read it, or it is empty\n", a_.chat_template_file.c_str());
+      return 2;
+    }
+    chat_template_ = ss.str();
+  }
+  if (!a_.test_scripted_replies.empty()) {  // TEST HOOK: loopback only (tools/serve/scripted_replies.h)
+    if (!IsLoopback(a_.host)) {
+      std::fprintf(stderr, "error: --test-scripted-replies is a test hook: only on a loopback --host\n");
+      return 2;
+    }
+    std::string e;
+    if (!scripted_.Load(a_.test_scripted_replies, &e)) {
+      std::fprintf(stderr, "error: --test-scripted-replies: %s\n", e.c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "[serve] TEST HOOK: replies scripted from %s\n", a_.test_scripted_replies.c_str());
+  }
   if (int rc = mz_model_load(a_.model.c_str(), nullptr, &model_)) return CFail("loading " + a_.model, rc);
+  if (mz_model_info mi; mz_model_get_info(model_, &mi) == MZ_OK) tool_syntax_ = serve::ToolSyntaxFor(mi.arch);
   model_id_ = a_.alias.empty() ? std::filesystem::path(a_.model).stem().string() : a_.alias;
   mz_context_params cp = mz_context_default_params();
   cp.n_ctx = uint32_t(a_.n_ctx);

@@ -23,6 +23,8 @@
 #include "tools/serve/activity_log.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
+#include "tools/serve/scripted_replies.h"
+#include "tools/serve/tool_calls.h"
 #include "tools/serve/turn.h"
 
 namespace mz::cli::serve_app {
@@ -40,6 +42,8 @@ struct ServeArgs {
   double itl_factor = 2.0;
   std::string pressure_source = "auto", pressure_cgroup;
   std::string port_file;
+  std::string chat_template_file;      // Jinja template for tool calling (default: the GGUF's own)
+  std::string test_scripted_replies;  // TEST HOOK: tools/serve/scripted_replies.h (loopback only)
 };
 
 
@@ -120,6 +124,9 @@ class Server {
   int listen_fd_ = -1;  // the listening socket (httplib owns and closes it); -1 before Start()
   std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};
   serve::ActivityLog activity_;  // recent memory events and turns, for the pool report (the web page)
+  serve::ToolSyntax tool_syntax_ = serve::ToolSyntax::kHermes;  // how the model writes tool calls (by arch)
+  std::string chat_template_;                                    // --chat-template-file ("" = the model's)
+  serve::ScriptedReplies scripted_;                              // TEST HOOK, empty unless given
 };
 
 // Runs the server until SIGINT/SIGTERM: the exit code.

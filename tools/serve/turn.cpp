@@ -74,12 +74,24 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       st != MZ_OK)
     return Failed(r, st);
   r.history = prompt;
+  std::vector<mz_token> script;
+  if (params.scripted) {
+    if (int st = cli::TokenizeText(model, *params.scripted, false, true, &script); st != MZ_OK) {
+      mz_conversation_commit(conv);
+      return Failed(r, st);
+    }
+  }
+  size_t script_at = 0;
   TextStream text(params.stop);
   int n = int(prompt.size());
   bool stopped = false;
   r.finish_reason = "length";
   while (r.completion_tokens < params.max_tokens) {
-    const mz_token t = mz_conversation_sample(conv, sampler.get(), 0);
+    if (params.scripted && script_at == script.size()) {  // the scripted reply ends as on EOG
+      r.finish_reason = "stop";
+      break;
+    }
+    const mz_token t = params.scripted ? script[script_at++] : mz_conversation_sample(conv, sampler.get(), 0);
     if (t < 0) {
       mz_conversation_commit(conv);
       return Failed(r, t);

@@ -24,6 +24,10 @@ struct TurnParams {
   int n_ctx = 8192;       // the conversation's context size
   std::vector<std::string> stop;
   int top_logprobs = -1;  // >= 0: each sampled token's logprob and this many alternatives
+  // TEST HOOK (tools/serve/scripted_replies.h): when set, the reply's tokens are these (the text
+  // tokenized, special tokens parsed) instead of sampled ones, then the turn ends as on an
+  // end-of-generation token; they are streamed, stopped and decoded as sampled tokens are.
+  const std::string* scripted = nullptr;
 };
 
 struct TurnResult {

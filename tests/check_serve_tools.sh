@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Tool calling in `mzcache serve` end to end (docs/server.md "Tool calling"), on scripted model
+# output (the test models' weights are random): the server runs the real Qwen3 / Llama 3.2 chat
+# templates (--chat-template-file, from the pinned llama.cpp source) and the test hook
+# --test-scripted-replies, and is driven by curl and the official `openai` npm client
+# (tests/serve_tools.mjs). Loopback only; every wait is bounded. About 10 s.
+# Usage: check_serve_tools.sh MZCACHE_CLI QWEN3_MODEL.gguf LLAMA_MODEL.gguf LLAMA_CPP_SRC WORK_DIR
+# Checks:
+#   1. the test hook is refused on a non-loopback host;
+#   2. Qwen3 (Hermes <tool_call>): the openai client's tool flow, non-streamed and streamed (calls,
+#      ids, arguments, finish_reason tool_calls, the role "tool" message, the final answer), a
+#      malformed call returned as content, tool_choice "none", a 400 naming a bad tools field;
+#   3. Llama 3.2 (a JSON object as the reply): the call is returned as tool_calls (curl).
+set -euo pipefail
+CLI=$1 QWEN=$2 LLAMA=$3 SRC=$4 W=$5
+[ -n "${MZ_TEST_MODEL_DIR_OVERRIDE:-}" ] && QWEN=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$QWEN") &&
+  LLAMA=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$LLAMA")
+HERE=$(cd "$(dirname "$0")" && pwd)
+OPENAI_VERSION=6.49.0
+rm -rf "$W" && mkdir -p "$W"
+PID=
+cleanup() { [ -n "$PID" ] && kill -9 "$PID" 2>/dev/null || true; }
+trap cleanup EXIT
+fail() { echo "check_serve_tools: FAILED: $*" >&2; [ -f "$W/server.log" ] && tail -20 "$W/server.log" >&2; exit 1; }
+ok() { echo "check_serve_tools: ok: $*"; }
+
+start() {  # start MODEL TEMPLATE SCRIPT: sets PID and PORT
+  rm -f "$W/port"
+  "$CLI" serve -m "$1" --chat-template-file "$2" --test-scripted-replies "$3" --port 0 --port-file "$W/port" \
+    --pool-dir "$W/pool-$(basename "$1")" -c 2048 -t 1 --parallel 1 --no-watch-pressure >>"$W/server.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 600); do
+    [ -s "$W/port" ] && break
+    kill -0 "$PID" 2>/dev/null || fail "the server exited at start"
+    sleep 0.1
+  done
+  [ -s "$W/port" ] || fail "the server did not listen within 60 s"
+  PORT=$(cat "$W/port")
+}
+stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
+
+# The fixture makes tiny-qwen3; tiny-llama is made here when no other test made it yet (a second).
+if [ ! -s "$LLAMA" ]; then
+  "$CLI" make-model --shape tiny-llama --type q8_0 -o "$LLAMA.tmp$$" >/dev/null 2>&1 && mv "$LLAMA.tmp$$" "$LLAMA" ||
+    fail "cannot make $LLAMA"
+fi
+
+# --- 1. the hook is loopback only
+echo '[]' >"$W/empty.json"
+if timeout 20 "$CLI" serve -m "$QWEN" --host 0.0.0.0 --api-key k --port 0 --test-scripted-replies "$W/empty.json" \
+  >"$W/refused.log" 2>&1; then fail "--test-scripted-replies accepted on 0.0.0.0"; fi
+grep -q 'only on a loopback' "$W/refused.log" || fail "no reason given for refusing the hook: $(cat "$W/refused.log")"
+ok "the test hook is refused off loopback"
+
+# --- 2. Qwen3 through the openai client
+cat >"$W/qwen.json" <<'JSON'
+["<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+ "It is 21 degrees in Paris.",
+ "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+ "Done: 21 degrees at 12:00.",
+ "<tool_call>\nnot json\n</tool_call>",
+ "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"]
+JSON
+start "$QWEN" "$SRC/models/templates/Qwen-Qwen3-0.6B.jinja" "$W/qwen.json"
+NPM_DIR=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}/npm/openai-$OPENAI_VERSION
+if [ ! -f "$NPM_DIR/node_modules/openai/package.json" ]; then
+  mkdir -p "$NPM_DIR"
+  (cd "$NPM_DIR" && npm install --silent --no-audit --no-fund "openai@$OPENAI_VERSION" >/dev/null) || fail "npm install openai@$OPENAI_VERSION"
+fi
+node "$HERE/serve_tools.mjs" "http://127.0.0.1:$PORT/v1" "$NPM_DIR" || fail "the openai client's tool flow"
+ok "openai@$OPENAI_VERSION tool flow (Qwen3 template)"
+stop
+
+# --- 3. Llama 3.2: the reply is one JSON object
+printf '%s' '["{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"]' >"$W/llama.json"
+start "$LLAMA" "$SRC/models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja" "$W/llama.json"
+curl -s -o "$W/resp" "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d \
+  '{"messages":[{"role":"user","content":"Weather in Paris?"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]}'
+python3 - "$W/resp" <<'PY' || fail "Llama 3.2 tool call: $(cat "$W/resp")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["choices"][0]
+assert c["finish_reason"] == "tool_calls", c
+tc = c["message"]["tool_calls"]
+assert len(tc) == 1 and tc[0]["function"]["name"] == "get_weather", tc
+assert json.loads(tc[0]["function"]["arguments"]) == {"city": "Paris"}, tc
+assert c["message"]["content"] is None, c
+PY
+ok "Llama 3.2 JSON reply as tool_calls"
+stop
+echo "check_serve_tools: all passed"

@@ -1,0 +1,101 @@
+// Tool calling through the official `openai` npm client, as an agent uses it: a request with tools
+// gets tool_calls, the tool's result goes back as a role "tool" message, the final answer follows;
+// non-streamed and streamed (tool_calls deltas). The server runs with scripted replies
+// (--test-scripted-replies, tests/check_serve_tools.sh), in this order:
+//   1 a call (non-streamed), 2 the answer, 3 content and two calls (streamed), 4 the answer
+//   (streamed), 5 a malformed call (content, verbatim), 6 call text with tool_choice "none" (content).
+// Usage: node serve_tools.mjs BASE_URL OPENAI_PACKAGE_DIR. Exits 0 when every check passed.
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+
+const [baseURL, pkgDir] = process.argv.slice(2);
+const require = createRequire(import.meta.url);
+const mod = await import(pathToFileURL(require.resolve('openai', { paths: [pkgDir] })).href);
+const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
+
+let failed = 0;
+function check(ok, what) {
+  if (ok) console.log(`ok: ${what}`);
+  else { console.error(`FAILED: ${what}`); failed++; }
+}
+
+const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120000 });
+const model = 'm';
+const tools = [
+  { type: 'function', function: { name: 'get_weather', description: 'Current weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
+  { type: 'function', function: { name: 'get_time', description: 'The local time', parameters: { type: 'object', properties: {} } } },
+];
+const weather = (args) => JSON.stringify({ city: JSON.parse(args).city, temperature: 21 });
+
+// --- non-streamed flow
+const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const r1 = await client.chat.completions.create({ model, messages, tools });
+const m1 = r1.choices[0].message;
+check(r1.choices[0].finish_reason === 'tool_calls', `finish_reason tool_calls (${r1.choices[0].finish_reason})`);
+check(m1.content === null, `no content beside the call (${JSON.stringify(m1.content)})`);
+check(m1.tool_calls?.length === 1 && m1.tool_calls[0].type === 'function' && m1.tool_calls[0].function.name === 'get_weather',
+  `one get_weather call (${JSON.stringify(m1.tool_calls)})`);
+check(/^call_[0-9a-f]{16}$/.test(m1.tool_calls?.[0]?.id ?? ''), 'the call has an id');
+check(JSON.parse(m1.tool_calls[0].function.arguments).city === 'Paris', 'arguments are JSON text with city Paris');
+messages.push(m1);
+messages.push({ role: 'tool', tool_call_id: m1.tool_calls[0].id, content: weather(m1.tool_calls[0].function.arguments) });
+const r2 = await client.chat.completions.create({ model, messages, tools });
+check(r2.choices[0].finish_reason === 'stop' && r2.choices[0].message.content === 'It is 21 degrees in Paris.',
+  `the final answer after the tool result (${JSON.stringify(r2.choices[0].message)})`);
+check(!r2.choices[0].message.tool_calls, 'no tool_calls in a plain answer');
+check(r2.usage.prompt_tokens_details.cached_tokens > 0, `the conversation continues (${r2.usage.prompt_tokens_details.cached_tokens} cached)`);
+
+// --- streamed flow
+async function streamed(msgs) {
+  const stream = await client.chat.completions.create({ model, messages: msgs, tools, stream: true });
+  let content = '', finish = null, chunks = 0;
+  const calls = [];
+  for await (const chunk of stream) {
+    chunks++;
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (c.delta?.content) content += c.delta.content;
+    for (const d of c.delta?.tool_calls ?? []) {
+      if (!calls[d.index]) calls[d.index] = { id: d.id, type: d.type, function: { name: d.function?.name ?? '', arguments: '' } };
+      calls[d.index].function.arguments += d.function?.arguments ?? '';
+    }
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  return { content, calls, finish, chunks };
+}
+const smsgs = [{ role: 'user', content: 'Weather and time in Paris?' }];
+const s1 = await streamed(smsgs);
+check(s1.finish === 'tool_calls', `streamed: finish_reason tool_calls (${s1.finish})`);
+check(s1.content === 'Checking.', `streamed: the content before the calls (${JSON.stringify(s1.content)})`);
+check(s1.calls.length === 2 && s1.calls[0].function.name === 'get_weather' && s1.calls[1].function.name === 'get_time',
+  `streamed: two calls by index (${JSON.stringify(s1.calls)})`);
+check(s1.calls.every((c) => c.type === 'function' && /^call_/.test(c.id)), 'streamed: ids and type');
+check(JSON.parse(s1.calls[0].function.arguments).city === 'Paris' && s1.calls[1].function.arguments === '{}',
+  'streamed: arguments');
+smsgs.push({ role: 'assistant', content: s1.content, tool_calls: s1.calls });
+smsgs.push({ role: 'tool', tool_call_id: s1.calls[0].id, content: weather(s1.calls[0].function.arguments) });
+smsgs.push({ role: 'tool', tool_call_id: s1.calls[1].id, content: '12:00' });
+const s2 = await streamed(smsgs);
+check(s2.finish === 'stop' && s2.content === 'Done: 21 degrees at 12:00.' && s2.calls.length === 0,
+  `streamed: the final answer (${JSON.stringify(s2)})`);
+
+// --- malformed call text is content, never dropped
+const r5 = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], tools });
+check(r5.choices[0].finish_reason === 'stop' && r5.choices[0].message.content === '<tool_call>\nnot json\n</tool_call>' &&
+  !r5.choices[0].message.tool_calls, `a malformed call is content (${JSON.stringify(r5.choices[0].message)})`);
+// --- tool_choice "none": the reply is not read for calls
+const r6 = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'y' }], tools, tool_choice: 'none' });
+check(r6.choices[0].finish_reason === 'stop' && r6.choices[0].message.content.includes('<tool_call>') &&
+  !r6.choices[0].message.tool_calls, 'tool_choice none: call text stays content');
+
+// --- a bad tools field is a typed 400 naming it
+try {
+  await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'z' }], tools: [{ type: 'function', function: { name: 'a b' } }] });
+  check(false, 'bad tool name refused');
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'tools[0].function.name', `bad tool name: 400 (${e.param})`);
+}
+
+if (failed) { console.error(`${failed} check(s) failed`); process.exit(1); }
+console.log('all tool checks passed');

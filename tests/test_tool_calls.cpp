@@ -1,0 +1,211 @@
+// Tool calling in `mzcache serve`: the reply reader (tools/serve/tool_calls.h) on scripted model
+// output, split at every byte boundary and byte by byte, and the request validation of tools,
+// tool_choice, assistant tool_calls and role "tool" (tools/serve/openai_api.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tools/serve/openai_api.h"
+#include "tools/serve/tool_calls.h"
+
+namespace mz::serve {
+namespace {
+
+struct Outcome {
+  std::string content;               // concatenated content events
+  std::vector<ToolCall> calls;       // in event order
+  std::vector<int> indexes;
+  bool operator==(const Outcome& o) const {
+    if (content != o.content || calls.size() != o.calls.size() || indexes != o.indexes) return false;
+    for (size_t i = 0; i < calls.size(); ++i)
+      if (calls[i].id != o.calls[i].id || calls[i].name != o.calls[i].name || calls[i].arguments != o.calls[i].arguments)
+        return false;
+    return true;
+  }
+};
+
+// The reply fed in the given pieces.
+Outcome Run(ToolSyntax syn, const std::vector<std::string>& pieces) {
+  int n = 0;
+  ToolCallStream s(syn, [&] { return "call_" + std::to_string(n++); });
+  std::vector<ToolEvent> ev;
+  for (const auto& p : pieces) s.Push(p, &ev);
+  s.Finish(&ev);
+  Outcome o;
+  for (auto& e : ev) {
+    if (e.is_call) o.calls.push_back(e.call), o.indexes.push_back(e.index);
+    else o.content += e.content;
+  }
+  EXPECT_EQ(o.content, s.content());
+  EXPECT_EQ(o.calls.size(), s.calls().size());
+  return o;
+}
+
+// The same outcome whole, split in two at every byte, and byte by byte.
+Outcome Stream(ToolSyntax syn, const std::string& text) {
+  const Outcome whole = Run(syn, {text});
+  for (size_t cut = 0; cut <= text.size(); ++cut)
+    EXPECT_TRUE(Run(syn, {text.substr(0, cut), text.substr(cut)}) == whole) << "split at " << cut;
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  EXPECT_TRUE(Run(syn, bytes) == whole) << "byte by byte";
+  return whole;
+}
+
+TEST(ToolCalls, HermesTwoCallsAndContent) {
+  const std::string reply =
+      "<think>\n\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", "
+      "\"unit\": \"celsius\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+  const Outcome o = Stream(ToolSyntax::kHermes, reply);
+  EXPECT_EQ(o.content, "<think>\n\n</think>\n\nLet me check.");  // the blanks before the calls dropped
+  ASSERT_EQ(o.calls.size(), 2u);
+  EXPECT_EQ(o.calls[0].id, "call_0");
+  EXPECT_EQ(o.calls[0].name, "get_weather");
+  EXPECT_EQ(o.calls[0].arguments, R"({"city":"Paris","unit":"celsius"})");  // the model's key order
+  EXPECT_EQ(o.calls[1].name, "get_time");
+  EXPECT_EQ(o.calls[1].arguments, "{}");
+  EXPECT_EQ(o.indexes, (std::vector<int>{0, 1}));
+}
+
+TEST(ToolCalls, HermesMalformedIsContentVerbatim) {
+  for (const std::string bad : {std::string("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}\n</tool_call>"),  // bad JSON
+                                std::string("<tool_call>\n{\"arguments\": {}}\n</tool_call>"),                      // no name
+                                std::string("<tool_call>\n{\"name\": \"f\", \"arguments\": 3}\n</tool_call>"),      // bad args
+                                std::string("text <tool_call>\n{\"name\": \"f\"")}) {                               // unclosed
+    const Outcome o = Stream(ToolSyntax::kHermes, bad);
+    EXPECT_EQ(o.content, bad);
+    EXPECT_TRUE(o.calls.empty());
+  }
+  // A marker's beginning at the end is content, and plain text passes unchanged.
+  EXPECT_EQ(Stream(ToolSyntax::kHermes, "a < b <tool_c").content, "a < b <tool_c");
+  EXPECT_EQ(Stream(ToolSyntax::kHermes, "\n\n").content, "\n\n");
+  // A good call after a bad one still counts; arguments given as a JSON string are accepted.
+  const Outcome o = Stream(ToolSyntax::kHermes,
+                           "<tool_call>oops</tool_call><tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":2}\"}</tool_call>");
+  EXPECT_EQ(o.content, "<tool_call>oops</tool_call>");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(o.calls[0].arguments, R"({"x":2})");
+}
+
+TEST(ToolCalls, HermesContentStreamsBeforeTheEnd) {
+  ToolCallStream s(ToolSyntax::kHermes, [] { return "id"; });
+  std::vector<ToolEvent> ev;
+  s.Push("Hello, wor", &ev);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].content, "Hello, wor");
+  ev.clear();
+  s.Push("ld <tool", &ev);  // "<tool" may begin a call, " " may end the content: held back
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].content, "ld");
+  ev.clear();
+  s.Push("_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>", &ev);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_TRUE(ev[0].is_call);  // reported as soon as it closes, before the reply ends
+}
+
+TEST(ToolCalls, Llama3) {
+  Outcome o = Stream(ToolSyntax::kLlama3, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n");
+  EXPECT_EQ(o.content, "");
+  ASSERT_EQ(o.calls.size(), 1u);
+  EXPECT_EQ(o.calls[0].name, "get_weather");
+  EXPECT_EQ(o.calls[0].arguments, R"({"city":"Paris"})");
+  o = Stream(ToolSyntax::kLlama3, "Sure.<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"k\": 1}}");
+  EXPECT_EQ(o.content, "Sure.");
+  ASSERT_EQ(o.calls.size(), 2u);
+  EXPECT_EQ(o.calls[1].name, "b");
+  // Not a call: returned as written.
+  for (const std::string text : {std::string("{\"answer\": 42}"), std::string("Hello {\"name\": \"x\"} there"),
+                                 std::string("<|python_tag|>print(1)"), std::string("{\"name\": \"f\", \"parameters\": ")}) {
+    o = Stream(ToolSyntax::kLlama3, text);
+    EXPECT_EQ(o.content, text);
+    EXPECT_TRUE(o.calls.empty());
+  }
+  EXPECT_EQ(ToolSyntaxFor("llama"), ToolSyntax::kLlama3);
+  EXPECT_EQ(ToolSyntaxFor("qwen3"), ToolSyntax::kHermes);
+}
+
+TEST(ToolCalls, Json) {
+  const std::vector<ToolCall> calls = {{"call_1", "f", R"({"a":1})"}};
+  EXPECT_EQ(ToolCallsJson(calls).dump(), R"([{"function":{"arguments":"{\"a\":1}","name":"f"},"id":"call_1","type":"function"}])");
+  EXPECT_EQ(ToolCallDeltaJson(2, calls[0])[0]["index"], 2);
+}
+
+// ---- request validation ----
+
+bool Parse(const std::string& body, ChatRequest* r, ApiError* e) { return ParseRequest(body, true, Limits(), r, e); }
+
+const char* kTools =
+    R"([{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object","properties":{"z":{},"a":{}}}}},)"
+    R"({"type":"function","function":{"name":"get_time"}}])";
+
+TEST(ToolRequests, Accepted) {
+  ChatRequest r;
+  ApiError e;
+  const std::string msgs =
+      R"([{"role":"user","content":"w?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",)"
+      R"("function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"21"}])";
+  ASSERT_TRUE(Parse(std::string(R"({"messages":)") + msgs + R"(,"tools":)" + kTools + "}", &r, &e)) << e.message;
+  EXPECT_TRUE(r.jinja);
+  EXPECT_TRUE(r.parse_tool_calls);
+  EXPECT_EQ(r.tool_choice, "auto");
+  EXPECT_NE(r.tools_json.find(R"({"z":{},"a":{}})"), std::string::npos);  // key order as sent
+  EXPECT_NE(r.messages_json.find("tool_call_id"), std::string::npos);
+  // tool_choice none: nothing rendered, nothing parsed; a named one renders that tool only.
+  ASSERT_TRUE(Parse(std::string(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none","tools":)") + kTools + "}", &r, &e));
+  EXPECT_TRUE(r.jinja);
+  EXPECT_FALSE(r.parse_tool_calls);
+  EXPECT_EQ(r.tools_json, "");
+  ASSERT_TRUE(Parse(std::string(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function","function":{"name":"get_time"}},"tools":)") +
+                        kTools + "}",
+                    &r, &e));
+  EXPECT_EQ(r.tool_choice, "function");
+  EXPECT_EQ(r.tool_choice_name, "get_time");
+  EXPECT_EQ(r.tools_json.find("get_weather"), std::string::npos);
+  EXPECT_NE(r.tools_json.find("get_time"), std::string::npos);
+  // A plain chat keeps the built-in template path.
+  ASSERT_TRUE(Parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", &r, &e));
+  EXPECT_FALSE(r.jinja);
+}
+
+TEST(ToolRequests, RefusedNamingTheField) {
+  const std::string u = R"({"role":"user","content":"x"})";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"({"messages":[)" + u + R"(],"tools":{}})", "tools"},
+      {R"({"messages":[)" + u + R"(],"tools":[3]})", "tools[0]"},
+      {R"({"messages":[)" + u + R"(],"tools":[{"type":"code"}]})", "tools[0].type"},
+      {R"({"messages":[)" + u + R"(],"tools":[{"type":"function"}]})", "tools[0].function"},
+      {R"({"messages":[)" + u + R"(],"tools":[{"type":"function","function":{"name":"a b"}}]})", "tools[0].function.name"},
+      {R"({"messages":[)" + u + R"(],"tools":[{"type":"function","function":{"name":"f","description":1}}]})", "tools[0].function.description"},
+      {R"({"messages":[)" + u + R"(],"tools":[{"type":"function","function":{"name":"f","parameters":[]}}]})", "tools[0].function.parameters"},
+      {R"({"messages":[)" + u + R"(],"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]})", "tools[1].function.name"},
+      {R"({"messages":[)" + u + R"(],"tool_choice":"maybe","tools":)" + kTools + "}", "tool_choice"},
+      {R"({"messages":[)" + u + R"(],"tool_choice":"required"})", "tool_choice"},
+      {R"({"messages":[)" + u + R"(],"tool_choice":{"type":"function","function":{"name":"nope"}},"tools":)" + kTools + "}", "tool_choice.function.name"},
+      {R"({"messages":[)" + u + R"(],"tool_choice":{"type":"x"},"tools":)" + kTools + "}", "tool_choice.type"},
+      {R"({"messages":[)" + u + R"(],"parallel_tool_calls":"yes","tools":)" + kTools + "}", "parallel_tool_calls"},
+      {R"({"messages":[)" + u + R"(,{"role":"tool","content":"r"}]})", "messages[1].tool_call_id"},
+      {R"({"messages":[{"role":"user","content":"x","tool_calls":[]}]})", "messages[0].tool_calls"},
+      {R"({"messages":[)" + u + R"(,{"role":"assistant","tool_calls":{}}]})", "messages[1].tool_calls"},
+      {R"({"messages":[)" + u + R"(,{"role":"assistant","tool_calls":[{"type":"function"}]}]})", "messages[1].tool_calls[0].function"},
+      {R"({"messages":[)" + u + R"(,{"role":"assistant","tool_calls":[{"function":{"name":""}}]}]})", "messages[1].tool_calls[0].function.name"},
+      {R"({"messages":[)" + u + R"(,{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":1}}]}]})", "messages[1].tool_calls[0].function.arguments"},
+      {R"({"messages":[)" + u + R"(,{"role":"assistant","tool_calls":[{"id":1,"function":{"name":"f"}}]}]})", "messages[1].tool_calls[0].id"},
+      {R"({"messages":[)" + u + R"(,{"role":"assistant","content":null}]})", "messages[1].content"},
+  };
+  for (const auto& [body, param] : bad) {
+    ChatRequest r;
+    ApiError e;
+    EXPECT_FALSE(Parse(body, &r, &e)) << body;
+    EXPECT_EQ(e.http, 400) << body;
+    EXPECT_EQ(e.param, param) << body << ": " << e.message;
+  }
+  // /v1/completions has no tools.
+  ChatRequest r;
+  ApiError e;
+  EXPECT_FALSE(ParseRequest(R"({"prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", false, Limits(), &r, &e));
+  EXPECT_EQ(e.param, "tools");
+}
+
+}  // namespace
+}  // namespace mz::serve
