@@ -74,7 +74,13 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   c->add_flag("!--no-restore-ahead", a->restore_ahead, "do not restore in the background once pressure is over");
   c->add_option("--pressure-source", a->pressure_source, "auto (default), psi, cgroup-v1, watermark");
   c->add_option("--pressure-cgroup", a->pressure_cgroup, "memory cgroup folder to watch (default: system-wide)");
-  c->add_option("--port-file", a->port_file, "write the port listened on to this file once listening (for scripts)");
+  c->add_option("--port-file", a->port_file,
+                "write the port listened on to this file once the model is loaded (for scripts)");
+  c->add_flag("!--no-metrics", a->metrics, "no GET /metrics (default: Prometheus metrics, behind the API key if set)");
+  c->add_option("--api-key-file", a->api_key_file, "read the API key from this file (its first line; not with --api-key)");
+  c->add_option("--cors", a->cors,
+                "allow browsers on this origin (e.g. http://localhost:3000; * for any) to call the API (default: "
+                "no CORS headers)");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
     return RunServe(*a);

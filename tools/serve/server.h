@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/serve/metrics.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
 #include "tools/serve/turn.h"
@@ -39,6 +40,10 @@ struct ServeArgs {
   double itl_factor = 2.0;
   std::string pressure_source = "auto", pressure_cgroup;
   std::string port_file;
+  // Observability and access (tools/serve/resources.cpp): GET /metrics on (--no-metrics: off), the
+  // API key read from a file (--api-key-file), CORS for one origin (--cors; "" = off).
+  bool metrics = true;
+  std::string api_key_file, cors;
 };
 
 
@@ -51,6 +56,9 @@ std::string RandomId(const char* prefix);
 // The ids the server gives conversations it found no match for ("c-" and 16 hex digits).
 bool ImplicitId(const std::string& id);
 int64_t UnixNow();
+// The API key in file path (--api-key-file): its content without the trailing newline (\n or
+// \r\n). false with *why when it cannot be read, is empty, or holds another line break or a NUL.
+bool ReadKeyFile(const std::string& path, std::string* key, std::string* why);
 
 // At most n turns at once; at most max_wait waiting (then Acquire refuses).
 class Slots {
@@ -87,6 +95,9 @@ class Server {
     if (pool_) mz_pool_free(pool_);  // persists every changed conversation
     if (model_) mz_model_free(model_);
   }
+  // Start: checks the arguments and binds (the port file is written once the model is loaded);
+  // Run: loads the model and the pool in the background while listening (every endpoint but
+  // /health answers 503 until then; a load failure stops the server with its exit code).
   int Start();
   int Run();
 
@@ -104,6 +115,15 @@ class Server {
   std::string TurnMarkPath(const std::string& id) const { return a_.dir + "/serve/" + id + ".turn"; }
   void WriteTurnMark(const std::string& id, int prompt_end);
   nlohmann::json PoolJson();
+  // tools/serve/resources.cpp: /metrics, /tokenize, /detokenize, /props, /v1/conversations, the
+  // readiness gate and CORS.
+  int Bind();  // the routes and the listening socket: 0 or the exit code
+  int Load();  // the model, the pool, the router's histories, the pressure watch: 0 or the exit code
+  void ResourceRoutes();
+  std::string MetricsText();
+  nlohmann::json ConversationJson(const mz_conversation_report& r);
+  // After a turn: the metrics and the response's timings (llama-server's "timings" object).
+  void RecordTurn(const serve::TurnResult& t, int prompt_n, int cache_n, serve::Timings* timings);
 
   ServeArgs a_;
   mz_model* model_ = nullptr;
@@ -116,6 +136,10 @@ class Server {
   httplib::Server http_;
   int listen_fd_ = -1;  // the listening socket (httplib owns and closes it); -1 before Start()
   std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};
+  serve::MetricsRegistry metrics_;
+  std::atomic<bool> ready_{false};          // the model and pool are loaded
+  std::atomic<int> processing_{0};          // turns generating (llamacpp:requests_processing)
+  std::atomic<int> deferred_{0};            // requests waiting for a slot (llamacpp:requests_deferred)
 };
 
 // Runs the server until SIGINT/SIGTERM: the exit code.
