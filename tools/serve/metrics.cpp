@@ -83,6 +83,8 @@ MetricsRegistry::Family* MetricsRegistry::Get(const std::string& name, const std
     it = families_.emplace(name, std::move(f)).first;
   } else if (it->second.type != type || (buckets && *buckets != it->second.buckets)) {
     return nullptr;
+  } else if (it->second.help.empty()) {
+    it->second.help = help;
   }
   return &it->second;
 }
@@ -152,7 +154,8 @@ std::string MetricsRegistry::Render() const {
   std::string out;
   for (const auto& [name, f] : families_) {
     const char* type = f.type == Type::kCounter ? "counter" : f.type == Type::kGauge ? "gauge" : "histogram";
-    out += "# HELP " + name + " " + EscapeHelp(f.help) + "\n";
+    // An empty help text is written as the name (parsers refuse "# HELP name" alone).
+    out += "# HELP " + name + " " + EscapeHelp(f.help.empty() ? name : f.help) + "\n";
     out += "# TYPE " + name + " " + type + "\n";
     for (const auto& [labels, s] : f.samples) {
       if (f.type != Type::kHistogram) {

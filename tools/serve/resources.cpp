@@ -139,7 +139,11 @@ std::string Server::MetricsText() {
   for (const char* tier : {"storage", "compressed_memory"})
     metrics_.Add("mzcache_restored_bytes_total", "Bytes brought back by turns, by the tier they came from", 0,
                  {{"tier", tier}});
-  for (const char* name : {"llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total"}) metrics_.Add(name, "", 0);
+  metrics_.Add("llamacpp:prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", 0);
+  metrics_.Add("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0);
+  metrics_.Add("llamacpp:prompt_seconds_total", "Total time spent processing prompts", 0);
+  metrics_.Add("llamacpp:tokens_predicted_total", "Number of generation tokens processed", 0);
+  metrics_.Add("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", 0);
   mz_pool_report p;
   if (mz_pool_get_report(pool_, &p) == MZ_OK) {
     const char* kv_help = "Bytes of conversations' KV in each tier (shared prefix chunks not included)";
@@ -202,6 +206,8 @@ std::string Server::MetricsText() {
     counter("mzcache_conversations_recomputed_total",
             "Conversations computed again because a stored copy failed verification", double(e.recomputed));
   }
+  metrics_.Add("mzcache_prefix_hit_tokens_total",
+               "Prompt tokens not computed: kept from the conversation or copied from a shared prefix", 0);
   metrics_.Add("mzcache_recomputed_tokens_total",
                "Prompt tokens computed again because their conversation's stored or swapped data was damaged", 0);
   return metrics_.Render();

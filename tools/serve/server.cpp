@@ -440,6 +440,9 @@ int Server::Start() {
 }
 
 int Server::Load() {
+  // Tests see the loading state for this long (tests/serve_obs.py): a test hook, off by default.
+  if (const char* d = std::getenv("MZ_SERVE_TEST_LOAD_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
   if (a_.model.empty()) {
     Status st = EnsureDefaultModel(&a_.model);
     if (!st.ok()) return Fail(st);
