@@ -958,7 +958,8 @@ int mz_pool_get_batch_report(mz_pool* pool, struct mz_pool_batch_report* out);
 int mz_pool_evict_conversation(mz_pool* pool, const char* id, uint64_t* freed);
 int mz_pool_restore_conversation(mz_pool* pool, const char* id, uint64_t* restored);
 /* Since 0.14: evictions by what asked for them, counted since the pool was created. A pass that
- * gave back nothing is not counted (budget) or counted with 0 bytes (the others). The "budget"
+ * gave back nothing is not counted (budget) or counted with 0 bytes (the others; an
+ * mz_pool_evict_conversation on a conversation with nothing in memory is not counted). The "budget"
  * figures are the memory budget's passes; "pressure" the pressure watch's events; "trim"
  * mz_pool_on_trim_memory's; "manual" mz_pool_evict's; "conversation"
  * mz_pool_evict_conversation's. An output struct, frozen like the others. */
