@@ -947,11 +947,12 @@ int mz_pool_get_batch_report(mz_pool* pool, struct mz_pool_batch_report* out);
  * mz_pool_evict_conversation: all of conversation id's KV in RAM (resident and its in-memory
  * swap) goes to the tiers its eviction policy chooses (an idle conversation goes out whole), and
  * its borrowed shared chunks are let go. Never waits for a call on it: MZ_ERR_BUSY while one runs
- * (part may have moved: *freed says). MZ_ERR_INVALID_ARG: NULL pool or id, no such conversation.
+ * (part may have moved: *freed says); it may wait while another call brings weights back. MZ_ERR_INVALID_ARG: NULL pool or id, no such conversation.
  * A conversation that is stored only has nothing in RAM: MZ_OK, *freed 0. *freed optional.
  * mz_pool_restore_conversation: brings its KV back into RAM, after any weights the pool gave back
  * (a stored-only conversation is opened first, as mz_pool_open). MZ_ERR_BUSY at once while a call
- * runs on it; MZ_ERR_INVALID_ARG: no such conversation (none is created); a read error of its
+ * runs on it, or while weights must come back and a generation is running (it restores what it
+ * needs itself); MZ_ERR_INVALID_ARG: no such conversation (none is created); a read error of its
  * data (MZ_ERR_IO, MZ_ERR_CORRUPT). The memory budget still applies after it: with a budget too
  * small for it, a budget pass may give part of it back again. *restored (optional): RAM brought
  * back. Thread-safe as every pool function. */

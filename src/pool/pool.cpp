@@ -936,16 +936,29 @@ Status Pool::RestoreConversation(const std::string& id, uint64_t* restored) {
     if (!convs_.count(id)) return Status::InvalidArgument("no conversation '" + id + "'");
   }
   std::shared_ptr<Conversation> c;
-  MZ_RETURN_IF_ERROR(OpenConversation(id, &c));  // a stored one: its file becomes its storage tier
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it != convs_.end() && it->second->ctx_) c = it->second;
+  }
+  // A stored-only one is opened (its file becomes its storage tier); an open one is not (opening
+  // would wait for a call running on it).
+  if (!c) MZ_RETURN_IF_ERROR(OpenConversation(id, &c));
   uint64_t got = 0;
   Status st;
+  bool weights_all = false;
   {
-    std::unique_lock<std::shared_mutex> xl(weights_mu_);  // weights given back come first
-    if (!AllWeightsResident()) {
-      uint64_t w = 0;
-      st = weights_ctx_->TryRestoreUpTo(~uint64_t(0), &w, /*yield=*/false);
-      got += w;
-    }
+    std::shared_lock<std::shared_mutex> sl(weights_mu_);
+    weights_all = AllWeightsResident();
+  }
+  if (!weights_all) {
+    // The weights given back come first; they move only under the exclusive lock, which a
+    // generation holds shared: not waited for (kBusy: that generation restores what it needs).
+    std::unique_lock<std::shared_mutex> xl(weights_mu_, std::try_to_lock);
+    if (!xl.owns_lock()) return Status::Busy("restoring conversation '" + id + "': a generation holds the weights");
+    uint64_t w = 0;
+    st = weights_ctx_->TryRestoreUpTo(~uint64_t(0), &w, /*yield=*/false);
+    got += w;
   }
   std::shared_ptr<Context> ctx;
   {

@@ -360,7 +360,8 @@ class Pool {
   Status EvictConversation(const std::string& id, uint64_t* freed);
   // Brings conversation id's KV back into RAM (a stored one is opened first: its file becomes its
   // storage tier), after the weights if some were given back. kBusy at once while a call runs on
-  // it; kInvalidArgument: no such conversation (none is created). The memory budget still applies
+  // it, or while weights must come back and a generation holds them; kInvalidArgument: no such
+  // conversation (none is created). The memory budget still applies
   // afterwards (a budget pass may take it again). *restored: RAM brought back.
   Status RestoreConversation(const std::string& id, uint64_t* restored);
   // A memory-pressure event for the whole pool (the amount policy of one context, applied to the
