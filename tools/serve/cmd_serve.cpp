@@ -15,7 +15,8 @@
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (stream
 // or not); mzcache's own: GET /v1/mzcache/pool (pool report and conversations), POST
 // /v1/mzcache/trim {"level": N} (Android's onTrimMemory levels) and POST /v1/mzcache/evict
-// {"bytes": N}, DELETE /v1/mzcache/conversations/ID.
+// {"bytes": N}, DELETE /v1/mzcache/conversations/ID. Since 0.14 (tools/serve/resources.cpp): GET
+// /metrics, POST /tokenize, POST /detokenize, GET /props, /v1/conversations[/ID[/evict|/restore]].
 //
 // Threads: httplib's worker pool runs the handlers; at most --parallel turns generate at once
 // (others wait in a queue of at most --queue, then 503 with Retry-After); the turns generating

@@ -3,7 +3,8 @@
 // only (include/mzcache.h).
 //
 // One concern per file: server.cpp (admission, turns, the pool report, start and stop),
-// routes.cpp (the HTTP endpoints), cmd_serve.cpp (the command line). Thread-safety: the handlers
+// routes.cpp (the HTTP endpoints), resources.cpp (metrics, tokenize, props, conversations as
+// resources, CORS and the readiness gate), cmd_serve.cpp (the command line). Thread-safety: the handlers
 // run on httplib's worker threads; the Server's members are either set before listening (model_,
 // pool_, a_) or synchronized themselves (router_, slots_, the counters).
 #pragma once
