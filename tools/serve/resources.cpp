@@ -157,7 +157,7 @@ std::string Server::MetricsText() {
     gauge("mzcache_memory_bytes", "The pool's RAM: resident weights, KV and in-memory swap", double(p.in_memory));
     gauge("mzcache_memory_budget_bytes", "The pool's memory budget (0: none)", double(p.memory_budget));
     gauge("mzcache_stored_bytes", "Bytes of stored conversations on storage", double(p.stored_bytes));
-    gauge("mzcache_conversations_total_count", "Conversations the pool holds (any tier, stored included)",
+    gauge("mzcache_pool_conversations", "Conversations the pool holds (any tier, stored included)",
           double(p.n_conversations));
     counter("mzcache_conversations_lost_total", "Conversations deleted by the disk budget", double(p.conversations_lost));
     counter("mzcache_persists_total", "Conversations written to storage", double(p.persists));
