@@ -22,6 +22,7 @@ Server B (--api-key-file, --cors ORIGIN):
     continuation has cache_n > 0, the streamed last chunk carries them;
   - bad input on every new route: a 400 naming the field.
 """
+import atexit
 import http.client
 import json
 import os
@@ -33,6 +34,19 @@ import time
 
 HOST = "127.0.0.1"
 ORIGIN = "http://app.example.test"
+
+
+SERVERS = []  # every server started: killed on the way out, whatever happened
+
+
+def kill_servers():
+    for proc in SERVERS:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+atexit.register(kill_servers)
 
 
 def fail(msg):
@@ -81,6 +95,7 @@ class Server:
             [cli, "serve", "-m", model, "--port", "0", "--port-file", self.pf, "--pool-dir",
              os.path.join(work, name + "-pool"), "--persist-codec", "none", "--kv-codec", "none", "-c", "1024",
              "--no-watch-pressure"] + args, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), env=e)
+        SERVERS.append(self.proc)
         self.port = None
         deadline = time.time() + 120
         while time.time() < deadline and self.port is None:
