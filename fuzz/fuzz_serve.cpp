@@ -107,5 +107,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckStream(text, r.stop);
     if (chat) CheckToolCalls(text);
   }
+  // POST /tokenize and /detokenize bodies (issue 46): refused with a 400 naming a field, or within
+  // bounds; the timings object of any figures is JSON.
+  {
+    mz::serve::TokenizeRequest t;
+    mz::serve::ApiError e;
+    if (!mz::serve::ParseTokenize(body, mz::serve::Limits(), &t, &e)) {
+      if (e.http != 400 || e.message.empty()) Fail("a /tokenize refusal without a 400 and a message");
+    }
+    constexpr int32_t kVocab = 1000;
+    std::vector<int32_t> toks;
+    mz::serve::ApiError e2;
+    if (!mz::serve::ParseDetokenize(body, mz::serve::Limits(), kVocab, &toks, &e2)) {
+      if (e2.http != 400 || e2.message.empty()) Fail("a /detokenize refusal without a 400 and a message");
+    } else {
+      for (int32_t id : toks)
+        if (id < 0 || id >= kVocab) Fail("a token id out of the vocabulary accepted");
+    }
+    mz::serve::Timings tm;
+    tm.set = true;
+    tm.prompt_n = int(size % 1000);
+    tm.prompt_ms = double(size) / 7;
+    if (nlohmann::json::parse(mz::serve::TimingsJson(tm).dump(), nullptr, false).is_discarded())
+      Fail("timings that are not JSON");
+  }
   return 0;
 }

@@ -961,6 +961,41 @@ struct mz_pool_batch_report {
                                     by a budget pass; mz_pool_evict and pressure still take them) */
 };
 int mz_pool_get_batch_report(mz_pool* pool, struct mz_pool_batch_report* out);
+/* Since 0.14: one conversation's memory given back, or brought back, on request (a server's
+ * POST /v1/conversations/ID/evict and /restore).
+ * mz_pool_evict_conversation: all of conversation id's KV in RAM (resident and its in-memory
+ * swap) goes to the tiers its eviction policy chooses (an idle conversation goes out whole), and
+ * its borrowed shared chunks are let go. Never waits for a call on it: MZ_ERR_BUSY while one runs
+ * (part may have moved: *freed says); it may wait while another call brings weights back. MZ_ERR_INVALID_ARG: NULL pool or id, no such conversation.
+ * A conversation that is stored only has nothing in RAM: MZ_OK, *freed 0. *freed optional.
+ * mz_pool_restore_conversation: brings its KV back into RAM, after any weights the pool gave back
+ * (a stored-only conversation is opened first, as mz_pool_open). MZ_ERR_BUSY at once while a call
+ * runs on it, or while weights must come back and a generation is running (it restores what it
+ * needs itself); MZ_ERR_INVALID_ARG: no such conversation (none is created); a read error of its
+ * data (MZ_ERR_IO, MZ_ERR_CORRUPT). The memory budget still applies after it: with a budget too
+ * small for it, a budget pass may give part of it back again. *restored (optional): RAM brought
+ * back. Thread-safe as every pool function. */
+int mz_pool_evict_conversation(mz_pool* pool, const char* id, uint64_t* freed);
+int mz_pool_restore_conversation(mz_pool* pool, const char* id, uint64_t* restored);
+/* Since 0.14: evictions by what asked for them, counted since the pool was created. A pass that
+ * gave back nothing is not counted (budget) or counted with 0 bytes (the others; an
+ * mz_pool_evict_conversation on a conversation with nothing in memory is not counted). The "budget"
+ * figures are the memory budget's passes; "pressure" the pressure watch's events; "trim"
+ * mz_pool_on_trim_memory's; "manual" mz_pool_evict's; "conversation"
+ * mz_pool_evict_conversation's. An output struct, frozen like the others. */
+struct mz_pool_event_report {
+  uint64_t evict_budget, evict_budget_bytes;
+  uint64_t evict_pressure, evict_pressure_bytes;
+  uint64_t evict_trim, evict_trim_bytes;
+  uint64_t evict_manual, evict_manual_bytes;
+  uint64_t evict_conversation, evict_conversation_bytes;
+  uint64_t pressure_events;      /* events from the pressure watch (merged ones included) */
+  uint64_t trim_events;          /* mz_pool_on_trim_memory calls with a level that asks for memory */
+  uint64_t restored_ahead_bytes; /* brought back by the watch's restore-ahead */
+  uint64_t conversation_restores, conversation_restored_bytes; /* mz_pool_restore_conversation */
+  uint64_t recomputed;           /* conversations computed again: a stored copy failed verification */
+};
+int mz_pool_get_event_report(mz_pool* pool, struct mz_pool_event_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

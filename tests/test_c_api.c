@@ -1274,6 +1274,39 @@ static int check_pool(const char* path) {
     CHECK(mz_pool_conversation_tokens(pool, "a", h, 256) == 200 && h[199] == 100 + (199 * 37) % 3000, "open history of a");
   }
   mz_conversation_release(a);
+  /* One conversation's memory back and given back on request, and evictions by reason (0.14). a was
+   * opened from its stored file (its storage tier): restore brings its KV into RAM, evict gives it
+   * back; b is stored only (nothing in RAM). */
+  {
+    uint64_t got = 0, gone = 0;
+    struct mz_conversation_report cr;
+    struct mz_pool_event_report er;
+    CHECK(mz_pool_restore_conversation(pool, "a", &got) == MZ_OK && got > 0, "restore a: %llu (%s)",
+          (unsigned long long)got, mz_last_error());
+    CHECK(mz_pool_conversation_report(pool, "a", &cr) == MZ_OK && cr.kv_resident > 0, "a not resident after restore");
+    CHECK(mz_pool_evict_conversation(pool, "a", &gone) == MZ_OK && gone > 0, "evict a: %llu", (unsigned long long)gone);
+    CHECK(mz_pool_conversation_report(pool, "a", &cr) == MZ_OK && cr.kv_resident == 0 && cr.kv_mem_compressed + cr.kv_storage > 0,
+          "a after evict: %llu resident", (unsigned long long)cr.kv_resident);
+    CHECK(mz_pool_evict_conversation(pool, "b", &gone) == MZ_OK && gone == 0, "evict stored-only b: %llu",
+          (unsigned long long)gone);
+    CHECK(mz_pool_evict_conversation(pool, "nobody", &gone) == MZ_ERR_INVALID_ARG, "evict of an unknown id");
+    uint64_t none = 1;
+    CHECK(mz_pool_restore_conversation(pool, "nobody", &none) == MZ_ERR_INVALID_ARG && none == 0,
+          "restore of an unknown id");
+    CHECK(mz_pool_list(pool, NULL, 0) == 2, "restore of an unknown id created one");
+    CHECK(mz_pool_evict_conversation(NULL, "a", NULL) == MZ_ERR_INVALID_ARG &&
+              mz_pool_restore_conversation(pool, NULL, NULL) == MZ_ERR_INVALID_ARG,
+          "NULL arguments accepted");
+    CHECK(mz_pool_evict(pool, 1, NULL) == MZ_OK && mz_pool_on_trim_memory(pool, 80, NULL) == MZ_OK, "evict/trim");
+    CHECK(mz_pool_get_event_report(pool, NULL) == MZ_ERR_INVALID_ARG, "event report without out");
+    CHECK(mz_pool_get_event_report(pool, &er) == MZ_OK && er.evict_conversation == 1 &&
+              er.evict_conversation_bytes > 0 && er.evict_manual == 1 && er.trim_events == 1 && er.evict_trim == 1 &&
+              er.pressure_events == 0 && er.conversation_restores == 1 && er.conversation_restored_bytes == got,
+          "event report: conversation %llu (%llu B), manual %llu, trim %llu/%llu, restores %llu",
+          (unsigned long long)er.evict_conversation, (unsigned long long)er.evict_conversation_bytes,
+          (unsigned long long)er.evict_manual, (unsigned long long)er.trim_events, (unsigned long long)er.evict_trim,
+          (unsigned long long)er.conversation_restores);
+  }
   /* The pool's pressure watch (0.8): the watermark source works everywhere; one at a time;
    * restore-ahead is accepted for a pool since 0.9; stop is idempotent. */
   {

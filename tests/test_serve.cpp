@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/serve/metrics.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
 #include "tools/serve/text_stream.h"
@@ -296,5 +297,80 @@ TEST(ServeRouter, AfterARestartWithoutTurnMarksOnlyWholeExtensionsContinue) {
   EXPECT_EQ(r.PromptEnd("E"), 10);
 }
 
+TEST(ServeMetrics, RendersTheTextFormat) {
+  MetricsRegistry m;
+  m.Add("a_total", "help with \\ and\nnewline", 2, {{"k", "q\"uo\\te\nnl"}});
+  m.Add("a_total", "", 3, {{"k", "q\"uo\\te\nnl"}});
+  m.Add("a_total", "", -1);  // ignored
+  m.Set("g", "a gauge", 0.25);
+  m.Observe("h_seconds", "a histogram", {0.1, 1}, 0.05);
+  m.Observe("h_seconds", "a histogram", {0.1, 1}, 0.1);  // le: inclusive
+  m.Observe("h_seconds", "a histogram", {0.1, 1}, 5);
+  m.Add("bad name", "x", 1);                 // invalid: ignored
+  m.Add("g", "x", 1);                        // another type: ignored
+  m.Observe("h_seconds", "x", {0.2}, 1);     // other buckets: ignored
+  m.Add("l_total", "x", 1, {{"le", "1"}});   // reserved label: ignored
+  EXPECT_EQ(m.Value("a_total", {{"k", "q\"uo\\te\nnl"}}), 5);
+  const std::string t = m.Render();
+  EXPECT_EQ(t,
+            "# HELP a_total help with \\\\ and\\nnewline\n"
+            "# TYPE a_total counter\n"
+            "a_total{k=\"q\\\"uo\\\\te\\nnl\"} 5\n"
+            "# HELP g a gauge\n# TYPE g gauge\ng 0.25\n"
+            "# HELP h_seconds a histogram\n# TYPE h_seconds histogram\n"
+            "h_seconds_bucket{le=\"0.1\"} 2\nh_seconds_bucket{le=\"1\"} 2\nh_seconds_bucket{le=\"+Inf\"} 3\n"
+            "h_seconds_sum 5.15\nh_seconds_count 3\n");
+  EXPECT_EQ(MetricsRegistry::FormatValue(1e300 * 1e300), "+Inf");
+  EXPECT_EQ(MetricsRegistry::FormatValue(123456789), "123456789");
+}
+
+TEST(ServeApi, TokenizeAndDetokenizeBodies) {
+  TokenizeRequest t;
+  ApiError e;
+  ASSERT_TRUE(ParseTokenize(R"({"content":"hi","with_pieces":true})", Limits(), &t, &e));
+  EXPECT_EQ(t.content, "hi");
+  EXPECT_TRUE(t.with_pieces);
+  EXPECT_FALSE(t.add_special);
+  for (auto [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {"{}", "content"}, {R"({"content":1})", "content"}, {R"({"content":"a","add_special":"y"})", "add_special"},
+           {R"({"content":"a","with_pieces":0})", "with_pieces"}, {"[]", ""}, {"nope", ""}}) {
+    EXPECT_FALSE(ParseTokenize(body, Limits(), &t, &e)) << body;
+    EXPECT_EQ(e.http, 400);
+    EXPECT_EQ(e.param, param) << body;
+  }
+  std::vector<int32_t> toks;
+  ASSERT_TRUE(ParseDetokenize(R"({"tokens":[0,5,9]})", Limits(), 10, &toks, &e));
+  EXPECT_EQ(toks, (std::vector<int32_t>{0, 5, 9}));
+  for (auto [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {"{}", "tokens"}, {R"({"tokens":3})", "tokens"}, {R"({"tokens":[1,10]})", "tokens[1]"},
+           {R"({"tokens":[-1]})", "tokens[0]"}, {R"({"tokens":[1.5]})", "tokens[0]"},
+           {R"({"tokens":[18446744073709551615]})", "tokens[0]"}}) {
+    EXPECT_FALSE(ParseDetokenize(body, Limits(), 10, &toks, &e)) << body;
+    EXPECT_EQ(e.param, param) << body;
+  }
+  EXPECT_EQ(PieceJson("ok"), "ok");
+  EXPECT_EQ(PieceJson("\xe4"), nlohmann::json::array({0xe4}));
+}
+
+TEST(ServeApi, TimingsAsLlamaServer) {
+  Timings t;
+  t.set = true;
+  t.prompt_n = 10;
+  t.cache_n = 4;
+  t.prompt_ms = 20;
+  t.predicted_n = 5;
+  t.predicted_ms = 50;
+  const nlohmann::json j = TimingsJson(t);
+  EXPECT_EQ(j["prompt_n"], 10);
+  EXPECT_EQ(j["cache_n"], 4);
+  EXPECT_DOUBLE_EQ(j["prompt_per_token_ms"].get<double>(), 2);
+  EXPECT_DOUBLE_EQ(j["prompt_per_second"].get<double>(), 500);
+  EXPECT_DOUBLE_EQ(j["predicted_per_token_ms"].get<double>(), 10);
+  EXPECT_DOUBLE_EQ(j["predicted_per_second"].get<double>(), 100);
+  t.predicted_ms = 0;
+  EXPECT_EQ(TimingsJson(t)["predicted_per_second"], 0.0);
+}
+
 }  // namespace
+
 }  // namespace mz::serve

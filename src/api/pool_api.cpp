@@ -319,6 +319,53 @@ int mz_conversation_cancel(mz_conversation* conv) {
   });
 }
 
+int mz_pool_evict_conversation(mz_pool* pool, const char* id, uint64_t* freed) {
+  if (freed) *freed = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id) return mz::Status::InvalidArgument("pool and id must not be NULL");
+    uint64_t f = 0;
+    mz::Status st = pool->pool->EvictConversation(id, &f);
+    if (freed) *freed = f;
+    return st;
+  });
+}
+
+int mz_pool_restore_conversation(mz_pool* pool, const char* id, uint64_t* restored) {
+  if (restored) *restored = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id) return mz::Status::InvalidArgument("pool and id must not be NULL");
+    uint64_t r = 0;
+    mz::Status st = pool->pool->RestoreConversation(id, &r);
+    if (restored) *restored = r;
+    return st;
+  });
+}
+
+int mz_pool_get_event_report(mz_pool* pool, mz_pool_event_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::PoolStats s = pool->pool->Stats();
+    std::memset(out, 0, sizeof *out);
+    out->evict_budget = s.evict_budget;
+    out->evict_budget_bytes = s.evict_budget_bytes;
+    out->evict_pressure = s.evict_pressure;
+    out->evict_pressure_bytes = s.evict_pressure_bytes;
+    out->evict_trim = s.evict_trim;
+    out->evict_trim_bytes = s.evict_trim_bytes;
+    out->evict_manual = s.evict_manual;
+    out->evict_manual_bytes = s.evict_manual_bytes;
+    out->evict_conversation = s.evict_conversation;
+    out->evict_conversation_bytes = s.evict_conversation_bytes;
+    out->pressure_events = s.pressure_events;
+    out->trim_events = s.trim_events;
+    out->restored_ahead_bytes = s.restored_ahead;
+    out->conversation_restores = s.conversation_restores;
+    out->conversation_restored_bytes = s.conversation_restored_bytes;
+    out->recomputed = s.recomputed;
+    return mz::Status::Ok();
+  });
+}
+
 int mz_pool_get_report(mz_pool* pool, mz_pool_report* out) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");

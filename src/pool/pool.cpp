@@ -847,7 +847,18 @@ Status Pool::EnforceBudget() {
   if (!ev.owns_lock()) return Status::Ok();  // a pass is under way
   const uint64_t over = in_memory + arena - opts_.memory_budget;
   uint64_t freed = 0;
-  if (!arena_) return EvictLocked(over, &freed, /*spare_active=*/true);
+  // Counted as a budget eviction when it gave back anything (PoolStats::evict_budget).
+  auto count = [this](uint64_t bytes) {
+    if (bytes == 0) return;
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.evict_budget++;
+    stats_.evict_budget_bytes += bytes;
+  };
+  if (!arena_) {
+    Status st = EvictLocked(over, &freed, /*spare_active=*/true);
+    count(freed);
+    return st;
+  }
   // 1. Idle conversations, least recently used first, also for room to keep a full load arena
   // (the swap segments they free go into it). 2. The arena keeps what fits beside what is still
   // held. 3. Still over with the arena empty: the usual pass (the conversation in use, then the
@@ -859,18 +870,118 @@ Status Pool::EnforceBudget() {
   uint64_t held = in_memory > freed ? in_memory - freed : 0;
   arena_->TrimTo(opts_.memory_budget > held ? opts_.memory_budget - held : 0);
   if (held <= opts_.memory_budget) {
+    count(freed);
     std::lock_guard<std::mutex> lk(mu_);
     stats_.evictions++;  // one pass (the idle-only step does not count itself)
     return st;
   }
   uint64_t more = 0;
   Status s2 = EvictLocked(held - opts_.memory_budget, &more, /*spare_active=*/true);
+  count(freed + more);
   held = held > more ? held - more : 0;
   arena_->TrimTo(opts_.memory_budget > held ? opts_.memory_budget - held : 0);
   return st.ok() ? s2 : st;
 }
 
 Status Pool::Evict(uint64_t bytes, uint64_t* freed) {
+  uint64_t f = 0;
+  Status st = EvictUncounted(bytes, &f);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.evict_manual++;
+    stats_.evict_manual_bytes += f;
+  }
+  if (freed) *freed = f;
+  return st;
+}
+
+Status Pool::EvictConversation(const std::string& id, uint64_t* freed) {
+  *freed = 0;
+  std::shared_ptr<Conversation> c;
+  std::shared_ptr<Context> ctx;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
+    c = it->second;
+    ctx = c->ctx_;
+  }
+  if (!ctx) return Status::Ok();  // stored only: nothing in RAM
+  std::lock_guard<std::mutex> ev(evict_mu_);
+  uint64_t f = 0;
+  Status st;
+  {
+    // The planner reads the weight units' states: not while a generation moves them (waited for;
+    // a generation on this very conversation makes EvictBytes return kBusy instead).
+    std::shared_lock<std::shared_mutex> wl(weights_mu_);
+    st = ctx->EvictBytes(~uint64_t(0), &f, nullptr, EvictScope::kKvOnly);
+    if (st.ok() || st.code() == Status::kBusy) {
+      Status d = ctx->DetachShared(nullptr);
+      if (st.ok() && d.code() == Status::kBusy) st = d;
+    }
+    TryReportShared(*ctx, &c->last_report_);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.evict_conversation++;
+  stats_.evict_conversation_bytes += f;
+  stats_.bytes_evicted += f;
+  *freed = f;
+  return st.With("evicting conversation '" + id + "'");
+}
+
+Status Pool::RestoreConversation(const std::string& id, uint64_t* restored) {
+  *restored = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!convs_.count(id)) return Status::InvalidArgument("no conversation '" + id + "'");
+  }
+  std::shared_ptr<Conversation> c;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it != convs_.end() && it->second->ctx_) c = it->second;
+  }
+  // A stored-only one is opened (its file becomes its storage tier); an open one is not (opening
+  // would wait for a call running on it).
+  if (!c) MZ_RETURN_IF_ERROR(OpenConversation(id, &c));
+  uint64_t got = 0;
+  Status st;
+  bool weights_all = false;
+  {
+    std::shared_lock<std::shared_mutex> sl(weights_mu_);
+    weights_all = AllWeightsResident();
+  }
+  if (!weights_all) {
+    // The weights given back come first; they move only under the exclusive lock, which a
+    // generation holds shared: not waited for (kBusy: that generation restores what it needs).
+    std::unique_lock<std::shared_mutex> xl(weights_mu_, std::try_to_lock);
+    if (!xl.owns_lock()) return Status::Busy("restoring conversation '" + id + "': a generation holds the weights");
+    uint64_t w = 0;
+    st = weights_ctx_->TryRestoreUpTo(~uint64_t(0), &w, /*yield=*/false);
+    got += w;
+  }
+  std::shared_ptr<Context> ctx;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ctx = c->ctx_;
+  }
+  if (st.ok() && ctx) {
+    std::shared_lock<std::shared_mutex> sl(weights_mu_);
+    uint64_t k = 0;
+    st = ctx->TryRestoreUpTo(~uint64_t(0), &k, /*yield=*/false);
+    got += k;
+    TryReportShared(*ctx, &c->last_report_);
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (got > 0) stats_.conversation_restores++;
+    stats_.conversation_restored_bytes += got;
+  }
+  *restored = got;
+  return st.With("restoring conversation '" + id + "'");
+}
+
+Status Pool::EvictUncounted(uint64_t bytes, uint64_t* freed) {
   std::lock_guard<std::mutex> ev(evict_mu_);
   uint64_t f = 0;
   Status st;
@@ -1047,6 +1158,11 @@ bool Pool::LlmBytes(uint64_t* llm, uint64_t* resident) {
 
 Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
   if (freed) *freed = 0;
+  const bool trim = ev.source == "onTrimMemory";  // mz_pool_on_trim_memory's events
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    (trim ? stats_.trim_events : stats_.pressure_events)++;
+  }
   uint64_t llm = 0, resident = 0;
   LlmBytes(&llm, &resident);
   AmountDecision d;
@@ -1061,7 +1177,12 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
     // unit's size: a byte count would stop one unit short).
     const bool all = ev.level == PressureLevel::kCritical && amount_.options().critical_to_floor &&
                      amount_.options().floor_points <= 0;
-    st = Evict(all ? ~uint64_t(0) : d.evict_bytes, freed);
+    uint64_t f = 0;
+    st = EvictUncounted(all ? ~uint64_t(0) : d.evict_bytes, &f);
+    if (freed) *freed = f;
+    std::lock_guard<std::mutex> lk(mu_);
+    (trim ? stats_.evict_trim : stats_.evict_pressure)++;
+    (trim ? stats_.evict_trim_bytes : stats_.evict_pressure_bytes) += f;
   }
   std::lock_guard<std::mutex> lk(pressure_mu_);
   ++pressure_gen_;

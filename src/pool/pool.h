@@ -197,6 +197,18 @@ struct PoolStats {
   int unsaved = 0;  // conversations whose last change is not stored yet (dir set)
   // The store of shared chunks (counted once; in_memory includes shared_resident).
   SharedChunkReport shared;
+  // Evictions by what asked for them (passes, and the RAM each kind gave back): the memory budget
+  // (a pass that evicted anything), pressure events (the watch), onTrimMemory calls, Evict
+  // (mz_pool_evict), EvictConversation. pressure_events / trim_events: events received (an event
+  // merged by the amount policy still counts).
+  uint64_t evict_budget = 0, evict_budget_bytes = 0;
+  uint64_t evict_pressure = 0, evict_pressure_bytes = 0;
+  uint64_t evict_trim = 0, evict_trim_bytes = 0;
+  uint64_t evict_manual = 0, evict_manual_bytes = 0;
+  uint64_t evict_conversation = 0, evict_conversation_bytes = 0;
+  uint64_t pressure_events = 0, trim_events = 0;
+  // RestoreConversation calls that restored something, and their bytes.
+  uint64_t conversation_restores = 0, conversation_restored_bytes = 0;
 };
 
 struct DamagedFile {
@@ -338,7 +350,20 @@ class Pool {
   // Forgets it: memory, swap and stored file. Waits for a call running on it.
   Status Delete(const std::string& id);
   // Gives back at least `bytes` of RAM in the pool's order (see above), or all it can: *freed.
+  // Counted as a manual eviction (PoolStats::evict_manual).
   Status Evict(uint64_t bytes, uint64_t* freed);
+  // Gives back all of conversation id's KV in RAM (resident and in-memory swap) to the tiers its
+  // eviction policy chooses (the swap: compressed in memory or storage; an idle conversation goes
+  // out whole), and lets its borrowed shared chunks go. Never waits for a call on it: kBusy while
+  // one runs. kInvalidArgument: no such conversation. A stored-only conversation has nothing in
+  // RAM: Ok, *freed 0. Counted in PoolStats::evict_conversation.
+  Status EvictConversation(const std::string& id, uint64_t* freed);
+  // Brings conversation id's KV back into RAM (a stored one is opened first: its file becomes its
+  // storage tier), after the weights if some were given back. kBusy at once while a call runs on
+  // it, or while weights must come back and a generation holds them; kInvalidArgument: no such
+  // conversation (none is created). The memory budget still applies
+  // afterwards (a budget pass may take it again). *restored: RAM brought back.
+  Status RestoreConversation(const std::string& id, uint64_t* restored);
   // A memory-pressure event for the whole pool (the amount policy of one context, applied to the
   // pool: a share of its LLM memory, escalating on repeated events, merged within the hysteresis
   // window, everything at critical), given back in the pool's order. *freed (optional).
@@ -412,6 +437,8 @@ class Pool {
   // busy (budget_retry_ set: the next persist runs the budget pass again).
   // idle_only: only the idle conversations (not the most recently used one, not the weights).
   Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false, bool idle_only = false);
+  // Evict without counting it as manual (OnPressure counts its own).
+  Status EvictUncounted(uint64_t bytes, uint64_t* freed);
   bool AllWeightsResident() const;
   // ctx's report (it reads the shared weight units' state) under the weights lock taken shared,
   // without waiting for either: false (out unchanged: the last known figures) if one is busy.

@@ -390,6 +390,74 @@ bool ParseRequest(const std::string& body, bool chat, const Limits& limits, Chat
   return true;
 }
 
+json TimingsJson(const Timings& t) {
+  auto per_token = [](double ms, int n) { return n > 0 ? ms / n : 0.0; };
+  auto per_second = [](double ms, int n) { return ms > 0 ? 1e3 * n / ms : 0.0; };
+  return {{"cache_n", t.cache_n},
+          {"prompt_n", t.prompt_n},
+          {"prompt_ms", t.prompt_ms},
+          {"prompt_per_token_ms", per_token(t.prompt_ms, t.prompt_n)},
+          {"prompt_per_second", per_second(t.prompt_ms, t.prompt_n)},
+          {"predicted_n", t.predicted_n},
+          {"predicted_ms", t.predicted_ms},
+          {"predicted_per_token_ms", per_token(t.predicted_ms, t.predicted_n)},
+          {"predicted_per_second", per_second(t.predicted_ms, t.predicted_n)},
+          {"ttft_ms", t.ttft_ms},
+          {"restore_ms", t.restore_ms},
+          {"restore_bytes_from_storage", t.restore_bytes_from_storage}};
+}
+
+namespace {
+
+// The body of a small request: depth-checked, parsed, an object (else false with *err).
+bool ObjectBody(const std::string& body, const Limits& limits, json* j, ApiError* err) {
+  if (JsonDepth(body, limits.max_depth) > limits.max_depth)
+    return Fail(err, "the body nests deeper than " + std::to_string(limits.max_depth) + " levels");
+  *j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j->is_discarded()) return Fail(err, "the body is not valid JSON");
+  if (!j->is_object()) return Fail(err, "the body must be a JSON object");
+  return true;
+}
+
+}  // namespace
+
+bool ParseTokenize(const std::string& body, const Limits& limits, TokenizeRequest* out, ApiError* err) {
+  *out = TokenizeRequest();
+  json j;
+  if (!ObjectBody(body, limits, &j, err)) return false;
+  auto c = j.find("content");
+  if (c == j.end() || c->is_null()) return Fail(err, "'content' is required (a string)", "content");
+  if (!c->is_string()) return Fail(err, "'content' must be a string", "content");
+  out->content = c->get<std::string>();
+  return Bool(j, "add_special", &out->add_special, err) && Bool(j, "parse_special", &out->parse_special, err) &&
+         Bool(j, "with_pieces", &out->with_pieces, err);
+}
+
+bool ParseDetokenize(const std::string& body, const Limits& limits, int32_t n_vocab, std::vector<int32_t>* out,
+                     ApiError* err) {
+  out->clear();
+  json j;
+  if (!ObjectBody(body, limits, &j, err)) return false;
+  auto t = j.find("tokens");
+  if (t == j.end() || t->is_null()) return Fail(err, "'tokens' is required (an array of token ids)", "tokens");
+  if (!t->is_array()) return Fail(err, "'tokens' must be an array of token ids", "tokens");
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& v = (*t)[i];
+    const std::string p = "tokens[" + std::to_string(i) + "]";
+    if (!v.is_number_integer() && !v.is_number_unsigned()) return Fail(err, "a token id must be an integer", p);
+    if (v.is_number_unsigned() ? v.get<uint64_t>() >= uint64_t(std::max(n_vocab, 0))
+                               : (v.get<int64_t>() < 0 || v.get<int64_t>() >= n_vocab))
+      return Fail(err, "a token id must be within [0, " + std::to_string(n_vocab) + ")", p);
+    out->push_back(int32_t(v.get<int64_t>()));
+  }
+  return true;
+}
+
+json PieceJson(const std::string& piece) {
+  if (SanitizeUtf8(piece) == piece) return piece;
+  return Bytes(piece);
+}
+
 json LogprobsJson(const ChatRequest& req, const std::vector<TokenLogprob>& lps, size_t text_offset0) {
   if (req.top_logprobs < 0) return nullptr;
   if (req.chat) {
@@ -425,9 +493,11 @@ json CompletionBody(const ChatRequest& req, const std::string& id, const std::st
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
     choice["text"] = text;
-  return {{"id", id},         {"object", Object(req, false)}, {"created", created},
+  json out = {{"id", id},         {"object", Object(req, false)}, {"created", created},
           {"model", model},   {"choices", json::array({choice})}, {"usage", UsageJson(u)},
           {"mzcache", InfoJson(info)}};
+  if (info.timings.set) out["timings"] = TimingsJson(info.timings);
+  return out;
 }
 
 json ChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
@@ -449,8 +519,10 @@ json ChunkBody(const ChatRequest& req, const std::string& id, const std::string&
 
 json UsageChunkBody(const ChatRequest& req, const std::string& id, const std::string& model, int64_t created,
                     const Usage& u, const TurnInfo& info) {
-  return {{"id", id},       {"object", Object(req, true)}, {"created", created}, {"model", model},
+  json out = {{"id", id},       {"object", Object(req, true)}, {"created", created}, {"model", model},
           {"choices", json::array()}, {"usage", UsageJson(u)}, {"mzcache", InfoJson(info)}};
+  if (info.timings.set) out["timings"] = TimingsJson(info.timings);
+  return out;
 }
 
 std::string SseEvent(const json& j) {

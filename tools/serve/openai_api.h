@@ -106,6 +106,32 @@ struct Usage {
   int prompt_tokens = 0, completion_tokens = 0;
   int cached_tokens = 0;  // prompt tokens not computed: kept from the conversation or shared prefix chunks
 };
+// llama-server's "timings" object of one turn (prompt_n: prompt tokens computed, cache_n: those
+// kept or reused, so prompt_n + cache_n = usage.prompt_tokens; predicted_*: the reply's tokens and
+// the time from the first sampled token to the last), plus mzcache's restore figures (restore_ms:
+// the restore's reload phase; restore_bytes_from_storage). Rates are 0 when their time is 0.
+struct Timings {
+  bool set = false;  // false: no "timings" in the body
+  int prompt_n = 0, cache_n = 0, predicted_n = 0;
+  double prompt_ms = 0, predicted_ms = 0, ttft_ms = 0, restore_ms = 0;
+  uint64_t restore_bytes_from_storage = 0;
+};
+nlohmann::json TimingsJson(const Timings& t);
+
+// POST /tokenize, as llama-server's: {"content": string, "add_special": bool (default false),
+// "parse_special": bool (default true), "with_pieces": bool (default false)}. content must be a
+// string (llama-server's mixed arrays of strings and token ids are refused: 400 naming it).
+struct TokenizeRequest {
+  std::string content;
+  bool add_special = false, parse_special = true, with_pieces = false;
+};
+bool ParseTokenize(const std::string& body, const Limits& limits, TokenizeRequest* out, ApiError* err);
+// POST /detokenize: {"tokens": [ids]}, every id an integer in [0, n_vocab).
+bool ParseDetokenize(const std::string& body, const Limits& limits, int32_t n_vocab, std::vector<int32_t>* out,
+                     ApiError* err);
+// A piece as /tokenize's with_pieces gives it: a string if valid UTF-8, else its bytes.
+nlohmann::json PieceJson(const std::string& piece);
+
 // mzcache's own figures of one turn, added to responses as "mzcache" (clients ignore unknown fields).
 struct TurnInfo {
   std::string conversation;
@@ -114,6 +140,7 @@ struct TurnInfo {
   double reload_s = 0, wait_s = 0;  // the restore's reload phase, and compute's wait for units
   uint64_t bytes_from_storage = 0;
   int units_restored = 0;
+  Timings timings;  // the body's "timings" (set: present)
 };
 
 // A choice's "logprobs" value for these tokens: null unless req.top_logprobs >= 0; chat:

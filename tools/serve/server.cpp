@@ -70,7 +70,10 @@ struct Server::Job {
   ~Job() {
     if (conv) mz_conversation_release(conv);
     if (!finished && !claim.id.empty()) s->router_.Abandon(claim.id, false);
-    if (slot) s->slots_.Release();
+    if (slot) {
+      s->processing_--;
+      s->slots_.Release();
+    }
   }
   // Moves the job onto a fresh claim (a new, empty conversation) after its own was found damaged.
   // The old claim must have been ended already (FinishJob with damaged = true); its handle is
@@ -165,12 +168,16 @@ std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_
   job->s = this;
   job->req = r;
   job->prompt = std::move(prompt);
-  if (!slots_.Acquire()) {
+  deferred_++;
+  const bool got_slot = slots_.Acquire();
+  deferred_--;
+  if (!got_slot) {
     err->http = 503;
     err->type = "server_error";
     err->message = "too many requests waiting; retry later";
     return nullptr;
   }
+  processing_++;
   job->slot = true;
   if (!r.conversation.empty()) {
     std::string why;
@@ -264,6 +271,9 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
     std::fprintf(stderr, "[serve] conversation %s is damaged (%s): recomputing the request in a new one\n",
                  job.claim.id.c_str(), r.error.c_str());
     recovered_++;
+    metrics_.Add("mzcache_recomputed_tokens_total",
+                 "Prompt tokens computed again because their conversation's stored or swapped data was damaged",
+                 double(job.prompt.size()));
     FinishJob(job, /*damaged=*/true, {});
     if (job.Rebind(router_.Acquire(job.prompt, RandomId("c-"))) != MZ_OK) {
       r.status = MZ_ERR_INTERNAL;
@@ -331,6 +341,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     info->wait_s = t.restore.wait_s;
     info->bytes_from_storage = t.restore.bytes_from_storage;
     info->units_restored = t.restore.units_restored;
+    RecordTurn(t, u->prompt_tokens - u->cached_tokens, u->cached_tokens, &info->timings);  // once per turn
   };
   auto record = [this](const serve::Usage& u, const serve::TurnInfo& info) {
     serve::TurnRecord rec;
@@ -449,11 +460,13 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
         send_events(ev, {}, at);
         if (!tcs->calls().empty() && t.finish_reason == "stop") t.finish_reason = "tool_calls";
       }
-      send(serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest, at));
       serve::Usage u;
       serve::TurnInfo info;
       usage(*job, t, &u, &info);
       record(u, info);
+      json last = serve::ChunkBody(r, id, model_id_, created, nullptr, &t.finish_reason, false, &rest, at);
+      last["timings"] = serve::TimingsJson(info.timings);  // as llama-server's last chunk
+      send(last);
       if (r.include_usage) send(serve::UsageChunkBody(r, id, model_id_, created, u, info));
     }
     if (t.finish_reason != "cancelled") {
@@ -521,10 +534,6 @@ int Server::Start() {
     std::fprintf(stderr, "error: --host %s is not loopback: set an API key first (--api-key or MZ_API_KEY)\n", a_.host.c_str());
     return 2;
   }
-  if (a_.model.empty()) {
-    Status st = EnsureDefaultModel(&a_.model);
-    if (!st.ok()) return Fail(st);
-  }
   if (a_.dir.empty()) a_.dir = CacheDir() + "/server";
   std::error_code ec;
   std::filesystem::create_directories(a_.dir + "/serve", ec);
@@ -553,6 +562,17 @@ int Server::Start() {
       return 2;
     }
     std::fprintf(stderr, "[serve] TEST HOOK: replies scripted from %s\n", a_.test_scripted_replies.c_str());
+  }
+  return Bind();
+}
+
+int Server::Load() {
+  // Tests see the loading state for this long (tests/serve_obs.py): a test hook, off by default.
+  if (const char* d = std::getenv("MZ_SERVE_TEST_LOAD_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
+  if (a_.model.empty()) {
+    Status st = EnsureDefaultModel(&a_.model);
+    if (!st.ok()) return Fail(st);
   }
   if (int rc = mz_model_load(a_.model.c_str(), nullptr, &model_)) return CFail("loading " + a_.model, rc);
   if (mz_model_info mi; mz_model_get_info(model_, &mi) == MZ_OK) tool_syntax_ = serve::ToolSyntaxFor(mi.arch);
@@ -604,7 +624,21 @@ int Server::Start() {
       std::fprintf(stderr, "[serve] warning: no memory-pressure watch (%s): memory is given back only by the budget and /v1/mzcache/trim\n",
                    mz_last_error());
   }
+  ready_ = true;
+  std::fprintf(stderr, "[serve] %s: %zu conversations in %s; listening on http://%s:%d%s\n", model_id_.c_str(),
+               router_.size(), a_.dir.c_str(), a_.host.c_str(), a_.port, a_.api_key.empty() ? "" : " (API key required)");
+  if (!a_.port_file.empty()) {
+    std::ofstream f(a_.port_file + ".tmp");
+    f << a_.port << "\n";
+    f.close();
+    std::rename((a_.port_file + ".tmp").c_str(), a_.port_file.c_str());
+  }
+  return 0;
+}
+
+int Server::Bind() {
   Routes();
+  ResourceRoutes();
   http_.set_payload_max_length(size_t(a_.max_body_kib) << 10);
   http_.set_read_timeout(a_.read_timeout_s, 0);
   http_.set_write_timeout(a_.read_timeout_s, 0);
@@ -637,14 +671,8 @@ int Server::Start() {
     std::fprintf(stderr, "[serve] warning: could not widen the listen backlog (%s): bursts of connections may wait 1 s\n",
                  std::strerror(errno));
   a_.port = port;
-  std::fprintf(stderr, "[serve] %s: %zu conversations in %s; listening on http://%s:%d%s\n", model_id_.c_str(),
-               router_.size(), a_.dir.c_str(), a_.host.c_str(), port, a_.api_key.empty() ? "" : " (API key required)");
-  if (!a_.port_file.empty()) {
-    std::ofstream f(a_.port_file + ".tmp");
-    f << port << "\n";
-    f.close();
-    std::rename((a_.port_file + ".tmp").c_str(), a_.port_file.c_str());
-  }
+  // Scripts find the port here while the model loads (the port file is written once it is loaded).
+  std::fprintf(stderr, "[serve] bound to http://%s:%d; loading the model\n", a_.host.c_str(), port);
   return 0;
 }
 
@@ -661,16 +689,41 @@ int Server::Run() {
     if (sig != 0) std::fprintf(stderr, "[serve] signal %d: stopping\n", sig);
     http_.stop();
   });
+  // The model loads while the server listens: /health answers 503 until it is ready. A load that
+  // fails stops the listener (once it runs: stop() before it would be lost) with its exit code.
+  std::atomic<int> load_rc{0};
+  std::atomic<bool> listened{false};
+  std::thread loader([this, &load_rc, &listened] {
+    const int rc = Load();
+    if (rc == 0) return;
+    load_rc = rc;
+    while (!http_.is_running() && !listened) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    http_.stop();
+  });
   http_.listen_after_bind();
+  listened = true;
   // listen_after_bind returns after stop(): wake the waiter if it is still waiting (stop by error).
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  loader.join();  // a stop during the load waits for it to end (then the pool is persisted and freed)
+  if (load_rc != 0) return load_rc;
   std::fprintf(stderr, "[serve] persisting conversations\n");
-  if (mz_pool_flush(pool_) != MZ_OK) std::fprintf(stderr, "[serve] warning: %s\n", mz_last_error());
+  if (pool_ && mz_pool_flush(pool_) != MZ_OK) std::fprintf(stderr, "[serve] warning: %s\n", mz_last_error());
   return 0;
 }
 
 int RunServe(ServeArgs a) {
+  if (!a.api_key_file.empty()) {
+    std::string why;
+    if (!a.api_key.empty()) {
+      std::fprintf(stderr, "error: give --api-key or --api-key-file, not both\n");
+      return 2;
+    }
+    if (!ReadKeyFile(a.api_key_file, &a.api_key, &why)) {
+      std::fprintf(stderr, "error: --api-key-file %s: %s\n", a.api_key_file.c_str(), why.c_str());
+      return 2;
+    }
+  }
   if (a.api_key.empty())
     if (const char* k = std::getenv("MZ_API_KEY")) a.api_key = k;
   // Block the stop signals in every thread (the pool's and httplib's inherit the mask); one thread

@@ -3,7 +3,8 @@
 // only (include/mzcache.h).
 //
 // One concern per file: server.cpp (admission, turns, the pool report, start and stop),
-// routes.cpp (the HTTP endpoints), cmd_serve.cpp (the command line). Thread-safety: the handlers
+// routes.cpp (the HTTP endpoints), resources.cpp (metrics, tokenize, props, conversations as
+// resources, CORS and the readiness gate), cmd_serve.cpp (the command line). Thread-safety: the handlers
 // run on httplib's worker threads; the Server's members are either set before listening (model_,
 // pool_, a_) or synchronized themselves (router_, slots_, the counters).
 #pragma once
@@ -21,6 +22,7 @@
 
 #include "mzcache.h"
 #include "tools/serve/activity_log.h"
+#include "tools/serve/metrics.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
 #include "tools/serve/scripted_replies.h"
@@ -44,6 +46,10 @@ struct ServeArgs {
   std::string port_file;
   std::string chat_template_file;      // Jinja template for tool calling (default: the GGUF's own)
   std::string test_scripted_replies;  // TEST HOOK: tools/serve/scripted_replies.h (loopback only)
+  // Observability and access (tools/serve/resources.cpp): GET /metrics on (--no-metrics: off), the
+  // API key read from a file (--api-key-file), CORS for one origin (--cors; "" = off).
+  bool metrics = true;
+  std::string api_key_file, cors;
 };
 
 
@@ -56,6 +62,9 @@ std::string RandomId(const char* prefix);
 // The ids the server gives conversations it found no match for ("c-" and 16 hex digits).
 bool ImplicitId(const std::string& id);
 int64_t UnixNow();
+// The API key in file path (--api-key-file): its content without the trailing newline (\n or
+// \r\n). false with *why when it cannot be read, is empty, or holds another line break or a NUL.
+bool ReadKeyFile(const std::string& path, std::string* key, std::string* why);
 
 // At most n turns at once; at most max_wait waiting (then Acquire refuses).
 class Slots {
@@ -92,6 +101,9 @@ class Server {
     if (pool_) mz_pool_free(pool_);  // persists every changed conversation
     if (model_) mz_model_free(model_);
   }
+  // Start: checks the arguments and binds (the port file is written once the model is loaded);
+  // Run: loads the model and the pool in the background while listening (every endpoint but
+  // /health answers 503 until then; a load failure stops the server with its exit code).
   int Start();
   int Run();
 
@@ -111,6 +123,15 @@ class Server {
   nlohmann::json PoolJson();
   // The pressure watcher's on_action (mz_pressure_params): records the action in activity_.
   static void PressureAction(const mz_pressure_action* a, void* self);
+  // tools/serve/resources.cpp: /metrics, /tokenize, /detokenize, /props, /v1/conversations, the
+  // readiness gate and CORS.
+  int Bind();  // the routes and the listening socket: 0 or the exit code
+  int Load();  // the model, the pool, the router's histories, the pressure watch: 0 or the exit code
+  void ResourceRoutes();
+  std::string MetricsText();
+  nlohmann::json ConversationJson(const mz_conversation_report& r);
+  // After a turn: the metrics and the response's timings (llama-server's "timings" object).
+  void RecordTurn(const serve::TurnResult& t, int prompt_n, int cache_n, serve::Timings* timings);
 
   ServeArgs a_;
   mz_model* model_ = nullptr;
@@ -127,6 +148,10 @@ class Server {
   serve::ToolSyntax tool_syntax_ = serve::ToolSyntax::kHermes;  // how the model writes tool calls (by arch)
   std::string chat_template_;                                    // --chat-template-file ("" = the model's)
   serve::ScriptedReplies scripted_;                              // TEST HOOK, empty unless given
+  serve::MetricsRegistry metrics_;
+  std::atomic<bool> ready_{false};          // the model and pool are loaded
+  std::atomic<int> processing_{0};          // turns generating (llamacpp:requests_processing)
+  std::atomic<int> deferred_{0};            // requests waiting for a slot (llamacpp:requests_deferred)
 };
 
 // Runs the server until SIGINT/SIGTERM: the exit code.

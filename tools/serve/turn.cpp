@@ -1,6 +1,7 @@
 #include "tools/serve/turn.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 
@@ -69,10 +70,15 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
   r.history.assign(prompt.begin(), prompt.begin() + keep);  // what the conversation holds now
   std::unique_ptr<mz_sampler, void (*)(mz_sampler*)> sampler(mz_sampler_new(&params.sampler), mz_sampler_free);
   if (!sampler) return Failed(r, MZ_ERR_INVALID_ARG);
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
   if (int st = mz_conversation_restore_generate(conv, prompt.data() + keep, int32_t(prompt.size()) - keep, nullptr,
                                                 &r.restore);
       st != MZ_OK)
     return Failed(r, st);
+  const Clock::time_point t1 = Clock::now();
+  r.prompt_s = std::chrono::duration<double>(t1 - t0).count();
+
   r.history = prompt;
   std::vector<mz_token> script;
   if (params.scripted) {
@@ -135,6 +141,7 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
   }
   for (TokenLogprob& t : pending) r.logprobs.push_back(std::move(t));  // after logprobs_emitted
   r.text = text.released();
+  r.predicted_s = std::chrono::duration<double>(Clock::now() - t1).count();
   if (int st = mz_conversation_commit(conv); st != MZ_OK) return Failed(r, st);
   return r;
 }

@@ -37,6 +37,9 @@ struct TurnResult {
   std::string finish_reason;   // "stop", "length", or "cancelled" (emit returned false)
   int completion_tokens = 0;
   mz_restore_stats restore{};  // of the prompt's restore_generate
+  // Wall seconds of the prompt's restore_generate (restore and prefill), and of the reply: from
+  // the first sample to the end of the last decode (llama-server's prompt_ms / predicted_ms).
+  double prompt_s = 0, predicted_s = 0;
   // The conversation's history after the turn: the prompt (when its restore_generate succeeded)
   // and the sampled tokens that were decoded (the last sampled one is not).
   std::vector<mz_token> history;

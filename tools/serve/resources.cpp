@@ -1,0 +1,371 @@
+// The server's observability and resource endpoints (docs/server.md): GET /metrics (Prometheus),
+// POST /tokenize and /detokenize, GET /props (llama-server's names), conversations as resources
+// (/v1/conversations), the readiness gate (/health 503 while the model loads) and CORS (--cors).
+// Every handler checks the key (Authorized), validates its input (a 400 naming the field) and
+// reaches the library through the public C API only.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tools/cli/c_api_text.h"
+#include "tools/serve/server.h"
+#include "tools/serve/text_stream.h"
+
+namespace mz::cli::serve_app {
+
+using nlohmann::json;
+using serve::ApiError;
+using serve::MetricLabels;
+using Type = serve::MetricsRegistry::Type;
+
+namespace {
+
+// Seconds: TTFT and restores, from a cached turn's few ms to a cold 8k-token prompt.
+const std::vector<double> kSecondsBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+void JsonBody(httplib::Response& res, const json& j) {
+  res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+}  // namespace
+
+bool ReadKeyFile(const std::string& path, std::string* key, std::string* why) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    *why = std::string("cannot be read: ") + std::strerror(errno);
+    return false;
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) {
+    *why = "cannot be read";
+    return false;
+  }
+  std::string k = ss.str();
+  if (!k.empty() && k.back() == '\n') k.pop_back();
+  if (!k.empty() && k.back() == '\r') k.pop_back();
+  if (k.empty()) {
+    *why = "is empty (it must hold the key)";
+    return false;
+  }
+  if (k.find_first_of(std::string("\r\n\0", 3)) != std::string::npos) {
+    *why = "holds more than one line (the key alone, one trailing newline allowed)";
+    return false;
+  }
+  *key = k;
+  return true;
+}
+
+json Server::ConversationJson(const mz_conversation_report& r) {
+  return {{"id", r.id},
+          {"object", "conversation"},
+          {"tokens", r.n_tokens},
+          {"bytes", {{"resident", r.kv_resident}, {"compressed_memory", r.kv_mem_compressed}, {"storage", r.kv_storage}}},
+          {"stored_bytes", r.stored_bytes},
+          {"stored_tokens", r.stored_tokens},
+          {"open", r.open},
+          {"busy", r.busy},
+          {"shared_chunks", r.shared_chunks},
+          {"last_use_unix_ms", r.last_use_unix_ms}};
+}
+
+void Server::RecordTurn(const serve::TurnResult& t, int prompt_n, int cache_n, serve::Timings* out) {
+  out->set = true;
+  out->prompt_n = prompt_n;
+  out->cache_n = cache_n;
+  out->prompt_ms = t.prompt_s * 1e3;
+  out->predicted_n = t.completion_tokens;
+  out->predicted_ms = t.predicted_s * 1e3;
+  out->ttft_ms = t.restore.ttft_s * 1e3;
+  out->restore_ms = t.restore.reload_s * 1e3;
+  out->restore_bytes_from_storage = t.restore.bytes_from_storage;
+  // llama-server's counters (tools/server/server-task.cpp: prompt tokens exclude cached ones).
+  metrics_.Add("llamacpp:prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", prompt_n);
+  metrics_.Add("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", cache_n);
+  metrics_.Add("llamacpp:prompt_seconds_total", "Total time spent processing prompts", t.prompt_s);
+  metrics_.Add("llamacpp:tokens_predicted_total", "Number of generation tokens processed", t.completion_tokens);
+  metrics_.Add("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", t.predicted_s);
+  // mzcache's own.
+  metrics_.Add("mzcache_turns_total", "Turns computed (chat and completions)", 1);
+  metrics_.Add("mzcache_prefix_hit_tokens_total",
+               "Prompt tokens not computed: kept from the conversation or copied from a shared prefix", cache_n);
+  metrics_.Observe("mzcache_ttft_seconds", "Time to first token of a turn (restore and prefill)", kSecondsBuckets,
+                   t.restore.ttft_s);
+  const bool restored = t.restore.units_restored > 0 || t.restore.bytes_from_storage > 0 || t.restore.bytes_decoded > 0;
+  if (restored) {
+    metrics_.Add("mzcache_restores_total", "Turns that brought memory back (weights or KV) before their first token", 1);
+    metrics_.Observe("mzcache_restore_seconds", "Reload phase of a turn's restore (front layers first)",
+                     kSecondsBuckets, t.restore.reload_s);
+    metrics_.Add("mzcache_restored_bytes_total", "Bytes brought back by turns, by the tier they came from",
+                 double(t.restore.bytes_from_storage), {{"tier", "storage"}});
+    metrics_.Add("mzcache_restored_bytes_total", "Bytes brought back by turns, by the tier they came from",
+                 double(t.restore.bytes_decoded), {{"tier", "compressed_memory"}});
+  }
+  if (t.restore.bytes_read_compressed > 0)
+    metrics_.Add("mzcache_attended_compressed_bytes_total",
+                 "KV bytes attention read in place while compressed in memory (not restored)",
+                 double(t.restore.bytes_read_compressed));
+}
+
+std::string Server::MetricsText() {
+  auto gauge = [this](const char* name, const char* help, double v, const MetricLabels& l = {}) {
+    metrics_.Set(name, help, v, l, Type::kGauge);
+  };
+  auto counter = [this](const char* name, const char* help, double v, const MetricLabels& l = {}) {
+    metrics_.Set(name, help, v, l, Type::kCounter);
+  };
+  gauge("llamacpp:requests_processing", "Number of requests processing", processing_.load());
+  gauge("llamacpp:requests_deferred", "Number of requests deferred", deferred_.load());
+  {
+    const double pt = metrics_.Value("llamacpp:prompt_tokens_total"), ps = metrics_.Value("llamacpp:prompt_seconds_total");
+    const double gt = metrics_.Value("llamacpp:tokens_predicted_total"),
+                 gs = metrics_.Value("llamacpp:tokens_predicted_seconds_total");
+    gauge("llamacpp:prompt_tokens_seconds", "Average prompt throughput in tokens/s", ps > 0 ? pt / ps : 0);
+    gauge("llamacpp:predicted_tokens_seconds", "Average generation throughput in tokens/s", gs > 0 ? gt / gs : 0);
+  }
+  counter("mzcache_requests_total", "Chat and completion requests received", double(requests_.load()));
+  counter("mzcache_request_failures_total", "Chat and completion requests refused or failed", double(failures_.load()));
+  counter("mzcache_conversations_recovered_total",
+          "Turns recomputed in a new conversation because theirs was found damaged", double(recovered_.load()));
+  // Families whose samples appear at a first event are declared, so that scrapers see them at once.
+  metrics_.Declare("mzcache_ttft_seconds", "Time to first token of a turn (restore and prefill)", Type::kHistogram,
+                   kSecondsBuckets);
+  metrics_.Declare("mzcache_restore_seconds", "Reload phase of a turn's restore (front layers first)",
+                   Type::kHistogram, kSecondsBuckets);
+  for (const char* tier : {"storage", "compressed_memory"})
+    metrics_.Add("mzcache_restored_bytes_total", "Bytes brought back by turns, by the tier they came from", 0,
+                 {{"tier", tier}});
+  metrics_.Add("llamacpp:prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens", 0);
+  metrics_.Add("llamacpp:prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0);
+  metrics_.Add("llamacpp:prompt_seconds_total", "Total time spent processing prompts", 0);
+  metrics_.Add("llamacpp:tokens_predicted_total", "Number of generation tokens processed", 0);
+  metrics_.Add("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", 0);
+  mz_pool_report p;
+  if (mz_pool_get_report(pool_, &p) == MZ_OK) {
+    const char* kv_help = "Bytes of conversations' KV in each tier (shared prefix chunks not included)";
+    gauge("mzcache_kv_bytes", kv_help, double(p.kv_resident), {{"tier", "resident"}});
+    gauge("mzcache_kv_bytes", kv_help, double(p.kv_mem_compressed), {{"tier", "compressed_memory"}});
+    gauge("mzcache_kv_bytes", kv_help, double(p.kv_storage), {{"tier", "storage"}});
+    gauge("mzcache_weights_bytes", "Bytes of the model's weights: all of them, and those in RAM", double(p.weights_total),
+          {{"state", "total"}});
+    gauge("mzcache_weights_bytes", "Bytes of the model's weights: all of them, and those in RAM",
+          double(p.weights_resident), {{"state", "resident"}});
+    gauge("mzcache_memory_bytes", "The pool's RAM: resident weights, KV and in-memory swap", double(p.in_memory));
+    gauge("mzcache_memory_budget_bytes", "The pool's memory budget (0: none)", double(p.memory_budget));
+    gauge("mzcache_stored_bytes", "Bytes of stored conversations on storage", double(p.stored_bytes));
+    gauge("mzcache_pool_conversations", "Conversations the pool holds (any tier, stored included)",
+          double(p.n_conversations));
+    counter("mzcache_conversations_lost_total", "Conversations deleted by the disk budget", double(p.conversations_lost));
+    counter("mzcache_persists_total", "Conversations written to storage", double(p.persists));
+    counter("mzcache_persist_failures_total", "Conversation writes that failed", double(p.persist_failures));
+    counter("mzcache_prefix_chunks_reused_total", "KV chunks (per layer) copied from a shared prefix instead of computed",
+            double(p.prefix_chunks_reused));
+  }
+  // Conversations by the tiers their KV is in (one may count in several: part resident, part stored).
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
+  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
+  double resident = 0, compressed = 0, storage = 0, stored_only = 0;
+  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+    const auto& r = all[size_t(i)];
+    resident += r.kv_resident > 0;
+    compressed += r.kv_mem_compressed > 0;
+    storage += r.kv_storage > 0 || !r.open;
+    stored_only += !r.open;
+  }
+  const char* conv_help = "Conversations with KV in each tier (stored-only ones count in storage)";
+  gauge("mzcache_conversations", conv_help, resident, {{"tier", "resident"}});
+  gauge("mzcache_conversations", conv_help, compressed, {{"tier", "compressed_memory"}});
+  gauge("mzcache_conversations", conv_help, storage, {{"tier", "storage"}});
+  gauge("mzcache_conversations_stored_only", "Conversations with nothing in memory (found again on their next turn)",
+        stored_only);
+  mz_pool_event_report e;
+  if (mz_pool_get_event_report(pool_, &e) == MZ_OK) {
+    const char* eh = "Evictions (passes that gave memory back), by what asked for them";
+    const char* bh = "Bytes of RAM given back, by what asked for it";
+    const std::pair<const char*, std::pair<uint64_t, uint64_t>> by[] = {
+        {"budget", {e.evict_budget, e.evict_budget_bytes}},
+        {"pressure", {e.evict_pressure, e.evict_pressure_bytes}},
+        {"trim", {e.evict_trim, e.evict_trim_bytes}},
+        {"manual", {e.evict_manual, e.evict_manual_bytes}},
+        {"conversation", {e.evict_conversation, e.evict_conversation_bytes}}};
+    for (const auto& [reason, v] : by) {
+      counter("mzcache_evictions_total", eh, double(v.first), {{"reason", reason}});
+      counter("mzcache_evicted_bytes_total", bh, double(v.second), {{"reason", reason}});
+    }
+    const char* ph = "Memory-pressure events received: the system's (watch) and onTrimMemory requests (trim)";
+    counter("mzcache_pressure_events_total", ph, double(e.pressure_events), {{"source", "watch"}});
+    counter("mzcache_pressure_events_total", ph, double(e.trim_events), {{"source", "trim"}});
+    counter("mzcache_restored_ahead_bytes_total", "Bytes brought back by restore-ahead once pressure was over",
+            double(e.restored_ahead_bytes));
+    counter("mzcache_conversation_restores_total", "Conversations brought back on request (POST .../restore)",
+            double(e.conversation_restores));
+    counter("mzcache_conversations_recomputed_total",
+            "Conversations computed again because a stored copy failed verification", double(e.recomputed));
+  }
+  metrics_.Add("mzcache_prefix_hit_tokens_total",
+               "Prompt tokens not computed: kept from the conversation or copied from a shared prefix", 0);
+  metrics_.Add("mzcache_recomputed_tokens_total",
+               "Prompt tokens computed again because their conversation's stored or swapped data was damaged", 0);
+  return metrics_.Render();
+}
+
+void Server::ResourceRoutes() {
+  // Before routing: CORS (only for --cors's origin; preflight answered here, without a key, as
+  // browsers send none), then the readiness gate.
+  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!a_.cors.empty()) {
+      const std::string origin = req.get_header_value("Origin");
+      const bool allowed = origin == a_.cors || a_.cors == "*";
+      if (allowed) {
+        res.set_header("Access-Control-Allow-Origin", a_.cors == "*" ? "*" : origin);
+        res.set_header("Vary", "Origin");
+        res.set_header("Access-Control-Expose-Headers", "X-Mz-Conversation");
+      }
+      if (req.method == "OPTIONS") {
+        if (allowed) {
+          res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
+          res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+          res.set_header("Access-Control-Max-Age", "600");
+        }
+        res.status = 204;
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    if (!ready_.load()) {
+      if (req.path == "/health") {
+        res.status = 503;
+        res.set_header("Retry-After", "1");
+        JsonBody(res, {{"status", "loading model"}});
+      } else {
+        ApiError e;
+        e.http = 503;
+        e.type = "unavailable_error";
+        e.message = "Loading model";
+        Error(res, e);
+      }
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  if (a_.metrics) {
+    http_.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!Authorized(req, res)) return;
+      res.set_content(MetricsText(), serve::MetricsRegistry::kContentType);
+    });
+  }
+  http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    serve::TokenizeRequest r;
+    ApiError e;
+    if (!serve::ParseTokenize(req.body, limits_, &r, &e)) return Error(res, e);
+    std::vector<mz_token> toks;
+    if (int rc = TokenizeText(model_, r.content, r.add_special, r.parse_special, &toks); rc != MZ_OK) {
+      e.message = std::string("'content' cannot be tokenized: ") + mz_last_error();
+      e.param = "content";
+      return Error(res, e);
+    }
+    json out = json::array();
+    for (mz_token t : toks) {
+      if (r.with_pieces) out.push_back({{"id", t}, {"piece", serve::PieceJson(TokenPiece(model_, t))}});
+      else out.push_back(t);
+    }
+    JsonBody(res, {{"tokens", out}});
+  });
+  http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    mz_model_info info;
+    ApiError e;
+    if (mz_model_get_info(model_, &info) != MZ_OK) {
+      e.http = 500;
+      e.type = "server_error";
+      e.message = mz_last_error();
+      return Error(res, e);
+    }
+    std::vector<int32_t> toks;
+    if (!serve::ParseDetokenize(req.body, limits_, info.n_vocab, &toks, &e)) return Error(res, e);
+    std::string text;
+    for (int32_t t : toks) text += TokenPiece(model_, t);
+    JsonBody(res, {{"content", serve::SanitizeUtf8(text)}});
+  });
+  http_.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const int n_predict = a_.max_tokens;
+    JsonBody(res, {{"default_generation_settings",
+                    {{"n_ctx", a_.n_ctx},
+                     {"params", {{"n_predict", n_predict}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}}}}},
+                   {"total_slots", a_.parallel},
+                   {"model_alias", model_id_},
+                   {"model_path", a_.model},
+                   {"modalities", {{"vision", false}, {"video", false}, {"audio", false}}},
+                   {"endpoint_slots", false},
+                   {"endpoint_props", true},
+                   {"endpoint_metrics", a_.metrics},
+                   {"build_info", std::string("mzcache ") + mz_version()},
+                   {"is_sleeping", false}});
+  });
+  http_.Get("/v1/conversations", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
+    const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
+    json data = json::array();
+    for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) data.push_back(ConversationJson(all[size_t(i)]));
+    JsonBody(res, {{"object", "list"}, {"data", data}});
+  });
+  // The id is matched loosely ([^/]*) so that a bad one gets a 400 naming it, not a 404.
+  const auto bad_id = [this](const std::string& id, httplib::Response& res) {
+    if (serve::ValidConversationId(id)) return false;
+    ApiError e;
+    e.message = "'" + serve::SanitizeUtf8(id.substr(0, 200)) +
+                "' is not a conversation id (1-128 of [A-Za-z0-9._-], not starting with '.')";
+    e.param = "id";
+    Error(res, e);
+    return true;
+  };
+  const auto pool_error = [this](int st, const std::string& id, httplib::Response& res) {
+    ApiError e;
+    e.http = st == MZ_ERR_INVALID_ARG ? 404 : st == MZ_ERR_BUSY ? 409 : 500;
+    e.message = st == MZ_ERR_INVALID_ARG ? "no conversation '" + id + "'" : std::string(mz_last_error());
+    if (e.http == 404) e.code = "not_found";
+    if (e.http == 500) e.type = "server_error";
+    Error(res, e);
+  };
+  http_.Get(R"(/v1/conversations/([^/]*))", [this, bad_id, pool_error](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    if (bad_id(id, res)) return;
+    mz_conversation_report r;
+    if (int st = mz_pool_conversation_report(pool_, id.c_str(), &r); st != MZ_OK) return pool_error(st, id, res);
+    JsonBody(res, ConversationJson(r));
+  });
+  http_.Delete(R"(/v1/conversations/([^/]*))", [this, bad_id, pool_error](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    if (bad_id(id, res)) return;
+    if (int st = mz_pool_delete(pool_, id.c_str()); st != MZ_OK) return pool_error(st, id, res);
+    router_.Forget(id);
+    std::remove(TurnMarkPath(id).c_str());
+    JsonBody(res, {{"id", id}, {"object", "conversation"}, {"deleted", true}});
+  });
+  http_.Post(R"(/v1/conversations/([^/]*)/(evict|restore))",
+             [this, bad_id, pool_error](const httplib::Request& req, httplib::Response& res) {
+               if (!Authorized(req, res)) return;
+               const std::string id = req.matches[1];
+               const bool evict = req.matches[2] == "evict";
+               if (bad_id(id, res)) return;
+               uint64_t moved = 0;
+               const int st = evict ? mz_pool_evict_conversation(pool_, id.c_str(), &moved)
+                                    : mz_pool_restore_conversation(pool_, id.c_str(), &moved);
+               if (st != MZ_OK) return pool_error(st, id, res);
+               mz_conversation_report r;
+               if (int s2 = mz_pool_conversation_report(pool_, id.c_str(), &r); s2 != MZ_OK) return pool_error(s2, id, res);
+               json out = ConversationJson(r);
+               out[evict ? "freed" : "restored"] = moved;
+               JsonBody(res, out);
+             });
+}
+
+}  // namespace mz::cli::serve_app
