@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "tools/serve/http_framing.h"
 #include "tools/serve/server.h"
 
 namespace mz::cli::serve_app {
@@ -15,6 +16,15 @@ void Server::Routes() {
   const auto json_body = [](httplib::Response& res, const json& j) {
     res.set_content(j.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   };
+  // Framing the library would get wrong (tools/serve/http_framing.h): refused before the body is read.
+  http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string bad = BadFraming(req);
+    if (bad.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.message = bad;
+    Error(res, e);  // and the connection closes after it (one request per connection: Start)
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http_.Get("/health", [json_body](const httplib::Request&, httplib::Response& res) { json_body(res, {{"status", "ok"}}); });
   http_.Get("/v1/models", [this, json_body](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
