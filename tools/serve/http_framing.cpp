@@ -1,6 +1,7 @@
 #include "tools/serve/http_framing.h"
 
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -17,7 +18,7 @@ std::string BadFraming(const httplib::Request& req) {
     if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
       return "Content-Length must be a non-negative decimal number";
   }
-  if (has_te && req.get_header_value("Transfer-Encoding") != "chunked")
+  if (has_te && strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") != 0)
     return "the only Transfer-Encoding accepted is chunked";
   return "";
 }
@@ -35,7 +36,8 @@ std::string BadFraming(const httplib::Request& req) {
 // which is what the next write after a real close meets: a client that disconnects mid-stream is
 // still noticed, one chunk later than before (the write after the first unanswered one).
 // If a later httplib stops calling it through the PLT, tests/serve_abuse.py's half_close case
-// fails.
+// fails. It applies to the whole executable: an httplib::Client in mzcache (there is none) would
+// no longer see that a kept-alive connection was closed by its server before reusing it.
 namespace httplib::detail {
 bool is_socket_alive(int sock);
 bool is_socket_alive(int sock) {
