@@ -80,6 +80,10 @@ struct mz_model_params mz_model_default_params(void);
 
 /* Loads a GGUF of architecture llama (3.x), qwen2 or qwen3. On failure *out is NULL. */
 int mz_model_load(const char* path, const struct mz_model_params* params, mz_model** out);
+/* Frees the model (NULL: nothing); its contexts and pools are freed first. Freeing the last model
+ * of the process also ends the calling thread's OpenMP workers (ggml's compute threads, which
+ * libgomp otherwise keeps, unjoined, until the process ends), so that a program that frees
+ * everything returns from main with no library thread running beside exit(). */
 void mz_model_free(mz_model* model);
 
 struct mz_model_info {

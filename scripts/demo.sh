@@ -7,13 +7,15 @@
 # minute of run time on 2 cores; --help).
 #   scripts/demo.sh serve [ARGS]   starts `mzcache serve` on the default model instead (ARGS go to
 #                                  it) and prints the page's URL and a curl line.
+# It builds the shared library too, so that `cmake --install build --prefix P` works right after it
+# (README; ctest demo_then_install checks the targets cover what the install copies).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=$(scripts/deps.sh | tail -n 1)
 . scripts/ccache-env.sh
 cmake -S . -B build -G Ninja -DMZ_DEPS_PREFIX="$PREFIX" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMZ_UNITY=ON \
   ${MZ_CCACHE:+-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache} >/dev/null
-ninja -C build mzcache | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
+ninja -C build mzcache mzcache_shared | grep -vE '^\[[0-9]+/[0-9]+\] (Building|Linking)' || true
 if [ "${1:-}" = serve ]; then
   shift
   PORT=8080

@@ -183,6 +183,116 @@ def disconnect_mid_stream(port, key):
     print(f"ok: a client gone mid-stream: conversation {conv} released ({convs[conv]['tokens']} tokens kept) and continued")
 
 
+def raw_exchange(port, data, half_close=False, timeout=30):
+    """Sends data on a new connection (then shuts down writing if half_close) and reads until the
+    server closes it or timeout: (bytes read, seconds until the close or the timeout)."""
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    t0 = time.time()
+    s.sendall(data)
+    if half_close:
+        s.shutdown(socket.SHUT_WR)
+    got = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    s.close()
+    return got, time.time() - t0
+
+
+def post_bytes(key, body, path="/v1/chat/completions", extra=""):
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+def half_close(port, key):
+    # A complete request, then shutdown(SHUT_WR) (`nc -N`, `curl` uploads, some proxies): the
+    # client still reads, so it gets its response.
+    body = json.dumps({"messages": [{"role": "user", "content": "half"}], "max_tokens": 2, "temperature": 0}).encode()
+    got, _ = raw_exchange(port, post_bytes(key, body), half_close=True, timeout=60)
+    if not got.startswith(b"HTTP/1.1 200") or b'"choices"' not in got:
+        fail(f"a request followed by a half-close got {got[:200]!r}, not its response")
+    print("ok: a request followed by a half-close gets its response")
+
+
+def bad_framing(port, key):
+    # A negative length: 400 at once (not a wait for the read timeout, not 413).
+    t0 = time.time()
+    got, _ = raw_exchange(port, (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                                 "Content-Length: -5\r\n\r\n").encode(), timeout=30)
+    took = time.time() - t0
+    if not got.startswith(b"HTTP/1.1 400") or took > 2:
+        fail(f"a negative Content-Length got {got[:120]!r} after {took:.1f} s, not an immediate 400")
+    # Content-Length and Transfer-Encoding together (request smuggling's shape): 400, not served.
+    body = json.dumps({"messages": [{"role": "user", "content": "smuggle"}], "max_tokens": 2}).encode()
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    got, _ = raw_exchange(port, (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+                                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                                 "Transfer-Encoding: chunked\r\n\r\n").encode() + chunked, timeout=30)
+    if not got.startswith(b"HTTP/1.1 400") or b'"choices"' in got:
+        fail(f"a request with both Content-Length and Transfer-Encoding got {got[:120]!r}, not 400")
+    print(f"ok: a negative Content-Length answered 400 in {took:.2f} s; Content-Length with chunked refused")
+
+
+def pipelined(port, key):
+    # Two requests in one write. Either both are answered in order, or the first response says
+    # `Connection: close` and the connection closes right after it (the client then knows to send
+    # the second again); never a silent wait for the keep-alive timeout.
+    one = f"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+    two = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+    got, took = raw_exchange(port, one + two, timeout=30)
+    n = got.count(b"HTTP/1.1 ")
+    first_head = got.split(b"\r\n\r\n", 1)[0].lower()
+    if n >= 2 and got.index(b'"status"') < got.index(b'"data"'):
+        how = "both answered in order"
+    elif n == 1 and b"connection: close" in first_head and took < 2:
+        how = f"the first answered with Connection: close and the connection closed after {took:.2f} s"
+    else:
+        fail(f"pipelined requests: {n} responses in {took:.1f} s, first head {first_head[:200]!r}")
+    print(f"ok: pipelined requests: {how}")
+
+
+def resend_after_disconnect(port, key):
+    # A client that drops a stream and resends the same history at once continues the released
+    # conversation (the request waits briefly for the turn being cancelled), not a new one.
+    messages = [{"role": "user", "content": "tell me everything about caches, at length"}]
+    body = json.dumps({"messages": messages, "max_tokens": 200, "stream": True, "temperature": 0}).encode()
+    first = json.dumps({"messages": messages, "max_tokens": 2, "temperature": 0}).encode()
+    got, _ = raw_exchange(port, post_bytes(key, first), timeout=60)  # the conversation exists, idle
+    conv = None
+    for line in got.split(b"\r\n"):
+        if line.lower().startswith(b"x-mz-conversation:"):
+            conv = line.split(b":", 1)[1].strip().decode()
+    if not conv:
+        fail(f"no X-Mz-Conversation on the first turn: {got[:200]!r}")
+    s = socket.create_connection((HOST, port), timeout=60)
+    s.sendall(post_bytes(key, body))
+    got = b""
+    while got.count(b"data:") < 3:
+        chunk = s.recv(4096)
+        if not chunk:
+            fail("the stream ended before its third event")
+        got += chunk
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    s.close()
+    got, _ = raw_exchange(port, post_bytes(key, first), timeout=60)
+    again, cached = None, None
+    for line in got.split(b"\r\n"):
+        if line.lower().startswith(b"x-mz-conversation:"):
+            again = line.split(b":", 1)[1].strip().decode()
+    try:
+        cached = json.loads(got.split(b"\r\n\r\n", 1)[1])["usage"]["prompt_tokens_details"]["cached_tokens"]
+    except (ValueError, KeyError, IndexError):
+        fail(f"the resent history got {got[:300]!r}")
+    if again != conv or not cached:
+        fail(f"the history resent right after a disconnect went to {again} with {cached} cached tokens, not {conv}")
+    print(f"ok: the history resent at once after a disconnect continued {conv} ({cached} cached tokens)")
+
+
 def main():
     if len(sys.argv) < 4:
         print(__doc__)
@@ -191,10 +301,20 @@ def main():
     n = 1000
     if "--connections" in sys.argv:
         n = int(sys.argv[sys.argv.index("--connections") + 1])
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    if only:  # --only a,b: just those cases (for a quick run by hand)
+        for name in only:
+            globals()[name](*([port, key, pid, n] if name == "many_connections" else [port, key]))
+        print("serve_abuse: the cases asked for passed")
+        return
     slow_client(port, key)
     many_connections(port, key, pid, n)
     garbage(port, key)
     disconnect_mid_stream(port, key)
+    half_close(port, key)
+    bad_framing(port, key)
+    pipelined(port, key)
+    resend_after_disconnect(port, key)
     print("serve_abuse: all cases passed")
 
 

@@ -4,7 +4,9 @@
 // The HTTP server itself is tested end to end by tests/check_serve.sh (curl, the openai client).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/serve/metrics.h"
@@ -268,6 +270,43 @@ TEST(ServeRouter, AConversationInUseIsNeverShared) {
   // A damaged conversation is not matched implicitly either.
   Router::Claim d = r.Acquire(Seq(1, 40), "Z");
   EXPECT_NE(d.id, "A");
+}
+
+TEST(ServeRouter, AResendWaitsForAConversationBeingReleasedInsteadOfForking) {
+  Router r;
+  r.Acquire(Seq(1, 10), "A");
+  r.Release("A", Seq(1, 30), 10);
+  Router::Claim a = r.Acquire(Seq(1, 40), "X");  // a turn on A; its client goes away
+  ASSERT_EQ(a.id, "A");
+  Router::Wait wait;
+  wait.busy = std::chrono::milliseconds(5000);
+  wait.releasing = std::chrono::milliseconds(5000);
+  std::thread turn([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    r.Releasing("A");  // its write failed
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    r.Release("A", Seq(1, 45), 40);  // the cancelled turn committed
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  Router::Claim b = r.Acquire(Seq(1, 40), "Y", wait);  // the same history again, at once
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  turn.join();
+  EXPECT_EQ(b.id, "A");
+  EXPECT_EQ(b.keep, 39);
+  EXPECT_LT(s, 4.0);
+  // A claim that never ends: the request forks once its wait is over.
+  Router::Wait brief;
+  brief.busy = std::chrono::milliseconds(20);
+  Router::Claim c = r.Acquire(Seq(1, 40), "Z", brief);
+  EXPECT_EQ(c.id, "Z");
+  EXPECT_TRUE(c.is_new);
+  // Without a wait (the default) a claimed conversation forks at once; a first turn still running
+  // (no history yet) is never waited for.
+  r.Acquire(Seq(500, 5), "N");
+  const auto t1 = std::chrono::steady_clock::now();
+  Router::Claim d = r.Acquire(Seq(500, 5), "M", wait);
+  EXPECT_EQ(d.id, "M");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 1.0);
 }
 
 TEST(ServeRouter, NamedConversationsAreReachedByNameOnly) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "tools/cli/c_api_text.h"
+#include "tools/serve/http_framing.h"
 #include "tools/serve/server.h"
 #include "tools/serve/text_stream.h"
 
@@ -216,7 +217,15 @@ std::string Server::MetricsText() {
 void Server::ResourceRoutes() {
   // Before routing: CORS (only for --cors's origin; preflight answered here, without a key, as
   // browsers send none), then the readiness gate.
+  // httplib has one pre-routing handler: it also refuses framing the library would get wrong
+  // (tools/serve/http_framing.h), first, before any body is read.
   http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (const std::string bad = BadFraming(req); !bad.empty()) {
+      serve::ApiError e;
+      e.message = bad;
+      Error(res, e);  // and the connection closes after it (one request per connection: Bind)
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (!a_.cors.empty()) {
       const std::string origin = req.get_header_value("Origin");
       const bool allowed = origin == a_.cors || a_.cors == "*";

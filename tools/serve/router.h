@@ -15,6 +15,8 @@
 // matched implicitly: a conversation a client named is reached by its name only.
 // Pure bookkeeping (no I/O): the server feeds it the pool's histories. Thread-safe (one mutex).
 #pragma once
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -38,9 +40,23 @@ class Router {
   // Sets what the router knows of conversation id (at start, from the pool and the turn marks).
   // prompt_end is clamped to the history's size.
   void Put(const std::string& id, std::vector<int32_t> history, int prompt_end);
+  // How long Acquire waits for a conversation the prompt continues that is in use (default: not at
+  // all, it forks at once). A client that drops a stream and sends the same history again at once
+  // finds its conversation still claimed by the turn being cancelled: rather than fork (and
+  // recompute everything), the request waits up to `releasing` for a claim marked Releasing to end,
+  // and up to `busy` for any other claim on a conversation it continues (its turn may not have
+  // noticed yet that its client is gone: it learns it at its next write) to end or be marked.
+  struct Wait {
+    std::chrono::milliseconds busy{0}, releasing{0};
+  };
   // Claims the conversation prompt continues, or a new one named new_id (see above). prompt must
-  // not be empty. The claim lasts until Release or Abandon.
-  Claim Acquire(const std::vector<int32_t>& prompt, const std::string& new_id);
+  // not be empty. The claim lasts until Release or Abandon. Blocks at most wait.busy +
+  // wait.releasing (only while a conversation it continues is claimed).
+  Claim Acquire(const std::vector<int32_t>& prompt, const std::string& new_id, Wait wait);
+  Claim Acquire(const std::vector<int32_t>& prompt, const std::string& new_id);  // no wait
+  // Marks conversation id's claim as ending (its client is gone, its turn stops): requests that
+  // continue it wait for it (Wait::releasing) instead of forking. No effect if it is not claimed.
+  void Releasing(const std::string& id);
   // Claims conversation id (created if unknown). false: in use by another request, or damaged
   // (*why says which).
   bool AcquireId(const std::string& id, const std::vector<int32_t>& prompt, Claim* out, std::string* why);
@@ -58,10 +74,11 @@ class Router {
   struct Entry {
     std::vector<int32_t> history;
     int prompt_end = 0;
-    bool busy = false, damaged = false;
+    bool busy = false, damaged = false, releasing = false;
   };
   const std::function<bool(const std::string&)> routable_;
   std::mutex mu_;
+  std::condition_variable freed_;  // a claim ended or was marked releasing
   std::map<std::string, Entry> entries_;
 };
 

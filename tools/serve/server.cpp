@@ -188,7 +188,14 @@ std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_
       return nullptr;
     }
   } else {
-    job->claim = router_.Acquire(job->prompt, RandomId("c-"));
+    // A client that dropped a stream and resends its history at once waits for the turn being
+    // cancelled (serve::Router::Wait) rather than fork it: up to 300 ms for a turn that has not
+    // yet written since its client left (it learns it at its next write or the one after), then up
+    // to 2 s more once it has (its turn stops after the token it is computing, then commits).
+    serve::Router::Wait wait;
+    wait.busy = std::chrono::milliseconds(300);
+    wait.releasing = std::chrono::milliseconds(2000);
+    job->claim = router_.Acquire(job->prompt, RandomId("c-"), wait);
   }
   if (mz_pool_open(pool_, job->claim.id.c_str(), &job->conv) != MZ_OK) {
     err->http = 500;
@@ -394,7 +401,9 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     const ChatRequest& r = job->req;
     auto send = [&](const json& j) {
       const std::string ev = serve::SseEvent(j);
-      return sink.write(ev.data(), ev.size());
+      if (sink.write(ev.data(), ev.size())) return true;
+      router_.Releasing(job->claim.id);  // the client is gone: the turn stops; its history may come back at once
+      return false;
     };
     bool alive = true;
     if (r.chat) alive = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, /*role_only=*/true));
@@ -642,6 +651,8 @@ int Server::Bind() {
   http_.set_payload_max_length(size_t(a_.max_body_kib) << 10);
   http_.set_read_timeout(a_.read_timeout_s, 0);
   http_.set_write_timeout(a_.read_timeout_s, 0);
+  // One request per connection: httplib loses pipelined requests (tools/serve/http_framing.h).
+  http_.set_keep_alive_max_count(1);
   const int http_threads = a_.http_threads;
   http_.new_task_queue = [http_threads] { return new httplib::ThreadPool(size_t(http_threads)); };
   // Debian's httplib is a compiled library that listens with a backlog of 5: a burst of more than
