@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 13
+#define MZ_VERSION_MINOR 14
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>

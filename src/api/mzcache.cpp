@@ -180,6 +180,7 @@ int32_t mz_chat_render(const mz_model* model, const char* chat_template, const c
     in.messages_json = messages_json;
     if (tools_json) in.tools_json = tools_json;
     in.add_generation_prompt = add_generation_prompt;
+    in.now = std::time_t(mz::Env::Default()->WallClockMs() / 1000);  // the template's date (Llama 3.x)
     MZ_RETURN_IF_ERROR(mz::RenderChatTemplate(in, &text));
     if (text.size() > size_t(INT32_MAX - 1)) return mz::Status::InvalidArgument("chat text too long");
     return mz::Status::Ok();

@@ -161,7 +161,7 @@ Status RenderImpl(const ChatRenderInput& in, std::string* out) {
           a = std::move(parsed_args);
         }
 
-  const std::time_t now = in.now ? in.now : std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  const std::time_t now = in.now;
   ojson inp = ojson::object();
   inp["messages"] = std::move(messages);
   inp["bos_token"] = in.bos_token;

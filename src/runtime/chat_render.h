@@ -21,7 +21,8 @@ struct ChatRenderInput {
   bool add_generation_prompt = true;
   bool add_bos = false;       // the vocabulary adds BOS / EOS when tokenizing: a rendered leading
   bool add_eos = false;       // bos_token / trailing eos_token is removed (as llama.cpp does)
-  std::time_t now = 0;        // the template's clock (strftime_now, date_string); 0: the current time
+  std::time_t now = 0;        // the template's clock (strftime_now, date_string), Unix seconds; the caller
+                              // sets it (mz_chat_render: the Env's wall clock): 0 is 1970-01-01
 };
 
 // Messages are put in llama-server's canonical shape first: content a string ("" for null; text
