@@ -14,6 +14,9 @@ Checks (each fails the test with a message):
 import json, os, subprocess, sys
 
 cli, model, work = sys.argv[1:4]
+# The sanitizer stages share the normal build's synthesized models (as tests/test_util.cpp does).
+if os.environ.get("MZ_TEST_MODEL_DIR_OVERRIDE"):
+    model = os.path.join(os.environ["MZ_TEST_MODEL_DIR_OVERRIDE"], os.path.basename(model))
 os.makedirs(work, exist_ok=True)
 out = os.path.join(work, "demo")
 js = os.path.join(work, "demo.json")

@@ -6,6 +6,8 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLI=$1 MODEL=$2 W=$3
+# The sanitizer stages share the normal build's synthesized models (as tests/test_util.cpp does).
+[ -n "${MZ_TEST_MODEL_DIR_OVERRIDE:-}" ] && MODEL=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$MODEL")
 PARSER_VERSION=1.1.1
 NPM_DIR=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}/npm/parse-prometheus-text-format-$PARSER_VERSION
 if [ ! -f "$NPM_DIR/node_modules/parse-prometheus-text-format/package.json" ]; then
