@@ -206,6 +206,7 @@ int Worker::Return(mz_conversation* conv, const std::vector<mz_token>& msg, mz_r
 bool Worker::Ttft(const std::string& how) {
   std::vector<double> ttft;
   json last;
+  int skipped = 0;  // restored: repetitions whose trim gave nothing back
   const int reps = how == "recompute" ? 1 : a_.reps;
   if (how == "memory") {  // a return not timed first: every unit back in memory, then cut back
     mz_restore_stats st{};
@@ -225,8 +226,24 @@ bool Worker::Ttft(const std::string& how) {
       if (rc) return Fail("recompute", rc);
     } else {
       if (how == "restored") {
-        uint64_t freed = 0;
-        if (int rc = mz_pool_on_trim_memory(pool_, a_.trim_level, &freed)) return Fail("trim", rc);
+        // Trims within a second of each other merge (mz_pool_on_trim_memory's hysteresis): a
+        // repetition that came sooner finds the KV still resident and trims again after a second.
+        // One whose KV is still resident then is not a return after pressure: it is left out of
+        // the figures and counted.
+        auto trimmed = [&] {
+          mz_pool_report p{};
+          return mz_pool_get_report(pool_, &p) == MZ_OK && p.kv_resident == 0 && p.weights_resident < p.weights_total;
+        };
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+          uint64_t freed = 0;
+          if (int rc = mz_pool_on_trim_memory(pool_, a_.trim_level, &freed)) return Fail("trim", rc);
+          if (trimmed()) break;
+        }
+        if (!trimmed()) {
+          ++skipped;
+          continue;
+        }
         DropCaches(a_.model, a_.pool_dir);
       }
       if (int rc = Return(conv_, message_, &st)) return Fail("return", rc);
@@ -236,11 +253,13 @@ bool Worker::Ttft(const std::string& how) {
     last = {{"bytes_from_storage", st.bytes_from_storage}, {"units_restored", st.units_restored},
             {"reload_s", st.reload_s}, {"wait_s", st.wait_s}};
   }
+  if (ttft.empty()) return Fail("no repetition's trim gave memory back", MZ_ERR_INTERNAL);
   const Stats s = Summarize(ttft);
+  last["skipped"] = skipped;
   last["ttft_s"] = s.median;
   last["ttft_min_s"] = s.min;
   last["ttft_max_s"] = s.max;
-  last["reps"] = reps;
+  last["reps"] = int(ttft.size());
   last["message_tokens"] = message_.size();
   Result(last);
   return true;
@@ -392,7 +411,9 @@ std::string Sec(double s) {
   return buf;
 }
 std::string Range(const json& t) {
-  return "median of " + std::to_string(t["reps"].get<int>()) + ", " + Sec(t["ttft_min_s"]) + "-" + Sec(t["ttft_max_s"]);
+  std::string r = "median of " + std::to_string(t["reps"].get<int>()) + ", " + Sec(t["ttft_min_s"]) + "-" + Sec(t["ttft_max_s"]);
+  if (t.value("skipped", 0) > 0) r += ", " + std::to_string(t["skipped"].get<int>()) + " left out: their KV was still in memory";
+  return r;
 }
 
 void Harness::Screen(const json& d) {
