@@ -213,6 +213,10 @@ expect 200 "a turn on a damaged stored conversation"
 call GET /v1/mzcache/pool
 jq_ 'len(d["damaged_files"]) + d["server"]["recovered"]' | grep -qv '^0$' || fail "the damage was neither reported nor recovered from"
 ok "a damaged stored conversation: answered from the request's history ($(jq_ 'str(len(d["damaged_files"])) + " damaged at open, " + str(d["server"]["recovered"]) + " recovered"'))"
+# The pool report carries the batched pass's figures (continuous batching, 0.13): after turns, steps ran.
+jq_ 'd["batch"]["batching"] and d["batch"]["steps"] > 0 and d["batch"]["tokens"] >= d["batch"]["steps"] and d["batch"]["max_batch"] >= 1' \
+  | grep -q True || fail "the pool report has no batch figures after turns"
+ok "batch figures in the pool report ($(jq_ 'str(d["batch"]["steps"]) + " steps, mean batch " + str(round(d["batch"]["mean_batch"], 2))'))"
 
 # --- 5. the openai client
 NPM_DIR=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}/npm/openai-$OPENAI_VERSION

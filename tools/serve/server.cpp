@@ -517,6 +517,13 @@ json Server::PoolJson() {
   for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i) dmg.push_back(buf);
   j["damaged_files"] = dmg;
   j["server"] = {{"requests", requests_.load()}, {"failures", failures_.load()}, {"recovered", recovered_.load()}};
+  // The pool's one forward pass (continuous batching, since 0.13): what it has computed so far.
+  if (mz_pool_batch_report b{}; mz_pool_get_batch_report(pool_, &b) == MZ_OK)
+    j["batch"] = {{"batching", b.batching}, {"steps", b.steps},
+                  {"mean_batch", b.steps ? double(b.seq_slots) / double(b.steps) : 0.0}, {"max_batch", b.max_batch},
+                  {"tokens", b.tokens}, {"prefill_tokens", b.prefill_tokens}, {"cancelled", b.cancelled},
+                  {"compute_buffer_bytes", b.compute_buffer_bytes}, {"in_use", b.in_use},
+                  {"budget_spared_in_use", b.budget_spared_in_use}};
   j["rss"] = serve::ProcessRssBytes();  // the whole process (0: unknown)
   j["events"] = activity_.EventsJson();
   j["turns"] = activity_.TurnsJson();
