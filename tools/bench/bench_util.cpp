@@ -33,6 +33,16 @@ Stats Summarize(const std::vector<double>& xs) {
   return s;
 }
 
+double LoadAvg1() {
+  std::string s;
+  if (!Env::Default()->ReadSmallFile("/proc/loadavg", &s).ok()) return -1;
+  try {
+    return std::stod(s);
+  } catch (...) {
+    return -1;
+  }
+}
+
 double NowSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

@@ -16,6 +16,8 @@ struct Stats {
 Stats Summarize(const std::vector<double>& xs);
 
 double NowSeconds();
+// 1-minute load average now (/proc/loadavg), -1 if unreadable: how busy the machine was.
+double LoadAvg1();
 // Runs a shell command, returns its stdout; *rc receives the exit status (-1 if it could not run).
 std::string RunCapture(const std::string& cmd, int* rc);
 // Sequential read bandwidth of RAM in bytes/s (n_threads threads summing a buffer of `bytes`),

@@ -238,17 +238,6 @@ void WriteSpeedReport(const SpeedArgs& a, const SpeedSetup& su, const std::strin
   std::fprintf(stderr, "wrote %s/bench-speed.{md,json}\n", a.out_dir.c_str());
 }
 
-// 1-minute load average now (/proc/loadavg), -1 if unreadable: how busy the machine was.
-double LoadAvg1() {
-  std::string s;
-  if (!Env::Default()->ReadSmallFile("/proc/loadavg", &s).ok()) return -1;
-  try {
-    return std::stod(s);
-  } catch (...) {
-    return -1;
-  }
-}
-
 // bench speed --threads-sweep 1,2: mzcache alone, one context per test whose compute threads are
 // changed between runs (mz_context_set_threads), the thread counts alternating within each
 // repetition (1 2 1 2 ...) so slow drifts of a shared machine hit every count alike. One untimed

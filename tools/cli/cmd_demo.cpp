@@ -388,16 +388,6 @@ Status Harness::Ask(PipedChild& w, const std::string& cmd, const char* what, jso
   return Status::Internal(std::string(what) + ": the worker exited");
 }
 
-// The 1-minute load average (/proc/loadavg), -1 if unknown: figures from a busy machine are no claim.
-double LoadAverage() {
-  double l = -1;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
 std::string Mib(uint64_t b) {
   char buf[32];
   const double m = double(b) / 1048576.0;
@@ -487,7 +477,7 @@ int Harness::Run() {
   d["machine"] = MachineDescription();
   d["model"] = std::filesystem::path(a_.model).filename().string();
   d["threads"] = a_.threads;
-  d["load_average_before"] = LoadAverage();
+  d["load_average_before"] = LoadAvg1();
   Status st = [&]() -> Status {
     PipedChild w;
     json ready;
@@ -514,7 +504,7 @@ int Harness::Run() {
     return Status::Ok();
   }();
   if (!st.ok()) return Fail(st);
-  d["load_average_after"] = LoadAverage();
+  d["load_average_after"] = LoadAvg1();
   Screen(d);
   const std::string png = Plot(d);
   d["png"] = png;

@@ -2,6 +2,7 @@
 #include "tools/serve/server.h"
 
 #include <signal.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -19,7 +20,7 @@
 
 #include "tools/cli/c_api_text.h"
 #include "tools/common.h"
-#include "tools/serve/proc_rss.h"
+#include "tools/bench/os_memory.h"
 
 namespace mz::cli::serve_app {
 
@@ -524,7 +525,9 @@ json Server::PoolJson() {
                   {"tokens", b.tokens}, {"prefill_tokens", b.prefill_tokens}, {"cancelled", b.cancelled},
                   {"compute_buffer_bytes", b.compute_buffer_bytes}, {"in_use", b.in_use},
                   {"budget_spared_in_use", b.budget_spared_in_use}};
-  j["rss"] = serve::ProcessRssBytes();  // the whole process (0: unknown)
+  uint64_t rss = 0, swap = 0;
+  ProcMemory(int(getpid()), &rss, &swap);
+  j["rss"] = rss;  // the whole process (0: unknown)
   j["events"] = activity_.EventsJson();
   j["turns"] = activity_.TurnsJson();
   return j;
