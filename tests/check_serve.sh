@@ -26,6 +26,7 @@ CLI=$1 MODEL=$2 W=$3
 # The sanitizer stages share the normal build's synthesized models (as tests/test_util.cpp does).
 [ -n "${MZ_TEST_MODEL_DIR_OVERRIDE:-}" ] && MODEL=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$MODEL")
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/serve_lib.sh"
 KEY=test-key-$$
 OPENAI_VERSION=6.49.0
 rm -rf "$W" && mkdir -p "$W"
@@ -45,13 +46,7 @@ start() {  # start POOL_DIR [ARGS...]: starts the server, sets PID and PORT
   "$CLI" serve -m "$MODEL" --port 0 --port-file "$W/port" --pool-dir "$dir" --persist-codec none --kv-codec none \
     -c 2048 --max-tokens 24 -t 1 --parallel 2 --max-body 64 --no-watch-pressure --api-key "$KEY" "$@" >>"$W/server.log" 2>&1 &
   PID=$!
-  for _ in $(seq 600); do
-    [ -s "$W/port" ] && break
-    kill -0 "$PID" 2>/dev/null || fail "the server exited at start"
-    sleep 0.1
-  done
-  [ -s "$W/port" ] || fail "the server did not listen within 60 s"
-  PORT=$(cat "$W/port")
+  wait_port
 }
 stop9() { kill -9 "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 # call METHOD PATH [BODY]: the body into $W/resp, the HTTP status into CODE (no subshell: use

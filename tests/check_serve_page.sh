@@ -17,6 +17,7 @@ if [ "${1:-}" = --screenshot ]; then
 fi
 [ -n "${MZ_TEST_MODEL_DIR_OVERRIDE:-}" ] && MODEL=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$MODEL")
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/serve_lib.sh"
 KEY=page-key-$$
 PUPPETEER_VERSION=24.43.1
 rm -rf "$W" && mkdir -p "$W"
@@ -54,13 +55,7 @@ fi
 "$CLI" serve -m "$MODEL" --port 0 --port-file "$W/port" --pool-dir "$W/pool" --persist-codec none --kv-codec none \
   -c 2048 --max-tokens 32 -t 1 --no-watch-pressure --api-key "$KEY" >"$W/server.log" 2>&1 &
 PID=$!
-for _ in $(seq 600); do
-  [ -s "$W/port" ] && break
-  kill -0 "$PID" 2>/dev/null || fail "the server exited at start"
-  sleep 0.1
-done
-[ -s "$W/port" ] || fail "the server did not listen within 60 s"
-PORT=$(cat "$W/port")
+wait_port
 # HOME for chromium's profile and crash files: the work directory, not the user's.
 HOME="$W" node "$HERE/serve_page.mjs" "http://127.0.0.1:$PORT" "$KEY" "$NPM_DIR" "$CHROMIUM" "${SHOT[@]}" ||
   fail "the page in chromium (above)"

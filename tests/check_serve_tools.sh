@@ -16,6 +16,7 @@ CLI=$1 QWEN=$2 LLAMA=$3 SRC=$4 W=$5
 [ -n "${MZ_TEST_MODEL_DIR_OVERRIDE:-}" ] && QWEN=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$QWEN") &&
   LLAMA=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$LLAMA")
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/serve_lib.sh"
 OPENAI_VERSION=6.49.0
 rm -rf "$W" && mkdir -p "$W"
 PID=
@@ -29,13 +30,7 @@ start() {  # start MODEL TEMPLATE SCRIPT: sets PID and PORT
   "$CLI" serve -m "$1" --chat-template-file "$2" --test-scripted-replies "$3" --port 0 --port-file "$W/port" \
     --pool-dir "$W/pool-$(basename "$1")" -c 2048 -t 1 --parallel 1 --no-watch-pressure >>"$W/server.log" 2>&1 &
   PID=$!
-  for _ in $(seq 600); do
-    [ -s "$W/port" ] && break
-    kill -0 "$PID" 2>/dev/null || fail "the server exited at start"
-    sleep 0.1
-  done
-  [ -s "$W/port" ] || fail "the server did not listen within 60 s"
-  PORT=$(cat "$W/port")
+  wait_port
 }
 stop() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
