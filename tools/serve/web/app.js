@@ -17,6 +17,7 @@ const state = {
   histories: loadHistories(),  // id -> [{role, content}]
   selected: '',                // '' = a new conversation
   sending: false,
+  statusSticky: false,         // see setStatus
   lastEventSeq: null,          // the newest event shown (null: none fetched yet)
   convIds: '',                 // the conversation list the select was built from
   pool: null,
@@ -47,9 +48,13 @@ function el(tag, cls, text) {
   if (text !== undefined) e.textContent = text;
   return e;
 }
-function setStatus(text, error) {
+// An action's outcome (a trim, a forget, an answer, an error) stays on the
+// status line until the next action; the poll's "live" only replaces a status
+// that the poll itself or a transient step ("key set", "generating...") wrote.
+function setStatus(text, error, sticky = true) {
   $('status').textContent = text;
   $('status').classList.toggle('error', !!error);
+  state.statusSticky = sticky;
 }
 
 // ---- the API
@@ -90,9 +95,9 @@ async function poll() {
   if (!state.needKey) {
     try {
       render(await api('GET', '/v1/mzcache/pool'));
-      if (!state.sending) setStatus('live');
+      if (!state.sending && !state.statusSticky) setStatus('live', false, false);
     } catch (e) {
-      if (!(e instanceof ApiError && e.status === 401)) setStatus(`pool: ${e.message}`, true);
+      if (!(e instanceof ApiError && e.status === 401)) setStatus(`pool: ${e.message}`, true, false);
     }
   }
   setTimeout(poll, POLL_MS);
@@ -278,7 +283,7 @@ async function send(text) {
   out.append(body);
   log.append(out);
   log.scrollTop = log.scrollHeight;
-  setStatus('generating...');
+  setStatus('generating...', false, false);
   const req = { messages, stream: true, stream_options: { include_usage: true },
     max_tokens: Math.max(1, Number($('max-tokens').value) || 48) };
   if (id) req.conversation = id;
@@ -353,7 +358,7 @@ $('key-form').addEventListener('submit', (ev) => {
   $('key').value = '';
   $('key-form').hidden = true;
   state.needKey = false;
-  setStatus('key set');
+  setStatus('key set', false, false);
   loadModel();
 });
 $('send-form').addEventListener('submit', (ev) => {
