@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 14
+#define MZ_VERSION_MINOR 15
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -804,6 +804,14 @@ struct mz_pool_params {
                                    others' inter-token latency (default 2; at least 8 tokens a step;
                                    0: batch_prefill_slice, fixed). With as many prompts waiting as
                                    conversations decoding, prompts get whole steps */
+  /* since 0.15: several models, one budget */
+  struct mz_budget* shared_budget; /* NULL (default): the pool's own memory_budget. Else this
+                                   pool's RAM counts in that shared budget with every other pool
+                                   naming it (each its own model), and budget passes and pressure
+                                   (mz_pool_on_trim_memory, the pressure watch) run across them all:
+                                   see mz_budget below. memory_budget must then be 0 (else
+                                   MZ_ERR_INVALID_ARG) and load_arena_bytes is taken as 0. The
+                                   pool holds the budget (mz_budget_free may come before mz_pool_free) */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
@@ -1003,6 +1011,70 @@ int mz_pool_get_event_report(mz_pool* pool, struct mz_pool_event_report* out);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);
+
+/* ---- several models, one memory budget (since 0.15) ----
+ * Each model has its own pool (its conversations, its folder, its forward pass); pools created
+ * with the same mz_budget (mz_pool_params.shared_budget) share its memory_budget. Whenever they
+ * hold more than it together (after a generation call on any of them), or pressure asks
+ * (mz_pool_on_trim_memory or the pressure watch of any of them, mz_budget_on_trim_memory,
+ * mz_budget_evict), memory is given back across the pools in this order:
+ *   1. idle models' conversations, least recently used model first, each conversation out whole
+ *      (an idle model: no conversation of it in use: mid-turn or computing);
+ *   2. idle models' weights, least recently used model first, each back to front (later layers
+ *      first), only while nothing of that model computes;
+ *   3. the models in use, least recently used first, each in its own pool's order.
+ * A model whose weights were given back returns as a single pool's do: its next generation
+ * (mz_conversation_restore_generate) restores them front layers first, overlapped with that
+ * request's prefill. A conversation keeps its model: its pool's folder holds it, and its stored
+ * file names the model's fingerprint (another model's file is damaged, never read as its own).
+ * Thread-safety: every function may be called from any thread. */
+typedef struct mz_budget mz_budget;
+struct mz_budget_params {
+  uint32_t struct_size;         /* set by mz_budget_default_params() */
+  uint64_t memory_budget;       /* RAM for every pool naming it (weights, KV, in-memory swap,
+                                   compute buffers); 0: none (only pressure and mz_budget_evict take) */
+};
+struct mz_budget_params mz_budget_default_params(void);
+int mz_budget_new(const struct mz_budget_params* params, mz_budget** out);
+/* Releases the handle. Pools created with it keep the budget itself alive (and keep sharing it)
+ * until they are freed. NULL: no-op. */
+void mz_budget_free(mz_budget* budget);
+/* Gives back at least bytes of RAM (or all it can: UINT64_MAX) across the pools in the order
+ * above; never what is computing. *freed (optional). */
+int mz_budget_evict(mz_budget* budget, uint64_t bytes, uint64_t* freed);
+/* Android's onTrimMemory levels (as mz_pool_on_trim_memory) for every pool together: the amount
+ * policy's share of their memory together, given back in the order above. *freed (optional). */
+int mz_budget_on_trim_memory(mz_budget* budget, int32_t level, uint64_t* freed);
+/* An output struct, frozen like the others. */
+struct mz_budget_report {
+  uint64_t memory_budget;
+  uint64_t in_memory;           /* every pool's RAM together (the figures its budget counts) */
+  int32_t n_pools;
+  uint64_t passes, bytes_evicted;  /* passes that gave back something; all bytes given back */
+  uint64_t idle_model_kv_bytes;    /* step 1: idle models' conversations */
+  uint64_t idle_model_weight_bytes;/* step 2: idle models' weights */
+  uint64_t active_model_bytes;     /* step 3: models in use */
+  uint64_t pressure_events, pressure_bytes; /* trim / pressure events applied across the pools */
+  uint64_t evict_calls, evict_bytes;        /* mz_budget_evict */
+};
+int mz_budget_get_report(mz_budget* budget, struct mz_budget_report* out);
+
+/* Since 0.15: a pool's weights by tier, for a report per model: resident (in RAM, as the pool
+ * holds them), given back but still in the page cache (a restore finds them without reading
+ * storage), and given back and gone from it (a restore reads storage). Bytes of the weight units'
+ * regions (dropped_cached: of their file runs). */
+struct mz_pool_weights_report {
+  uint64_t total, resident, dropped;
+  uint64_t dropped_cached;      /* of dropped: still in the page cache */
+  int32_t units, units_resident;
+  int64_t last_use_unix_ms;     /* the newest call on any conversation of this pool (0: none) */
+  bool in_use;                  /* a conversation is mid-turn or computing */
+};
+int mz_pool_get_weights_report(mz_pool* pool, struct mz_pool_weights_report* out);
+/* Checks that the model file is still the one loaded (size, modification time, inode and header):
+ * MZ_ERR_MODEL_CHANGED with the reason otherwise (a server refuses requests for it rather than
+ * serve from a mix of old and new layers). Reads the file's header. Thread-safe. */
+int mz_model_verify_file(mz_model* model);
 
 #ifdef __cplusplus
 }

@@ -1179,6 +1179,79 @@ static int check_profile(const char* path) {
 
 /* The pool through the C API: two conversations, a shared prefix, a budget, commit, a restart that
  * finds the conversation again, delete. */
+/* Since 0.15: two pools (the model loaded twice: two "models") under one mz_budget. The idle one
+ * gives back first (its conversation, then its weights); the 0.14 size of mz_pool_params is still
+ * accepted; a pool with a budget of its own beside the shared one is refused. */
+static int check_budget(const char* path) {
+  CHECK(mz_budget_default_params().struct_size == sizeof(struct mz_budget_params), "budget params struct_size");
+  mz_model* m1 = NULL;
+  mz_model* m2 = NULL;
+  CHECK(mz_model_load(path, NULL, &m1) == MZ_OK && mz_model_load(path, NULL, &m2) == MZ_OK, "load: %s", mz_last_error());
+  CHECK(mz_model_verify_file(m1) == MZ_OK, "verify_file: %s", mz_last_error());
+  CHECK(mz_model_verify_file(NULL) == MZ_ERR_INVALID_ARG, "verify_file(NULL)");
+  mz_budget* b = NULL;
+  struct mz_budget_params bp = mz_budget_default_params();
+  bp.memory_budget = 1; /* everything over: every pass gives back all it may */
+  CHECK(mz_budget_new(&bp, &b) == MZ_OK && b, "mz_budget_new: %s", mz_last_error());
+  char d1[256], d2[256];
+  const char* tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  snprintf(d1, sizeof d1, "%s/mz-c-budget1-%d", tmp, (int)getpid());
+  snprintf(d2, sizeof d2, "%s/mz-c-budget2-%d", tmp, (int)getpid());
+  struct mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = 512;
+  cp.kv_chunk_tokens = 64;
+  struct mz_pool_params pp = mz_pool_default_params();
+  CHECK(pp.shared_budget == NULL, "shared_budget defaults to NULL");
+  pp.context = &cp;
+  pp.shared_budget = b;
+  pp.memory_budget = 1 << 20;
+  pp.dir = d1;
+  mz_pool* p1 = NULL;
+  mz_pool* p2 = NULL;
+  CHECK(mz_pool_new(m1, &pp, &p1) == MZ_ERR_INVALID_ARG && !p1, "a pool with its own budget in a shared one accepted");
+  pp.memory_budget = 0;
+  CHECK(mz_pool_new(m1, &pp, &p1) == MZ_OK, "pool 1: %s", mz_last_error());
+  mz_budget_free(b); /* the pools hold it */
+  {
+    struct mz_pool_params old = pp; /* the 0.14 size: no shared_budget (its own pool, no budget) */
+    old.struct_size = (uint32_t)offsetof(struct mz_pool_params, shared_budget);
+    old.dir = d2;
+    mz_pool* p0 = NULL;
+    CHECK(mz_pool_new(m2, &old, &p0) == MZ_OK, "0.14 pool params: %s", mz_last_error());
+    mz_pool_free(p0);
+  }
+  pp.dir = d2;
+  mz_budget* b2 = NULL;
+  CHECK(mz_budget_new(&bp, &b2) == MZ_OK, "budget 2");
+  pp.shared_budget = b2;
+  CHECK(mz_pool_new(m2, &pp, &p2) == MZ_OK, "pool 2 (its own budget): %s", mz_last_error());
+  mz_token t[130];
+  for (int i = 0; i < 130; ++i) t[i] = 100 + (i * 53) % 3000;
+  mz_conversation* c1 = NULL;
+  CHECK(mz_pool_open(p1, "x", &c1) == MZ_OK && mz_conversation_decode(c1, t, 130, false) == MZ_OK, "decode 1: %s",
+        mz_last_error());
+  CHECK(mz_conversation_commit(c1) == MZ_OK, "commit 1");
+  struct mz_pool_weights_report w;
+  CHECK(mz_pool_get_weights_report(p1, &w) == MZ_OK, "weights report: %s", mz_last_error());
+  CHECK(!w.in_use && w.units > 1 && w.resident + w.dropped == w.total && w.units_resident < w.units && w.last_use_unix_ms > 0,
+        "pool 1 alone over a 1-byte budget: %d of %d units resident, in use %d", (int)w.units_resident, (int)w.units,
+        (int)w.in_use);
+  uint64_t freed = 0;
+  CHECK(mz_budget_evict(b2, UINT64_MAX, &freed) == MZ_OK, "evict: %s", mz_last_error());
+  CHECK(mz_budget_evict(NULL, 1, &freed) == MZ_ERR_INVALID_ARG, "evict NULL");
+  CHECK(mz_budget_on_trim_memory(b2, 80, &freed) == MZ_OK, "trim: %s", mz_last_error());
+  struct mz_budget_report r;
+  CHECK(mz_budget_get_report(b2, &r) == MZ_OK && r.n_pools == 1 && r.memory_budget == 1 && r.evict_calls == 1,
+        "budget 2 report: %d pools, %llu evict calls", (int)r.n_pools, (unsigned long long)r.evict_calls);
+  mz_conversation_release(c1);
+  mz_pool_free(p1);
+  mz_pool_free(p2);
+  mz_budget_free(b2);
+  mz_model_free(m1);
+  mz_model_free(m2);
+  return 0;
+}
+
 static int check_pool(const char* path) {
   CHECK(mz_pool_default_params().struct_size == sizeof(struct mz_pool_params), "pool params struct_size");
   mz_model* model = NULL;
@@ -1353,7 +1426,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (check_defaults() || check_missing_file() || check_cpu_list() || check_cpu_clusters() || run_model(path) ||
-      check_profile(path) || check_pool(path))
+      check_profile(path) || check_pool(path) || check_budget(path))
     return 1;
   printf("PASS: C API (%s)\n", path);
   return 0;

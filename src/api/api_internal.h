@@ -97,10 +97,12 @@ inline constexpr SizeRange kPressureParamsSizes[] = {MZ_VERSION_END(mz_pressure_
 inline constexpr SizeRange kProfileParamsSizes[] = {MZ_ONLY_VERSION(mz_profile_params, user)};
 inline constexpr SizeRange kSustainedParamsSizes[] = {MZ_VERSION_END(mz_sustained_params, thermal_root, thermal_zone)};
 inline constexpr SizeRange kPlanParamsSizes[] = {MZ_ONLY_VERSION(mz_plan_params, margin)};
+inline constexpr SizeRange kBudgetParamsSizes[] = {MZ_ONLY_VERSION(mz_budget_params, memory_budget)};
 inline constexpr SizeRange kPoolParamsSizes[] = {
     MZ_VERSION_END(mz_pool_params, context, read_stored_whole),         // 0.7
     MZ_VERSION_END(mz_pool_params, read_stored_whole, load_arena_bytes),  // 0.8-0.11
     MZ_VERSION_END(mz_pool_params, write_behind_yield_ms, batch),         // 0.12
+    MZ_VERSION_END(mz_pool_params, batch_itl_factor, shared_budget),      // 0.13-0.14
 };
 #undef MZ_ONLY_VERSION
 #undef MZ_VERSION_END

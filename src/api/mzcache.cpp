@@ -100,6 +100,13 @@ int mz_model_load(const char* path, const mz_model_params* params, mz_model** ou
   });
 }
 
+int mz_model_verify_file(mz_model* model) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!model) return mz::Status::InvalidArgument("model must not be NULL");
+    return model->model->VerifyIdentity();
+  });
+}
+
 void mz_model_free(mz_model* model) {
   if (!model) return;
   delete model;

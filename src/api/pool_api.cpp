@@ -11,6 +11,9 @@ struct mz_pool {
   mz_model* model = nullptr;
   std::unique_ptr<mz::Pool> pool;
 };
+struct mz_budget {
+  std::shared_ptr<mz::SharedBudget> budget;
+};
 struct mz_conversation {
   mz_pool* pool = nullptr;
   std::shared_ptr<mz::Conversation> conv;
@@ -57,6 +60,7 @@ mz_pool_params mz_pool_default_params(void) {
   p.batch_max_seqs = 64;
   p.batch_prefill_slice = 512;
   p.batch_itl_factor = 2.0f;
+  p.shared_budget = nullptr;
   return p;
 }
 
@@ -92,6 +96,7 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
     o.batch = p.batch;
     o.batch_max_seqs = p.batch_max_seqs;
     o.batch_prefill_slice = p.batch_prefill_slice;
+    if (p.shared_budget) o.shared_budget = p.shared_budget->budget;
     auto h = std::make_unique<mz_pool>();
     h->model = model;
     MZ_RETURN_IF_ERROR(mz::Pool::Open(model->model.get(), o, &h->pool));
@@ -414,6 +419,93 @@ int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap) {
   const std::string s = d[size_t(i)].path + ": " + d[size_t(i)].error;
   if (cap > 0) std::snprintf(buf, size_t(cap), "%s", s.c_str());
   return int32_t(s.size());
+}
+
+mz_budget_params mz_budget_default_params(void) {
+  mz_budget_params p;
+  std::memset(&p, 0, sizeof p);
+  p.struct_size = uint32_t(sizeof(p));
+  return p;
+}
+
+int mz_budget_new(const mz_budget_params* params, mz_budget** out) {
+  if (out) *out = nullptr;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!out) return mz::Status::InvalidArgument("out must not be NULL");
+    mz_budget_params p;
+    MZ_RETURN_IF_ERROR(ReadParams(params, mz_budget_default_params(), kBudgetParamsSizes, "mz_budget_params", &p));
+    auto h = std::make_unique<mz_budget>();
+    h->budget = std::make_shared<mz::SharedBudget>(p.memory_budget);
+    *out = h.release();
+    return mz::Status::Ok();
+  });
+}
+
+void mz_budget_free(mz_budget* budget) {
+  try {
+    delete budget;
+  } catch (...) {
+  }
+}
+
+int mz_budget_evict(mz_budget* budget, uint64_t bytes, uint64_t* freed) {
+  if (freed) *freed = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!budget) return mz::Status::InvalidArgument("budget must not be NULL");
+    return budget->budget->Evict(bytes, freed);
+  });
+}
+
+int mz_budget_on_trim_memory(mz_budget* budget, int32_t level, uint64_t* freed) {
+  if (freed) *freed = 0;
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!budget || level < 0) return mz::Status::InvalidArgument("bad budget or level");
+    mz::PressureEvent ev;
+    if (!TrimLevel(level, &ev.level)) return mz::Status::Ok();
+    ev.time_ns = mz::Env::Default()->NowNs();
+    ev.source = "onTrimMemory";
+    return budget->budget->OnPressure(ev, freed);
+  });
+}
+
+int mz_budget_get_report(mz_budget* budget, mz_budget_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!budget || !out) return mz::Status::InvalidArgument("budget and out must not be NULL");
+    const mz::SharedBudgetStats s = budget->budget->Stats();
+    std::memset(out, 0, sizeof *out);
+    out->memory_budget = s.memory_budget;
+    out->in_memory = s.in_memory;
+    out->n_pools = s.n_pools;
+    out->passes = s.passes;
+    out->bytes_evicted = s.bytes_evicted;
+    out->idle_model_kv_bytes = s.idle_model_kv_bytes;
+    out->idle_model_weight_bytes = s.idle_model_weight_bytes;
+    out->active_model_bytes = s.active_model_bytes;
+    out->pressure_events = s.pressure_events;
+    out->pressure_bytes = s.pressure_bytes;
+    out->evict_calls = s.evict_calls;
+    out->evict_bytes = s.evict_bytes;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pool_get_weights_report(mz_pool* pool, mz_pool_weights_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    std::memset(out, 0, sizeof *out);
+    mz::WeightsTierReport w;
+    MZ_RETURN_IF_ERROR(pool->pool->WeightsTiers(&w));
+    out->total = w.total;
+    out->resident = w.resident;
+    out->dropped = w.dropped;
+    out->dropped_cached = w.dropped_cached;
+    out->units = w.units;
+    out->units_resident = w.units_resident;
+    out->in_use = pool->pool->ModelInUse();
+    for (const auto& r : pool->pool->List())
+      out->last_use_unix_ms = std::max<int64_t>(out->last_use_unix_ms, int64_t(r.last_use_unix_ms));
+    return mz::Status::Ok();
+  });
 }
 
 }  // extern "C"

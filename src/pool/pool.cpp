@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "pool/chunk_hash.h"
+#include "pool/shared_budget.h"
 #include "runtime/session_file.h"
 #include "store/kv_codec.h"
 
@@ -253,6 +254,7 @@ void Conversation::AfterChangeLocked(int keep_tokens) {
   n_tokens_ = int(ctx_->history().size());
   Env* env = pool_->model_->env();
   last_use_ns_ = env->NowNs();
+  pool_->last_use_ns_ = last_use_ns_.load();
   last_use_unix_ms_ = env->WallClockMs();
   std::lock_guard<std::mutex> lk(pool_->mu_);
   pool_->ReindexLocked(*this, ctx_->history(), keep_tokens);
@@ -456,6 +458,7 @@ Context* Conversation::context() {
 // ---- Pool ----
 
 Pool::~Pool() {
+  if (in_group_) group_->Remove(this);  // waits for a shared-budget pass under way
   StopWatchingPressure();
   {
     std::lock_guard<std::mutex> lk(wb_mu_);
@@ -500,7 +503,9 @@ Status Pool::Init() {
   Env* env = model_->env();
   stats_.memory_budget = opts_.memory_budget;
   stats_.disk_budget = opts_.disk_budget;
-  uint64_t arena = opts_.load_arena_bytes;
+  if (group_ && opts_.memory_budget != 0)
+    return Status::InvalidArgument("a pool in a shared budget has no memory_budget of its own (set it to 0)");
+  uint64_t arena = group_ ? 0 : opts_.load_arena_bytes;
   if (arena == PoolOptions::kAutoArena)
     arena = opts_.memory_budget > 0 ? std::min<uint64_t>(uint64_t(256) << 20, opts_.memory_budget / 8) : 0;
   if (arena >= CompressedStack::kDefaultSegmentBytes) {
@@ -613,6 +618,10 @@ Status Pool::Init() {
   if (!opts_.dir.empty()) {
     MZ_RETURN_IF_ERROR(env->StartThread([this] { WriteBehindLoop(); }, &wb_thread_));
   }
+  if (group_) {
+    group_->Add(this);
+    in_group_ = true;
+  }
   return Status::Ok();
 }
 
@@ -711,6 +720,7 @@ Status Pool::OpenConversation(const std::string& id, std::shared_ptr<Conversatio
     }
     Env* env = model_->env();
     c->last_use_ns_ = env->NowNs();
+    last_use_ns_ = c->last_use_ns_.load();
     if (c->last_use_unix_ms_ == 0) c->last_use_unix_ms_ = env->WallClockMs();
   }
   *out = c;
@@ -803,26 +813,15 @@ bool Pool::AllWeightsResident() const {
   return true;
 }
 
-Status Pool::EnforceBudget() {
-  if (opts_.memory_budget == 0) return Status::Ok();
-  if (arena_ && arena_resume_ns_.load() != 0) {
-    // The arena off since an Evict (pressure) comes back kArenaPauseNs after the last one (under
-    // evict_mu_, as Evict turns it off).
-    std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
-    const uint64_t resume = arena_resume_ns_.load();
-    if (ev.owns_lock() && resume != 0 && model_->env()->NowNs() >= resume) {
-      arena_resume_ns_ = 0;
-      arena_->SetCap(arena_cap_);
-    }
-  }
+bool Pool::MeasureInMemory(uint64_t* in_memory_out, uint64_t* idle_swap_out) {
   uint64_t in_memory = 0;
   uint64_t idle_swap = 0;  // in-memory swap segments of the idle conversations (what can refill the arena)
   {
     // Reports read the shared weight units: not while a generation restores them.
     std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
-    if (!wl.owns_lock()) return Status::Ok();  // that generation's own call enforces afterwards
+    if (!wl.owns_lock()) return false;
     MemoryReport wr;
-    if (!weights_ctx_->TryReport(&wr)) return Status::Ok();
+    if (!weights_ctx_->TryReport(&wr)) return false;
     in_memory = wr.weights_resident;
     std::lock_guard<std::mutex> lk(mu_);
     uint64_t newest = 0, newest_swap = 0;
@@ -841,6 +840,89 @@ Status Pool::EnforceBudget() {
   }
   if (shared_) in_memory += shared_->Report().resident_bytes;  // shared chunks, once
   if (batcher_) in_memory += batcher_->compute_buffer_bytes();  // the one set of compute buffers
+  last_in_memory_ = in_memory + (arena_ ? arena_->bytes() : 0);
+  *in_memory_out = in_memory;
+  if (idle_swap_out) *idle_swap_out = idle_swap;
+  return true;
+}
+
+uint64_t Pool::InMemoryForBudget() {
+  uint64_t m = 0;
+  if (!MeasureInMemory(&m, nullptr)) return last_in_memory_.load();
+  return last_in_memory_.load();
+}
+
+Status Pool::WeightsTiers(WeightsTierReport* out) {
+  std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+  if (!wl.owns_lock()) {  // a generation restores them: the last figures
+    std::lock_guard<std::mutex> lk(mu_);
+    *out = last_tiers_;
+    return Status::Ok();
+  }
+  WeightsTierReport r;
+  for (int u = 0; u < model_->n_units(); ++u) {
+    const WeightUnit& w = model_->unit(u);
+    r.units++;
+    r.total += w.region_bytes;
+    if (w.resident()) {
+      r.units_resident++;
+      r.resident += w.region_bytes;
+    }
+  }
+  r.dropped = r.total - r.resident;
+  if (r.dropped > 0) r.dropped_cached = std::min(r.dropped, model_->DroppedBytesCached());
+  std::lock_guard<std::mutex> lk(mu_);
+  last_tiers_ = r;
+  *out = r;
+  return Status::Ok();
+}
+
+bool Pool::ModelInUse() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& kv : convs_)
+    if (kv.second->running_.load() || kv.second->InUse()) return true;
+  return false;
+}
+
+Status Pool::EvictIdleModel(uint64_t bytes, uint64_t* freed) {
+  std::lock_guard<std::mutex> ev(evict_mu_);
+  return EvictLocked(bytes, freed, /*spare_active=*/true, /*idle_only=*/true, /*whole=*/true);
+}
+
+Status Pool::EvictWeightsOnly(uint64_t bytes, uint64_t* freed) {
+  *freed = 0;
+  std::lock_guard<std::mutex> ev(evict_mu_);
+  // Only while no conversation computes: a generation holds the weights lock shared.
+  std::unique_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+  if (!wl.owns_lock()) return Status::Ok();
+  Status st = weights_ctx_->EvictBytes(bytes, freed, nullptr, EvictScope::kAll);
+  if (st.code() == Status::kBusy) st = Status::Ok();
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.bytes_evicted += *freed;
+  return st;
+}
+
+Status Pool::EvictOwn(uint64_t bytes, bool pressure, uint64_t* freed) {
+  std::lock_guard<std::mutex> ev(evict_mu_);
+  return EvictLocked(bytes, freed, /*spare_active=*/!pressure);
+}
+
+Status Pool::EnforceBudget() {
+  if (group_) return in_group_ ? group_->Enforce() : Status::Ok();
+  if (opts_.memory_budget == 0) return Status::Ok();
+  if (arena_ && arena_resume_ns_.load() != 0) {
+    // The arena off since an Evict (pressure) comes back kArenaPauseNs after the last one (under
+    // evict_mu_, as Evict turns it off).
+    std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
+    const uint64_t resume = arena_resume_ns_.load();
+    if (ev.owns_lock() && resume != 0 && model_->env()->NowNs() >= resume) {
+      arena_resume_ns_ = 0;
+      arena_->SetCap(arena_cap_);
+    }
+  }
+  uint64_t in_memory = 0;
+  uint64_t idle_swap = 0;
+  if (!MeasureInMemory(&in_memory, &idle_swap)) return Status::Ok();  // that generation's own call enforces afterwards
   const uint64_t arena = arena_ ? arena_->bytes() : 0;
   if (in_memory + arena <= opts_.memory_budget) return Status::Ok();
   std::unique_lock<std::mutex> ev(evict_mu_, std::try_to_lock);
@@ -1006,7 +1088,7 @@ Status Pool::EvictUncounted(uint64_t bytes, uint64_t* freed) {
   return st;
 }
 
-Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, bool idle_only) {
+Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, bool idle_only, bool whole) {
   *freed = 0;
   struct Victim {
     bool in_use;
@@ -1048,14 +1130,15 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, boo
         if (!st.ok() && first_err.ok()) first_err = st;
       };
       for (size_t i = 0; i < order.size(); ++i) {
-        if (total >= bytes || (idle_only && i + 1 == order.size())) break;
+        if (total >= bytes || (idle_only && !whole && i + 1 == order.size())) break;
         const auto& v = order[i];
+        if (whole && v.in_use) continue;  // a call came meanwhile: that model is in use again
         // An idle conversation goes out whole, its in-memory swap included: the swap is a stack
         // whose segments come back only once it is empty, so moving part of it frees nothing.
         // It lets its borrowed shared chunks go too (detached: its next call attaches them).
         // The most recently used one (last) gives only what is still needed, after the shared
         // chunks nobody holds attached.
-        const bool idle = i + 1 < order.size();
+        const bool idle = whole || i + 1 < order.size();
         if (spare_in_use && v.in_use) {
           spared_in_use = true;
           break;
@@ -1163,6 +1246,15 @@ Status Pool::OnPressure(const PressureEvent& ev, uint64_t* freed) {
     std::lock_guard<std::mutex> lk(mu_);
     (trim ? stats_.trim_events : stats_.pressure_events)++;
   }
+  if (group_ && in_group_) {  // every model together, in the shared budget's order
+    uint64_t f = 0;
+    Status st = group_->OnPressure(ev, &f);
+    if (freed) *freed = f;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (f > 0) (trim ? stats_.evict_trim : stats_.evict_pressure)++;
+    (trim ? stats_.evict_trim_bytes : stats_.evict_pressure_bytes) += f;
+    return st;
+  }
   uint64_t llm = 0, resident = 0;
   LlmBytes(&llm, &resident);
   AmountDecision d;
@@ -1222,6 +1314,7 @@ bool Pool::RestoreAheadTick(PressureSource* src, HeadroomWindow* window, PoolPre
     const uint64_t in_mem = Stats().in_memory;
     budget = std::min(budget, opts_.memory_budget > in_mem ? opts_.memory_budget - in_mem : 0);
   }
+  if (group_) budget = std::min(budget, group_->Headroom());  // never past the shared budget
   if (budget == 0) return false;
   *act = PoolPressureAction();
   act->event.time_ns = now;
@@ -1313,6 +1406,7 @@ Status Pool::WatchPressure(const PoolPressureOptions& opts, std::string* why) {
   {
     std::lock_guard<std::mutex> pl(pressure_mu_);
     amount_ = AmountPolicy(opts.amount);
+    if (group_) group_->SetAmount(opts.amount);
   }
   PressureSource* raw = src.get();
   auto on_action = opts.on_action;

@@ -91,6 +91,7 @@
 #include "core/status.h"
 #include "memory/shared_chunks.h"
 #include "model/model.h"
+#include "pool/shared_budget.h"
 #include "pressure/amount_policy.h"
 #include "pressure/headroom_window.h"
 #include "pressure/pressure_source.h"
@@ -149,6 +150,11 @@ struct PoolOptions {
   // without prompt tokens (their inter-token latency; BatcherOptions::itl_factor). 0: the slice is
   // batch_prefill_slice, fixed.
   double batch_itl_factor = 2.0;
+  // Several models under one memory budget (pool/shared_budget.h): this pool's RAM counts in the
+  // shared budget with every other pool naming it, and its budget passes and pressure events run
+  // across them all (idle models give back first). With it, memory_budget must be 0 (the shared
+  // one applies) and the load arena is off. The pool holds it (shared_ptr) for its lifetime.
+  std::shared_ptr<SharedBudget> shared_budget;
 };
 
 struct ConversationReport {
@@ -209,6 +215,13 @@ struct PoolStats {
   uint64_t pressure_events = 0, trim_events = 0;
   // RestoreConversation calls that restored something, and their bytes.
   uint64_t conversation_restores = 0, conversation_restored_bytes = 0;
+};
+
+// A pool's weights by tier (Pool::WeightsTiers): bytes of the weight units' regions.
+struct WeightsTierReport {
+  uint64_t total = 0, resident = 0, dropped = 0;
+  uint64_t dropped_cached = 0;  // of dropped: file runs still in the page cache (Model::DroppedBytesCached)
+  int units = 0, units_resident = 0;
 };
 
 struct DamagedFile {
@@ -408,10 +421,34 @@ class Pool {
   const PoolOptions& options() const { return opts_; }
   // The shared forward pass (nullptr without PoolOptions::batch): tests and benchmarks hold it.
   Batcher* batcher() const { return batcher_.get(); }
+  // Several models, one budget (PoolOptions::shared_budget; nullptr without).
+  SharedBudget* shared_budget() const { return group_.get(); }
+  // The newest use of any of its conversations (Env clock; 0: none yet), and whether any is in
+  // use or computing now (Conversation::InUse): a model in use, for the shared budget's order.
+  uint64_t LastUseNs() const { return last_use_ns_.load(); }
+  bool ModelInUse();
+  // The weights by tier now; while a generation moves them, the last figures read (never waits).
+  // Errors: the page-cache query's (Env).
+  Status WeightsTiers(WeightsTierReport* out);
 
  private:
   friend class Conversation;
-  Pool(Model* model, const PoolOptions& opts) : model_(model), opts_(opts) {}
+  friend class SharedBudget;
+  // ---- the shared budget's steps (pool/shared_budget.h), each a pass of its own ----
+  // The RAM the budget counts (weights, conversations, shared chunks, compute buffers, arena):
+  // fresh when no generation moves the weights, else the last known figure.
+  uint64_t InMemoryForBudget();
+  // Fresh figures: false (nothing written) while a generation moves the weights or they are busy.
+  // *idle_swap (optional): in-memory swap of every conversation but the most recently used one.
+  bool MeasureInMemory(uint64_t* in_memory, uint64_t* idle_swap);
+  // Step 1: every conversation not in use goes out whole (least recently used first); never the
+  // weights. Step 2: only the weights, back to front, while none of its conversations computes.
+  // Step 3: the pool's own order (pressure false: as its budget pass, sparing conversations in
+  // use; true: as its Evict). Each counts its bytes in bytes_evicted only.
+  Status EvictIdleModel(uint64_t bytes, uint64_t* freed);
+  Status EvictWeightsOnly(uint64_t bytes, uint64_t* freed);
+  Status EvictOwn(uint64_t bytes, bool pressure, uint64_t* freed);
+  Pool(Model* model, const PoolOptions& opts) : model_(model), opts_(opts), group_(opts.shared_budget) {}
   Status Init();
   // A context for conversation id (its swap file named after id; suffix, if any, appended: a second
   // context of the same conversation while the first still exists).
@@ -436,7 +473,10 @@ class Pool {
   // REQUIRES evict_mu_. spare_active: step 2 and 3 are skipped when an idle conversation was
   // busy (budget_retry_ set: the next persist runs the budget pass again).
   // idle_only: only the idle conversations (not the most recently used one, not the weights).
-  Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false, bool idle_only = false);
+  // whole (with idle_only): every conversation not in use goes out whole, the most recent one too
+  // (a model nobody uses: the shared budget's step 1).
+  Status EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active = false, bool idle_only = false,
+                     bool whole = false);
   // Evict without counting it as manual (OnPressure counts its own).
   Status EvictUncounted(uint64_t bytes, uint64_t* freed);
   bool AllWeightsResident() const;
@@ -491,6 +531,11 @@ class Pool {
   std::atomic<bool> budget_retry_{false};  // a budget pass stopped at a busy idle conversation
   std::shared_ptr<Context> weights_ctx_;  // an empty context through which the pool evicts weights
   std::shared_ptr<Batcher> batcher_;      // the shared forward pass (PoolOptions::batch), else nullptr
+  std::shared_ptr<SharedBudget> group_;   // PoolOptions::shared_budget (added at Init, removed in ~Pool)
+  bool in_group_ = false;                 // added to group_ (Init got that far)
+  std::atomic<uint64_t> last_in_memory_{0};  // the last fresh InMemoryForBudget figure
+  std::atomic<uint64_t> last_use_ns_{0};     // newest conversation use (Env clock)
+  WeightsTierReport last_tiers_;             // under mu_: WeightsTiers' last fresh figures
   std::atomic<uint64_t> budget_step_{0};  // the batcher's step count at the last budget pass
   // Full chunks held once for every conversation using them (share_prefixes); thread-safe itself.
   std::shared_ptr<SharedChunkStore> shared_;

@@ -1,0 +1,105 @@
+// SharedBudget: several models, one memory budget. Each model has its own Pool (its
+// conversations, its folder, its forward pass); the pools that name one SharedBudget
+// (PoolOptions::shared_budget) share its memory_budget, and its eviction order runs across them.
+//
+// Why a pool of pools and not one pool holding several models: a Pool's every mechanism (the
+// prefix index, shared chunks and chunk files, session files, the batcher, the weights lock) is
+// per model: chunk hashes and KV shapes only mean something within one model, and a conversation
+// keeps its model for life (its stored file names the model's fingerprint). What spans models is
+// only the memory, so only the budget is shared: the pools stay as they are, and this class
+// measures them together and decides which pool gives back what.
+//
+// Order, whenever the pools together hold more than the budget (after a generation call on any of
+// them: the budget pass; or for pressure, onTrimMemory and Evict: the bytes they ask for):
+//   1. idle models' conversations, least recently used model first, each conversation out whole
+//      (an idle model: no conversation of it in use or computing: Conversation::InUse);
+//   2. idle models' weights, least recently used model first, each back to front (later layers
+//      first, the base unit last), and only while none of its conversations computes;
+//   3. then each model in use, least recently used first, in its own pool's order (its idle
+//      conversations, its most recent conversation's KV, its weights), as a single pool does.
+// A model whose weights were given back comes back as today's single pool does: its next
+// generation restores them front layers first, overlapped with that request's prefill. Restore-
+// ahead (a pool's pressure watch, calm again) never brings a pool past the shared budget.
+//
+// Pools in a SharedBudget have no load arena (PoolOptions::load_arena_bytes is forced to 0): an
+// arena is a pool's own reserve inside its own budget.
+//
+// Pressure: a pool's OnPressure (its pressure watch, mz_pool_on_trim_memory) is applied to the
+// whole budget: the amount policy's share is of every pool's LLM memory together, given back in
+// the order above. A pool's own Evict (mz_pool_evict) stays within that pool; Evict here spans all.
+//
+// Thread-safety: every method may be called from any thread. Pools add themselves at Pool::Open
+// and remove themselves in ~Pool; the SharedBudget must outlive none of them (they hold it by
+// shared_ptr). One pass (Enforce or Evict) runs at a time; a budget pass that finds one under way
+// returns at once (that pass gives back what is needed).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "pressure/amount_policy.h"
+#include "pressure/pressure_source.h"
+
+namespace mz {
+
+class Pool;
+
+struct SharedBudgetStats {
+  uint64_t memory_budget = 0;
+  uint64_t in_memory = 0;  // every pool's in_memory together (last known figures)
+  int n_pools = 0;
+  // Budget passes that gave back something, and their bytes; by step of the order above.
+  uint64_t passes = 0, bytes_evicted = 0;
+  uint64_t idle_model_kv_bytes = 0, idle_model_weight_bytes = 0, active_model_bytes = 0;
+  // Pressure events and onTrimMemory calls applied across the pools, and what they gave back.
+  uint64_t pressure_events = 0, pressure_bytes = 0;
+  uint64_t evict_calls = 0, evict_bytes = 0;  // Evict (mz_budget_evict)
+};
+
+class SharedBudget {
+ public:
+  explicit SharedBudget(uint64_t memory_budget, const AmountOptions& amount = AmountOptions());
+  SharedBudget(const SharedBudget&) = delete;
+  SharedBudget& operator=(const SharedBudget&) = delete;
+
+  uint64_t memory_budget() const { return memory_budget_; }
+  // The pools' RAM together now (each pool's fresh figures, or its last known while it is busy).
+  uint64_t InMemory();
+  // Budget bytes not held by any pool now (0 when over).
+  uint64_t Headroom();
+  // The budget pass after a generation call: gives back what the pools hold above the budget, in
+  // the order above, sparing what a budget pass spares in a single pool (a conversation mid-turn
+  // when two or more are, the weights while any conversation of that model computes).
+  Status Enforce();
+  // Gives back at least bytes (or all it can) across the pools in the order above, taking what
+  // a pressure eviction takes (conversations in use too, but never what is computing). *freed
+  // (optional). Counted as evict_calls.
+  Status Evict(uint64_t bytes, uint64_t* freed);
+  // A pressure event or onTrimMemory for every pool together: the amount policy's share of their
+  // LLM memory together, given back in the order above. *freed (optional).
+  Status OnPressure(const PressureEvent& ev, uint64_t* freed);
+  SharedBudgetStats Stats();
+  // The pools, for reports (each valid while its owner keeps it open).
+  std::vector<Pool*> Pools();
+  // The amount policy applied to pressure events from now on (a pool's WatchPressure sets it).
+  void SetAmount(const AmountOptions& o);
+
+ private:
+  friend class Pool;
+  void Add(Pool* p);
+  void Remove(Pool* p);
+  // The pass itself: pressure false spares what a budget pass spares. REQUIRES pass_mu_.
+  Status EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed);
+
+  const uint64_t memory_budget_;
+  std::mutex mu_;  // guards pools_, stats_ and amount_
+  std::vector<Pool*> pools_;
+  SharedBudgetStats stats_;
+  AmountPolicy amount_;
+  std::mutex pass_mu_;  // one pass at a time (taken before any pool's locks)
+};
+
+}  // namespace mz

@@ -1,0 +1,319 @@
+// Several models under one memory budget (src/pool/shared_budget.h): the order across models (an
+// idle model's conversations whole, then its weights back to front, before the model in use), a
+// model coming back with logits equal to a model that never left memory (bit for bit), pressure
+// across every model, and two models generating at once under a tight budget while evictions run
+// (TSan: label concurrency).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "pool/pool.h"
+#include "pool/shared_budget.h"
+#include "runtime/context.h"
+#include "test_util.h"
+
+namespace mz {
+namespace {
+
+constexpr int T = 64;  // chunk tokens (tiny models)
+
+ContextOptions Ctx() {
+  ContextOptions co;
+  co.n_ctx = 1024;
+  co.kv_chunk_tokens = T;
+  co.kv_codec = "none";  // lossless: logits compare exactly
+  return co;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string d = test::TempDir() + "/budget-" + name + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+struct Member {
+  std::string shape;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Pool> pool;
+};
+
+std::unique_ptr<Model> Load(const std::string& shape) {
+  std::unique_ptr<Model> m;
+  Status st = Model::Load(Env::Default(), test::ModelPath(shape, "q8_0"), ModelOptions(), &m);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return m;
+}
+
+PoolOptions Opts(const std::string& dir, const std::shared_ptr<SharedBudget>& b) {
+  PoolOptions o;
+  o.dir = dir;
+  o.context = Ctx();
+  o.persist_codec = "none";
+  o.write_behind_idle_ms = 60000;  // tests persist through Commit
+  o.shared_budget = b;
+  return o;
+}
+
+std::vector<int32_t> Tokens(int n, int seed) {
+  std::mt19937 rng{uint32_t(seed)};
+  std::vector<int32_t> t;
+  while (int(t.size()) < n) t.push_back(int32_t(100 + rng() % 2000));
+  return t;
+}
+
+// The logits after toks on a model that never gave anything back, decoded in the same slices as
+// the conversation compared with it (slices: their sizes; the rest in one call).
+std::vector<float> Reference(const std::string& shape, const std::vector<int32_t>& toks,
+                             const std::vector<int>& slices = {}) {
+  auto m = Load(shape);
+  ContextOptions co = Ctx();
+  co.swap_path = test::TempDir() + "/budget-ref-" + std::to_string(getpid()) + ".swap";
+  Context c(m.get(), co);
+  EXPECT_TRUE(c.Init().ok());
+  int at = 0;
+  for (int n : slices) {
+    EXPECT_TRUE(c.Decode(toks.data() + at, n, false).ok());
+    at += n;
+  }
+  if (at < int(toks.size())) EXPECT_TRUE(c.Decode(toks.data() + at, int(toks.size()) - at, false).ok());
+  const int nv = int(m->hparams().n_vocab);
+  const float* l = c.logits(0);
+  return l ? std::vector<float>(l, l + nv) : std::vector<float>();
+}
+
+std::vector<float> LastLogits(Conversation& c, int nv) {
+  const float* l = c.logits(c.n_logit_rows() - 1);
+  return l ? std::vector<float>(l, l + nv) : std::vector<float>();
+}
+
+// Units dropped form a suffix of the layers (later layers out first); the base unit last.
+void ExpectBackToFront(const Model& m, const char* what) {
+  const int L = int(m.hparams().n_layer);
+  bool seen_dropped = false;
+  for (int l = 0; l < L; ++l) {
+    if (!m.unit(l).resident()) seen_dropped = true;
+    else EXPECT_FALSE(seen_dropped) << what << ": layer " << l << " resident after a dropped one";
+  }
+  if (!m.unit(m.base_unit()).resident())
+    for (int l = 0; l < L; ++l) EXPECT_FALSE(m.unit(l).resident()) << what << ": base unit out before layer " << l;
+}
+
+uint64_t DroppedWeights(const Model& m) {
+  uint64_t d = 0;
+  for (int u = 0; u < m.n_units(); ++u)
+    if (!m.unit(u).resident()) d += m.unit(u).region_bytes;
+  return d;
+}
+
+uint64_t WeightBytes(const Model& m) {
+  uint64_t d = 0;
+  for (int u = 0; u < m.n_units(); ++u) d += m.unit(u).region_bytes;
+  return d;
+}
+
+TEST(SharedBudget, PoolWithItsOwnBudgetIsRefused) {
+  auto m = Load("tiny-qwen3");
+  auto b = std::make_shared<SharedBudget>(uint64_t(1) << 30);
+  PoolOptions o = Opts(FreshDir("own"), b);
+  o.memory_budget = uint64_t(1) << 30;
+  std::unique_ptr<Pool> p;
+  Status st = Pool::Open(m.get(), o, &p);
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+}
+
+// A then B under a budget that holds one model and a half: A, now idle, gives its conversation
+// back whole, then its weights back to front, and B stays whole. A comes back (front layers first
+// with its prefill) and its logits equal a model that never left memory; then B is the idle one.
+TEST(SharedBudget, IdleModelGivesBackFirstAndReturnsExactly) {
+  const std::string dir = FreshDir("switch");
+  auto a = Load("tiny-qwen3");
+  auto bm = Load("tiny-llama");
+  const uint64_t wa = WeightBytes(*a), wb = WeightBytes(*bm);
+  // Measure what each pool holds beyond its weights (compute buffers; B's with a 300-token
+  // conversation) with no budget, to size the shared one: B whole, A's compute buffers and weights
+  // but two and a half of its layers (a tiny model's base unit, its embeddings, is most of it).
+  auto probe = std::make_shared<SharedBudget>(0);
+  uint64_t extra_b = 0, extra_a = 0;
+  {
+    std::unique_ptr<Pool> pp;
+    ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/probe-a", probe), &pp).ok());
+    extra_a = pp->Stats().in_memory - wa;
+  }
+  {
+    std::unique_ptr<Pool> pb;
+    ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/probe", probe), &pb).ok());
+    std::shared_ptr<Conversation> c;
+    ASSERT_TRUE(pb->OpenConversation("p", &c).ok());
+    auto t = Tokens(300, 9);
+    ASSERT_TRUE(c->Decode(t.data(), int(t.size()), false).ok());
+    extra_b = pb->Stats().in_memory - wb;
+    ASSERT_TRUE(pb->Delete("p").ok());
+  }
+  const uint64_t layer = a->unit(0).region_bytes;
+  auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
+  std::unique_ptr<Pool> pa, pb;
+  ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
+  ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
+  EXPECT_EQ(budget->Stats().n_pools, 2);
+
+  const auto ta = Tokens(300, 1), tb = Tokens(300, 2);
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pa->OpenConversation("talk", &ca).ok());
+  ASSERT_TRUE(ca->Decode(ta.data(), 250, false).ok());
+  ASSERT_TRUE(ca->Commit().ok());
+  EXPECT_EQ(DroppedWeights(*a), 0u);
+
+  ASSERT_TRUE(pb->OpenConversation("talk", &cb).ok());
+  ASSERT_TRUE(cb->Decode(tb.data(), int(tb.size()), false).ok());
+  ASSERT_TRUE(cb->Commit().ok());
+  SharedBudgetStats s = budget->Stats();
+  EXPECT_LE(s.in_memory, s.memory_budget);
+  EXPECT_GT(s.idle_model_kv_bytes, 0u) << "A's conversation goes first";
+  EXPECT_GT(s.idle_model_weight_bytes, 0u) << "then A's weights";
+  EXPECT_EQ(s.active_model_bytes, 0u) << "B, in use, keeps everything";
+  ConversationReport ra;
+  ASSERT_TRUE(pa->Report("talk", &ra).ok());
+  EXPECT_EQ(ra.kv_resident, 0u) << "A's idle conversation out whole";
+  EXPECT_GT(DroppedWeights(*a), 0u);
+  EXPECT_LT(DroppedWeights(*a), wa) << "only as far as needed";
+  ExpectBackToFront(*a, "A");
+  EXPECT_EQ(DroppedWeights(*bm), 0u);
+
+  // A comes back: its weights front layers first, overlapped with the prefill.
+  RestoreGenerateStats rs;
+  ASSERT_TRUE(ca->RestoreGenerate(ta.data() + 250, 50, PipelineOptions(), &rs).ok());
+  const int nva = int(a->hparams().n_vocab);
+  std::vector<float> got = LastLogits(*ca, nva);
+  std::vector<float> want = Reference("tiny-qwen3", ta, {250});
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_TRUE(got == want) << "logits after the switch differ from a model that never left memory";
+  EXPECT_EQ(DroppedWeights(*a), 0u) << "A's weights all back";
+  ASSERT_TRUE(ca->Commit().ok());
+  // Now B is the idle model, given back first (A just generated).
+  s = budget->Stats();
+  EXPECT_LE(s.in_memory, s.memory_budget);
+  EXPECT_GT(DroppedWeights(*bm), 0u);
+  ExpectBackToFront(*bm, "B");
+  ConversationReport rb;
+  ASSERT_TRUE(pb->Report("talk", &rb).ok());
+  EXPECT_EQ(rb.kv_resident, 0u);
+}
+
+// Pressure on one pool (its watch, onTrimMemory) is applied across every model: the least
+// recently used model gives back first; at critical level everything goes.
+TEST(SharedBudget, PressureSpansEveryModel) {
+  const std::string dir = FreshDir("pressure");
+  auto a = Load("tiny-qwen3");
+  auto bm = Load("tiny-llama");
+  auto budget = std::make_shared<SharedBudget>(0);  // no budget: only pressure takes
+  std::unique_ptr<Pool> pa, pb;
+  ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
+  ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
+  std::shared_ptr<Conversation> ca, cb;
+  const auto t = Tokens(200, 3);
+  ASSERT_TRUE(pa->OpenConversation("x", &ca).ok());
+  ASSERT_TRUE(ca->Decode(t.data(), int(t.size()), false).ok());
+  ASSERT_TRUE(ca->Commit().ok());
+  ASSERT_TRUE(pb->OpenConversation("x", &cb).ok());
+  ASSERT_TRUE(cb->Decode(t.data(), int(t.size()), false).ok());
+  ASSERT_TRUE(cb->Commit().ok());
+  ConversationReport ra, rb;
+  ASSERT_TRUE(pa->Report("x", &ra).ok());
+  ASSERT_TRUE(pb->Report("x", &rb).ok());
+  ASSERT_GT(ra.kv_resident, 0u);
+  // A little: A (least recently used) gives its conversation first, B keeps everything.
+  uint64_t freed = 0;
+  ASSERT_TRUE(budget->Evict(ra.kv_resident / 2, &freed).ok());
+  EXPECT_GE(freed, ra.kv_resident / 2);
+  ASSERT_TRUE(pa->Report("x", &ra).ok());
+  ASSERT_TRUE(pb->Report("x", &rb).ok());
+  EXPECT_EQ(ra.kv_resident, 0u);
+  EXPECT_GT(rb.kv_resident, 0u);
+  EXPECT_EQ(DroppedWeights(*bm), 0u);
+  // Critical pressure through B's pool (as its watch or onTrimMemory would): the share the amount
+  // policy asks of both models' memory comes from A first (its weights, back to front), B's
+  // conversation only after all of A.
+  PressureEvent ev;
+  ev.level = PressureLevel::kCritical;
+  ev.source = "onTrimMemory";
+  ASSERT_TRUE(pb->OnPressure(ev, &freed).ok());
+  EXPECT_GT(freed, 0u);
+  EXPECT_GT(DroppedWeights(*a), 0u) << "pressure on B's pool took the idle model A's weights";
+  ExpectBackToFront(*a, "A");
+  ASSERT_TRUE(pb->Report("x", &rb).ok());
+  if (DroppedWeights(*a) < WeightBytes(*a)) EXPECT_GT(rb.kv_resident, 0u) << "B's KV before all of A";
+  EXPECT_GE(budget->Stats().pressure_events, 1u);
+  EXPECT_EQ(pb->Stats().evict_trim_bytes, freed);
+  // Everything, across both.
+  ASSERT_TRUE(budget->Evict(~uint64_t(0), &freed).ok());
+  ASSERT_TRUE(pb->Report("x", &rb).ok());
+  EXPECT_EQ(rb.kv_resident, 0u);
+  EXPECT_EQ(DroppedWeights(*a), WeightBytes(*a));
+  EXPECT_EQ(DroppedWeights(*bm), WeightBytes(*bm));
+  // Both continue, exactly.
+  const auto more = Tokens(230, 3);
+  ASSERT_TRUE(ca->Decode(more.data() + 200, 30, false).ok());
+  ASSERT_TRUE(cb->Decode(more.data() + 200, 30, false).ok());
+  EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", more, {200}));
+  EXPECT_TRUE(LastLogits(*cb, int(bm->hparams().n_vocab)) == Reference("tiny-llama", more, {200}));
+}
+
+// Two models generate at once (a thread each) under a budget smaller than both, while a third
+// thread asks the shared budget for memory: every call succeeds and every answer is exact.
+TEST(SharedBudget, TwoModelsGenerateAtOnceUnderOneBudget) {
+  const std::string dir = FreshDir("concurrent");
+  auto a = Load("tiny-qwen3");
+  auto bm = Load("tiny-llama");
+  auto budget = std::make_shared<SharedBudget>((WeightBytes(*a) + WeightBytes(*bm)) * 7 / 10);
+  std::unique_ptr<Pool> pa, pb;
+  ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
+  ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
+  const auto toks = Tokens(260, 5);
+  std::atomic<bool> done{false};
+  auto run = [&](Pool* p, Status* out) {
+    std::shared_ptr<Conversation> c;
+    Status st = p->OpenConversation("c", &c);
+    for (int i = 0; st.ok() && i < 26; ++i) {
+      st = i == 0 ? c->Decode(toks.data(), 10, false) : c->Decode(toks.data() + 10 * i, 10, false);
+      if (st.ok()) st = c->Commit();
+    }
+    *out = st;
+  };
+  Status sa, sb;
+  std::thread ta([&] { run(pa.get(), &sa); });
+  std::thread tb([&] { run(pb.get(), &sb); });
+  std::thread te([&] {
+    while (!done.load()) {
+      uint64_t f = 0;
+      (void)budget->Evict(uint64_t(1) << 20, &f);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  ta.join();
+  tb.join();
+  done = true;
+  te.join();
+  ASSERT_TRUE(sa.ok()) << sa.ToString();
+  ASSERT_TRUE(sb.ok()) << sb.ToString();
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pa->OpenConversation("c", &ca).ok());
+  ASSERT_TRUE(pb->OpenConversation("c", &cb).ok());
+  EXPECT_EQ(ca->n_tokens(), 260);
+  EXPECT_EQ(cb->n_tokens(), 260);
+  EXPECT_GT(budget->Stats().bytes_evicted, 0u);
+  // One more token each: exactly what a model that never left memory gives.
+  auto more = toks;
+  more.push_back(7);
+  ASSERT_TRUE(ca->Decode(&more.back(), 1, false).ok());
+  ASSERT_TRUE(cb->Decode(&more.back(), 1, false).ok());
+  const std::vector<int> tens(26, 10);
+  EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", more, tens));
+  EXPECT_TRUE(LastLogits(*cb, int(bm->hparams().n_vocab)) == Reference("tiny-llama", more, tens));
+}
+
+}  // namespace
+}  // namespace mz
