@@ -27,6 +27,7 @@ void AddAccuracyBench(CLI::App* bench, Runners& runners);   // bench accuracy
 void AddKvTypeBench(CLI::App* bench, Runners& runners);     // bench kv-type (q8_0 vs f16 KV)
 void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
 void AddPoolBench(CLI::App* bench, Runners& runners);       // bench pool
+void AddModelsBench(CLI::App* bench, Runners& runners);     // bench models
 void AddBatchBench(CLI::App* bench, Runners& runners);      // bench batch (tools/bench/cmd_bench_batch.cpp)
 void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)
 void AddSustainedBench(CLI::App* bench, Runners& runners);  // bench sustained (tools/bench/cmd_bench_sustained.cpp)

@@ -427,6 +427,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   AddTtftBench(bench, runners);
   AddEvictBench(bench, runners);
   AddPoolBench(bench, runners);
+  AddModelsBench(bench, runners);
   AddBatchBench(bench, runners);
   AddPeersBench(bench, runners);
   AddAccuracyBench(bench, runners);

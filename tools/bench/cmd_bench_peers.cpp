@@ -50,7 +50,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Worker (a fresh process per measurement).
 
-struct WorkerArgs {
+struct PeersWorkerArgs {
   std::string mode;    // llama-build | llama-state | llama-cold | llama-mmap | mz-session | mz-cold
   std::string model;
   std::string file;    // llama state file or mzcache session file
@@ -108,7 +108,7 @@ Status LlamaDecode(llama_context* ctx, const int32_t* toks, int n, int pos0, boo
 int Top1(const float* l, int nv) { return l ? int(std::max_element(l, l + nv) - l) : -1; }
 
 // Writes the first token's logits (nv floats at last) to a.logits_out, if asked.
-Status SaveLogits(const WorkerArgs& a, const float* last, int nv) {
+Status SaveLogits(const PeersWorkerArgs& a, const float* last, int nv) {
   if (a.logits_out.empty() || !last) return Status::Ok();
   std::ofstream f(a.logits_out, std::ios::binary);
   f.write(reinterpret_cast<const char*>(last), std::streamsize(size_t(nv) * 4));
@@ -117,7 +117,7 @@ Status SaveLogits(const WorkerArgs& a, const float* last, int nv) {
 
 // llama-mmap: touch every weight page once (a first inference would), forget that token, drop the
 // state file's page cache, say READY <footprint>, wait for GO, then time the query.
-Status LlamaMmapQuery(const WorkerArgs& a, const LlamaHandles& h, const int32_t* query, int nv, const float** last,
+Status LlamaMmapQuery(const PeersWorkerArgs& a, const LlamaHandles& h, const int32_t* query, int nv, const float** last,
                       nlohmann::json* out) {
   MZ_RETURN_IF_ERROR(LlamaDecode(h.ctx, query, 1, a.n, true, false));
   llama_memory_seq_rm(llama_get_memory(h.ctx), 0, a.n, -1);
@@ -138,7 +138,7 @@ Status LlamaMmapQuery(const WorkerArgs& a, const LlamaHandles& h, const int32_t*
 
 // The llama.cpp side of a worker: load, create a context, then the mode's work (build: prefill and
 // save the state; state / mmap: load the state and decode the query; cold: re-prefill + query).
-Status RunLlamaWorker(const WorkerArgs& a, const std::vector<int32_t>& toks, nlohmann::json* out) {
+Status RunLlamaWorker(const PeersWorkerArgs& a, const std::vector<int32_t>& toks, nlohmann::json* out) {
   InitLibraryLogging();
   llama_backend_init();
   LlamaHandles h;
@@ -210,7 +210,7 @@ Status RunLlamaWorker(const WorkerArgs& a, const std::vector<int32_t>& toks, nlo
 // restore_generate the query (mz-session) or re-prefill the context and decode the query
 // (mz-cold). Internal classes, not the C API: the session check compares the restored token
 // history, which the C API does not hand out.
-Status RunMzWorker(const WorkerArgs& a, const std::vector<int32_t>& toks, nlohmann::json* out) {
+Status RunMzWorker(const PeersWorkerArgs& a, const std::vector<int32_t>& toks, nlohmann::json* out) {
   const int32_t* query = toks.data() + a.n;
   const double t0 = NowSeconds();
   std::unique_ptr<Model> model;
@@ -253,7 +253,7 @@ Status RunMzWorker(const WorkerArgs& a, const std::vector<int32_t>& toks, nlohma
 
 // A worker process: joins its cgroup if given, reads the tokens, runs its mode and prints
 // "RESULT <json>" (or "ERROR <status>", exit code 1).
-int RunWorker(const WorkerArgs& a) {
+int RunWorker(const PeersWorkerArgs& a) {
   nlohmann::json out;
   out["mode"] = a.mode;
   auto fail = [&](const Status& st) {
@@ -338,7 +338,7 @@ Status ParseResult(const std::string& line, nlohmann::json* out) {
   return Status::Ok();
 }
 
-std::vector<std::string> WorkerArgv(const WorkerArgs& w) {
+std::vector<std::string> WorkerArgv(const PeersWorkerArgs& w) {
   std::vector<std::string> v{SelfExe(), "bench", "peers-worker", "--mode", w.mode, "--model", w.model,
                              "--tokens", w.tokens, "-n", std::to_string(w.n), "-q", std::to_string(w.q),
                              "-t", std::to_string(w.threads), "--n-ctx", std::to_string(w.n_ctx)};
@@ -351,7 +351,7 @@ std::vector<std::string> WorkerArgv(const WorkerArgs& w) {
 }
 
 // Runs a worker to completion (no cgroup); returns its RESULT.
-Status RunToEnd(const WorkerArgs& w, nlohmann::json* out, double* wall) {
+Status RunToEnd(const PeersWorkerArgs& w, nlohmann::json* out, double* wall) {
   PipedChild c;
   const double t0 = NowSeconds();
   MZ_RETURN_IF_ERROR(Spawn(WorkerArgv(w), &c));
@@ -374,7 +374,7 @@ struct MmapRun {
 };
 
 // llama.cpp (mmap'd weights) in a memory cgroup: READY, limit to the level, lift, query.
-Status RunUnderPressure(OsPagingEnv* env, WorkerArgs w, double level, MmapRun* r) {
+Status RunUnderPressure(OsPagingEnv* env, PeersWorkerArgs w, double level, MmapRun* r) {
   MemCgroup cg;
   MZ_RETURN_IF_ERROR(cg.Create("mzcache-peers-" + std::to_string(getpid())));
   g_peers_cgroup = cg.path();
@@ -463,7 +463,7 @@ struct PeersCell {
   std::string tok_file;    // the tokens, for the workers
   std::string sess, state;  // mzcache's session file, llama.cpp's state file
   uint64_t sess_bytes = 0, state_bytes = 0;
-  WorkerArgs w;            // the workers' common arguments
+  PeersWorkerArgs w;            // the workers' common arguments
   std::map<std::string, std::vector<nlohmann::json>> res;  // system -> new-process worker results
   std::map<int, std::vector<LevelRun>> mz_lv;              // level -> mzcache restore_generate runs
   std::map<int, std::vector<MmapRun>> ll_lv;               // level -> llama.cpp mmap runs under pressure
@@ -517,7 +517,7 @@ Status EnsureLlamaState(PeersRun* R, PeersCell* c) {
   FileInfo fi;
   if (!Env::Default()->StatPath(c->state, &fi).ok()) {
     std::fprintf(stderr, "  llama.cpp: building its context by prefill (once; saved to %s)\n", c->state.c_str());
-    WorkerArgs b = c->w;
+    PeersWorkerArgs b = c->w;
     b.mode = "llama-build";
     b.file = c->state;
     nlohmann::json r;
@@ -539,7 +539,7 @@ void DropFromPageCache(PeersCell* c, std::initializer_list<std::string> files) {
 // One new-process run of system `sys` (worker mode `mode`, saved file `file` or none), its files
 // dropped from the page cache first; its first run also writes the first token's logits.
 Status NewProcessRun(PeersRun* R, PeersCell* c, const std::string& sys, const std::string& mode, const std::string& file) {
-  WorkerArgs x = c->w;
+  PeersWorkerArgs x = c->w;
   x.mode = mode;
   x.file = file;
   if (!c->logits_files.count(sys)) x.logits_out = c->logits_files[sys] = c->tok_file + "." + mode + ".logits";
@@ -570,7 +570,7 @@ Status MzLevelRun(PeersCell* c, Context& ctx, int lv) {
 // pressure runs for the rest of the bench (R->os_reason), not the bench.
 Status LlamaLevelRun(PeersRun* R, PeersCell* c, int lv) {
   if (!R->os_reason.empty()) return Status::Ok();
-  WorkerArgs x = c->w;
+  PeersWorkerArgs x = c->w;
   x.mode = "llama-mmap";
   x.file = c->state;
   DropFromPageCache(c, {R->path, c->state});
@@ -868,7 +868,7 @@ Status RunPeersCell(PeersRun* R, int n) {
   Context ctx(R->model.get(), co);
   MZ_RETURN_IF_ERROR(ctx.Init());
   MZ_RETURN_IF_ERROR(EnsureSessionContext(ctx, R->path, c.toks, n, &c.sess));
-  WorkerArgs& w = c.w;
+  PeersWorkerArgs& w = c.w;
   w.model = R->path;
   w.tokens = c.tok_file;
   w.n = n;
@@ -947,7 +947,7 @@ void AddPeersBench(CLI::App* bench, Runners& runners) {
     return st.ok() ? 0 : Fail(st);
   });
 
-  auto w = std::make_shared<WorkerArgs>();
+  auto w = std::make_shared<PeersWorkerArgs>();
   auto* wc = bench->add_subcommand("peers-worker", "internal: one new-process measurement of bench peers");
   wc->group("");  // hidden
   wc->add_option("--mode", w->mode)->required();

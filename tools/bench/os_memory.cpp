@@ -1,12 +1,17 @@
 #include "tools/bench/os_memory.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "env/env.h"
 #include "pressure/sysfs.h"
@@ -141,6 +146,55 @@ bool ReadPsiMemory(uint64_t* some_us, uint64_t* full_us) {
 Status DropPageCache() {
   ::sync();
   return WriteSys("/proc/sys/vm/drop_caches", "3");
+}
+
+double FileCachedFraction(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size == 0) {
+    ::close(fd);
+    return st.st_size == 0 ? 0 : -1;
+  }
+  void* p = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return -1;
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const size_t pages = (size_t(st.st_size) + page - 1) / page;
+  std::vector<unsigned char> v(pages);
+  double frac = -1;
+  if (::mincore(p, size_t(st.st_size), v.data()) == 0) {
+    size_t in = 0;
+    for (unsigned char c : v) in += c & 1;
+    frac = double(in) / double(pages);
+  }
+  ::munmap(p, size_t(st.st_size));
+  return frac;
+}
+
+double DropFileCache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ::fdatasync(fd);  // dirty pages cannot be dropped
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  return FileCachedFraction(path);
+}
+
+void DropTreeCache(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec)) DropFileCache(it->path().string());
+}
+
+uint64_t ProcReadBytes() {
+  std::ifstream f("/proc/self/io");
+  std::string key;
+  uint64_t v = 0;
+  while (f >> key >> v)
+    if (key == "read_bytes:") return v;
+  return 0;
 }
 
 }  // namespace mz::cli

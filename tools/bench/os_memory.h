@@ -53,5 +53,16 @@ bool ReadPsiMemory(uint64_t* some_us, uint64_t* full_us);
 // VmRSS and VmSwap of a process, in bytes.
 void ProcMemory(int pid, uint64_t* rss, uint64_t* swap);
 Status DropPageCache();
+// Writes the file's dirty pages back and asks the kernel to drop its page cache
+// (posix_fadvise DONTNEED). Pages mapped by some process stay. Returns the fraction of the file's
+// pages still cached afterwards (mincore), or -1 if the file cannot be opened.
+double DropFileCache(const std::string& path);
+// Fraction of the file's pages in the page cache now (mincore on a fresh mapping), -1 on error.
+double FileCachedFraction(const std::string& path);
+// DropFileCache for every regular file under dir (recursively).
+void DropTreeCache(const std::string& dir);
+// Bytes this process caused to be read from storage so far (/proc/self/io read_bytes: page
+// faults of mapped files and direct reads included, page-cache hits not); 0 if unreadable.
+uint64_t ProcReadBytes();
 
 }  // namespace mz::cli

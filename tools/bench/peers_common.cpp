@@ -120,39 +120,6 @@ Status MeasureLevel(Context& ctx, double level, const std::vector<int32_t>& quer
   return Status::Ok();
 }
 
-double FileCachedFraction(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || st.st_size == 0) {
-    ::close(fd);
-    return st.st_size == 0 ? 0 : -1;
-  }
-  void* p = ::mmap(nullptr, size_t(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return -1;
-  const size_t page = size_t(sysconf(_SC_PAGESIZE));
-  const size_t pages = (size_t(st.st_size) + page - 1) / page;
-  std::vector<unsigned char> v(pages);
-  double frac = -1;
-  if (::mincore(p, size_t(st.st_size), v.data()) == 0) {
-    size_t in = 0;
-    for (unsigned char c : v) in += c & 1;
-    frac = double(in) / double(pages);
-  }
-  ::munmap(p, size_t(st.st_size));
-  return frac;
-}
-
-double DropFileCache(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ::fdatasync(fd);  // dirty pages cannot be dropped
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-  return FileCachedFraction(path);
-}
-
 std::string Sprintf(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

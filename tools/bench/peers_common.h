@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "restore/restore_pipeline.h"
 #include "store/q8_kv.h"
+#include "tools/bench/os_memory.h"  // DropFileCache, FileCachedFraction
 #include "tools/bench/report.h"
 
 namespace mz {
@@ -49,12 +50,6 @@ struct LevelRun {
 Status MeasureLevel(Context& ctx, double level, const std::vector<int32_t>& query, int base, LevelRun* out,
                     const PipelineOptions& po = PipelineOptions());
 
-// Writes the file's dirty pages back and asks the kernel to drop its page cache
-// (posix_fadvise DONTNEED). Pages mapped by some process stay. Returns the fraction of the file's
-// pages still cached afterwards (mincore), or -1 if the file cannot be opened.
-double DropFileCache(const std::string& path);
-// Fraction of the file's pages in the page cache now (mincore on a fresh mapping), -1 on error.
-double FileCachedFraction(const std::string& path);
 
 // A comma-separated list of KV types ("f16,q8_0"; "q8" is q8_0) in the given order, without
 // repeats; InvalidArgument naming `option` for an unknown or an empty list.

@@ -75,20 +75,9 @@ uint64_t SelfRss() {
   return rss;
 }
 
-// Drops the page cache of file path (synced first, so the pages are clean and can go).
-void DropFileCache(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)fdatasync(fd);
-  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  close(fd);
-}
 void DropCaches(const std::string& model, const std::string& dir) {
   DropFileCache(model);
-  std::error_code ec;
-  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
-       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
-    if (it->is_regular_file(ec)) DropFileCache(it->path().string());
+  DropTreeCache(dir);
 }
 
 class Worker {

@@ -1,0 +1,508 @@
+// bench models: several models, one memory budget (issue 45). Built on the public C API alone
+// (mz_budget_*, mz_pool_*), as a server switching models would use it.
+//
+// A seeded sequence of requests, each to another model than the last (two models alternate; with
+// three, the next is drawn among the other two). Every model has one conversation of --history
+// tokens, built at setup. A request is a --query-token user turn (restore_generate) and --gen
+// greedy tokens, then a commit. Three systems run the same sequence, step by step, the order of
+// the systems rotated at every step (A B C, B C A, ...):
+//   mzcache         one pool per model under one mz_budget of --budget-models times the mean
+//                   model footprint (weights + compute buffers + its conversation): idle models
+//                   give their layers back, back to front, and come back front layers first
+//                   overlapped with the request's prefill;
+//   unload-load     what Ollama does on a switch, with mzcache's own persistence (more than Ollama
+//                   keeps: its KV is lost): the other model unloaded whole (pool and model freed,
+//                   its file and the pool's files dropped from the page cache), the requested one
+//                   loaded (mz_model_load) and its conversation opened from storage;
+//   all-in-memory   every model loaded, no budget: the lower bound.
+// Each system has its own copy of every GGUF (and its own folders), so no system's page cache
+// serves another's reads; dropped weights leave the page cache (the library drops their range),
+// so a restore reads storage, as it does after real pressure.
+// Reported per system: TTFT of the request after a switch (median, min-max), bytes read from
+// storage during it (/proc/self/io), the requested model's resident weight share before the
+// request (mzcache), and the memory each system holds after every request (its pools' counted
+// bytes: one process runs the three, so a per-system RSS cannot be read) as a plot.
+// Results: <out>/bench-models.{md,json}, bench-models-ttft.png, bench-models-memory.png.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mzcache.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/os_memory.h"
+#include "tools/bench/peers_common.h"  // Sprintf
+#include "tools/bench/report.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace mz::cli {
+namespace models_bench {  // named: unity batches share anonymous namespaces
+
+struct ModelsArgs {
+  std::string models = "qwen3-0.6b,llama3.2-1b";
+  std::string type = "q8_0";
+  int steps = 12, history = 512, query = 32, gen = 4, threads = 2;
+  double budget_models = 1.5;
+  uint32_t seed = 1;
+  std::string dir = "/var/tmp";
+  std::string out = "results/bench-models";
+  std::string systems = "mzcache,unload-load,all-in-memory";
+};
+
+struct PoolFree {
+  void operator()(mz_pool* p) const { mz_pool_free(p); }
+};
+struct ConvFree {
+  void operator()(mz_conversation* c) const { mz_conversation_release(c); }
+};
+struct BudgetFree {
+  void operator()(mz_budget* b) const { mz_budget_free(b); }
+};
+using MzPool = std::unique_ptr<mz_pool, PoolFree>;
+using MzConv = std::unique_ptr<mz_conversation, ConvFree>;
+using MzBudget = std::unique_ptr<mz_budget, BudgetFree>;
+
+// One model of one system: its file copy, and (while loaded) its model, pool and conversation.
+struct Slot {
+  std::string name, path, dir;
+  MzModel model;
+  MzPool pool;
+  MzConv conv;
+  int32_t n_vocab = 0;
+  void Unload() {
+    conv.reset();
+    pool.reset();  // persists the conversation first
+    model.reset();
+  }
+};
+
+struct Request {
+  std::string system, model;
+  int step = 0;
+  double ttft_s = 0;
+  uint64_t read_bytes = 0;
+  double incoming_resident = 1;  // the requested model's resident weight share before the request
+  uint64_t held_after = 0;       // the system's counted memory after the request
+  mz_token first = 0;
+};
+
+std::vector<mz_token> SeededTokens(uint32_t seed, int n, int32_t n_vocab) {
+  std::mt19937 rng{seed};
+  std::vector<mz_token> t(static_cast<size_t>(n));
+  for (auto& x : t) x = mz_token(200 + rng() % uint32_t(std::max(1000, int(n_vocab)) - 400));
+  return t;
+}
+
+mz_token Argmax(mz_conversation* c, int32_t n_vocab) {
+  const float* l = mz_conversation_logits(c, 0);
+  if (!l) return -1;
+  return mz_token(std::max_element(l, l + n_vocab) - l);
+}
+
+class System {
+ public:
+  System(std::string name, const ModelsArgs& a) : name_(std::move(name)), a_(a) {}
+  virtual ~System() = default;
+  const std::string& name() const { return name_; }
+  // Copies every model, loads what this system holds, builds every conversation.
+  virtual Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t budget) = 0;
+  // Makes model i ready for a request (unload-load: the switch itself); inside the TTFT.
+  virtual Status Ready(int i) { (void)i; return Status::Ok(); }
+  virtual double ResidentShare(int i) {
+    mz_pool_weights_report w;
+    if (!slots_[size_t(i)].pool || mz_pool_get_weights_report(slots_[size_t(i)].pool.get(), &w) != MZ_OK || w.total == 0)
+      return 0;
+    return double(w.resident) / double(w.total);
+  }
+  virtual uint64_t Held() {
+    uint64_t h = 0;
+    for (auto& s : slots_) {
+      mz_pool_report r;
+      if (s.pool && mz_pool_get_report(s.pool.get(), &r) == MZ_OK) h += r.in_memory;
+    }
+    return h;
+  }
+  // One request to model i: the TTFT (restore_generate of the query, then the first token), then
+  // gen-1 more greedy tokens and a commit.
+  Status Serve(int i, int step, Request* r) {
+    Slot& s = slots_[size_t(i)];
+    r->system = name_;
+    r->model = s.name;
+    r->step = step;
+    r->incoming_resident = ResidentShare(i);
+    const auto q = SeededTokens(a_.seed * 1000u + uint32_t(step), a_.query, s.n_vocab ? s.n_vocab : 32000);
+    const uint64_t rb0 = ProcReadBytes();
+    const double t0 = NowSeconds();
+    MZ_RETURN_IF_ERROR(Ready(i));
+    MZ_RETURN_IF_ERROR(
+        MzStatus(mz_conversation_restore_generate(s.conv.get(), q.data(), int32_t(q.size()), nullptr, nullptr)));
+    mz_token tok = Argmax(s.conv.get(), s.n_vocab);
+    r->ttft_s = NowSeconds() - t0;
+    r->read_bytes = ProcReadBytes() - rb0;
+    r->first = tok;
+    for (int g = 1; g < a_.gen; ++g) {
+      MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_decode(s.conv.get(), &tok, 1, false)));
+      tok = Argmax(s.conv.get(), s.n_vocab);
+    }
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_commit(s.conv.get())));
+    r->held_after = Held();
+    return Status::Ok();
+  }
+
+ protected:
+  // Copies source to this system's folder (its own page cache), then drops the copy's cache.
+  Status CopyModels(const std::vector<std::string>& sources, const std::string& root) {
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    for (const auto& src : sources) {
+      Slot s;
+      s.name = std::filesystem::path(src).stem().string();
+      s.path = root + "/" + s.name + ".gguf";
+      s.dir = root + "/pool-" + s.name;
+      std::fprintf(stderr, "[bench models] %s: copying %s\n", name_.c_str(), s.name.c_str());
+      if (!std::filesystem::copy_file(src, s.path, std::filesystem::copy_options::overwrite_existing, ec))
+        return Status::IOError("copying " + src + " to " + s.path + ": " + ec.message());
+      DropFileCache(s.path);
+      slots_.push_back(std::move(s));
+    }
+    return Status::Ok();
+  }
+  Status Load(Slot& s, mz_budget* budget) {
+    mz_model* m = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_model_load(s.path.c_str(), nullptr, &m)));
+    s.model.reset(m);
+    mz_model_info info;
+    mz_model_get_info(m, &info);
+    s.n_vocab = info.n_vocab;
+    cp_ = mz_context_default_params();
+    cp_.n_ctx = uint32_t(a_.history + (a_.query + a_.gen) * (a_.steps + 2) + 256);
+    cp_.n_threads = a_.threads;
+    mz_pool_params pp = mz_pool_default_params();
+    pp.dir = s.dir.c_str();
+    pp.context = &cp_;
+    pp.shared_budget = budget;
+    mz_pool* p = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_new(m, &pp, &p)));
+    s.pool.reset(p);
+    mz_conversation* c = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_pool_open(p, "chat", &c)));
+    s.conv.reset(c);
+    return Status::Ok();
+  }
+  // The conversation's history, committed and stored.
+  Status Build(Slot& s) {
+    if (mz_conversation_n_tokens(s.conv.get()) > 0) return Status::Ok();
+    const auto h = SeededTokens(a_.seed, a_.history, s.n_vocab);
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_decode(s.conv.get(), h.data(), int32_t(h.size()), false)));
+    MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_commit(s.conv.get())));
+    return MzStatus(mz_pool_flush(s.pool.get()));
+  }
+
+  std::string name_;
+  const ModelsArgs& a_;
+  std::vector<Slot> slots_;
+  mz_context_params cp_{};
+};
+
+class MzcacheSystem : public System {
+ public:
+  using System::System;
+  Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t budget) override {
+    MZ_RETURN_IF_ERROR(CopyModels(sources, root));
+    mz_budget_params bp = mz_budget_default_params();
+    bp.memory_budget = budget;
+    mz_budget* b = nullptr;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_budget_new(&bp, &b)));
+    budget_.reset(b);
+    for (auto& s : slots_) {
+      MZ_RETURN_IF_ERROR(Load(s, budget_.get()));
+      MZ_RETURN_IF_ERROR(Build(s));
+    }
+    return Status::Ok();
+  }
+  uint64_t Held() override {
+    mz_budget_report r;
+    return mz_budget_get_report(budget_.get(), &r) == MZ_OK ? r.in_memory : 0;
+  }
+  nlohmann::json Report() {
+    mz_budget_report r;
+    mz_budget_get_report(budget_.get(), &r);
+    return {{"memory_budget", r.memory_budget},         {"passes", r.passes},
+            {"bytes_evicted", r.bytes_evicted},         {"idle_model_kv_bytes", r.idle_model_kv_bytes},
+            {"idle_model_weight_bytes", r.idle_model_weight_bytes}, {"active_model_bytes", r.active_model_bytes}};
+  }
+  ~MzcacheSystem() override {
+    for (auto& s : slots_) s.Unload();
+  }
+
+ private:
+  MzBudget budget_;
+};
+
+class UnloadLoadSystem : public System {
+ public:
+  using System::System;
+  Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t) override {
+    root_ = root;
+    MZ_RETURN_IF_ERROR(CopyModels(sources, root));
+    for (auto& s : slots_) {  // each conversation built and stored, then the model unloaded
+      MZ_RETURN_IF_ERROR(Load(s, nullptr));
+      MZ_RETURN_IF_ERROR(Build(s));
+      Unload(s);
+    }
+    return Status::Ok();
+  }
+  Status Ready(int i) override {
+    if (current_ == i) return Status::Ok();
+    if (current_ >= 0) Unload(slots_[size_t(current_)]);
+    current_ = -1;
+    MZ_RETURN_IF_ERROR(Load(slots_[size_t(i)], nullptr));
+    current_ = i;
+    return Status::Ok();
+  }
+  double ResidentShare(int i) override { return current_ == i ? 1.0 : 0.0; }
+  ~UnloadLoadSystem() override {
+    for (auto& s : slots_) s.Unload();
+  }
+
+ private:
+  // The whole model goes: pool (persisted), model, and the page cache of its file and folder.
+  void Unload(Slot& s) {
+    s.Unload();
+    DropFileCache(s.path);
+    DropTreeCache(s.dir);
+  }
+  std::string root_;
+  int current_ = -1;
+};
+
+class AllInMemorySystem : public System {
+ public:
+  using System::System;
+  Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t) override {
+    MZ_RETURN_IF_ERROR(CopyModels(sources, root));
+    for (auto& s : slots_) {
+      MZ_RETURN_IF_ERROR(Load(s, nullptr));
+      MZ_RETURN_IF_ERROR(Build(s));
+    }
+    return Status::Ok();
+  }
+  ~AllInMemorySystem() override {
+    for (auto& s : slots_) s.Unload();
+  }
+};
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t c = s.find(',', at);
+    const std::string part = s.substr(at, c == std::string::npos ? std::string::npos : c - at);
+    if (!part.empty()) out.push_back(part);
+    if (c == std::string::npos) break;
+    at = c + 1;
+  }
+  return out;
+}
+
+// The mean footprint of a model with its conversation (weights, compute buffers, KV): probed once
+// on the all-in-memory system's figures after setup.
+uint64_t MeanFootprint(System& all, size_t n) {
+  return n ? all.Held() / n : 0;
+}
+
+int RunModels(const ModelsArgs& a) {
+  const auto names = SplitComma(a.models);
+  if (names.size() < 2) return Fail(Status::InvalidArgument("--models needs at least two models"));
+  std::vector<std::string> sources;
+  for (const auto& n : names) {
+    std::string p;
+    Status st = BenchModelPath(n, a.type, &p);
+    if (!st.ok()) return Fail(st);
+    sources.push_back(p);
+  }
+  const std::string root = a.dir + "/mzcache-bench-models-" + std::to_string(getpid());
+  std::filesystem::remove_all(root);
+  const double load0 = LoadAvg1();
+  std::fprintf(stderr, "[bench models] %s; load average %.2f; %zu models, %d steps\n", MachineDescription().c_str(),
+               load0, sources.size(), a.steps);
+  // All-in-memory first: its footprint sizes the shared budget.
+  std::vector<std::unique_ptr<System>> systems;
+  auto all = std::make_unique<AllInMemorySystem>("all-in-memory", a);
+  if (Status st = all->Setup(sources, root + "/all", 0); !st.ok()) return Fail(st);
+  const uint64_t mean = MeanFootprint(*all, sources.size());
+  const uint64_t budget = uint64_t(double(mean) * a.budget_models);
+  std::fprintf(stderr, "[bench models] mean footprint %.0f MiB; shared budget %.0f MiB (%.2f models)\n",
+               double(mean) / 1048576, double(budget) / 1048576, a.budget_models);
+  const auto wanted = SplitComma(a.systems);
+  auto want = [&](const std::string& n) { return std::find(wanted.begin(), wanted.end(), n) != wanted.end(); };
+  MzcacheSystem* mz = nullptr;
+  if (want("mzcache")) {
+    auto s = std::make_unique<MzcacheSystem>("mzcache", a);
+    if (Status st = s->Setup(sources, root + "/mzcache", budget); !st.ok()) return Fail(st);
+    mz = s.get();
+    systems.push_back(std::move(s));
+  }
+  if (want("unload-load")) {
+    auto s = std::make_unique<UnloadLoadSystem>("unload-load", a);
+    if (Status st = s->Setup(sources, root + "/unload", budget); !st.ok()) return Fail(st);
+    systems.push_back(std::move(s));
+  }
+  if (want("all-in-memory")) systems.push_back(std::move(all));
+  // The sequence: every request to another model than the last.
+  std::mt19937 rng{a.seed};
+  std::vector<int> seq;
+  int cur = 0;
+  for (int i = 0; i < a.steps + 1; ++i) {
+    seq.push_back(cur);
+    int next = int(rng() % uint32_t(sources.size() - 1));
+    cur = next >= cur ? next + 1 : next;
+  }
+  // Step 0 makes each system's first model current (not a switch: not reported).
+  std::vector<Request> reqs;
+  for (int step = 0; step <= a.steps; ++step) {
+    for (size_t k = 0; k < systems.size(); ++k) {
+      System& s = *systems[(size_t(step) + k) % systems.size()];
+      Request r;
+      Status st = s.Serve(seq[size_t(step)], step, &r);
+      if (!st.ok()) return Fail(st.With(s.name() + ", step " + std::to_string(step)));
+      if (step == 0) continue;
+      std::fprintf(stderr, "[bench models] step %d/%d %-14s -> %-20s TTFT %.3f s, read %.0f MiB, resident %.0f%%, holds %.0f MiB\n",
+                   step, a.steps, r.system.c_str(), r.model.c_str(), r.ttft_s, double(r.read_bytes) / 1048576,
+                   100 * r.incoming_resident, double(r.held_after) / 1048576);
+      reqs.push_back(r);
+    }
+  }
+  const double load1 = LoadAvg1();
+  // Report.
+  nlohmann::json doc;
+  doc["machine"] = MachineDescription();
+  doc["load_average_before"] = load0;
+  doc["load_average_after"] = load1;
+  doc["args"] = {{"models", names}, {"type", a.type}, {"steps", a.steps}, {"history", a.history},
+                 {"query", a.query}, {"gen", a.gen}, {"threads", a.threads}, {"budget_models", a.budget_models},
+                 {"seed", a.seed}};
+  doc["mean_footprint_bytes"] = mean;
+  doc["budget_bytes"] = budget;
+  if (mz) doc["mzcache_budget"] = mz->Report();
+  std::map<std::string, std::vector<double>> ttft, ttft_half;
+  std::map<std::string, std::vector<double>> reads;
+  // Steps where the incoming model had at least half its weights resident under mzcache: the
+  // issue's second target compares those steps with all-in-memory.
+  std::map<int, bool> half;
+  for (const auto& r : reqs)
+    if (r.system == "mzcache") half[r.step] = r.incoming_resident >= 0.5;
+  for (const auto& r : reqs) {
+    doc["requests"].push_back({{"system", r.system}, {"model", r.model}, {"step", r.step}, {"ttft_s", r.ttft_s},
+                               {"read_bytes", r.read_bytes}, {"incoming_resident", r.incoming_resident},
+                               {"held_after", r.held_after}, {"first_token", r.first}});
+    ttft[r.system].push_back(r.ttft_s);
+    reads[r.system].push_back(double(r.read_bytes));
+    if (half[r.step]) ttft_half[r.system].push_back(r.ttft_s);
+  }
+  std::string md = "# bench models: first token after a model switch\n\n";
+  md += Sprintf("Machine: %s. Load average %.2f before, %.2f after. Models: %s (%s), %d threads, history %d tokens, "
+                "query %d tokens, %d switches per system, systems alternated step by step. Shared budget %.0f MiB "
+                "(%.2f x the mean footprint of %.0f MiB).\n\n",
+                MachineDescription().c_str(), load0, load1, a.models.c_str(), a.type.c_str(), a.threads, a.history,
+                a.query, a.steps, double(budget) / 1048576, a.budget_models, double(mean) / 1048576);
+  md += "| system | TTFT after a switch, median (min-max) | MiB read from storage per switch, median | "
+        "TTFT where mzcache's incoming model was >= 50% resident, median (n) |\n|---|---|---|---|\n";
+  for (const auto& s : systems) {
+    const Stats t = Summarize(ttft[s->name()]);
+    const Stats rd = Summarize(reads[s->name()]);
+    const Stats th = Summarize(ttft_half[s->name()]);
+    md += Sprintf("| %s | %.3f s (%.3f-%.3f) | %.0f | %s |\n", s->name().c_str(), t.median, t.min, t.max,
+                  rd.median / 1048576, th.n ? Sprintf("%.3f s (%d)", th.median, th.n).c_str() : "-");
+    doc["summary"][s->name()] = {{"ttft_median_s", t.median}, {"ttft_min_s", t.min}, {"ttft_max_s", t.max},
+                                 {"read_median_bytes", rd.median}, {"ttft_half_resident_median_s", th.median},
+                                 {"ttft_half_resident_n", th.n}};
+  }
+  const Stats m = Summarize(ttft["mzcache"]), u = Summarize(ttft["unload-load"]), al = Summarize(ttft["all-in-memory"]);
+  const Stats mh = Summarize(ttft_half["mzcache"]), ah = Summarize(ttft_half["all-in-memory"]);
+  if (m.n && u.n) {
+    md += Sprintf("\nmzcache / unload-load (medians): %.2fx (target <= 0.5x).\n", m.median / u.median);
+    doc["ratio_vs_unload_load"] = m.median / u.median;
+  }
+  if (mh.n && ah.n) {
+    md += Sprintf("mzcache / all-in-memory where the incoming model was >= 50%% resident (medians, %d steps): %.2fx "
+                  "(target <= 1.5x).\n", mh.n, mh.median / ah.median);
+    doc["ratio_vs_all_in_memory_half_resident"] = mh.median / ah.median;
+  }
+  if (m.n && al.n) {
+    md += Sprintf("mzcache / all-in-memory over every switch (medians): %.2fx.\n", m.median / al.median);
+    doc["ratio_vs_all_in_memory"] = m.median / al.median;
+  }
+  md += "\nMemory held is each system's pools' counted bytes after every request (weights, KV, in-memory swap, "
+        "compute buffers); one process runs the three systems, so a per-system RSS cannot be read.\n";
+  md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) + "`\n";
+  // Plots.
+  std::string data;
+  for (const auto& s : systems) {
+    data += "# " + s->name() + "\n";
+    for (const auto& r : reqs)
+      if (r.system == s->name())
+        data += Sprintf("%d %.4f %.1f\n", r.step, r.ttft_s, double(r.held_after) / 1048576);
+    data += "\n\n";
+  }
+  WriteFile(a.out, "bench-models.dat", data);
+  std::string plot_ttft = "set terminal pngcairo size 900,500\nset output 'bench-models-ttft.png'\n"
+                          "set title 'TTFT of the first request after a model switch'\nset xlabel 'request (switch)'\n"
+                          "set ylabel 'TTFT (s)'\nset key top left\nplot ";
+  std::string plot_mem = "set terminal pngcairo size 900,500\nset output 'bench-models-memory.png'\n"
+                         "set title 'Memory held after each request'\nset xlabel 'request (switch)'\n"
+                         "set ylabel 'MiB'\nset key top left\n" +
+                         Sprintf("set arrow from graph 0, first %.1f to graph 1, first %.1f nohead dt 2\n",
+                                 double(budget) / 1048576, double(budget) / 1048576) +
+                         "plot ";
+  for (size_t k = 0; k < systems.size(); ++k) {
+    plot_ttft += Sprintf("%s'bench-models.dat' index %zu using 1:2 with linespoints title '%s'", k ? ", " : "", k,
+                         systems[k]->name().c_str());
+    plot_mem += Sprintf("%s'bench-models.dat' index %zu using 1:3 with linespoints title '%s'", k ? ", " : "", k,
+                        systems[k]->name().c_str());
+  }
+  const std::string p1 = PlotPng(a.out, "bench-models-ttft", plot_ttft + "\n");
+  const std::string p2 = PlotPng(a.out, "bench-models-memory", plot_mem + "\n");
+  if (!p1.empty()) md += "\n![TTFT after a switch](" + p1 + ")\n";
+  if (!p2.empty()) md += "![memory held](" + p2 + ")\n";
+  WriteReport(a.out, "bench-models", md, doc);
+  std::printf("%s", md.c_str());
+  systems.clear();
+  std::filesystem::remove_all(root);
+  return 0;
+}
+
+}  // namespace models_bench
+
+void AddModelsBench(CLI::App* bench, Runners& runners) {
+  auto a = std::make_shared<models_bench::ModelsArgs>();
+  auto* c = bench->add_subcommand("models", "several models under one memory budget: TTFT after a switch, mzcache "
+                                            "vs unload-and-load vs all in memory");
+  c->add_option("--models", a->models, "comma-separated shapes or GGUF paths (2 or more)");
+  c->add_option("--type", a->type, "weight type of synthesized shapes");
+  c->add_option("--steps", a->steps, "switches per system");
+  c->add_option("--history", a->history, "tokens of each model's conversation, built at setup");
+  c->add_option("--query", a->query, "tokens of each request's user turn");
+  c->add_option("--gen", a->gen, "tokens generated per request (greedy)");
+  c->add_option("-t,--threads", a->threads, "threads");
+  c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
+  c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
+  c->add_option("--systems", a->systems, "comma-separated: mzcache, unload-load, all-in-memory");
+  c->add_option("--dir", a->dir, "scratch folder (model copies, pools)");
+  c->add_option("-o,--out", a->out, "folder for bench-models.{md,json} and plots");
+  runners.push_back([c, a]() -> int {
+    if (!c->parsed()) return -1;
+    return models_bench::RunModels(*a);
+  });
+}
+
+}  // namespace mz::cli
