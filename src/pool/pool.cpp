@@ -1165,6 +1165,8 @@ Status Pool::EvictLocked(uint64_t bytes, uint64_t* freed, bool spare_active, boo
           if (!idle) evict_shared();
         }
       }
+      // A model nobody uses: its shared chunks go too, once its conversations let them go.
+      if (whole) evict_shared();
     }
   }
   if (spared_in_use) {
