@@ -27,6 +27,11 @@ std::string LlamaBenchPath() {
   return std::string(MZ_DEPS_PREFIX_STR) + "/bin/llama-bench";
 }
 
+std::string LlamaServerPath() {
+  if (const char* d = std::getenv("MZ_LLAMA_SERVER"); d && *d) return d;
+  return std::string(MZ_DEPS_PREFIX_STR) + "/bin/llama-server";
+}
+
 void Progress(const char* what, uint64_t done, uint64_t total) {
   static int last = -1;
   int pct = total ? int(done * 100 / total) : 100;

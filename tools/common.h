@@ -13,6 +13,9 @@ std::string CacheDir();
 std::string VocabDir();
 // llama-bench from the pinned deps install ($MZ_LLAMA_BENCH overrides).
 std::string LlamaBenchPath();
+// llama-server from the pinned deps install ($MZ_LLAMA_SERVER overrides; scripts/deps.sh builds it
+// with MZ_DEPS_SERVER=1).
+std::string LlamaServerPath();
 // The default model: synthesized Qwen3-0.6B q8_0 in the cache dir; made if missing.
 Status EnsureDefaultModel(std::string* path, const std::string& spec = "qwen3-0.6b", const std::string& type = "q8_0");
 // Prints a one-line progress bar to stderr (only when stderr is a terminal, else every 10%).

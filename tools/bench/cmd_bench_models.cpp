@@ -14,6 +14,11 @@
 //                   keeps: its KV is lost): the other model unloaded whole (pool and model freed,
 //                   its file and the pool's files dropped from the page cache), the requested one
 //                   loaded (mz_model_load) and its conversation opened from storage;
+//   llama-server    llama.cpp's server restarted with the requested model on every switch (one
+//                   model per process, as its users switch), its file dropped from the page cache
+//                   first; it keeps no KV across a restart, so the request's prompt is the whole
+//                   history (re-prefill), as Ollama's after an unload. Expert flags for a fast
+//                   switch: --no-warmup, -np 1, -c sized to the history, the same threads.
 //   all-in-memory   every model loaded, no budget: the lower bound.
 // Each system has its own copy of every GGUF (and its own folders), so no system's page cache
 // serves another's reads; dropped weights leave the page cache (the library drops their range),
@@ -36,7 +41,14 @@
 #include <string>
 #include <vector>
 
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <thread>
+
 #include "mzcache.h"
+#include "tools/bench/child_process.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/os_memory.h"
 #include "tools/bench/peers_common.h"  // Sprintf
@@ -55,7 +67,7 @@ struct ModelsArgs {
   uint32_t seed = 1;
   std::string dir = "/var/tmp";
   std::string out = "results/bench-models";
-  std::string systems = "mzcache,unload-load,all-in-memory";
+  std::string systems = "mzcache,unload-load,llama-server,all-in-memory";
 };
 
 struct PoolFree {
@@ -133,7 +145,7 @@ class System {
   }
   // One request to model i: the TTFT (restore_generate of the query, then the first token), then
   // gen-1 more greedy tokens and a commit.
-  Status Serve(int i, int step, Request* r) {
+  virtual Status Serve(int i, int step, Request* r) {
     Slot& s = slots_[size_t(i)];
     r->system = name_;
     r->model = s.name;
@@ -301,6 +313,107 @@ class AllInMemorySystem : public System {
   }
 };
 
+// llama.cpp's llama-server, restarted with the requested model at every switch. Its figures are
+// the same as the others': TTFT from the switch's start (stopping the old server included) to the
+// first token of a /completion whose prompt is the model's whole history plus the query.
+class LlamaServerSystem : public System {
+ public:
+  using System::System;
+  Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t) override {
+    bin_ = LlamaServerPath();
+    if (access(bin_.c_str(), X_OK) != 0)
+      return Status::InvalidArgument("llama-server not found at " + bin_ +
+                                     " (MZ_DEPS_SERVER=1 scripts/deps.sh builds it; MZ_LLAMA_SERVER overrides)");
+    MZ_RETURN_IF_ERROR(CopyModels(sources, root));
+    port_ = 18000 + int(getpid() % 20000);
+    for (auto& s : slots_) {
+      // The vocabulary size, for the same seeded tokens as the others (a short load, no weights kept).
+      MZ_RETURN_IF_ERROR(Load(s, nullptr));
+      history_[s.name] = SeededTokens(a_.seed, a_.history, s.n_vocab);
+      s.Unload();
+      std::error_code ec;
+      std::filesystem::remove_all(s.dir, ec);
+    }
+    return Status::Ok();
+  }
+  Status Ready(int i) override {
+    if (current_ == i) return Status::Ok();
+    Stop();
+    Slot& s = slots_[size_t(i)];
+    DropFileCache(s.path);
+    const int ctx = a_.history + (a_.query + a_.gen) * (a_.steps + 2) + 256;
+    std::vector<std::string> argv = {bin_, "-m", s.path, "-t", std::to_string(a_.threads), "-c", std::to_string(ctx),
+                                     "-np", "1", "--no-warmup", "--log-disable", "--host", "127.0.0.1", "--port", std::to_string(port_)};
+    ChildProc cp;
+    MZ_RETURN_IF_ERROR(SpawnInCgroup(argv, "", kKeepOomScore, false, &cp));
+    pid_ = cp.pid;
+    httplib::Client cli("127.0.0.1", port_);
+    cli.set_connection_timeout(0, 200000);
+    for (int tries = 0;; ++tries) {
+      auto res = cli.Get("/health");
+      if (res && res->status == 200) break;
+      int wst = 0;
+      if (waitpid(pid_, &wst, WNOHANG) == pid_) {
+        pid_ = -1;
+        return Status::IOError("llama-server exited while loading " + s.path);
+      }
+      if (tries > 6000) return Status::IOError("llama-server did not become ready in 60 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    current_ = i;
+    return Status::Ok();
+  }
+  double ResidentShare(int i) override { return current_ == i ? 1.0 : 0.0; }
+  uint64_t Held() override {
+    if (pid_ < 0) return 0;
+    uint64_t rss = 0, swap = 0;
+    ProcMemory(pid_, &rss, &swap);
+    return rss;
+  }
+  // The request: the whole history (re-prefill after the restart) and the query, one token back.
+  Status Serve(int i, int step, Request* r) override {
+    Slot& s = slots_[size_t(i)];
+    r->system = name_;
+    r->model = s.name;
+    r->step = step;
+    r->incoming_resident = ResidentShare(i);
+    auto& h = history_[s.name];
+    const auto q = SeededTokens(a_.seed * 1000u + uint32_t(step), a_.query, s.n_vocab);
+    h.insert(h.end(), q.begin(), q.end());
+    const uint64_t rb0 = ProcReadBytes();
+    const double t0 = NowSeconds();
+    MZ_RETURN_IF_ERROR(Ready(i));
+    nlohmann::json body = {{"prompt", h}, {"n_predict", 1}, {"temperature", 0}, {"cache_prompt", true}};
+    httplib::Client cli("127.0.0.1", port_);
+    cli.set_read_timeout(600, 0);
+    auto res = cli.Post("/completion", body.dump(), "application/json");
+    r->ttft_s = NowSeconds() - t0;
+    (void)rb0;
+    r->read_bytes = ProcReadBytes(pid_);  // the server's own reads since it started (this switch)
+    if (!res || res->status != 200)
+      return Status::IOError("llama-server /completion failed: " + (res ? std::to_string(res->status) : std::string("no answer")));
+    r->held_after = Held();
+    return Status::Ok();
+  }
+  ~LlamaServerSystem() override { Stop(); }
+
+ private:
+  void Stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      int st = 0;
+      waitpid(pid_, &st, 0);
+    }
+    pid_ = -1;
+    current_ = -1;
+  }
+  std::string bin_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+  int current_ = -1;
+  std::map<std::string, std::vector<mz_token>> history_;
+};
+
 std::vector<std::string> SplitComma(const std::string& s) {
   std::vector<std::string> out;
   size_t at = 0;
@@ -355,6 +468,11 @@ int RunModels(const ModelsArgs& a) {
   if (want("unload-load")) {
     auto s = std::make_unique<UnloadLoadSystem>("unload-load", a);
     if (Status st = s->Setup(sources, root + "/unload", budget); !st.ok()) return Fail(st);
+    systems.push_back(std::move(s));
+  }
+  if (want("llama-server")) {
+    auto s = std::make_unique<LlamaServerSystem>("llama-server", a);
+    if (Status st = s->Setup(sources, root + "/llama", budget); !st.ok()) return Fail(st);
     systems.push_back(std::move(s));
   }
   if (want("all-in-memory")) systems.push_back(std::move(all));
@@ -443,7 +561,8 @@ int RunModels(const ModelsArgs& a) {
     doc["ratio_vs_all_in_memory"] = m.median / al.median;
   }
   md += "\nMemory held is each system's pools' counted bytes after every request (weights, KV, in-memory swap, "
-        "compute buffers); one process runs the three systems, so a per-system RSS cannot be read.\n";
+        "compute buffers): one process runs the mzcache systems, so a per-system RSS cannot be read; llama-server's is "
+        "its process's RSS. llama-server's bytes read are its process's since its start (the switch).\n";
   md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) + "`\n";
   // Plots.
   std::string data;
@@ -496,7 +615,7 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
   c->add_option("-t,--threads", a->threads, "threads");
   c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
   c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
-  c->add_option("--systems", a->systems, "comma-separated: mzcache, unload-load, all-in-memory");
+  c->add_option("--systems", a->systems, "comma-separated: mzcache, unload-load, llama-server, all-in-memory");
   c->add_option("--dir", a->dir, "scratch folder (model copies, pools)");
   c->add_option("-o,--out", a->out, "folder for bench-models.{md,json} and plots");
   runners.push_back([c, a]() -> int {

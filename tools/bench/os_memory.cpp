@@ -188,8 +188,8 @@ void DropTreeCache(const std::string& dir) {
     if (it->is_regular_file(ec)) DropFileCache(it->path().string());
 }
 
-uint64_t ProcReadBytes() {
-  std::ifstream f("/proc/self/io");
+uint64_t ProcReadBytes(int pid) {
+  std::ifstream f(pid > 0 ? "/proc/" + std::to_string(pid) + "/io" : std::string("/proc/self/io"));
   std::string key;
   uint64_t v = 0;
   while (f >> key >> v)

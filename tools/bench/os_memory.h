@@ -61,8 +61,9 @@ double DropFileCache(const std::string& path);
 double FileCachedFraction(const std::string& path);
 // DropFileCache for every regular file under dir (recursively).
 void DropTreeCache(const std::string& dir);
-// Bytes this process caused to be read from storage so far (/proc/self/io read_bytes: page
-// faults of mapped files and direct reads included, page-cache hits not); 0 if unreadable.
-uint64_t ProcReadBytes();
+// Bytes process pid (0: this one) caused to be read from storage so far (/proc/<pid>/io
+// read_bytes: page faults of mapped files and direct reads included, page-cache hits not); 0 if
+// unreadable.
+uint64_t ProcReadBytes(int pid = 0);
 
 }  // namespace mz::cli
