@@ -26,13 +26,17 @@ std::string ModelPath(const std::string& shape, const std::string& type) {
   std::string dir = over && *over ? over : MZ_TEST_MODEL_DIR;
   std::system(("mkdir -p '" + dir + "'").c_str());
   std::string path = dir + "/" + shape + "-" + type + ".gguf";
-  FileInfo info;
-  if (Env::Default()->StatPath(path, &info).ok()) return path;
   const ModelSpec* spec = FindModelSpec(shape);
   if (!spec) throw std::runtime_error("unknown shape " + shape);
   SynthOptions o;
   o.type = type;
   o.vocab_dir = std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+  // A file made by an older recipe (a different size than the recipe plans now) is made again.
+  ModelFilePlan planned;
+  FileInfo info;
+  if (Env::Default()->StatPath(path, &info).ok() && PlanModelFile(*spec, o, &planned).ok() &&
+      info.size == planned.file_bytes)
+    return path;
   // Unique temp per process: SynthesizeModel writes path.tmp, so synthesize to a private name first.
   std::string mine = path + "." + std::to_string(getpid());
   Status st = SynthesizeModel(Env::Default(), *spec, o, mine);

@@ -215,22 +215,21 @@ int RunRecommend(PlanArgs& a) {
       std::fprintf(stderr, "error: unknown shape %s\n", id.c_str());
       return 2;
     }
-    int64_t n_vocab = 0;
-    Status st = VocabSize(vocab_dir, spec->vocab, &n_vocab);
-    if (!st.ok()) return Fail(st);
     for (const std::string& q : a.quants) {
-      WeightBytes wb;
-      st = SynthWeightBytes(*spec, q, n_vocab, &wb);
-      if (!st.ok()) return Fail(st);
+      ModelFilePlan wb;
+      SynthOptions so;
+      so.type = q;
+      so.vocab_dir = vocab_dir;
+      if (Status st = PlanModelFile(*spec, so, &wb); !st.ok()) return Fail(st);
       mz_plan_shape sh{spec->n_layer, spec->n_head, spec->n_head_kv, spec->head_dim, spec->n_embd, spec->n_ff,
-                       int32_t(n_vocab), wb.bytes, wb.params, q.c_str()};
+                       int32_t(wb.n_vocab), wb.tensor_bytes, wb.params, q.c_str()};
       mz_plan_result r;
       p.n_ctx = 4096;
       int rc = mz_plan_estimate_shape(&sh, &p, &r);
       if (rc != MZ_OK) return CFail("planning " + id + " (" + q + ")", rc);
       const uint32_t cap = uint32_t(spec->n_ctx_train);
       const uint32_t c16 = std::min(r.max_ctx, cap), c8 = std::min(r.max_ctx_q8, cap);
-      const double load_s = double(wb.bytes) / d.read_Bps;
+      const double load_s = double(wb.tensor_bytes) / d.read_Bps;
       // Why: the binding part and the smallest useful context (2048 tokens).
       std::string verdict;
       if (c8 < 2048)
@@ -243,12 +242,12 @@ int RunRecommend(PlanArgs& a) {
         verdict = "only with q8_0 KV: " + std::to_string(c8) + " tokens";
       if (c8 >= 2048 && load_s > 10) verdict += "; cold load over 10 s";
       if (a.json) {
-        rows.push_back({{"model", spec->real_name}, {"quant", q}, {"weight_bytes", wb.bytes},
+        rows.push_back({{"model", spec->real_name}, {"quant", q}, {"weight_bytes", wb.tensor_bytes},
                         {"max_ctx_f16", c16}, {"max_ctx_q8_0", c8}, {"peak_4096", r.peak},
                         {"cold_load_s", load_s}, {"fits", c8 >= 2048}, {"verdict", verdict}});
       } else {
         std::printf("| %s | %s | %.2f | %u | %u | %.2f | %.1f | %s |\n", spec->real_name.c_str(), q.c_str(),
-                    double(wb.bytes) / kGiB, c16, c8, double(r.peak) / kGiB, load_s, verdict.c_str());
+                    double(wb.tensor_bytes) / kGiB, c16, c8, double(r.peak) / kGiB, load_s, verdict.c_str());
       }
     }
   }
