@@ -10,7 +10,8 @@
 #        (the kernel's view, one line per unit), /threads and /threads 1 (the conversation stays),
 #        /restore, /save FILE (loaded again by run), unknown commands answered, EOF ends it;
 #   chat --conversation NAME started and resumed from the pool's folder, `conversations` (table,
-#        --json) and `conversations rm` (an unknown name refused).
+#        --json) and `conversations rm` (an unknown name refused);
+#   plan --recommend: the residency table's 8B rows name a failure and its reason per phone tier.
 # Usage: tests/check_cli.sh MZCACHE MODEL_DIR   (MODEL_DIR/tiny-qwen3-q8_0.gguf; as cli_on_test_model.sh,
 # $MZ_TEST_MODEL_DIR_OVERRIDE wins when set)
 set -uo pipefail
@@ -119,6 +120,13 @@ conv rm alpha
 expect "conversations rm alpha" '^deleted alpha'
 conv --json
 expect_json "alpha is gone after rm" "$out" 'j == []'
+
+# plan --recommend: the 8B rows of the residency table (issue 49), every cell naming its failure and why.
+"$cli" plan --recommend --ram-gib 8 --read-mbps 800 --shapes qwen3-0.6b --quants q8_0 --json >"$out" 2>&1
+expect_json "plan --recommend: Llama-3.1-8B Q4_K_M on an 8 GB phone is killed at load, with --no-repack it thrashes" "$out" \
+  '[(r["repack"], r["tiers"][1]["failure"]) for r in j["residency"] if r["model"] == "Llama-3.1-8B" and r["quant"] == "q4_k_m"] == [(True, "killed at load"), (False, "thrash")] and all(c["why"] for r in j["residency"] for c in r["tiers"])'
+"$cli" plan --recommend --ram-gib 8 --read-mbps 800 --shapes qwen3-0.6b --quants q8_0 >"$out" 2>&1
+expect "plan --recommend: the residency table's 8B rows" '^\| Qwen3-8B \| q3_k_m \| [0-9.]+ \| repacked \(default\) \| \*\*killed on return\*\*'
 
 "$cli" run --help >"$out" 2>&1
 expect "run --help" '--kv-type'
