@@ -9,6 +9,8 @@
 #   chat: two turns around /evict 60% (the second restores through restore_generate), /memory units
 #        (the kernel's view, one line per unit), /threads and /threads 1 (the conversation stays),
 #        /restore, /save FILE (loaded again by run), unknown commands answered, EOF ends it;
+#   chat --watch-pressure /background: onTrimMemory UI_HIDDEN (nothing), BACKGROUND, COMPLETE (no KV
+#        left in RAM), then a turn that restores what was given back;
 #   chat --conversation NAME started and resumed from the pool's folder, `conversations` (table,
 #        --json) and `conversations rm` (an unknown name refused);
 #   plan --recommend: the residency table's 8B rows name a failure and its reason per phone tier.
@@ -92,6 +94,16 @@ expect "chat /restore" 'restore done in'
 expect "chat /save" 'saved [0-9]+ tokens'
 expect "chat: unknown command" 'unknown command /nonsense'
 [ "$(grep -c '\[prompt [0-9]* tokens | TTFT' "$out")" = 3 ] || { echo "FAIL chat: 3 turns expected"; sed 's/^/  | /' "$out"; fail=1; }
+
+# Backgrounding (issue 49): /background plays onTrimMemory UI_HIDDEN, BACKGROUND, COMPLETE; UI_HIDDEN
+# asks for nothing, COMPLETE leaves no KV in RAM, and the next turn restores what was given back.
+printf '%s\n' "hello" "/background" "/trim banana" "again" |
+  "$cli" chat -m "$model" --swap "$work/swap3" -n 4 --kv-codec none --watch-pressure=watermark >"$out" 2>&1
+expect "chat /background: UI_HIDDEN gives nothing back" 'onTrimMemory\(20 UI_HIDDEN\): gave back 0\.0 MiB'
+expect "chat /background: BACKGROUND handled" 'onTrimMemory\(40 BACKGROUND\): gave back [0-9.]+ MiB'
+expect "chat /background: COMPLETE gives back the rest, no KV stays" 'onTrimMemory\(80 COMPLETE\): gave back [0-9]*[1-9][0-9]*\.[0-9] MiB .* of it KV 0\.0 MiB'
+expect "chat /trim: a bad level is refused with the usage" '^> usage: /trim LEVEL'
+expect "chat after /background: the turn restores front-first, overlapped" '\[restore_generate: [1-9][0-9]* units restored'
 
 run -p "after chat" -n 2 --session "$work/chat.mzs"
 expect "run resumes chat's saved conversation" '\[session .*chat\.mzs: [0-9]+ tokens restored'
