@@ -24,6 +24,11 @@ struct ModelSpec {
   bool llama3_rope;       // rope_freqs.weight with llama3 scaling factors
 };
 
+// Bumped whenever a recipe's output changes (a file made before may differ from one made now):
+// caches of synthesized files (tests/test_util.cpp) check it. 2: llama.cpp's Q4_0 recipe (Q6_K
+// output head) and its per-type row fallbacks (session 32).
+constexpr int kSynthRecipeRevision = 2;
+
 const std::vector<ModelSpec>& KnownModelSpecs();
 const ModelSpec* FindModelSpec(const std::string& id);
 
