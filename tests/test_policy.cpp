@@ -432,5 +432,36 @@ TEST(TierFailure, RepackTables) {
   EXPECT_NEAR(t.weights_anon + t.weights_file, double(tied.tensor_bytes + tied.token_embd_bytes), 1.0);
 }
 
+// The third way (TierConfig::give_back, a plan of a design not built): never killed for its weights;
+// where the repacked default is killed and --no-repack thrashes, it thrashes by the same bound with
+// the front layers repacked; where everything fits, every layer stays repacked.
+TEST(TierFailure, ThirdWayGivesBackLayersInsteadOfBeingKilled) {
+  const ModelFilePlan q4km = PlanOf("llama3.1-8b", "q4_k_m");
+  TierConfig gb = NotesConfig(true, false);
+  gb.give_back = true;
+  gb.repack_Bps = 1e9;
+  const PhoneTier eight = PhoneTier::FromRam(8e9, 800e6);
+  const TierVerdict raw = ClassifyOnTier(q4km, eight, NotesConfig(false, false));
+  const TierVerdict third = ClassifyOnTier(q4km, eight, gb);
+  ASSERT_EQ(ClassifyOnTier(q4km, eight, NotesConfig(true, false)).failure, TierFailure::kKilledAtLoad);
+  EXPECT_EQ(third.failure, TierFailure::kThrash) << third.why;
+  EXPECT_NEAR(third.reread_per_token, raw.reread_per_token, 1.0);
+  EXPECT_EQ(third.n_layer, 32);
+  EXPECT_GT(third.repacked_layers_busy, 0);
+  EXPECT_LT(third.repacked_layers_busy, 32);
+  EXPECT_GT(third.repacked_layers_quiet, third.repacked_layers_busy);  // the background apps' 1.2 GB
+  EXPECT_LE(third.app_unevictable + eight.os + eight.background, eight.ram);  // not the kill
+  // Re-making one layer: its repackable bytes read at flash speed and repacked.
+  const double layer = (q4km.tensor_bytes - q4km.token_embd_bytes - q4km.bytes_by_type.at("f32") -
+                        4096.0 * 128256 / 256 * 210) / 32.0;
+  EXPECT_NEAR(third.remake_layer_s, layer / 800e6 + layer / 1e9, 1e-3);
+  const TierVerdict twelve = ClassifyOnTier(q4km, PhoneTier::FromRam(12e9, 800e6), gb);
+  EXPECT_EQ(twelve.failure, TierFailure::kFits) << twelve.why;
+  EXPECT_EQ(twelve.repacked_layers_busy, 32);
+  // Killed only when the app does not fit without any weights (1.5 GB: 0.49 OS + 1.24 app).
+  EXPECT_EQ(ClassifyOnTier(q4km, PhoneTier::FromRam(1.5e9, 800e6), gb).failure, TierFailure::kKilledAtLoad);
+  EXPECT_EQ(ClassifyOnTier(q4km, PhoneTier::FromRam(2e9, 800e6), gb).failure, TierFailure::kKilledOnReturn);
+}
+
 }  // namespace
 }  // namespace mz

@@ -17,6 +17,7 @@
 //                     (RAM - OS - background - app unevictable): each token re-reads at least the
 //                     difference from flash.
 //   fits:             none of these.
+// TierConfig::give_back plans the third way instead (see there).
 // Thread-safety: pure functions.
 #pragma once
 #include <cstdint>
@@ -53,6 +54,14 @@ struct TierConfig {
   uint64_t kv_bytes = 0;       // the KV cache at the context planned (whole, at creation)
   uint64_t scratch_bytes = 0;  // compute buffers
   bool tied = false;           // token_embd is also the output head (llama.cpp then keeps a second, repacked copy)
+  // The third way (issue 49 (b), docs/residency.md "Repacked weights"; a design mzcache does not
+  // implement yet): weights repacked while memory allows and given back one layer at a time under
+  // pressure, each to its file form. With repack, the app is then killed only when its memory
+  // without the weights does not fit; with the background apps back it keeps the front layers
+  // repacked that fit, and thrashes only when all the weights a token reads exceed the memory left
+  // for weights, whatever their form.
+  bool give_back = false;
+  double repack_Bps = 0;       // repack throughput for re-making a layer (0: not known)
 };
 
 enum class TierFailure { kFits, kThrash, kKilledOnReturn, kKilledAtLoad };
@@ -68,6 +77,10 @@ struct TierVerdict {
   double busy_demand = 0;      // quiet_demand + background
   double page_cache = 0;       // ram - busy_demand (may be < 0)
   double reread_per_token = 0; // streamed_file - page_cache when > 0: bytes from flash per token, at least
+  // give_back only: layers (0..n_layer-1) kept repacked with the background apps back and on a quiet
+  // phone, and the seconds to re-make one average layer (read at flash speed + repack; 0 if unknown).
+  int n_layer = 0, repacked_layers_busy = 0, repacked_layers_quiet = 0;
+  double remake_layer_s = 0;
   std::string why;             // one line with the numbers that decide it
 };
 

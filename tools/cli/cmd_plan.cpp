@@ -53,6 +53,8 @@ struct PlanArgs {
   std::vector<std::string> res_shapes{"llama3.1-8b", "qwen3-8b"};
   std::vector<std::string> res_quants{"q4_k_m", "q4_0", "q3_k_m", "q8_0"};
   std::string isa = "arm-dotprod";
+  bool third_way = false;   // also the third way's row (TierConfig::give_back; a design, not built)
+  double repack_mbps = 0;   // its re-make estimate: repack MB/s (0: not shown)
 };
 
 std::string MibCell(uint64_t b) {
@@ -215,15 +217,20 @@ int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash
       so.type = q;
       so.vocab_dir = VocabDir();
       if (Status st = PlanModelFile(*spec, so, &fp); !st.ok()) return Fail(st);
-      for (bool repack : {true, false}) {
+      for (int layout = 0; layout < (a.third_way ? 3 : 2); ++layout) {
+        const bool repack = layout != 1;
         TierConfig cfg;
         cfg.repack = repack;
+        cfg.give_back = layout == 2;
+        cfg.repack_Bps = a.repack_mbps * 1e6;
         cfg.isa = isa;
         cfg.kv_bytes = uint64_t(double(KvBytesFor(*spec, n_ctx)) * kv_scale);
         cfg.scratch_bytes = scratch;
         cfg.tied = spec->tied;
-        const char* layout = repack ? "repacked (default)" : "--no-repack";
-        if (!a.json) std::printf("| %s | %s | %.2f | %s |", spec->real_name.c_str(), q.c_str(), fp.file_bytes / 1e9, layout);
+        const char* layout_name = layout == 0 ? "repacked (default)" : layout == 1 ? "--no-repack"
+                                                                    : "third way (not built)";
+        if (!a.json)
+          std::printf("| %s | %s | %.2f | %s |", spec->real_name.c_str(), q.c_str(), fp.file_bytes / 1e9, layout_name);
         nlohmann::json per = nlohmann::json::array();
         for (double gb : a.tiers) {
           const PhoneTier tier = PhoneTier::FromRam(gb * 1e9, flash_Bps);
@@ -238,15 +245,24 @@ int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash
                            v.reread_per_token / flash_Bps);
           else
             cell = PlanFmt("fits: %.2f GB of page cache spare", (v.page_cache - v.streamed_file) / 1e9);
+          if (cfg.give_back && v.failure != TierFailure::kKilledAtLoad && v.failure != TierFailure::kKilledOnReturn) {
+            cell += PlanFmt("; %d of %d layers repacked with apps back, %d quiet", v.repacked_layers_busy, v.n_layer,
+                            v.repacked_layers_quiet);
+            if (v.remake_layer_s > 0) cell += PlanFmt("; re-making a layer %.2f s", v.remake_layer_s);
+          }
           if (!a.json) std::printf(" %s |", cell.c_str());
           per.push_back({{"tier_gb", gb}, {"failure", TierFailureName(v.failure)}, {"why", v.why},
                          {"weights_anon_bytes", v.weights_anon}, {"weights_file_bytes", v.weights_file},
                          {"quiet_demand_bytes", v.quiet_demand}, {"busy_demand_bytes", v.busy_demand},
-                         {"reread_per_token_bytes", v.reread_per_token}});
+                         {"reread_per_token_bytes", v.reread_per_token},
+                         {"repacked_layers_busy", v.repacked_layers_busy},
+                         {"repacked_layers_quiet", v.repacked_layers_quiet},
+                         {"remake_layer_s", v.remake_layer_s}});
         }
         if (!a.json) std::printf("\n");
         rows->push_back({{"model", spec->real_name}, {"quant", q}, {"file_bytes", fp.file_bytes},
-                         {"repack", repack}, {"kv_bytes", cfg.kv_bytes}, {"tiers", per}});
+                         {"repack", repack}, {"third_way", cfg.give_back}, {"kv_bytes", cfg.kv_bytes},
+                         {"tiers", per}});
       }
     }
   }
@@ -256,7 +272,10 @@ int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash
                 "when the background apps come back the app holds the largest anonymous set and lmkd kills it. "
                 "thrash: the weights left in the file mapping that every token reads exceed the page cache left, so "
                 "each token re-reads at least the difference from flash (an LRU over a cyclic scan re-reads more). "
-                "`--json` gives each cell's full reason.\n");
+                "`--json` gives each cell's full reason.%s\n",
+                a.third_way ? " third way: a design mzcache does not implement yet (docs/residency.md): layers "
+                              "repacked while memory allows, given back one at a time to their file form; killed only "
+                              "when the app does not fit without any weights." : "");
   return 0;
 }
 
@@ -411,6 +430,11 @@ void AddPlanCommands(CLI::App& app, Runners& runners) {
   c->add_option("--residency-shapes", a->res_shapes, "--recommend, residency table: model shapes (default the 8Bs)");
   c->add_option("--residency-quants", a->res_quants, "--recommend, residency table: weight recipes");
   c->add_option("--isa", a->isa, "--recommend, residency table: whose repack table, arm-dotprod (the notes' phone) or x86-avx2");
+  c->add_flag("--third-way", a->third_way,
+              "--recommend, residency table: also plan the third way (repacked while memory allows, given back a layer "
+              "at a time; a design, not built: docs/residency.md)");
+  c->add_option("--repack-mbps", a->repack_mbps,
+                "--recommend, --third-way: repack throughput in MB/s for the time to re-make a layer (bench_repack)");
   c->footer("Exit status: 0 fits, 3 does not fit (plan), 1 error.");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;
