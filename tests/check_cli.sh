@@ -9,8 +9,11 @@
 #   chat: two turns around /evict 60% (the second restores through restore_generate), /memory units
 #        (the kernel's view, one line per unit), /threads and /threads 1 (the conversation stays),
 #        /restore, /save FILE (loaded again by run), unknown commands answered, EOF ends it;
+#   chat --watch-pressure /background: onTrimMemory UI_HIDDEN (nothing), BACKGROUND, COMPLETE (no KV
+#        left in RAM), then a turn that restores what was given back;
 #   chat --conversation NAME started and resumed from the pool's folder, `conversations` (table,
-#        --json) and `conversations rm` (an unknown name refused).
+#        --json) and `conversations rm` (an unknown name refused);
+#   plan --recommend: the residency table's 8B rows name a failure and its reason per phone tier.
 # Usage: tests/check_cli.sh MZCACHE MODEL_DIR   (MODEL_DIR/tiny-qwen3-q8_0.gguf; as cli_on_test_model.sh,
 # $MZ_TEST_MODEL_DIR_OVERRIDE wins when set)
 set -uo pipefail
@@ -92,6 +95,16 @@ expect "chat /save" 'saved [0-9]+ tokens'
 expect "chat: unknown command" 'unknown command /nonsense'
 [ "$(grep -c '\[prompt [0-9]* tokens | TTFT' "$out")" = 3 ] || { echo "FAIL chat: 3 turns expected"; sed 's/^/  | /' "$out"; fail=1; }
 
+# Backgrounding (issue 49): /background plays onTrimMemory UI_HIDDEN, BACKGROUND, COMPLETE; UI_HIDDEN
+# asks for nothing, COMPLETE leaves no KV in RAM, and the next turn restores what was given back.
+printf '%s\n' "hello" "/background" "/trim banana" "again" |
+  "$cli" chat -m "$model" --swap "$work/swap3" -n 4 --kv-codec none --watch-pressure=watermark >"$out" 2>&1
+expect "chat /background: UI_HIDDEN gives nothing back" 'onTrimMemory\(20 UI_HIDDEN\): gave back 0\.0 MiB'
+expect "chat /background: BACKGROUND handled" 'onTrimMemory\(40 BACKGROUND\): gave back [0-9.]+ MiB'
+expect "chat /background: COMPLETE gives back the rest, no KV stays" 'onTrimMemory\(80 COMPLETE\): gave back [0-9]*[1-9][0-9]*\.[0-9] MiB .* of it KV 0\.0 MiB'
+expect "chat /trim: a bad level is refused with the usage" '^> usage: /trim LEVEL'
+expect "chat after /background: the turn restores front-first, overlapped" '\[restore_generate: [1-9][0-9]* units restored'
+
 run -p "after chat" -n 2 --session "$work/chat.mzs"
 expect "run resumes chat's saved conversation" '\[session .*chat\.mzs: [0-9]+ tokens restored'
 
@@ -119,6 +132,13 @@ conv rm alpha
 expect "conversations rm alpha" '^deleted alpha'
 conv --json
 expect_json "alpha is gone after rm" "$out" 'j == []'
+
+# plan --recommend: the 8B rows of the residency table (issue 49), every cell naming its failure and why.
+"$cli" plan --recommend --ram-gib 8 --read-mbps 800 --shapes qwen3-0.6b --quants q8_0 --json >"$out" 2>&1
+expect_json "plan --recommend: Llama-3.1-8B Q4_K_M on an 8 GB phone is killed at load, with --no-repack it thrashes" "$out" \
+  '[(r["repack"], r["tiers"][1]["failure"]) for r in j["residency"] if r["model"] == "Llama-3.1-8B" and r["quant"] == "q4_k_m"] == [(True, "killed at load"), (False, "thrash")] and all(c["why"] for r in j["residency"] for c in r["tiers"])'
+"$cli" plan --recommend --ram-gib 8 --read-mbps 800 --shapes qwen3-0.6b --quants q8_0 >"$out" 2>&1
+expect "plan --recommend: the residency table's 8B rows" '^\| Qwen3-8B \| q3_k_m \| [0-9.]+ \| repacked \(default\) \| \*\*killed on return\*\*'
 
 "$cli" run --help >"$out" 2>&1
 expect "run --help" '--kv-type'

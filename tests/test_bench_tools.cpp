@@ -28,29 +28,62 @@ TEST_P(FootprintCalc, EqualsTheSynthesizedFile) {
   const auto [shape, type] = GetParam();
   const ModelSpec* spec = FindModelSpec(shape);
   ASSERT_NE(spec, nullptr);
-  int64_t nv = 0;
-  Status st = cli::VocabSize(kVocabDir, spec->vocab, &nv);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  cli::WeightBytes wb;
-  st = cli::SynthWeightBytes(*spec, type, nv, &wb);
+  SynthOptions o;
+  o.type = type;
+  o.vocab_dir = kVocabDir;
+  ModelFilePlan wb;
+  Status st = PlanModelFile(*spec, o, &wb);
   ASSERT_TRUE(st.ok()) << st.ToString();
 
+  const std::string path = test::ModelPath(shape, type);
+  FileInfo fi;
+  ASSERT_TRUE(Env::Default()->StatPath(path, &fi).ok());
+  EXPECT_EQ(wb.file_bytes, fi.size);
   ModelOptions mo;
   mo.load_weights = false;
   std::unique_ptr<Model> m;
-  st = Model::Load(Env::Default(), test::ModelPath(shape, type), mo, &m);
+  st = Model::Load(Env::Default(), path, mo, &m);
   ASSERT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(int64_t(m->hparams().n_vocab), nv);
-  EXPECT_EQ(wb.bytes, m->tensor_bytes()) << shape << " " << type;
+  EXPECT_EQ(int64_t(m->hparams().n_vocab), wb.n_vocab);
+  EXPECT_EQ(wb.tensor_bytes, m->tensor_bytes()) << shape << " " << type;
   EXPECT_EQ(cli::KvBytesFor(*spec, 1), m->hparams().kv_bytes_per_token());
-  EXPECT_GT(wb.embd_bytes, 0u);
-  EXPECT_LT(wb.embd_bytes, wb.bytes);
+  EXPECT_GT(wb.token_embd_bytes, 0u);
+  EXPECT_LT(wb.token_embd_bytes, wb.tensor_bytes);
+  uint64_t sum = 0;
+  for (const PlannedTensor& t : wb.tensors) sum += t.bytes;
+  EXPECT_EQ(sum, wb.tensor_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyShapes, FootprintCalc,
                          ::testing::Values(std::make_tuple("tiny-qwen3", "q8_0"), std::make_tuple("tiny-llama", "q8_0"),
                                            std::make_tuple("tiny-qwen2", "q8_0"), std::make_tuple("tiny-qwen3", "f16"),
-                                           std::make_tuple("tiny-llama", "q4_0")));
+                                           std::make_tuple("tiny-llama", "q4_0"), std::make_tuple("tiny-qwen3", "q4_0")));
+
+// llama.cpp's Q4_0 recipe: every matrix Q4_0 but the output head (a tied token_embd) at Q6_K.
+TEST(SynthRecipes, Q4_0KeepsTheOutputHeadAtQ6K) {
+  SynthOptions o;
+  o.type = "q4_0";
+  o.vocab_dir = kVocabDir;
+  for (const char* shape : {"tiny-llama", "tiny-qwen3"}) {
+    ModelFilePlan p;
+    ASSERT_TRUE(PlanModelFile(*FindModelSpec(shape), o, &p).ok());
+    const bool tied = FindModelSpec(shape)->tied;
+    int q6 = 0, q4 = 0;
+    for (const PlannedTensor& t : p.tensors) {
+      if (t.ne1 == 1) continue;  // norms, rope factors: F32
+      const bool head = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
+      EXPECT_EQ(t.type, head ? "q6_K" : "q4_0") << shape << " " << t.name;
+      (head ? q6 : q4)++;
+    }
+    EXPECT_EQ(q6, 1) << shape;
+    EXPECT_GT(q4, 0) << shape;
+  }
+  // A head whose rows divide 32 but not Q6_K's 256 falls back to Q8_0 (qwen2.5-0.5b: 896, tied).
+  ModelFilePlan p;
+  ASSERT_TRUE(PlanModelFile(*FindModelSpec("qwen2.5-0.5b"), o, &p).ok());
+  EXPECT_EQ(p.tensors.front().name, "token_embd.weight");
+  EXPECT_EQ(p.tensors.front().type, "q8_0");
+}
 
 TEST(FootprintCalc, KvBytesEqualWhatAContextAllocates) {
   const std::string path = test::ModelPath("tiny-qwen3", "q8_0");
@@ -70,7 +103,7 @@ TEST(FootprintCalc, KvBytesEqualWhatAContextAllocates) {
 
 // The field notes' 8B (issue 49): llama.cpp's recipes give the files the notes list,
 // within 2% (sizes in GB of 1e9 bytes, as the notes and Hugging Face write them): Q4_K_M 4.92 GB at
-// 4.90 bits per weight, Q3_K_M 0.9 GB smaller, Q8_0 8.54 GB. Planned without writing 5-9 GB.
+// 4.90 bits per weight, Q3_K_M 0.9 GB smaller, Q4_0 4.65 GB, Q8_0 8.54 GB. Planned without writing 5-9 GB.
 TEST(SynthRecipes, FieldNotes8BSizes) {
   const ModelSpec* spec = FindModelSpec("llama3.1-8b");
   ASSERT_NE(spec, nullptr);
@@ -83,11 +116,12 @@ TEST(SynthRecipes, FieldNotes8BSizes) {
     EXPECT_TRUE(st.ok()) << st.ToString();
     return p;
   };
-  const ModelFilePlan q4km = plan("q4_k_m"), q3km = plan("q3_k_m"), q8 = plan("q8_0");
+  const ModelFilePlan q4km = plan("q4_k_m"), q3km = plan("q3_k_m"), q8 = plan("q8_0"), q40 = plan("q4_0");
   EXPECT_NEAR(double(q4km.file_bytes) / 1e9, 4.92, 4.92 * 0.02);
   EXPECT_NEAR(q4km.bits_per_weight, 4.90, 4.90 * 0.02);
   EXPECT_NEAR(double(q3km.file_bytes) / 1e9, 4.92 - 0.9, (4.92 - 0.9) * 0.02);
   EXPECT_NEAR(double(q8.file_bytes) / 1e9, 8.54, 8.54 * 0.02);
+  EXPECT_NEAR(double(q40.file_bytes) / 1e9, 4.65, 4.65 * 0.02);
   EXPECT_NEAR(double(q4km.params) / 1e9, 8.03, 0.01);
   // Q6_K: output.weight, and attn_v + ffn_down on the 16 layers use_more_bits picks.
   const uint64_t E = 4096, V = 128256, KV = 1024, F = 14336;
@@ -95,11 +129,20 @@ TEST(SynthRecipes, FieldNotes8BSizes) {
   EXPECT_EQ(q4km.bytes_by_type.at("q6_K"), q6_elems / 256 * 210);
   EXPECT_EQ(q4km.bytes_by_type.count("q5_K"), 0u);
   EXPECT_GT(q3km.bytes_by_type.at("q5_K"), 0u);  // attn_v of layers 0-1, ffn_down of layers 0-1
+  // Q4_0: only the output head at Q6_K (what makes it 4.65 GB, not the pure recipe's 4.53).
+  EXPECT_EQ(q40.bytes_by_type.at("q6_K"), E * V / 256 * 210);
+  EXPECT_EQ(q40.bytes_by_type.at("q4_0"), (q40.params - E * V - q40.bytes_by_type.at("f32") / 4) / 32 * 18);
+  // The token embedding stays in the recipe's base type: 0.30 GB of the Q4_K_M file (the notes'
+  // file-backed remainder).
+  EXPECT_NEAR(double(q4km.token_embd_bytes) / 1e9, 0.30, 0.01);
 }
 
 TEST(FootprintCalc, UnknownTypeIsRefused) {
-  cli::WeightBytes wb;
-  EXPECT_EQ(cli::SynthWeightBytes(*FindModelSpec("tiny-qwen3"), "q3_x", 1000, &wb).code(), Status::kInvalidArgument);
+  SynthOptions o;
+  o.type = "q3_x";
+  o.vocab_dir = kVocabDir;
+  ModelFilePlan p;
+  EXPECT_EQ(PlanModelFile(*FindModelSpec("tiny-qwen3"), o, &p).code(), Status::kInvalidArgument);
 }
 
 TEST(KlHelpers, ZeroForEqualDistributionsAndShiftInvariant) {

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <map>
 
+#include "model/synth.h"
 #include "policy/hybrid_swap.h"
+#include "policy/tier_failure.h"
 #include "test_util.h"
 
 namespace mz {
@@ -338,6 +340,127 @@ TEST(DeviceProfile, MappedReadsAreCostedAtTheirPieceSize) {
   ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
   EXPECT_EQ(q.mapped_read_by_request, p.mapped_read_by_request);
   std::remove(path.c_str());
+}
+
+// ---- Which failure a configuration meets on a phone tier (issue 49, policy/tier_failure.h) ----
+
+ModelFilePlan PlanOf(const char* shape, const char* type) {
+  SynthOptions o;
+  o.type = type;
+  o.vocab_dir = std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+  ModelFilePlan p;
+  EXPECT_TRUE(PlanModelFile(*FindModelSpec(shape), o, &p).ok());
+  return p;
+}
+
+TierConfig NotesConfig(bool repack, bool q8_kv) {
+  TierConfig c;
+  c.repack = repack;
+  c.kv_bytes = q8_kv ? 4096ull * 68 * 1024 : 4096ull * 128 * 1024;  // Llama-3.1-8B, 4096 tokens
+  c.scratch_bytes = 200000000;
+  return c;
+}
+
+// The notes' arithmetic: on the Snapdragon 695 table, 4.62 of the Q4_K_M file's 4.92 GB become
+// anonymous (all but the 0.30 GB token embedding); on the 8 GB phone that is killed at load, and
+// with --no-repack the same file stays evictable and thrashes instead.
+TEST(TierFailure, NotesEightGbPhone) {
+  const ModelFilePlan q4km = PlanOf("llama3.1-8b", "q4_k_m");
+  const PhoneTier phone = PhoneTier::FromRam(8e9, 800e6);
+  EXPECT_NEAR(phone.os + phone.background + phone.runtime, 4.30e9, 1e6);
+  const TierVerdict rep = ClassifyOnTier(q4km, phone, NotesConfig(true, false));
+  EXPECT_NEAR(rep.weights_anon / 1e9, 4.62, 0.02);
+  EXPECT_NEAR(rep.weights_file / 1e9, 0.30, 0.01);
+  EXPECT_EQ(rep.failure, TierFailure::kKilledAtLoad) << rep.why;
+  EXPECT_GT(rep.quiet_demand, phone.ram);
+  // The notes' 9.12 GB of unevictable demand before the cache: OS, background, runtime, repacked weights, scratch.
+  EXPECT_NEAR((rep.busy_demand - double(NotesConfig(true, false).kv_bytes)) / 1e9, 9.12, 0.02);
+
+  const TierVerdict raw = ClassifyOnTier(q4km, phone, NotesConfig(false, false));
+  EXPECT_EQ(raw.weights_anon, 0.0);
+  EXPECT_EQ(raw.failure, TierFailure::kThrash) << raw.why;
+  EXPECT_NEAR(raw.reread_per_token, raw.streamed_file - raw.page_cache, 1.0);
+  EXPECT_GT(raw.reread_per_token, 1e9);
+  EXPECT_NE(raw.why.find("from flash"), std::string::npos);
+}
+
+// Between "killed at load" and "fits" lies the tier where it loads on a quiet phone and dies when
+// the background apps come back; more RAM never makes the failure worse.
+TEST(TierFailure, KilledOnReturnBetweenLoadAndFit) {
+  const ModelFilePlan q4km = PlanOf("llama3.1-8b", "q4_k_m");
+  const TierConfig cfg = NotesConfig(true, true);
+  EXPECT_EQ(ClassifyOnTier(q4km, PhoneTier::FromRam(8e9, 800e6), cfg).failure, TierFailure::kKilledAtLoad);
+  const TierVerdict nine = ClassifyOnTier(q4km, PhoneTier::FromRam(9e9, 800e6), cfg);
+  EXPECT_EQ(nine.failure, TierFailure::kKilledOnReturn) << nine.why;
+  EXPECT_LE(nine.quiet_demand, 9e9);
+  EXPECT_GT(nine.busy_demand, 9e9);
+  EXPECT_EQ(ClassifyOnTier(q4km, PhoneTier::FromRam(12e9, 800e6), cfg).failure, TierFailure::kFits);
+  for (bool repack : {true, false}) {
+    int worst = 3;
+    for (double gb = 4; gb <= 16; gb += 0.5) {
+      const int f = int(ClassifyOnTier(q4km, PhoneTier::FromRam(gb * 1e9, 800e6), NotesConfig(repack, false)).failure);
+      EXPECT_LE(f, worst) << gb << " GB, repack " << repack;
+      worst = f;
+    }
+  }
+}
+
+// The repack tables: Q3_K has no repacked kernel anywhere, Q6_K only on ARM (so a Q4_K_M file
+// leaves more in the file mapping on AVX2), and a tied embedding is loaded twice, once for the head.
+TEST(TierFailure, RepackTables) {
+  EXPECT_FALSE(RepackedByLlamaCpp("q3_K", 4096, RepackIsa::kArmDotprod));
+  EXPECT_FALSE(RepackedByLlamaCpp("q2_K", 4096, RepackIsa::kArmDotprod));
+  EXPECT_TRUE(RepackedByLlamaCpp("q6_K", 4096, RepackIsa::kArmDotprod));
+  EXPECT_FALSE(RepackedByLlamaCpp("q6_K", 4096, RepackIsa::kX86Avx2));
+  EXPECT_TRUE(RepackedByLlamaCpp("q8_0", 4096, RepackIsa::kArmDotprod));
+  EXPECT_FALSE(RepackedByLlamaCpp("q8_0", 4096, RepackIsa::kX86Avx2));
+  EXPECT_FALSE(RepackedByLlamaCpp("q4_K", 4100, RepackIsa::kArmDotprod));  // rows not a multiple of 8
+  const ModelFilePlan q4km = PlanOf("llama3.1-8b", "q4_k_m");
+  const PhoneTier phone = PhoneTier::FromRam(8e9, 800e6);
+  TierConfig x86 = NotesConfig(true, false);
+  x86.isa = RepackIsa::kX86Avx2;
+  const TierVerdict arm = ClassifyOnTier(q4km, phone, NotesConfig(true, false)), avx = ClassifyOnTier(q4km, phone, x86);
+  EXPECT_NEAR(arm.weights_anon - avx.weights_anon, double(q4km.bytes_by_type.at("q6_K")), 1.0);
+  const ModelFilePlan q3km = PlanOf("llama3.1-8b", "q3_k_m");
+  EXPECT_NEAR(ClassifyOnTier(q3km, phone, NotesConfig(true, false)).weights_file,
+              double(q3km.bytes_by_type.at("q3_K") + q3km.bytes_by_type.at("f32")), 1.0);
+  // Tied (Qwen3-0.6B, q8_0): the embedding stays in the file and its head copy is repacked.
+  const ModelFilePlan tied = PlanOf("qwen3-0.6b", "q8_0");
+  TierConfig tc = NotesConfig(true, false);
+  tc.tied = true;
+  const TierVerdict t = ClassifyOnTier(tied, phone, tc);
+  EXPECT_NEAR(t.weights_anon + t.weights_file, double(tied.tensor_bytes + tied.token_embd_bytes), 1.0);
+}
+
+// The third way (TierConfig::give_back, a plan of a design not built): never killed for its weights;
+// where the repacked default is killed and --no-repack thrashes, it thrashes by the same bound with
+// the front layers repacked; where everything fits, every layer stays repacked.
+TEST(TierFailure, ThirdWayGivesBackLayersInsteadOfBeingKilled) {
+  const ModelFilePlan q4km = PlanOf("llama3.1-8b", "q4_k_m");
+  TierConfig gb = NotesConfig(true, false);
+  gb.give_back = true;
+  gb.repack_Bps = 1e9;
+  const PhoneTier eight = PhoneTier::FromRam(8e9, 800e6);
+  const TierVerdict raw = ClassifyOnTier(q4km, eight, NotesConfig(false, false));
+  const TierVerdict third = ClassifyOnTier(q4km, eight, gb);
+  ASSERT_EQ(ClassifyOnTier(q4km, eight, NotesConfig(true, false)).failure, TierFailure::kKilledAtLoad);
+  EXPECT_EQ(third.failure, TierFailure::kThrash) << third.why;
+  EXPECT_NEAR(third.reread_per_token, raw.reread_per_token, 1.0);
+  EXPECT_EQ(third.n_layer, 32);
+  EXPECT_GT(third.repacked_layers_busy, 0);
+  EXPECT_LT(third.repacked_layers_busy, 32);
+  EXPECT_GT(third.repacked_layers_quiet, third.repacked_layers_busy);  // the background apps' 1.2 GB
+  EXPECT_LE(third.app_unevictable + eight.os + eight.background, eight.ram);  // not the kill
+  // Re-making one layer: its repackable bytes read at flash speed and repacked.
+  const double layer = (q4km.tensor_bytes - q4km.token_embd_bytes - q4km.bytes_by_type.at("f32") -
+                        4096.0 * 128256 / 256 * 210) / 32.0;
+  EXPECT_NEAR(third.remake_layer_s, layer / 800e6 + layer / 1e9, 1e-3);
+  const TierVerdict twelve = ClassifyOnTier(q4km, PhoneTier::FromRam(12e9, 800e6), gb);
+  EXPECT_EQ(twelve.failure, TierFailure::kFits) << twelve.why;
+  EXPECT_EQ(twelve.repacked_layers_busy, 32);
+  // Killed only when the app does not fit without any weights (1.5 GB: 0.49 OS + 1.24 app).
+  EXPECT_EQ(ClassifyOnTier(q4km, PhoneTier::FromRam(1.5e9, 800e6), gb).failure, TierFailure::kKilledAtLoad);
+  EXPECT_EQ(ClassifyOnTier(q4km, PhoneTier::FromRam(2e9, 800e6), gb).failure, TierFailure::kKilledOnReturn);
 }
 
 }  // namespace

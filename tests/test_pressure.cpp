@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "api/api_internal.h"
 #include "core/sync_point.h"
 #include "env/env.h"
 #include "pressure/cgroup_v1_source.h"
@@ -907,6 +908,57 @@ TEST(PressureMonitorPhases, RestoreAheadRestoresWhatFitsFrontLayersFirst) {
   src->limit_bytes = UINT64_MAX / 2;
   ASSERT_TRUE(wait_for([&] { return Remaining(*r.ctx) == 1.0; }));
   mon.Stop();
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data() + 120, 8, false).ok());
+  EXPECT_EQ(Logits(*r.ctx), ref);
+}
+
+// Backgrounding (issue 49): the app leaves the screen and Android sends onTrimMemory(UI_HIDDEN),
+// then BACKGROUND, then COMPLETE. Through the mapping mz_on_trim_memory uses (mz_api::TrimLevel),
+// what is given back grows with the level: nothing for UI_HIDDEN (no memory asked for), one
+// escalated step for BACKGROUND, everything above the base unit for COMPLETE, after which the
+// context holds no anonymous KV. On return the memory comes back front layers first, and the
+// conversation goes on with the logits it would have had, bit for bit.
+TEST(PressureMonitorPhases, BackgroundingGivesBackMoreAtEachLevelAndReturnsFrontFirst) {
+  Rig r = MakeRig("background");
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 128, false).ok());
+  const std::vector<float> ref = Logits(*r.ctx);
+  r.ctx->Truncate(0);
+  ASSERT_TRUE(r.ctx->Decode(r.toks.data(), 120, false).ok());
+  PressureMonitor mon(r.ctx.get(), std::make_unique<ManualSource>(), AmountOptions());
+  const MemoryReport before = r.ctx->Report();
+  const uint64_t llm = before.footprint() - before.base_total;
+  ASSERT_GT(before.kv_resident, 0u);
+  std::vector<uint64_t> given;  // bytes given back in all after each level
+  for (int32_t level : {MZ_TRIM_MEMORY_UI_HIDDEN, MZ_TRIM_MEMORY_BACKGROUND, MZ_TRIM_MEMORY_COMPLETE}) {
+    PressureEvent e;
+    if (mz_api::TrimLevel(level, &e.level)) {
+      e.time_ns = Env::Default()->NowNs();
+      e.source = "onTrimMemory(" + std::to_string(level) + ")";
+      const PressureAction a = mon.Submit(e);
+      EXPECT_TRUE(a.status.ok()) << level << ": " << a.status.ToString();
+    }
+    given.push_back(before.in_memory() - r.ctx->Report().in_memory());
+  }
+  EXPECT_EQ(given[0], 0u);                          // UI_HIDDEN: nothing asked for
+  EXPECT_GE(double(given[1]), 0.375 * double(llm) - 1.0);  // BACKGROUND: one escalated step (25 x 1.5 points)
+  EXPECT_LT(given[1], llm);
+  EXPECT_GT(given[2], given[1]);                    // COMPLETE: the rest
+  const MemoryReport gone = r.ctx->Report();
+  EXPECT_EQ(gone.kv_resident, 0u);                  // no anonymous KV left: it is on storage
+  EXPECT_EQ(gone.in_memory(), gone.base_resident);  // only the base unit (embeddings, head) stays
+  EXPECT_EQ(Remaining(*r.ctx), 0.0);
+  // The return: a first slice brings back a forward prefix (layer 0's weights and KV first), not
+  // the last layers; then the rest.
+  uint64_t restored = 0;
+  ASSERT_TRUE(r.ctx->TryRestoreUpTo(llm / 3, &restored, false).ok());
+  EXPECT_GT(restored, 0u);
+  EXPECT_LE(restored, llm / 3);
+  EXPECT_TRUE(ResidentIsForwardPrefix(*r.ctx));
+  const int last = int(r.model->hparams().n_layer) - 1;
+  EXPECT_EQ(r.ctx->units().state(UnitRef::Weights(0)), UnitState::kResident);
+  EXPECT_NE(r.ctx->units().state(UnitRef::Weights(last)), UnitState::kResident);
+  ASSERT_TRUE(r.ctx->Restore().ok());
+  EXPECT_EQ(Remaining(*r.ctx), 1.0);
   ASSERT_TRUE(r.ctx->Decode(r.toks.data() + 120, 8, false).ok());
   EXPECT_EQ(Logits(*r.ctx), ref);
 }

@@ -22,6 +22,12 @@
  *     }
  *   }
  *
+ * Backgrounding: when the user switches away Android sends UI_HIDDEN (20), then BACKGROUND (40), and
+ * before Android 14 MODERATE (60) and COMPLETE (80); each is forwarded unchanged: nothing for
+ * UI_HIDDEN, one escalated step for BACKGROUND, everything above the base unit for COMPLETE. On
+ * return nothing is needed here: the next mz_restore_generate restores front layers first,
+ * overlapped with its prefill (docs/android.md, "Backgrounding").
+ *
  * onTrimMemory runs on the main thread; mz_on_trim_memory never waits for a generation (it
  * returns MZ_ERR_BUSY and queues the request instead), but an idle eviction writes to storage, so
  * apps with very large contexts may prefer to post the call to a background executor.

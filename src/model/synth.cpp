@@ -73,16 +73,23 @@ const char* kLlama3Template =
     "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt "
     "%}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
-// The weight recipes. "f16", "q8_0", "q4_0", "q4_k": every matrix in that type (q4_k: every
-// matrix Q4_K, tagged Q4_K_M as before 0.14). "q4_k_m", "q3_k_m": llama.cpp's mixed recipes, the
-// per-tensor rules of its quantizer (src/llama-quant.cpp, llama_tensor_get_type_impl, at the pinned
-// commit) for a dense model without an importance matrix:
-//   output.weight (and a tied token_embd)  Q6_K
-//   q4_k_m: attn_v and ffn_down Q6_K on the layers use_more_bits picks (the first and last eighth,
-//           and every third between: 16 of 32), Q4_K elsewhere; every other matrix Q4_K
-//   q3_k_m: attn_v Q5_K on layers 0-1 and Q4_K after; ffn_down Q5_K on the first sixteenth, Q4_K
-//           after; attn_output Q4_K; every other matrix Q3_K
-// Rows not divisible by the type's block fall back as before (Q8_0 or F16).
+// The weight recipes, as llama.cpp's quantizer chooses per-tensor types (src/llama-quant.cpp,
+// llama_tensor_get_type_impl and tensor_type_fallback, at the pinned commit) for a dense model
+// without an importance matrix:
+//   "f16": every matrix F16 (llama.cpp applies no per-tensor rules to an unquantized target).
+//   "q8_0": every matrix Q8_0 (its output rule keeps Q8_0).
+//   "q4_0": every matrix Q4_0 but output.weight (and a tied token_embd) at Q6_K, as LLAMA_FTYPE_MOSTLY_Q4_0.
+//   "q4_k": every matrix Q4_K (mzcache's own pure recipe, tagged Q4_K_M as before 0.14; what
+//           llama-quantize --pure writes).
+//   "q4_k_m", "q3_k_m": the mixed recipes:
+//     output.weight (and a tied token_embd)  Q6_K
+//     q4_k_m: attn_v and ffn_down Q6_K on the layers use_more_bits picks (the first and last eighth,
+//             and every third between: 16 of 32), Q4_K elsewhere; every other matrix Q4_K
+//     q3_k_m: attn_v Q5_K on layers 0-1 and Q4_K after; ffn_down Q5_K on the first sixteenth, Q4_K
+//             after; attn_output Q4_K; every other matrix Q3_K
+// The output rule only bumps to Q6_K when the rows divide the recipe's own block (else Q8_0).
+// Rows not divisible by the chosen type's block then fall back as llama.cpp's quantizer does:
+// Q6_K -> Q8_0, Q5_K -> Q5_1, Q4_K -> Q5_0, Q3_K -> Q4_0, and to F16 when that still does not divide.
 bool KnownRecipe(const std::string& t) {
   return t == "f16" || t == "q8_0" || t == "q4_0" || t == "q4_k" || t == "q4_k_m" || t == "q3_k_m";
 }
@@ -100,11 +107,14 @@ ggml_type MatrixType(const std::string& t, const std::string& name, int il, int 
   else if (t == "q8_0") want = GGML_TYPE_Q8_0;
   else if (t == "q4_0") want = GGML_TYPE_Q4_0;
   else if (t == "q4_k") want = GGML_TYPE_Q4_K;
-  else if (t == "q4_k_m" || t == "q3_k_m") {
+  else if (t == "q4_k_m") want = GGML_TYPE_Q4_K;
+  else if (t == "q3_k_m") want = GGML_TYPE_Q3_K;
+  const bool mixed = t == "q4_0" || t == "q4_k_m" || t == "q3_k_m";  // the recipes with per-tensor rules
+  if (mixed && (name == "output.weight" || (tied && name == "token_embd.weight"))) {
+    want = ne0 % ggml_blck_size(want) != 0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q6_K;
+  } else if (t == "q4_k_m" || t == "q3_k_m") {
     const bool q4 = t == "q4_k_m";
-    want = q4 ? GGML_TYPE_Q4_K : GGML_TYPE_Q3_K;
-    if (name == "output.weight" || (tied && name == "token_embd.weight")) want = GGML_TYPE_Q6_K;
-    else if (ends("attn_v.weight"))
+    if (ends("attn_v.weight"))
       want = q4 ? (UseMoreBits(il, n_layer) ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K) : (il < 2 ? GGML_TYPE_Q5_K : GGML_TYPE_Q4_K);
     else if (ends("ffn_down.weight"))
       want = q4 ? (UseMoreBits(il, n_layer) ? GGML_TYPE_Q6_K : GGML_TYPE_Q4_K)
@@ -112,7 +122,16 @@ ggml_type MatrixType(const std::string& t, const std::string& name, int il, int 
     else if (!q4 && ends("attn_output.weight")) want = GGML_TYPE_Q4_K;
   }
   // Rows not divisible by the block size fall back as llama.cpp's quantizer does.
-  if (ne0 % ggml_blck_size(want) != 0) want = (ne0 % 32 == 0) ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+  if (ne0 % ggml_blck_size(want) != 0) {
+    switch (want) {
+      case GGML_TYPE_Q6_K: want = GGML_TYPE_Q8_0; break;
+      case GGML_TYPE_Q5_K: want = GGML_TYPE_Q5_1; break;
+      case GGML_TYPE_Q4_K: want = GGML_TYPE_Q5_0; break;
+      case GGML_TYPE_Q3_K: want = GGML_TYPE_Q4_0; break;
+      default: break;
+    }
+    if (ne0 % ggml_blck_size(want) != 0) want = GGML_TYPE_F16;
+  }
   return want;
 }
 
@@ -339,8 +358,11 @@ Status PlanModelFile(const ModelSpec& s, const SynthOptions& o, ModelFilePlan* o
     out->file_bytes = AlignUp(last, gguf_get_alignment(g));
     out->tensor_bytes = total;
     for (size_t i = 0; i < plan.size(); ++i) {
+      const uint64_t b = ggml_nbytes(tensors[i]);
       out->params += uint64_t(ggml_nelements(tensors[i]));
-      out->bytes_by_type[ggml_type_name(plan[i].type)] += ggml_nbytes(tensors[i]);
+      out->bytes_by_type[ggml_type_name(plan[i].type)] += b;
+      out->tensors.push_back({plan[i].name, ggml_type_name(plan[i].type), tensors[i]->ne[0], tensors[i]->ne[1], b});
+      if (plan[i].name == "token_embd.weight") out->token_embd_bytes = b, out->n_vocab = tensors[i]->ne[1];
     }
     out->bits_per_weight = out->params ? 8.0 * double(total) / double(out->params) : 0.0;
   }

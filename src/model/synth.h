@@ -24,6 +24,11 @@ struct ModelSpec {
   bool llama3_rope;       // rope_freqs.weight with llama3 scaling factors
 };
 
+// Bumped whenever a recipe's output changes (a file made before may differ from one made now):
+// caches of synthesized files (tests/test_util.cpp) check it. 2: llama.cpp's Q4_0 recipe (Q6_K
+// output head) and its per-type row fallbacks (session 32).
+constexpr int kSynthRecipeRevision = 2;
+
 const std::vector<ModelSpec>& KnownModelSpecs();
 const ModelSpec* FindModelSpec(const std::string& id);
 
@@ -37,12 +42,22 @@ struct SynthOptions {
 };
 
 // The file a recipe makes, without writing it (the vocabulary file is read for its size).
+struct PlannedTensor {
+  std::string name;   // "blk.0.attn_q.weight"
+  std::string type;   // ggml type name: "q4_K"
+  int64_t ne0 = 0;    // row length (elements)
+  int64_t ne1 = 1;    // rows
+  uint64_t bytes = 0;
+};
 struct ModelFilePlan {
   uint64_t file_bytes = 0;    // the whole GGUF: metadata, tokenizer, tensors, padding
   uint64_t tensor_bytes = 0;  // the tensors' data
-  uint64_t params = 0;        // tensor elements
+  uint64_t params = 0;        // tensor elements (a tied embedding counted once)
   double bits_per_weight = 0; // 8 * tensor_bytes / params (what llama.cpp's loader prints as BPW)
+  int64_t n_vocab = 0;        // tokens in the vocabulary copied
+  uint64_t token_embd_bytes = 0;  // token_embd.weight
   std::map<std::string, uint64_t> bytes_by_type;  // ggml type name -> tensor bytes
+  std::vector<PlannedTensor> tensors;              // in file order
 };
 // Errors: InvalidArgument (unknown recipe), the vocabulary's IOError / Corruption.
 Status PlanModelFile(const ModelSpec& spec, const SynthOptions& opts, ModelFilePlan* out);

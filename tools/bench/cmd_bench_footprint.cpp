@@ -1,5 +1,5 @@
 // bench footprint: the paper's Table 1 / Table 3 for our model shapes. For every shape of
-// src/model/synth.h: weight bytes per weight type computed from the hyper-parameters (the GGUF
+// src/model/synth.h: weight bytes per weight type planned by PlanModelFile (the GGUF
 // make-model would write; checked against the file where one exists in <cache>/models) and fp16 KV
 // bytes at 8k/16k/32k, next to the paper's printed figures in columns labeled as the paper's.
 // Nothing is synthesized; it takes a second.
@@ -67,9 +67,17 @@ std::string FootprintHeader(const FootprintArgs& a) {
   return md;
 }
 
+// The planned file of shape s with recipe t (PlanModelFile: the recipes of make-model).
+Status PlanShape(const std::string& vdir, const ModelSpec& s, const std::string& t, ModelFilePlan* out) {
+  SynthOptions o;
+  o.type = t;
+  o.vocab_dir = vdir;
+  return PlanModelFile(s, o, out);
+}
+
 // The file check of one shape and type: the GGUF in <cache>/models, if there, must hold wb's
 // bytes (a mismatch counts in *mismatches).
-std::string FileCheck(const ModelSpec& s, const std::string& t, const WeightBytes& wb, nlohmann::json* js, int* mismatches) {
+std::string FileCheck(const ModelSpec& s, const std::string& t, const ModelFilePlan& wb, nlohmann::json* js, int* mismatches) {
   const std::string f = CacheDir() + "/models/" + s.id + "-" + t + ".gguf";
   FileInfo fi;
   if (!Env::Default()->StatPath(f, &fi).ok()) return "";
@@ -78,7 +86,7 @@ std::string FileCheck(const ModelSpec& s, const std::string& t, const WeightByte
   std::unique_ptr<Model> m;
   Status st = Model::Load(Env::Default(), f, mo, &m);
   if (!st.ok()) return t + ": unreadable (" + st.ToString() + ") ";
-  const bool ok = m->tensor_bytes() == wb.bytes && m->hparams().kv_bytes_per_token() == KvBytesFor(s, 1);
+  const bool ok = m->tensor_bytes() == wb.tensor_bytes && m->hparams().kv_bytes_per_token() == KvBytesFor(s, 1);
   *mismatches += !ok;
   (*js)["weights"][t]["file_bytes"] = m->tensor_bytes();
   return t + (ok ? " file agrees " : Sprintf(" FILE DIFFERS (%llu bytes) ", (unsigned long long)m->tensor_bytes()));
@@ -87,8 +95,9 @@ std::string FileCheck(const ModelSpec& s, const std::string& t, const WeightByte
 // One shape's row (*md), JSON entry (*shapes) and plot line (*dat, real shapes only).
 Status ShapeRow(const FootprintArgs& a, const std::string& vdir, const ModelSpec& s, std::string* md,
                 nlohmann::json* shapes, std::string* dat, int* mismatches) {
-  int64_t nv = 0;
-  MZ_RETURN_IF_ERROR(VocabSize(vdir, s.vocab, &nv));
+  ModelFilePlan first;
+  MZ_RETURN_IF_ERROR(PlanShape(vdir, s, "f16", &first));
+  const int64_t nv = first.n_vocab;
   nlohmann::json js{{"shape", s.id}, {"arch", s.arch}, {"real_name", s.real_name}, {"n_vocab", nv},
                     {"n_layer", s.n_layer}, {"n_head_kv", s.n_head_kv}, {"head_dim", s.head_dim},
                     {"kv_bytes_per_token", KvBytesFor(s, 1)}};
@@ -97,11 +106,11 @@ Status ShapeRow(const FootprintArgs& a, const std::string& vdir, const ModelSpec
   uint64_t params = 0;
   std::vector<std::string> cells;
   for (const auto& t : a.types) {
-    WeightBytes wb;
-    MZ_RETURN_IF_ERROR(SynthWeightBytes(s, t, nv, &wb));
+    ModelFilePlan wb;
+    MZ_RETURN_IF_ERROR(PlanShape(vdir, s, t, &wb));
     params = wb.params;
-    js["weights"][t] = {{"bytes", wb.bytes}, {"token_embd_bytes", wb.embd_bytes}};
-    cells.push_back(Sprintf(" %.1f |", MiB(wb.bytes)));
+    js["weights"][t] = {{"bytes", wb.tensor_bytes}, {"token_embd_bytes", wb.token_embd_bytes}};
+    cells.push_back(Sprintf(" %.1f |", MiB(wb.tensor_bytes)));
     file_check += FileCheck(s, t, wb, &js, mismatches);
   }
   js["params"] = params;
@@ -117,11 +126,9 @@ Status ShapeRow(const FootprintArgs& a, const std::string& vdir, const ModelSpec
   *md += " " + (file_check.empty() ? std::string("no file ") : file_check) + "|\n";
   shapes->push_back(js);
   if (s.id.rfind("tiny-", 0) != 0) {
-    WeightBytes f16;
-    SynthWeightBytes(s, "f16", nv, &f16);
-    WeightBytes q8;
-    SynthWeightBytes(s, "q8_0", nv, &q8);
-    *dat += "\"" + s.id + "\"" + Sprintf(" %.4f %.4f", double(f16.bytes) / double(1ull << 30), double(q8.bytes) / double(1ull << 30)) + kvdat + "\n";
+    ModelFilePlan q8;
+    MZ_RETURN_IF_ERROR(PlanShape(vdir, s, "q8_0", &q8));
+    *dat += "\"" + s.id + "\"" + Sprintf(" %.4f %.4f", double(first.tensor_bytes) / double(1ull << 30), double(q8.tensor_bytes) / double(1ull << 30)) + kvdat + "\n";
   }
   return Status::Ok();
 }
@@ -147,23 +154,22 @@ nlohmann::json PaperComparison(const std::string& vdir, std::string* md) {
       paper.push_back(jp);
       continue;
     }
-    int64_t nv = 0;
-    VocabSize(vdir, s->vocab, &nv);
-    WeightBytes wb;
-    SynthWeightBytes(*s, "f16", nv, &wb);
+    ModelFilePlan f16;
+    PlanShape(vdir, *s, "f16", &f16);
+    const uint64_t wbytes = f16.tensor_bytes;
     const uint64_t kvmax = KvBytesFor(*s, uint64_t(p.max_ctx_tokens));
     const std::string kv3 = Sprintf("%.2f / %.2f / %.2f GB (%.2f / %.2f / %.2f GiB)", KvBytesFor(*s, 8192) / 1e9,
                                     KvBytesFor(*s, 16384) / 1e9, KvBytesFor(*s, 32768) / 1e9,
                                     double(KvBytesFor(*s, 8192)) / double(1ull << 30),
                                     double(KvBytesFor(*s, 16384)) / double(1ull << 30),
                                     double(KvBytesFor(*s, 32768)) / double(1ull << 30));
-    *md += std::string("| ") + p.paper_name + " (`" + s->id + "`) | " + GbGib(wb.bytes) + " | " + p.weights + " | " +
-           p.max_ctx + " | " + GbGib(kvmax) + " | " + p.kv_max + " | " + GbGib(wb.bytes + kvmax) + " | " +
+    *md += std::string("| ") + p.paper_name + " (`" + s->id + "`) | " + GbGib(wbytes) + " | " + p.weights + " | " +
+           p.max_ctx + " | " + GbGib(kvmax) + " | " + p.kv_max + " | " + GbGib(wbytes + kvmax) + " | " +
            p.footprint + " | " + kv3 + " | " + (p.t3_kv[0] ? p.t3_kv : "-") + " |\n";
     jp["shape"] = s->id;
-    jp["ours_weights_f16_bytes"] = wb.bytes;
+    jp["ours_weights_f16_bytes"] = wbytes;
     jp["ours_kv_at_max_ctx_bytes"] = kvmax;
-    jp["ours_footprint_bytes"] = wb.bytes + kvmax;
+    jp["ours_footprint_bytes"] = wbytes + kvmax;
     paper.push_back(jp);
   }
   return paper;

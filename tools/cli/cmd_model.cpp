@@ -22,8 +22,8 @@ void AddMakeModel(CLI::App& app, Runners& runners) {
   auto* mk = app.add_subcommand("make-model", "write a GGUF with a real model's shapes, seeded random weights and its real tokenizer");
   mk->add_option("--shape", ma->shape, "model shape (see --list)");
   mk->add_option("--type", ma->type,
-                 "weight recipe: f16, q8_0, q4_0, q4_k (every matrix in that type), q4_k_m, q3_k_m (llama.cpp's mixed "
-                 "recipes: src/model/synth.cpp)")
+                 "weight recipe: f16, q8_0, q4_k (every matrix in that type); q4_0 (every matrix but a Q6_K output "
+                 "head), q4_k_m, q3_k_m (llama.cpp's recipes: src/model/synth.cpp)")
       ->check(CLI::IsMember({"f16", "q8_0", "q4_0", "q4_k", "q4_k_m", "q3_k_m"}));
   mk->add_option("-o,--out", ma->out, "output path (default: <cache>/models/<shape>-<type>.gguf)");
   mk->add_option("--seed", ma->seed, "random seed");

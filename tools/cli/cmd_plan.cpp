@@ -3,6 +3,7 @@
 // mz_plan_estimate / mz_plan_estimate_shape (docs/plan.md).
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
 #include <cstdlib>
 #include <cstdio>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "model/synth.h"
 #include "mzcache.h"
 #include "policy/device_profile.h"
+#include "policy/tier_failure.h"
 #include "tools/bench/footprint_calc.h"
 #include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
@@ -43,8 +45,16 @@ struct PlanArgs {
   int cores = 0;           // 0: this machine's (the fastest cluster's)
   double read_mbps = 0;    // 0: the device profile's
   std::string profile;
-  std::vector<std::string> shapes{"qwen3-0.6b", "qwen2.5-0.5b", "llama3.2-1b", "qwen3-1.7b", "llama3.2-3b", "qwen3-4b"};
+  std::vector<std::string> shapes{"qwen3-0.6b", "qwen2.5-0.5b", "llama3.2-1b", "qwen3-1.7b", "llama3.2-3b", "qwen3-4b",
+                                  "llama3.1-8b", "qwen3-8b"};
   std::vector<std::string> quants{"f16", "q8_0", "q4_k", "q4_0"};
+  // --recommend, the residency table (policy/tier_failure.h): phone tiers in GB of MemTotal.
+  std::vector<double> tiers{6, 8, 12};
+  std::vector<std::string> res_shapes{"llama3.1-8b", "qwen3-8b"};
+  std::vector<std::string> res_quants{"q4_k_m", "q4_0", "q3_k_m", "q8_0"};
+  std::string isa = "arm-dotprod";
+  bool third_way = false;   // also the third way's row (TierConfig::give_back; a design, not built)
+  double repack_mbps = 0;   // its re-make estimate: repack MB/s (0: not shown)
 };
 
 std::string MibCell(uint64_t b) {
@@ -153,6 +163,122 @@ struct Device {
   std::string ram_from, read_from;
 };
 
+std::string PlanFmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string PlanFmt(const char* fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+// The matrix format mz_plan_estimate_shape knows for a recipe (the mixed K-quant recipes use q8_K
+// activations as q4_k does).
+const char* PlanWeightType(const std::string& q) {
+  if (q == "q4_k_m" || q == "q3_k_m") return "q4_k";
+  return q.c_str();
+}
+
+// The residency table of --recommend: for each shape, recipe and weight layout (llama.cpp's
+// repacked default, --no-repack), the failure it meets on each phone tier and why
+// (policy/tier_failure.h). Markdown to stdout unless a.json; rows appended to *rows. Exit status.
+int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash_from, nlohmann::json* rows) {
+  RepackIsa isa;
+  if (a.isa == "arm-dotprod") isa = RepackIsa::kArmDotprod;
+  else if (a.isa == "x86-avx2") isa = RepackIsa::kX86Avx2;
+  else {
+    std::fprintf(stderr, "error: --isa must be arm-dotprod or x86-avx2\n");
+    return 2;
+  }
+  const uint32_t n_ctx = 4096;
+  const double kv_scale = a.kv_type == "q8_0" ? 34.0 / 64.0 : 1.0;  // q8_0: 34 bytes per 32 fp16 values
+  const uint64_t scratch = 200000000;  // the notes' compute scratch, 0.20 GB
+  if (!a.json) {
+    std::printf("\n## Residency on phone tiers (llama.cpp's loader, the field notes' model: docs/plan.md)\n\n");
+    std::printf("KV %s at %u tokens, scratch 0.20 GB, repack table %s, flash %.0f MB/s (%s). Tier = MemTotal in GB; "
+                "of it OS 32.5%%, background apps 15%%, app runtime 0.50 GB (the notes' 8 GB phone: 2.60, 1.20, 0.50).\n\n",
+                a.kv_type.c_str(), n_ctx, a.isa.c_str(), flash_Bps / 1e6, flash_from.c_str());
+    std::printf("| model | quant | file GB | weights |");
+    for (double t : a.tiers) std::printf(" %g GB |", t);
+    std::printf("\n|---|---|---:|---|");
+    for (size_t i = 0; i < a.tiers.size(); ++i) std::printf("---|");
+    std::printf("\n");
+  }
+  for (const std::string& id : a.res_shapes) {
+    const ModelSpec* spec = FindModelSpec(id);
+    if (!spec) {
+      std::fprintf(stderr, "error: unknown shape %s\n", id.c_str());
+      return 2;
+    }
+    for (const std::string& q : a.res_quants) {
+      ModelFilePlan fp;
+      SynthOptions so;
+      so.type = q;
+      so.vocab_dir = VocabDir();
+      if (Status st = PlanModelFile(*spec, so, &fp); !st.ok()) return Fail(st);
+      for (int layout = 0; layout < (a.third_way ? 3 : 2); ++layout) {
+        const bool repack = layout != 1;
+        TierConfig cfg;
+        cfg.repack = repack;
+        cfg.give_back = layout == 2;
+        cfg.repack_Bps = a.repack_mbps * 1e6;
+        cfg.isa = isa;
+        cfg.kv_bytes = uint64_t(double(KvBytesFor(*spec, n_ctx)) * kv_scale);
+        cfg.scratch_bytes = scratch;
+        cfg.tied = spec->tied;
+        const char* layout_name = layout == 0 ? "repacked (default)" : layout == 1 ? "--no-repack"
+                                                                    : "third way (not built)";
+        if (!a.json)
+          std::printf("| %s | %s | %.2f | %s |", spec->real_name.c_str(), q.c_str(), fp.file_bytes / 1e9, layout_name);
+        nlohmann::json per = nlohmann::json::array();
+        for (double gb : a.tiers) {
+          const PhoneTier tier = PhoneTier::FromRam(gb * 1e9, flash_Bps);
+          const TierVerdict v = ClassifyOnTier(fp, tier, cfg);
+          std::string cell = TierFailureName(v.failure);
+          if (v.failure == TierFailure::kKilledAtLoad)
+            cell = PlanFmt("**killed at load**: %.2f GB unevictable > %g", v.quiet_demand / 1e9, gb);
+          else if (v.failure == TierFailure::kKilledOnReturn)
+            cell = PlanFmt("**killed on return**: %.2f GB with background apps back > %g", v.busy_demand / 1e9, gb);
+          else if (v.failure == TierFailure::kThrash)
+            cell = PlanFmt("**thrash**: >= %.2f GB per token from flash (%.1f s)", v.reread_per_token / 1e9,
+                           v.reread_per_token / flash_Bps);
+          else
+            cell = PlanFmt("fits: %.2f GB of page cache spare", (v.page_cache - v.streamed_file) / 1e9);
+          if (cfg.give_back && v.failure != TierFailure::kKilledAtLoad && v.failure != TierFailure::kKilledOnReturn) {
+            cell += PlanFmt("; %d of %d layers repacked with apps back, %d quiet", v.repacked_layers_busy, v.n_layer,
+                            v.repacked_layers_quiet);
+            if (v.remake_layer_s > 0) cell += PlanFmt("; re-making a layer %.2f s", v.remake_layer_s);
+          }
+          if (!a.json) std::printf(" %s |", cell.c_str());
+          per.push_back({{"tier_gb", gb}, {"failure", TierFailureName(v.failure)}, {"why", v.why},
+                         {"weights_anon_bytes", v.weights_anon}, {"weights_file_bytes", v.weights_file},
+                         {"quiet_demand_bytes", v.quiet_demand}, {"busy_demand_bytes", v.busy_demand},
+                         {"reread_per_token_bytes", v.reread_per_token},
+                         {"repacked_layers_busy", v.repacked_layers_busy},
+                         {"repacked_layers_quiet", v.repacked_layers_quiet},
+                         {"remake_layer_s", v.remake_layer_s}});
+        }
+        if (!a.json) std::printf("\n");
+        rows->push_back({{"model", spec->real_name}, {"quant", q}, {"file_bytes", fp.file_bytes},
+                         {"repack", repack}, {"third_way", cfg.give_back}, {"kv_bytes", cfg.kv_bytes},
+                         {"tiers", per}});
+      }
+    }
+  }
+  if (!a.json)
+    std::printf("\nkilled at load: the app's unevictable memory (runtime, scratch, KV, repacked weights) and the OS "
+                "exceed RAM even with every background app killed. killed on return: it loads on a quiet phone, but "
+                "when the background apps come back the app holds the largest anonymous set and lmkd kills it. "
+                "thrash: the weights left in the file mapping that every token reads exceed the page cache left, so "
+                "each token re-reads at least the difference from flash (an LRU over a cyclic scan re-reads more). "
+                "`--json` gives each cell's full reason.%s\n",
+                a.third_way ? " third way: a design mzcache does not implement yet (docs/residency.md): layers "
+                              "repacked while memory allows, given back one at a time to their file form; killed only "
+                              "when the app does not fit without any weights." : "");
+  return 0;
+}
+
 int RunRecommend(PlanArgs& a) {
   Env* env = Env::Default();
   Device d;
@@ -215,22 +341,21 @@ int RunRecommend(PlanArgs& a) {
       std::fprintf(stderr, "error: unknown shape %s\n", id.c_str());
       return 2;
     }
-    int64_t n_vocab = 0;
-    Status st = VocabSize(vocab_dir, spec->vocab, &n_vocab);
-    if (!st.ok()) return Fail(st);
     for (const std::string& q : a.quants) {
-      WeightBytes wb;
-      st = SynthWeightBytes(*spec, q, n_vocab, &wb);
-      if (!st.ok()) return Fail(st);
+      ModelFilePlan wb;
+      SynthOptions so;
+      so.type = q;
+      so.vocab_dir = vocab_dir;
+      if (Status st = PlanModelFile(*spec, so, &wb); !st.ok()) return Fail(st);
       mz_plan_shape sh{spec->n_layer, spec->n_head, spec->n_head_kv, spec->head_dim, spec->n_embd, spec->n_ff,
-                       int32_t(n_vocab), wb.bytes, wb.params, q.c_str()};
+                       int32_t(wb.n_vocab), wb.tensor_bytes, wb.params, PlanWeightType(q)};
       mz_plan_result r;
       p.n_ctx = 4096;
       int rc = mz_plan_estimate_shape(&sh, &p, &r);
       if (rc != MZ_OK) return CFail("planning " + id + " (" + q + ")", rc);
       const uint32_t cap = uint32_t(spec->n_ctx_train);
       const uint32_t c16 = std::min(r.max_ctx, cap), c8 = std::min(r.max_ctx_q8, cap);
-      const double load_s = double(wb.bytes) / d.read_Bps;
+      const double load_s = double(wb.tensor_bytes) / d.read_Bps;
       // Why: the binding part and the smallest useful context (2048 tokens).
       std::string verdict;
       if (c8 < 2048)
@@ -243,27 +368,34 @@ int RunRecommend(PlanArgs& a) {
         verdict = "only with q8_0 KV: " + std::to_string(c8) + " tokens";
       if (c8 >= 2048 && load_s > 10) verdict += "; cold load over 10 s";
       if (a.json) {
-        rows.push_back({{"model", spec->real_name}, {"quant", q}, {"weight_bytes", wb.bytes},
+        rows.push_back({{"model", spec->real_name}, {"quant", q}, {"weight_bytes", wb.tensor_bytes},
                         {"max_ctx_f16", c16}, {"max_ctx_q8_0", c8}, {"peak_4096", r.peak},
                         {"cold_load_s", load_s}, {"fits", c8 >= 2048}, {"verdict", verdict}});
       } else {
         std::printf("| %s | %s | %.2f | %u | %u | %.2f | %.1f | %s |\n", spec->real_name.c_str(), q.c_str(),
-                    double(wb.bytes) / kGiB, c16, c8, double(r.peak) / kGiB, load_s, verdict.c_str());
+                    double(wb.tensor_bytes) / kGiB, c16, c8, double(r.peak) / kGiB, load_s, verdict.c_str());
       }
     }
   }
+  if (!a.json) {
+    std::printf("\nmax ctx: the largest context (whole %d-token chunks, at most the model's training context) whose "
+                "peak (weights + KV + compute + overhead) stays under the headroom line. Cold load: the weights read "
+                "at the storage speed. Threads: %d (the fastest cluster's cores).\n",
+                a.chunk, d.cores);
+  }
+  // The residency table after the device's own (its rows go into the JSON document).
+  nlohmann::json residency = nlohmann::json::array();
+  const double flash_Bps = a.read_mbps > 0 ? a.read_mbps * 1e6 : 800e6;
+  if (int rc = ResidencyTable(a, flash_Bps, a.read_mbps > 0 ? "--read-mbps" : "the notes' UFS 2.2", &residency); rc != 0)
+    return rc;
   if (a.json) {
     nlohmann::json j;
     j["device"] = {{"ram_bytes", d.ram},     {"ram_from", d.ram_from}, {"reserve_bytes", d.reserve},
                    {"usable_bytes", d.usable}, {"cores", d.cores},     {"read_Bps", d.read_Bps},
                    {"read_from", d.read_from}, {"margin", a.margin}};
     j["rows"] = rows;
+    j["residency"] = residency;
     std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::printf("\nmax ctx: the largest context (whole %d-token chunks, at most the model's training context) whose "
-                "peak (weights + KV + compute + overhead) stays under the headroom line. Cold load: the weights read "
-                "at the storage speed. Threads: %d (the fastest cluster's cores).\n",
-                a.chunk, d.cores);
   }
   return 0;
 }
@@ -293,7 +425,16 @@ void AddPlanCommands(CLI::App& app, Runners& runners) {
   c->add_option("--read-mbps", a->read_mbps, "--recommend: storage read MB/s (default: the device profile's)");
   c->add_option("--profile", a->profile, "--recommend: device profile (default: <cache>/profile.json)");
   c->add_option("--shapes", a->shapes, "--recommend: model shapes (make-model ids)");
-  c->add_option("--quants", a->quants, "--recommend: weight formats (f16, q8_0, q4_k, q4_0)");
+  c->add_option("--quants", a->quants, "--recommend: weight recipes (make-model --type: f16, q8_0, q4_k, q4_0, q4_k_m, q3_k_m)");
+  c->add_option("--tiers", a->tiers, "--recommend, residency table: phone tiers, MemTotal in GB (default 6 8 12)");
+  c->add_option("--residency-shapes", a->res_shapes, "--recommend, residency table: model shapes (default the 8Bs)");
+  c->add_option("--residency-quants", a->res_quants, "--recommend, residency table: weight recipes");
+  c->add_option("--isa", a->isa, "--recommend, residency table: whose repack table, arm-dotprod (the notes' phone) or x86-avx2");
+  c->add_flag("--third-way", a->third_way,
+              "--recommend, residency table: also plan the third way (repacked while memory allows, given back a layer "
+              "at a time; a design, not built: docs/residency.md)");
+  c->add_option("--repack-mbps", a->repack_mbps,
+                "--recommend, --third-way: repack throughput in MB/s for the time to re-make a layer (bench_repack)");
   c->footer("Exit status: 0 fits, 3 does not fit (plan), 1 error.");
   runners.push_back([c, a]() -> int {
     if (!c->parsed()) return -1;

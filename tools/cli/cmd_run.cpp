@@ -15,6 +15,7 @@
 #include "tools/cli/c_api_text.h"
 #include "tools/cli/residency_text.h"
 #include "tools/cli/sustained_cli.h"
+#include "tools/cli/trim_cli.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -524,6 +525,8 @@ void ChatCommand(Session& s, const GenArgs& ca, bool watching, const std::string
     PrintReport(Report(s.ctx));
   } else if (verb == "/pressure" && watching) {
     ChatPressure(s, arg);
+  } else if (verb == "/trim" || verb == "/background") {
+    ChatTrimCommand(s.ctx, verb, arg);  // tools/cli/trim_cli.h
   } else if (verb == "/threads") {
     ChatThreads(s, arg, arg2);
   } else if (verb == "/save") {
@@ -611,7 +614,7 @@ int RunChat(GenArgs& ca, const PressureArgs& pa) {  // Open resolves ca.model in
   }
   std::fprintf(stderr,
                "[model %s loaded in %.2f s; type a message. Commands: /memory [units], /evict 40%% | 300MiB, "
-               "/remaining 50%%, /restore, /save FILE, /threads [N [CPUS]], %s/quit]\n",
+               "/remaining 50%%, /restore, /save FILE, /threads [N [CPUS]], /trim LEVEL, /background, %s/quit]\n",
                ca.model.c_str(), s.load_s, watching ? "/pressure low|medium|critical|none, " : "");
   ChatState cs;
   std::string line;
@@ -655,7 +658,9 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
       "weights fell out of the page cache), /memory units (every unit), /evict 40% | 300MiB, /remaining 50%, /restore, /save FILE,\n"
       "/threads (show the compute threads and CPU clusters), /threads N [CPUS] (change them between\n"
       "turns, pinned to CPUS, e.g. /threads 2 6-7, or not pinned; the conversation stays),\n"
-      "/pressure low|medium|critical|none (with --watch-pressure), /quit.");
+      "/trim LEVEL (Android's onTrimMemory: 20 ui_hidden, 40 background, 80 complete, ...), /background\n"
+      "(what an app leaving the screen receives: UI_HIDDEN, BACKGROUND, COMPLETE; the next turn restores\n"
+      "front layers first), /pressure low|medium|critical|none (with --watch-pressure), /quit.");
   ca->n_predict = 128;
   chat->add_option("-n,--n-predict", ca->n_predict, "maximum tokens per reply");
   auto pa = std::make_shared<PressureArgs>();
