@@ -101,6 +101,7 @@ inline constexpr SizeRange kPoolParamsSizes[] = {
     MZ_VERSION_END(mz_pool_params, context, read_stored_whole),         // 0.7
     MZ_VERSION_END(mz_pool_params, read_stored_whole, load_arena_bytes),  // 0.8-0.11
     MZ_VERSION_END(mz_pool_params, write_behind_yield_ms, batch),         // 0.12
+    MZ_VERSION_END(mz_pool_params, batch_itl_factor, remote_url),         // 0.13-0.14
 };
 #undef MZ_ONLY_VERSION
 #undef MZ_VERSION_END
