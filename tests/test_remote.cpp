@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
@@ -71,17 +73,21 @@ int FreePort() {
 class RedisServer {
  public:
   ~RedisServer() { Stop(); }
-  bool Start(int port = 0) {
+  bool Start(int port = 0, const std::vector<std::string>& extra = {}) {
     if (port == 0) port = FreePort();
     port_ = port;
     dir_ = FreshDir("redis-" + std::to_string(port));
     std::filesystem::create_directories(dir_);
     pid_ = fork();
     if (pid_ == 0) {
-      const std::string ps = std::to_string(port);
-      execl(RedisServerPath().c_str(), "redis-server", "--port", ps.c_str(), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", dir_.c_str(), "--logfile", (dir_ + "/redis.log").c_str(),
-            static_cast<char*>(nullptr));
+      const std::string ps = std::to_string(port), log = dir_ + "/redis.log";
+      std::vector<std::string> args = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no", "--dir", dir_, "--logfile", log};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& x : args) argv.push_back(x.data());
+      argv.push_back(nullptr);
+      execv(RedisServerPath().c_str(), argv.data());
       _exit(127);
     }
     // Ready once it answers PING (a readiness wait, not a timed assertion).
@@ -91,7 +97,8 @@ class RedisServer {
     ro.timeout_ms = 500;
     for (int i = 0; i < 500; ++i) {
       std::unique_ptr<RemoteKv> kv;
-      if (OpenRedisKv(ro, &kv).ok()) return true;
+      Status st = OpenRedisKv(ro, &kv);
+      if (st.ok() || st.message().find("NOAUTH") != std::string::npos) return true;  // up (it wants a password)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     return false;
@@ -415,6 +422,35 @@ TEST(RemoteTier, DeletedConversationIsNotBroughtBack) {
   std::shared_ptr<Conversation> c;
   ASSERT_TRUE(b->OpenConversation("gone", &c).ok());
   EXPECT_EQ(c->n_tokens(), 0);
+}
+
+TEST(RemoteTier, AclUserWithThePasswordFromAFile) {
+  NEED_REDIS();
+  RedisServer redis;
+  // The default user off: only ACL user mz with its password gets in.
+  ASSERT_TRUE(redis.Start(0, {"--user", "default", "off", "--user", "mz", "on", ">s3cret-pw", "~*", "&*", "+@all"}));
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::string dir = FreshDir("acl");
+  std::filesystem::create_directories(dir);
+  const std::string pw = dir + "/pw";
+  ASSERT_TRUE(Env::Default()->WriteSmallFile(pw, "s3cret-pw\n", true).ok());
+  const std::string url = "redis://mz@127.0.0.1:" + std::to_string(redis.port());
+  PoolOptions o = Opts(dir + "/pool", url);
+  o.remote.password_file = pw;
+  const std::vector<int32_t> toks = Tokens(0, T + 3, 6);
+  Serve(m.get(), o, "acl", toks);
+  // A wrong password: degraded, never an error of the pool.
+  ASSERT_TRUE(Env::Default()->WriteSmallFile(pw, "wrong\n", true).ok());
+  o.dir = dir + "/pool2";
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &p).ok());
+  const PoolStats s = p->Stats();
+  EXPECT_TRUE(s.remote.degraded);
+  EXPECT_NE(s.remote.last_error.find("AUTH"), std::string::npos) << s.remote.last_error;
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(p->OpenConversation("acl", &c).ok());
+  EXPECT_EQ(c->n_tokens(), 0);  // not fetched: a new conversation
 }
 
 TEST(RemoteTier, UnreadablePasswordFileAndTlsFailTheOpen) {
