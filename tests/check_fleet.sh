@@ -108,6 +108,7 @@ C3=$(field "$W/r3.json" cached_tokens) P2=$(field "$W/r2.json" prompt_tokens)
 [ "$C3" -ge "$P2" ] || fail "turn 3 on server $S3 reused $C3 tokens, fewer than turn 2's prompt ($P2)"
 [ "$(field "$W/r3.json" text)" = "$(field "$W/ref3.json" text)" ] || fail "turn 3 differs from the reference: $(cat "$W/r3.json") vs $(cat "$W/ref3.json")"
 ok "server $S1 killed: turn 3 on server $S3, $C3 cached tokens (turn 2's prompt: $P2; the reference: $(field "$W/ref3.json" cached_tokens)), the reference's reply"
+echo "check_fleet: turn 3 (figures, not checked): fleet server $S3 (fetched from Redis) request $(field "$W/r3.json" wall_s) s, TTFT $(field "$W/r3.json" ttft_s) s; reference (in memory) request $(field "$W/ref3.json" wall_s) s, TTFT $(field "$W/ref3.json" ttft_s) s"
 
 # Redis down: answered all the same, degraded; back: caught up.
 "$FLEET" redis-stop "$F" >/dev/null 2>&1

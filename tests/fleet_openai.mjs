@@ -3,8 +3,8 @@
 // header that routes it (nginx hashes it) and names the conversation to continue.
 // Usage: node fleet_openai.mjs BASE_URL OPENAI_PACKAGE_DIR CONVERSATION_ID MESSAGES_JSON_FILE
 //   Greedy (temperature 0), at most 8 tokens. Prints one JSON line: {text, cached_tokens,
-//   prompt_tokens, conversation, upstream} (upstream: nginx's X-Mz-Upstream, the server that
-//   answered). Exits 1 with the error on stderr when the request fails.
+//   prompt_tokens, conversation, upstream, wall_s, ttft_s} (upstream: nginx's X-Mz-Upstream, the
+//   server that answered; wall_s: the request's time here; ttft_s: the server's own figure). Exits 1 with the error on stderr when the request fails.
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
@@ -20,6 +20,7 @@ const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
 const client = new OpenAI({ baseURL, apiKey: 'none', maxRetries: 0, timeout: 120000 });
 const messages = JSON.parse(readFileSync(file, 'utf8'));
 try {
+  const t0 = performance.now();
   const { data, response } = await client.chat.completions
     .create({ model: 'any', messages, max_tokens: 8, temperature: 0 }, { headers: { 'X-Mz-Conversation': id } })
     .withResponse();
@@ -29,6 +30,8 @@ try {
     prompt_tokens: data.usage?.prompt_tokens ?? -1,
     conversation: response.headers.get('x-mz-conversation'),
     upstream: response.headers.get('x-mz-upstream') ?? '',
+    wall_s: (performance.now() - t0) / 1000,
+    ttft_s: data.mzcache?.ttft_s ?? -1,
   }));
 } catch (e) {
   console.error(`request failed: ${e?.status ?? ''} ${e?.message ?? e}`);

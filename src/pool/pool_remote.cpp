@@ -2,6 +2,9 @@
 // becomes local stored files and chunk files, so the pool's own paths (open a stored conversation,
 // resolve its chunk files, compute again what fails verification) do the rest.
 #include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
 
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"

@@ -157,9 +157,22 @@ Status RemoteTier::Flush() {
 
 void RemoteTier::Loop() {
   std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    cv_.wait(lk, [&] { return stop_ || !pending_.empty() || retry_now_; });
-    if (stop_) break;
+  while (!stop_) {
+    if (stats_.degraded && !retry_now_) {
+      // The store was unreachable: every retry_ms, the pending writes are tried again, or (none
+      // pending) the store is pinged, so that lookups (skipped meanwhile) resume once it is back.
+      cv_.wait_for(lk, std::chrono::milliseconds(opts_.retry_ms), [&] { return stop_ || retry_now_; });
+      if (stop_) break;
+      if (!retry_now_ && pending_.empty()) {
+        lk.unlock();
+        Note(kv_->Ping());
+        lk.lock();
+        continue;
+      }
+    } else {
+      cv_.wait(lk, [&] { return stop_ || !pending_.empty() || retry_now_; });
+      if (stop_) break;
+    }
     retry_now_ = false;
     running_ = true;
     std::map<std::string, std::string> batch;
@@ -193,13 +206,15 @@ void RemoteTier::Loop() {
     attempts_++;
     last_pass_error_ = first;
     done_cv_.notify_all();
-    if (unreachable && !stop_) {
-      cv_.wait_for(lk, std::chrono::milliseconds(opts_.retry_ms), [&] { return stop_ || retry_now_; });
-    }
   }
   running_ = false;
   attempts_++;
   done_cv_.notify_all();
+}
+
+bool RemoteTier::Skip() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_.degraded;
 }
 
 Status RemoteTier::ChunkBytes(SessionReader& r, int c, uint64_t hash, std::string* out) {
@@ -274,6 +289,7 @@ Status RemoteTier::WriteOne(const std::string& id, const std::string& path) {
 
 void RemoteTier::FetchManifest(const std::string& id, std::string* payload) {
   payload->clear();
+  if (Skip()) return;  // unreachable a moment ago: no wait per request (the thread probes it)
   const std::string key = ManifestKey(id);
   std::vector<std::optional<std::string>> v;
   Env* env = model_->env();
@@ -302,7 +318,7 @@ void RemoteTier::FetchManifest(const std::string& id, std::string* payload) {
 
 void RemoteTier::FetchChunks(const std::vector<uint64_t>& hashes, std::vector<std::string>* payloads) {
   payloads->assign(hashes.size(), std::string());
-  if (hashes.empty()) return;
+  if (hashes.empty() || Skip()) return;
   std::vector<std::string> keys;
   for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
   std::vector<std::optional<std::string>> v;
@@ -333,7 +349,7 @@ void RemoteTier::FetchChunks(const std::vector<uint64_t>& hashes, std::vector<st
 }
 
 int RemoteTier::LongestPrefix(const std::vector<uint64_t>& hashes) {
-  if (hashes.empty()) return 0;
+  if (hashes.empty() || Skip()) return 0;
   std::vector<std::string> keys;
   for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
   std::vector<bool> present;

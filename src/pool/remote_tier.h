@@ -33,7 +33,8 @@
 // Redis lacks (one pipelined EXISTS first), then the manifest. A turn never waits for it. While the
 // store cannot be reached the tier is degraded (Stats().degraded), keeps the ids (the latest file
 // of each is written when it comes back: retried every retry_ms, or at once by Flush) and the pool
-// goes on with its local tiers.
+// goes on with its local tiers. Lookups are skipped while degraded (a miss at once, rather than a
+// connect timeout per request); the thread pings the store every retry_ms until it answers.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -135,6 +136,9 @@ class RemoteTier {
   void Loop();
   Status WriteOne(const std::string& id, const std::string& path);
   void Note(const Status& st);  // degraded / last_error after a call to the store
+  // True while degraded: lookups are skipped (a miss at once, not a timeout per request) until
+  // the thread's next probe (every retry_ms) or write reaches the store again.
+  bool Skip();
   // The chunk file bytes of chunk c of r (its own payloads, or those of its local chunk file).
   Status ChunkBytes(SessionReader& r, int c, uint64_t hash, std::string* out);
 
