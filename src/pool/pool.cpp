@@ -489,6 +489,11 @@ Status Pool::Open(Model* model, const PoolOptions& opts, std::unique_ptr<Pool>* 
   if (!model) return Status::InvalidArgument("Pool::Open: no model");
   if (!opts.persist_codec.empty() && !MakeKvCodec(opts.persist_codec))
     return Status::InvalidArgument("unknown persist codec '" + opts.persist_codec + "'");
+  if (!opts.remote.url.empty() && !opts.remote.store) {  // refused before anything is created
+    if (opts.dir.empty()) return Status::InvalidArgument("a remote tier needs a folder (PoolOptions::dir)");
+    RemoteUrl u;
+    MZ_RETURN_IF_ERROR(ParseRemoteUrl(opts.remote.url, &u).With("the remote tier"));
+  }
   std::unique_ptr<Pool> p(new Pool(model, opts));
   MZ_RETURN_IF_ERROR(p->Init());
   *out = std::move(p);
