@@ -110,6 +110,15 @@ C3=$(field "$W/r3.json" cached_tokens) P2=$(field "$W/r2.json" prompt_tokens)
 ok "server $S1 killed: turn 3 on server $S3, $C3 cached tokens (turn 2's prompt: $P2; the reference: $(field "$W/ref3.json" cached_tokens)), the reference's reply"
 echo "check_fleet: turn 3 (figures, not checked): fleet server $S3 (fetched from Redis) request $(field "$W/r3.json" wall_s) s, TTFT $(field "$W/r3.json" ttft_s) s; reference (in memory) request $(field "$W/ref3.json" wall_s) s, TTFT $(field "$W/ref3.json" ttft_s) s"
 
+# Turn 3's own write done (its server has nothing pending), the chunk keys are counted: the next
+# conversation shares the system prompt, whose chunks must not be stored again.
+for _ in $(seq 300); do
+  health "$S3" | python3 -c 'import json,sys; h=json.load(sys.stdin); sys.exit(0 if h["remote"]["pending"]==0 else 1)' && break
+  sleep 0.1
+done
+RPORT=$(cat "$F/redis.port")
+K1=$(redis-cli -p "$RPORT" --scan --pattern 'mz:*:k:*' | wc -l)
+
 # Redis down: answered all the same, degraded; back: caught up.
 "$FLEET" redis-stop "$F" >/dev/null 2>&1
 ID2=fleet-conv-2
@@ -131,4 +140,8 @@ RPORT=$(cat "$F/redis.port")
 redis-cli -p "$RPORT" --scan --pattern "mz:*:m:{$ID2}" | grep . >/dev/null || fail "conversation $ID2 is not in Redis after it came back"
 redis-cli -p "$RPORT" --scan --pattern "mz:*:m:{$ID}" | grep . >/dev/null || fail "conversation $ID was lost by Redis's restart (AOF)"
 ok "Redis back: server $S4 caught up ($ID2 in Redis), $ID kept by the AOF"
+K2=$(redis-cli -p "$RPORT" --scan --pattern 'mz:*:k:*' | wc -l)
+P4=$(field "$W/r4.json" prompt_tokens)
+[ $((K2 - K1)) -lt $((P4 / 256)) ] || fail "$ID2 added $((K2 - K1)) chunk keys; its $((P4 / 256)) system-prompt chunks were already there"
+ok "$ID2 shares $ID's system prompt: $((K2 - K1)) chunk keys added for its $((P4 / 256)) full chunks ($K2 in all)"
 echo "check_fleet: all checks passed"
