@@ -532,6 +532,24 @@ TEST(RemoteTierConcurrency, WritesWhileTheStoreFlapsAllArriveAndReadBackExactly)
     ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
     EXPECT_EQ(Row(cb->logits(0), nv), Row(ca->logits(0), nv));
   }
+  // Three new conversations at once on a third pool, each starting with the shared chunk: each
+  // reuses it (from the store, or from another of them once it holds it), none computes it.
+  std::unique_ptr<Pool> c3;
+  ASSERT_TRUE(Pool::Open(m.get(), opts(FreshDir("flap-c")), &c3).ok());
+  std::vector<std::thread> nt;
+  std::vector<Status> nres(3);
+  for (int i = 0; i < 3; ++i)
+    nt.emplace_back([&, i] {
+      std::vector<int32_t> q(toks[0].begin(), toks[0].begin() + T);
+      for (int k = 0; k < 10; ++k) q.push_back(500 + 10 * i + k);
+      std::shared_ptr<Conversation> c;
+      Status st = c3->OpenConversation("n" + std::to_string(i), &c);
+      if (st.ok()) st = c->Decode(q.data(), int(q.size()), false);
+      nres[size_t(i)] = st;
+    });
+  for (auto& t : nt) t.join();
+  for (const Status& st : nres) ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(c3->Stats().prefix_chunks_reused, 3u);
   // The shared first chunk is stored once.
   uint64_t keys = 0, bytes = 0;
   ASSERT_TRUE(fake->Census("mz:*:k:*", &keys, &bytes).ok());

@@ -53,8 +53,9 @@ Status Pool::FetchRemoteConversation(const std::string& id) {
   for (size_t i = 0; i < need.size(); ++i) {
     if (blobs[i].empty()) continue;  // missing or damaged (counted): the conversation is computed again
     const int c = int(std::find(ext.begin(), ext.end(), need[i]) - ext.begin());
-    char name[40];
-    std::snprintf(name, sizeof name, "/swap/~remote-%016llx.mzk", static_cast<unsigned long long>(need[i]));
+    char name[64];  // unique: another fetch of the same chunk may be writing its own copy
+    std::snprintf(name, sizeof name, "/swap/~remote-%016llx-%llu.mzk", static_cast<unsigned long long>(need[i]),
+                  static_cast<unsigned long long>(++swap_seq_));
     const std::string path = opts_.dir + name;
     std::unique_ptr<SessionReader> cr;
     Status cs = env->WriteSmallFile(path, blobs[i], true);
@@ -122,8 +123,9 @@ int Pool::RemotePrefix(const std::vector<uint64_t>& h, const int32_t* tokens, in
   const std::string codec = opts_.persist_codec.empty() ? "q8" : opts_.persist_codec;
   for (int c = 0; c < k; ++c) {
     if (blobs[size_t(c)].empty()) break;  // missing or damaged (counted): the run ends before it
-    char name[40];
-    std::snprintf(name, sizeof name, "/swap/~remote-%016llx.mzk", static_cast<unsigned long long>(h[size_t(c)]));
+    char name[64];  // unique: another conversation may fetch the same chunk at once
+    std::snprintf(name, sizeof name, "/swap/~remote-%016llx-%llu.mzk", static_cast<unsigned long long>(h[size_t(c)]),
+                  static_cast<unsigned long long>(++swap_seq_));
     const std::string path = opts_.dir + name;
     std::unique_ptr<SessionReader> cr;
     Status cs = env->WriteSmallFile(path, blobs[size_t(c)], true);
