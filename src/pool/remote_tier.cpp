@@ -133,6 +133,7 @@ void RemoteTier::QueueWrite(const std::string& id, const std::string& path) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     pending_[id] = path;
+    deleted_.erase(id);  // made again since
   }
   cv_.notify_all();
 }
@@ -141,6 +142,7 @@ void RemoteTier::DeleteConversation(const std::string& id) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     pending_.erase(id);
+    if (running_) deleted_.insert(id);  // a write of it in flight removes its manifest again after
   }
   Note(kv_->Remove({ManifestKey(id)}));
 }
@@ -188,6 +190,12 @@ void RemoteTier::Loop() {
         continue;
       }
       Status st = WriteOne(w.first, w.second);
+      bool deleted;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        deleted = deleted_.erase(w.first) > 0;
+      }
+      if (deleted) (void)kv_->Remove({ManifestKey(w.first)});  // deleted while it was being written
       Note(st);
       if (!st.ok()) {
         if (first.ok()) first = st.With("writing conversation '" + w.first + "' to the remote tier");

@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -154,6 +155,7 @@ class RemoteTier {
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   std::map<std::string, std::string> pending_;  // id -> stored path
+  std::set<std::string> deleted_;               // deleted while a write pass ran (its manifest removed after)
   bool running_ = false, stop_ = false, retry_now_ = false;
   int running_n_ = 0;                            // writes in the pass running now
   uint64_t attempts_ = 0;                        // write passes ended
