@@ -201,6 +201,9 @@ TEST(RemoteUrl, ParsesAndRefusesWhatItCannotDo) {
   EXPECT_EQ(ParseRemoteUrl("redis://host:0", &u).code(), Status::kInvalidArgument);
   EXPECT_EQ(ParseRemoteUrl("redis://host:99999", &u).code(), Status::kInvalidArgument);
   EXPECT_EQ(ParseRemoteUrl("redis://:6379", &u).code(), Status::kInvalidArgument);
+  Status bad = ParseRemoteUrl("redis://mz:s3cret@host:bad", &u);  // the password is never shown
+  EXPECT_EQ(bad.code(), Status::kInvalidArgument);
+  EXPECT_EQ(bad.message().find("s3cret"), std::string::npos) << bad.message();
 }
 
 TEST(RemoteTier, EnvelopeFindsEveryDamage) {

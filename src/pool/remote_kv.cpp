@@ -31,15 +31,28 @@ bool GlobMatch(const std::string& p, const std::string& s) {
   return i == p.size();
 }
 
-Status ParseRemoteUrl(const std::string& url, RemoteUrl* out) {
+namespace {
+// url with its password (if any) masked: what error messages show.
+std::string Redacted(const std::string& url) {
+  const size_t scheme = url.find("://"), at = url.rfind('@');
+  if (scheme == std::string::npos || at == std::string::npos || at < scheme) return url;
+  const size_t colon = url.find(':', scheme + 3);
+  if (colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+}  // namespace
+
+Status ParseRemoteUrl(const std::string& url_in, RemoteUrl* out) {
   *out = RemoteUrl();
+  const std::string& url = url_in;
+  const std::string shown = Redacted(url_in);
   if (url.rfind("rediss://", 0) == 0)
     return Status::Unsupported("remote " + url.substr(0, 9) +
                                "...: TLS (rediss://) is not supported: this build's hiredis (Debian's 0.14) has "
                                "no TLS; use redis:// on a trusted network or a TLS tunnel (stunnel, spiped) to it");
   const std::string scheme = "redis://";
   if (url.rfind(scheme, 0) != 0)
-    return Status::InvalidArgument("remote '" + url + "': expected redis://[user[:password]@]host:port[/db]");
+    return Status::InvalidArgument("remote '" + shown + "': expected redis://[user[:password]@]host:port[/db]");
   std::string rest = url.substr(scheme.size());
   const size_t at = rest.rfind('@');
   if (at != std::string::npos) {
@@ -59,14 +72,14 @@ Status ParseRemoteUrl(const std::string& url, RemoteUrl* out) {
     rest = rest.substr(0, slash);
     if (!db.empty()) {
       if (db.size() > 4 || !std::all_of(db.begin(), db.end(), ::isdigit))
-        return Status::InvalidArgument("remote '" + url + "': the database after '/' must be a number");
+        return Status::InvalidArgument("remote '" + shown + "': the database after '/' must be a number");
       out->db = std::atoi(db.c_str());
     }
   }
   std::string port;
   if (!rest.empty() && rest[0] == '[') {  // [IPv6]:port
     const size_t close = rest.find(']');
-    if (close == std::string::npos) return Status::InvalidArgument("remote '" + url + "': unclosed '['");
+    if (close == std::string::npos) return Status::InvalidArgument("remote '" + shown + "': unclosed '['");
     out->host = rest.substr(1, close - 1);
     if (close + 1 < rest.size() && rest[close + 1] == ':') port = rest.substr(close + 2);
   } else {
@@ -74,11 +87,11 @@ Status ParseRemoteUrl(const std::string& url, RemoteUrl* out) {
     out->host = rest.substr(0, colon);
     if (colon != std::string::npos) port = rest.substr(colon + 1);
   }
-  if (out->host.empty()) return Status::InvalidArgument("remote '" + url + "': no host");
+  if (out->host.empty()) return Status::InvalidArgument("remote '" + shown + "': no host");
   if (!port.empty()) {
     if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) || std::atoi(port.c_str()) <= 0 ||
         std::atoi(port.c_str()) > 65535)
-      return Status::InvalidArgument("remote '" + url + "': bad port '" + port + "'");
+      return Status::InvalidArgument("remote '" + shown + "': bad port '" + port + "'");
     out->port = std::atoi(port.c_str());
   }
   return Status::Ok();
