@@ -127,8 +127,14 @@ class RedisServer {
   std::string dir_;
 };
 
-#define NEED_REDIS()                                                                          \
-  if (RedisServerPath().empty()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"
+bool HaveHiredis() {
+  std::unique_ptr<RemoteKv> kv;
+  return OpenRedisKv(RedisOptions(), &kv, /*check_now=*/false).code() != Status::kUnsupported;
+}
+
+#define NEED_REDIS()                                                                                \
+  if (RedisServerPath().empty()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"; \
+  if (!HaveHiredis()) GTEST_SKIP() << "this build has no hiredis (apt-get install libhiredis-dev)"
 
 PoolOptions Opts(const std::string& dir, const std::string& url) {
   PoolOptions o;
@@ -471,6 +477,7 @@ TEST(RemoteTier, UnreadablePasswordFileAndTlsFailTheOpen) {
   st = Pool::Open(m.get(), o, &p);
   EXPECT_EQ(st.code(), Status::kUnsupported) << st.ToString();
   // Down at start is not an error: a degraded tier.
+  if (!HaveHiredis()) GTEST_SKIP() << "this build has no hiredis (apt-get install libhiredis-dev)";
   o.remote.url = "redis://127.0.0.1:1";
   ASSERT_TRUE(Pool::Open(m.get(), o, &p).ok());
   EXPECT_TRUE(p->Stats().remote.degraded);

@@ -32,6 +32,7 @@ bool GlobMatch(const std::string& p, const std::string& s) {
 }
 
 namespace {
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 // url with its password (if any) masked: what error messages show.
 std::string Redacted(const std::string& url) {
   const size_t scheme = url.find("://"), at = url.rfind('@');
@@ -71,7 +72,7 @@ Status ParseRemoteUrl(const std::string& url_in, RemoteUrl* out) {
     const std::string db = rest.substr(slash + 1);
     rest = rest.substr(0, slash);
     if (!db.empty()) {
-      if (db.size() > 4 || !std::all_of(db.begin(), db.end(), ::isdigit))
+      if (db.size() > 4 || !std::all_of(db.begin(), db.end(), IsDigit))
         return Status::InvalidArgument("remote '" + shown + "': the database after '/' must be a number");
       out->db = std::atoi(db.c_str());
     }
@@ -89,7 +90,7 @@ Status ParseRemoteUrl(const std::string& url_in, RemoteUrl* out) {
   }
   if (out->host.empty()) return Status::InvalidArgument("remote '" + shown + "': no host");
   if (!port.empty()) {
-    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) || std::atoi(port.c_str()) <= 0 ||
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), IsDigit) || std::atoi(port.c_str()) <= 0 ||
         std::atoi(port.c_str()) > 65535)
       return Status::InvalidArgument("remote '" + shown + "': bad port '" + port + "'");
     out->port = std::atoi(port.c_str());
