@@ -812,6 +812,23 @@ struct mz_pool_params {
                                    see mz_budget below. memory_budget must then be 0 (else
                                    MZ_ERR_INVALID_ARG) and load_arena_bytes is taken as 0. The
                                    pool holds the budget (mz_budget_free may come before mz_pool_free) */
+  /* also since 0.15: a fleet's remote tier (docs/fleet.md) */
+  const char* remote_url;       /* redis://[user[:password]@]host:port[/db]: conversations and full
+                                   chunks also kept in a Redis shared by a fleet of servers, written
+                                   behind the local persist (needs dir), so that any server continues
+                                   any conversation: mz_pool_open of an id this pool does not hold
+                                   fetches it (verified; what fails verification is computed again),
+                                   and an empty conversation's first call finds its longest stored
+                                   prefix there by chain hash. Redis down: the pool goes on with its
+                                   local tiers (mz_pool_remote_report.degraded) and catches up when it
+                                   is back. rediss:// (TLS) is refused (MZ_ERR_UNSUPPORTED: this
+                                   build's hiredis has no TLS). NULL (default): none */
+  const char* remote_password_file; /* its first line is the password (the URL's user is the ACL
+                                   user); NULL: the URL's, if any */
+  uint32_t remote_timeout_ms;   /* connect and each reply (default 2000) */
+  uint32_t remote_ttl_s;        /* every key's time to live, refreshed by each write and fetch: how
+                                   chunks no conversation names any more are reclaimed (default
+                                   604800, 7 days) */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
@@ -1008,6 +1025,27 @@ struct mz_pool_event_report {
   uint64_t recomputed;           /* conversations computed again: a stored copy failed verification */
 };
 int mz_pool_get_event_report(mz_pool* pool, struct mz_pool_event_report* out);
+/* The remote tier (since 0.15; mz_pool_params.remote_url). An output struct, frozen like the others. */
+struct mz_pool_remote_report {
+  bool enabled;                  /* a remote tier is configured */
+  bool degraded;                 /* its last call failed (Redis unreachable): local tiers only */
+  int32_t pending;               /* conversations whose latest stored state is not in Redis yet */
+  uint64_t manifests_written, chunks_written;
+  uint64_t chunks_present;       /* chunks found already written (by this or another server) */
+  uint64_t bytes_written, write_failures;
+  uint64_t manifest_hits, manifest_misses;
+  uint64_t chunks_fetched, bytes_fetched;
+  uint64_t damaged;              /* values that failed verification or were gone: computed again */
+  uint64_t prefix_chunks;        /* chunks found by chain hash for new conversations */
+  double fetch_s;                /* time spent fetching (bytes_fetched / fetch_s: its rate) */
+  char address[128];             /* redis://host:port (never the password) */
+  char last_error[256];
+};
+int mz_pool_get_remote_report(mz_pool* pool, struct mz_pool_remote_report* out);
+/* Since 0.15: mz_pool_flush, then tries every pending remote write now and waits for it: MZ_OK,
+ * or the store's error (MZ_ERR_IO: unreachable; the writes are kept and retried). MZ_OK without
+ * a remote tier. */
+int mz_pool_flush_remote(mz_pool* pool);
 /* Damaged stored file i (0-based) found when the pool opened: "path: error" into buf (truncated to
  * cap-1 bytes). Returns the full length, or MZ_ERR_INVALID_ARG past the last one. */
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap);

@@ -1398,6 +1398,36 @@ static int check_pool(const char* path) {
     CHECK(mz_pool_pressure_watch_start(pool, NULL) == MZ_OK, "pool watch (defaults): %s", mz_last_error());
     /* left running: mz_pool_free stops it */
   }
+  /* The remote tier (0.15): none by default (its report says so; flush_remote is a no-op); a
+   * remote_url without dir, a rediss:// URL (no TLS in hiredis 0.14) and a bad URL are refused; a
+   * 0.13-0.14 struct_size (ending before remote_url) is still accepted. */
+  {
+    struct mz_pool_remote_report rr;
+    CHECK(mz_pool_get_remote_report(pool, NULL) == MZ_ERR_INVALID_ARG, "remote report without out");
+    CHECK(mz_pool_get_remote_report(pool, &rr) == MZ_OK && !rr.enabled && !rr.degraded && rr.pending == 0,
+          "remote report of a pool without one");
+    CHECK(mz_pool_flush_remote(pool) == MZ_OK, "flush_remote without a remote tier: %s", mz_last_error());
+    struct mz_pool_params rp = mz_pool_default_params();
+    CHECK(rp.remote_url == NULL && rp.remote_timeout_ms == 2000 && rp.remote_ttl_s == 604800, "remote defaults");
+    rp.context = &cp;
+    rp.remote_url = "redis://127.0.0.1:1";
+    mz_pool* bad = NULL;
+    CHECK(mz_pool_new(model, &rp, &bad) == MZ_ERR_INVALID_ARG && !bad, "remote_url without dir accepted");
+    char rdir[300];
+    snprintf(rdir, sizeof rdir, "%s-remote", dir);
+    rp.dir = rdir;
+    rp.remote_url = "rediss://127.0.0.1:6380";
+    CHECK(mz_pool_new(model, &rp, &bad) == MZ_ERR_UNSUPPORTED && !bad && strstr(mz_last_error(), "TLS"),
+          "rediss:// accepted or without a reason: %s", mz_last_error());
+    rp.remote_url = "http://127.0.0.1:6379";
+    CHECK(mz_pool_new(model, &rp, &bad) == MZ_ERR_INVALID_ARG && !bad, "a non-redis URL accepted");
+    struct mz_pool_params old = mz_pool_default_params();
+    old.struct_size = (uint32_t)offsetof(struct mz_pool_params, shared_budget);
+    old.context = &cp;
+    mz_pool* p14 = NULL;
+    CHECK(mz_pool_new(model, &old, &p14) == MZ_OK && p14, "a 0.14 struct_size refused: %s", mz_last_error());
+    mz_pool_free(p14);
+  }
   CHECK(mz_pool_delete(pool, "a") == MZ_OK && mz_pool_delete(pool, "b") == MZ_OK, "delete: %s", mz_last_error());
   CHECK(mz_pool_list(pool, NULL, 0) == 0, "conversations left after delete");
   mz_pool_free(pool);

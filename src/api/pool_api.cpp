@@ -61,6 +61,10 @@ mz_pool_params mz_pool_default_params(void) {
   p.batch_prefill_slice = 512;
   p.batch_itl_factor = 2.0f;
   p.shared_budget = nullptr;
+  p.remote_url = nullptr;
+  p.remote_password_file = nullptr;
+  p.remote_timeout_ms = 2000;
+  p.remote_ttl_s = 7u * 24u * 3600u;
   return p;
 }
 
@@ -97,6 +101,14 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
     o.batch_max_seqs = p.batch_max_seqs;
     o.batch_prefill_slice = p.batch_prefill_slice;
     if (p.shared_budget) o.shared_budget = p.shared_budget->budget;
+    if (p.remote_url) {
+      if (!p.dir) return mz::Status::InvalidArgument("remote_url needs dir (the remote tier is written from the stored files)");
+      if (p.remote_timeout_ms == 0) return mz::Status::InvalidArgument("remote_timeout_ms must be > 0");
+      o.remote.url = p.remote_url;
+      o.remote.password_file = p.remote_password_file ? p.remote_password_file : "";
+      o.remote.timeout_ms = p.remote_timeout_ms;
+      o.remote.ttl_s = p.remote_ttl_s;
+    }
     auto h = std::make_unique<mz_pool>();
     h->model = model;
     MZ_RETURN_IF_ERROR(mz::Pool::Open(model->model.get(), o, &h->pool));
@@ -368,6 +380,39 @@ int mz_pool_get_event_report(mz_pool* pool, mz_pool_event_report* out) {
     out->conversation_restored_bytes = s.conversation_restored_bytes;
     out->recomputed = s.recomputed;
     return mz::Status::Ok();
+  });
+}
+
+int mz_pool_get_remote_report(mz_pool* pool, mz_pool_remote_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::RemoteTierStats r = pool->pool->Stats().remote;
+    std::memset(out, 0, sizeof *out);
+    out->enabled = r.enabled;
+    out->degraded = r.degraded;
+    out->pending = r.pending;
+    out->manifests_written = r.manifests_written;
+    out->chunks_written = r.chunks_written;
+    out->chunks_present = r.chunks_present;
+    out->bytes_written = r.bytes_written;
+    out->write_failures = r.write_failures;
+    out->manifest_hits = r.manifest_hits;
+    out->manifest_misses = r.manifest_misses;
+    out->chunks_fetched = r.chunks_fetched;
+    out->bytes_fetched = r.bytes_fetched;
+    out->damaged = r.damaged;
+    out->prefix_chunks = r.prefix_chunks;
+    out->fetch_s = r.fetch_s;
+    std::snprintf(out->address, sizeof out->address, "%s", r.address.c_str());
+    std::snprintf(out->last_error, sizeof out->last_error, "%s", r.last_error.c_str());
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pool_flush_remote(mz_pool* pool) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool) return mz::Status::InvalidArgument("pool must not be NULL");
+    return pool->pool->FlushRemote();
   });
 }
 

@@ -194,10 +194,24 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
       }
     }
   }
+  // The remote tier (shared by a fleet) may hold a longer run: its chunks are fetched and verified
+  // (a chunk file's bytes each) and fill the store instead.
+  std::vector<std::unique_ptr<SessionReader>> remote_readers;
+  if (pool_->remote_ && depth < int(h.size())) {
+    const int k = pool_->RemotePrefix(h, tokens, depth, ctx_->kv().geometry().kv_type, &remote_readers);
+    if (k > depth) {
+      depth = k;
+      src_ctx.reset();
+      src_conv.reset();
+      src_path.clear();
+    } else {
+      remote_readers.clear();
+    }
+  }
   if (depth == 0) return Status::Ok();
   const int n_prefix = depth * T;
   std::unique_ptr<SessionReader> reader;
-  if (!src_ctx) {
+  if (!src_ctx && remote_readers.empty()) {
     // Decoded into this context's resident form (q8_0 KV: q8 chunks), as the store holds them.
     MZ_RETURN_IF_ERROR(SessionReader::Open(*pool_->model_, T, src_path, &reader, ctx_->kv().geometry().kv_type));
     if (int(reader->tokens().size()) < n_prefix || !std::equal(tokens, tokens + n_prefix, reader->tokens().begin()))
@@ -211,6 +225,7 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   Status st = pool_->GatherShared(
       h, tokens, depth,
       [&](int l, int c, uint16_t* dst) {
+        if (!remote_readers.empty()) return remote_readers[size_t(c)]->ReadChunk(l, 0, dst);
         if (src_ctx) return src_ctx->ReadKvChunk(tokens, n_prefix, l, c, dst);
         if (c >= reader->n_external()) return reader->ReadChunk(l, c, dst);
         // Named by the stored file, held in its chunk file (dedup_stored).
@@ -470,12 +485,18 @@ Pool::~Pool() {
   wb_done_cv_.notify_all();
   if (wb_thread_.joinable()) wb_thread_.join();
   Flush();  // every changed conversation is persisted (errors were counted in persist_failures)
+  if (remote_ && !remote_->Stats().degraded) (void)remote_->Flush();  // bounded by the store's timeouts
 }
 
 Status Pool::Open(Model* model, const PoolOptions& opts, std::unique_ptr<Pool>* out) {
   if (!model) return Status::InvalidArgument("Pool::Open: no model");
   if (!opts.persist_codec.empty() && !MakeKvCodec(opts.persist_codec))
     return Status::InvalidArgument("unknown persist codec '" + opts.persist_codec + "'");
+  if (!opts.remote.url.empty() && !opts.remote.store) {  // refused before anything is created
+    if (opts.dir.empty()) return Status::InvalidArgument("a remote tier needs a folder (PoolOptions::dir)");
+    RemoteUrl u;
+    MZ_RETURN_IF_ERROR(ParseRemoteUrl(opts.remote.url, &u).With("the remote tier"));
+  }
   std::unique_ptr<Pool> p(new Pool(model, opts));
   MZ_RETURN_IF_ERROR(p->Init());
   *out = std::move(p);
@@ -618,6 +639,12 @@ Status Pool::Init() {
   if (!opts_.dir.empty()) {
     MZ_RETURN_IF_ERROR(env->StartThread([this] { WriteBehindLoop(); }, &wb_thread_));
   }
+  if (!opts_.remote.url.empty() || opts_.remote.store) {
+    if (opts_.dir.empty()) return Status::InvalidArgument("a remote tier needs a folder (PoolOptions::dir)");
+    MZ_RETURN_IF_ERROR(RemoteTier::Open(*model_, T, opts_.persist_codec.empty() ? "q8" : opts_.persist_codec,
+                                        opts_.remote, [this](uint64_t h) { return ChunkPath(h); }, &remote_)
+                           .With("the remote tier"));
+  }
   if (group_) {
     group_->Add(this);
     in_group_ = true;
@@ -703,6 +730,14 @@ Status Pool::OpenConversation(const std::string& id, std::shared_ptr<Conversatio
     return Status::InvalidArgument("conversation name '" + id +
                                    "': use 1-128 letters, digits, '-', '_' or '.', not starting with '.'");
   std::shared_ptr<Conversation> c;
+  if (remote_) {
+    bool here;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      here = convs_.count(id) > 0;
+    }
+    if (!here) MZ_RETURN_IF_ERROR(FetchRemoteConversation(id));  // a miss leaves a new conversation to make
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = convs_.find(id);
@@ -799,6 +834,7 @@ Status Pool::Delete(const std::string& id) {
     }
   }
   DropChunkFileRefs(drop);
+  if (remote_) remote_->DeleteConversation(id);  // else another server (or this one) would bring it back
   return st.With("deleting conversation '" + id + "'");
 }
 
@@ -1573,6 +1609,7 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
       if (st.ok()) {
         c->persisted_version_ = c->version_.load();
         stats_.persists++;
+        if (remote_) QueueRemoteWrite(c->id_, path);
       } else {
         stats_.persist_failures++;  // retried: the version stays unpersisted
         if (renaming) c->rename_shared_ = true;
@@ -1870,6 +1907,11 @@ void Pool::WriteBehindLoop() {
   }
 }
 
+Status Pool::FlushRemote() {
+  MZ_RETURN_IF_ERROR(Flush());
+  return remote_ ? remote_->Flush() : Status::Ok();
+}
+
 Status Pool::Flush() {
   std::vector<std::shared_ptr<Conversation>> all;
   {
@@ -1933,6 +1975,7 @@ PoolStats Pool::Stats() {
   if (batcher_) s.batch = batcher_->Stats();
   s.in_memory = s.weights_resident + s.kv_resident + s.kv_mem_compressed + s.shared.resident_bytes + s.arena_bytes +
                 s.batch.compute_buffer_bytes;
+  if (remote_) s.remote = remote_->Stats();
   return s;
 }
 

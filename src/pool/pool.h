@@ -95,6 +95,7 @@
 #include "pressure/amount_policy.h"
 #include "pressure/headroom_window.h"
 #include "pressure/pressure_source.h"
+#include "pool/remote_tier.h"
 #include "runtime/context.h"
 #include "runtime/session_file.h"
 
@@ -155,6 +156,15 @@ struct PoolOptions {
   // across them all (idle models give back first). With it, memory_budget must be 0 (the shared
   // one applies) and the load arena is off. The pool holds it (shared_ptr) for its lifetime.
   std::shared_ptr<SharedBudget> shared_budget;
+  // The remote tier (pool/remote_tier.h): conversations and full chunks in a store shared by a
+  // fleet (Redis). remote.url empty (and no remote.store): none. Needs dir (the remote tier is
+  // written from the stored files, behind the local persist, and fetched into dir). A conversation
+  // id this pool does not hold is looked up there when opened (its manifest, then the chunks it
+  // names: written into dir as a stored conversation and opened as one, so it is restored front
+  // layers first, overlapped with prefill, and any chunk missing or failing verification makes the
+  // pool compute its tokens again); an empty conversation's first call looks up the longest run
+  // of its full chunks by chain hash there when the pool's own is shorter.
+  RemoteTierOptions remote;
 };
 
 struct ConversationReport {
@@ -215,6 +225,7 @@ struct PoolStats {
   uint64_t pressure_events = 0, trim_events = 0;
   // RestoreConversation calls that restored something, and their bytes.
   uint64_t conversation_restores = 0, conversation_restored_bytes = 0;
+  RemoteTierStats remote;  // the remote tier (PoolOptions::remote); enabled false without one
 };
 
 // A pool's weights by tier (Pool::WeightsTiers): bytes of the weight units' regions.
@@ -406,6 +417,9 @@ class Pool {
   void StopWatchingPressure();
   // Waits until every changed conversation is persisted (or its persist failed: the first error).
   Status Flush();
+  // Flush, then waits until the remote tier has tried to write every conversation waiting for it
+  // (the store down: its kIOError; the writes are kept and retried). Ok without a remote tier.
+  Status FlushRemote();
 
   PoolStats Stats();
   std::vector<ConversationReport> List();
@@ -519,8 +533,23 @@ class Pool {
   Status ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunkStore>* store,
                          std::vector<SharedChunkStore::Ref>* refs);
 
+  // ---- the remote tier (pool_remote.cpp) ----
+  // Conversation id, not held here, fetched from the remote tier into dir and registered as a
+  // stored conversation (as Init finds one). Nothing found, or the store down: Ok, nothing done
+  // (the caller makes a new conversation). Serialized by remote_fetch_mu_.
+  Status FetchRemoteConversation(const std::string& id);
+  // The longest run of tokens' full chunks (chain hashes h, at most h.size()) the remote tier
+  // holds, if longer than local_depth: fetched and verified, one open reader per chunk (a chunk
+  // file's bytes each) into *readers, the run's length returned (0: none longer, or a chunk failed).
+  int RemotePrefix(const std::vector<uint64_t>& h, const int32_t* tokens, int local_depth, KvType kv_type,
+                   std::vector<std::unique_ptr<SessionReader>>* readers);
+  // After a persist of c wrote its stored file: the remote tier's write-behind takes it.
+  void QueueRemoteWrite(const std::string& id, const std::string& path);
+
   Model* model_;
   PoolOptions opts_;
+  std::unique_ptr<RemoteTier> remote_;
+  std::mutex remote_fetch_mu_;
   std::mutex mu_;  // guards convs_, index_, damaged_, stats_ and the Conversation fields marked so
   std::map<std::string, std::shared_ptr<Conversation>> convs_;
   std::unordered_multimap<uint64_t, std::string> index_;  // chunk hash -> conversation id

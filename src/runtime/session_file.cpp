@@ -322,6 +322,84 @@ void SessionReader::ChunkPlace(int layer, int chunk, uint64_t* off, uint64_t* si
   *enc_tokens = int(r.enc_tokens);
 }
 
+uint32_t SessionReader::codec_id() const { return impl_->h.codec_id; }
+
+Status SessionReader::ReadPayload(int l, int c, std::string* out, int* enc_tokens) {
+  Impl& m = *impl_;
+  if (l < 0 || l >= m.g.n_layer || c < n_external_ || c >= n_chunks_)
+    return Status::InvalidArgument("session chunk (" + std::to_string(l) + "," + std::to_string(c) +
+                                   ") out of range or stored in a chunk file");
+  const ChunkRecord& r = m.recs[size_t(l) * size_t(n_chunks_) + size_t(c)];
+  const std::string what = "chunk (" + std::to_string(l) + "," + std::to_string(c) + ")";
+  Aligned& buf = *m.buf;
+  if (r.size > buf.n || r.offset % kDirectIoAlign || r.offset < m.h.data_offset || r.offset > file_bytes_ ||
+      AlignUp(r.size, kDirectIoAlign) > file_bytes_ - r.offset || r.enc_tokens == 0 || r.enc_tokens > m.h.chunk_tokens)
+    return m.Bad(what + " record out of range (file truncated?)");
+  size_t got = 0;
+  MZ_RETURN_IF_ERROR(m.f->Read(buf.p, AlignUp(r.size, kDirectIoAlign), r.offset, &got));
+  if (got < r.size) return m.Bad(what + " truncated");
+  if (XXH64(buf.p, r.size, 0) != r.hash) return m.Bad(what + " checksum mismatch");
+  out->assign(reinterpret_cast<const char*>(buf.p), size_t(r.size));
+  *enc_tokens = int(r.enc_tokens);
+  return Status::Ok();
+}
+
+Status BuildSessionBytes(uint64_t model_hash, const KvGeometry& g, uint32_t codec_id, const int32_t* tokens,
+                         int n_tokens, int n_external,
+                         const std::function<Status(int, int, std::string*, int*)>& payload, std::string* out) {
+  const int T = g.chunk_tokens;
+  if (T <= 0 || n_tokens < 0 || n_external < 0 || int64_t(n_external) * T > n_tokens)
+    return Status::InvalidArgument("session bytes: " + std::to_string(n_external) + " external chunks, only " +
+                                   std::to_string(T > 0 ? n_tokens / T : 0) + " full ones");
+  const int n_chunks = (n_tokens + T - 1) / T;
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = n_external > 0 ? kVersionExternal : kVersion;
+  h.n_external = uint32_t(n_external);
+  h.model_hash = model_hash;
+  h.n_layer = uint32_t(g.n_layer);
+  h.n_kv_head = uint32_t(g.n_kv_head);
+  h.head_dim = uint32_t(g.head_dim);
+  h.chunk_tokens = uint32_t(T);
+  h.codec_id = codec_id;
+  h.n_tokens = uint32_t(n_tokens);
+  h.n_chunks = uint32_t(n_chunks);
+  h.kv_type = uint32_t(g.kv_type);
+  h.index_offset = kHeaderBytes;
+  h.index_bytes = uint64_t(n_tokens) * 4 + uint64_t(g.n_layer) * n_chunks * sizeof(ChunkRecord) + 8;
+  h.data_offset = AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign);
+  std::string data;  // payloads from data_offset on
+  std::vector<ChunkRecord> recs(size_t(g.n_layer) * size_t(n_chunks));
+  std::string p;
+  for (int l = 0; l < g.n_layer; ++l) {
+    for (int c = n_external; c < n_chunks; ++c) {
+      int enc = 0;
+      p.clear();
+      MZ_RETURN_IF_ERROR(payload(l, c, &p, &enc));
+      if (p.empty() || enc <= 0 || enc > T)
+        return Status::InvalidArgument("session bytes: chunk (" + std::to_string(l) + "," + std::to_string(c) +
+                                       ") has an empty payload or a bad row count");
+      ChunkRecord& r = recs[size_t(l) * size_t(n_chunks) + size_t(c)];
+      r.offset = h.data_offset + data.size();
+      r.size = p.size();
+      r.hash = XXH64(p.data(), p.size(), 0);
+      r.enc_tokens = uint32_t(enc);
+      data += p;
+      data.resize(AlignUp(data.size(), kDirectIoAlign), '\0');
+    }
+  }
+  h.header_hash = XXH64(&h, offsetof(Header, header_hash), 0);
+  out->assign(size_t(h.data_offset), '\0');
+  std::memcpy(&(*out)[0], &h, sizeof h);
+  char* idx = &(*out)[kHeaderBytes];
+  if (n_tokens > 0) std::memcpy(idx, tokens, size_t(n_tokens) * 4);
+  if (!recs.empty()) std::memcpy(idx + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
+  const uint64_t ih = XXH64(idx, h.index_bytes - 8, 0);
+  std::memcpy(idx + h.index_bytes - 8, &ih, 8);
+  *out += data;
+  return Status::Ok();
+}
+
 namespace {
 
 // SessionReader::Open for a context of this model and KV cache, refusing a session longer than its

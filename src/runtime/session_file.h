@@ -99,6 +99,12 @@ class SessionReader {
   // Where chunk (layer, chunk) lies in the file, as Open verified it (inside the file, aligned):
   // offset, payload bytes, the payload's xxh64 (not verified here) and its encoded rows.
   void ChunkPlace(int layer, int chunk, uint64_t* off, uint64_t* size, uint64_t* hash, int* enc_tokens) const;
+  // The encoded payload of chunk (layer, chunk) as stored (not decoded), verified against its
+  // checksum, and its encoded rows: what BuildSessionBytes copies into another file unchanged (a
+  // pool's remote tier, pool/remote_tier.h). kCorruption / kIOError as ReadChunk; kInvalidArgument
+  // for an external chunk.
+  Status ReadPayload(int layer, int chunk, std::string* out, int* enc_tokens);
+  uint32_t codec_id() const;
 
  private:
   SessionReader() = default;
@@ -109,6 +115,18 @@ class SessionReader {
   int n_external_ = 0;
   uint64_t file_bytes_ = 0;
 };
+// The bytes of a session file (the layout SaveSession writes, checksums included) built from
+// payloads already encoded by codec codec_id: tokens[0, n_tokens), and for every layer l and chunk
+// c >= n_external, payload(l, c, &bytes, &enc_tokens) (SessionReader::ReadPayload of another file
+// with the same codec and geometry). Written to a file, SessionReader opens it. n_external > 0
+// makes a version-2 file naming its first n_external full chunks (their chunk files hold them).
+// In memory: meant for one chunk or one conversation's tail (a pool's remote blobs). Errors:
+// kInvalidArgument (more external chunks than full ones, a payload of the wrong size), or
+// payload's own error.
+Status BuildSessionBytes(uint64_t model_hash, const KvGeometry& g, uint32_t codec_id, const int32_t* tokens,
+                         int n_tokens, int n_external,
+                         const std::function<Status(int, int, std::string*, int*)>& payload, std::string* out);
+
 // A version-2 session's external chunks (its first r.n_external() chunks, full, every layer) as
 // references of a store of shared chunks: *store, and refs[l * n_external + c], one new reference
 // each, owned by the caller of the resolver (released by it on every path). An error (a chunk file

@@ -84,6 +84,14 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
                 "no CORS headers)");
   c->add_option("--chat-template-file", a->chat_template_file,
                 "Jinja chat template for requests with tools (default: the GGUF's tokenizer.chat_template)");
+  c->add_option("--remote", a->remote,
+                "redis://[user@]host:port: a fleet's remote tier (docs/fleet.md): conversations and shared chunks "
+                "in Redis, so any server of the fleet continues any conversation (rediss:// is refused: no TLS "
+                "in this hiredis)");
+  c->add_option("--remote-password-file", a->remote_password_file,
+                "the Redis password (its first line; the URL's user is the ACL user)");
+  c->add_option("--remote-timeout", a->remote_timeout_ms, "milliseconds to connect to Redis and for each reply (default 2000)")
+      ->check(CLI::Range(1, 600000));
   // TEST HOOK, hidden from --help (group ""): tools/serve/scripted_replies.h.
   c->add_option("--test-scripted-replies", a->test_scripted_replies,
                 "TEST HOOK: each turn's reply is the next string of this JSON array (loopback only)")

@@ -166,6 +166,29 @@ std::string Server::MetricsText() {
     counter("mzcache_prefix_chunks_reused_total", "KV chunks (per layer) copied from a shared prefix instead of computed",
             double(p.prefix_chunks_reused));
   }
+  mz_pool_remote_report rr;
+  if (mz_pool_get_remote_report(pool_, &rr) == MZ_OK && rr.enabled) {
+    gauge("mzcache_remote_degraded", "1 while the remote tier (Redis) cannot be reached: local tiers only", rr.degraded);
+    gauge("mzcache_remote_pending", "Conversations whose latest stored state is not in the remote tier yet", rr.pending);
+    counter("mzcache_remote_manifests_written_total", "Conversation manifests written to the remote tier",
+            double(rr.manifests_written));
+    const char* ch = "Full chunks written to the remote tier, or found there already (written once for the fleet)";
+    counter("mzcache_remote_chunks_total", ch, double(rr.chunks_written), {{"result", "written"}});
+    counter("mzcache_remote_chunks_total", ch, double(rr.chunks_present), {{"result", "present"}});
+    counter("mzcache_remote_bytes_total", "Bytes written to and fetched from the remote tier", double(rr.bytes_written),
+            {{"direction", "written"}});
+    counter("mzcache_remote_bytes_total", "Bytes written to and fetched from the remote tier", double(rr.bytes_fetched),
+            {{"direction", "fetched"}});
+    counter("mzcache_remote_write_failures_total", "Remote writes that failed (retried)", double(rr.write_failures));
+    const char* mh = "Conversations looked up in the remote tier, by result";
+    counter("mzcache_remote_lookups_total", mh, double(rr.manifest_hits), {{"result", "hit"}});
+    counter("mzcache_remote_lookups_total", mh, double(rr.manifest_misses), {{"result", "miss"}});
+    counter("mzcache_remote_chunks_fetched_total", "Chunks fetched from the remote tier", double(rr.chunks_fetched));
+    counter("mzcache_remote_damaged_total", "Remote values that failed verification or were gone (computed again)",
+            double(rr.damaged));
+    counter("mzcache_remote_prefix_chunks_total", "Chunks found in the remote tier by chain hash for new conversations",
+            double(rr.prefix_chunks));
+  }
   // Conversations by the tiers their KV is in (one may count in several: part resident, part stored).
   std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
   const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));

@@ -22,7 +22,18 @@ void Server::Routes() {
       for (const auto& [k, v] : serve::WebHeaders()) res.set_header(k, v);
       res.set_content(reinterpret_cast<const char*>(a.data), a.size, a.content_type);
     });
-  http_.Get("/health", [json_body](const httplib::Request&, httplib::Response& res) { json_body(res, {{"status", "ok"}}); });
+  // Degraded (still 200: this server answers, from its local tiers) while its remote tier cannot
+  // reach Redis: a load balancer keeps it, an operator sees why.
+  http_.Get("/health", [this, json_body](const httplib::Request&, httplib::Response& res) {
+    mz_pool_remote_report rr;
+    if (pool_ && mz_pool_get_remote_report(pool_, &rr) == MZ_OK && rr.enabled) {
+      json remote = {{"address", rr.address}, {"degraded", rr.degraded}, {"pending", rr.pending}};
+      if (rr.degraded) remote["error"] = rr.last_error;
+      json_body(res, {{"status", rr.degraded ? "degraded" : "ok"}, {"remote", remote}});
+      return;
+    }
+    json_body(res, {{"status", "ok"}});
+  });
   http_.Get("/v1/models", [this, json_body](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     json_body(res, {{"object", "list"},

@@ -328,6 +328,20 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     failures_++;
     return Error(res, err);
   }
+  // A fleet's clients send back the X-Mz-Conversation of the last reply (its load balancer routes
+  // by it): the conversation to continue, as the body's "conversation" (which wins).
+  if (r.conversation.empty() && req.has_header("X-Mz-Conversation")) {
+    const std::string id = req.get_header_value("X-Mz-Conversation");
+    if (!serve::ValidConversationId(id)) {
+      failures_++;
+      ApiError e;
+      e.http = 400;
+      e.message = "X-Mz-Conversation must be 1-128 of [A-Za-z0-9._-], not starting with '.'";
+      e.param = "conversation";
+      return Error(res, e);
+    }
+    r.conversation = id;
+  }
   std::shared_ptr<Job> job = Claim(r, std::move(prompt), &err);
   if (!job) {
     failures_++;
@@ -612,6 +626,11 @@ int Server::Load() {
   pp.batch = a_.batch;
   pp.batch_prefill_slice = a_.prefill_slice;
   pp.batch_itl_factor = float(a_.itl_factor);
+  if (!a_.remote.empty()) {
+    pp.remote_url = a_.remote.c_str();
+    pp.remote_password_file = a_.remote_password_file.empty() ? nullptr : a_.remote_password_file.c_str();
+    pp.remote_timeout_ms = uint32_t(a_.remote_timeout_ms);
+  }
   if (int rc = mz_pool_new(model_, &pp, &pool_)) return CFail("opening the pool in " + a_.dir, rc);
   char buf[1024];
   for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i)

@@ -50,6 +50,9 @@ struct ServeArgs {
   // API key read from a file (--api-key-file), CORS for one origin (--cors; "" = off).
   bool metrics = true;
   std::string api_key_file, cors;
+  // A fleet's remote tier (docs/fleet.md): redis://[user@]host:port; its password from a file.
+  std::string remote, remote_password_file;
+  int remote_timeout_ms = 2000;
 };
 
 

@@ -1,0 +1,101 @@
+// RemoteKv: the key-value store behind a pool's remote tier (pool/remote_tier.h), shared by a fleet
+// of servers. An interface, so that tests put a fault-injecting fake (FakeRemoteKv) where the Redis
+// client (RedisKv) goes.
+//
+// Contract of every implementation:
+//   - Values are opaque bytes; the tier verifies everything it reads (a store may lose, evict,
+//     truncate or corrupt any value at any time: a value is a hint, never trusted).
+//   - Multi-key calls are pipelined (one round trip for many keys) and answer per key, in order.
+//   - A call that cannot reach the store returns kIOError (connection refused, timeout, a server
+//     error): the tier then reports itself degraded and goes on without it. Nothing throws.
+//   - Thread-safe: calls may come from any thread at once (a connection pool).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace mz {
+
+class Env;
+
+class RemoteKv {
+ public:
+  virtual ~RemoteKv() = default;
+  // Values of keys, in order (nullopt: no such key). Pipelined.
+  virtual Status Get(const std::vector<std::string>& keys, std::vector<std::optional<std::string>>* values) = 0;
+  // Which keys exist, in order. Pipelined.
+  virtual Status Exists(const std::vector<std::string>& keys, std::vector<bool>* out) = 0;
+  // Sets key to value with a time to live (seconds; 0: none). only_if_absent: kept as it is when
+  // the key exists (*written false then; optional).
+  virtual Status Put(const std::string& key, const std::string& value, uint32_t ttl_s, bool only_if_absent,
+                     bool* written = nullptr) = 0;
+  // Sets the time to live of every key that exists (pipelined; a missing key is no error).
+  virtual Status Touch(const std::vector<std::string>& keys, uint32_t ttl_s) = 0;
+  // Removes keys (pipelined; a missing key is no error).
+  virtual Status Remove(const std::vector<std::string>& keys) = 0;
+  virtual Status Ping() = 0;
+  // Keys matching a glob pattern and the bytes of their values (tests and reports; SCAN, never
+  // KEYS, on a real server). Not for the hot path.
+  virtual Status Census(const std::string& pattern, uint64_t* keys, uint64_t* bytes) = 0;
+  virtual std::string Describe() const = 0;  // "redis://host:port" (never the password)
+};
+
+// A remote store's address: redis://[user[:password]@]host:port[/db]. rediss:// (TLS) is refused
+// with kUnsupported naming why (Debian's hiredis 0.14 has no TLS). kInvalidArgument for anything
+// else that is not such a URL.
+struct RemoteUrl {
+  std::string host;
+  int port = 6379;
+  int db = 0;
+  std::string user, password;  // empty: none (a password alone: the "default" user)
+};
+Status ParseRemoteUrl(const std::string& url, RemoteUrl* out);
+
+struct RedisOptions {
+  RemoteUrl url;
+  uint32_t timeout_ms = 2000;  // connect and every reply
+  int max_connections = 4;     // the pool's connections at most (idle ones are reused)
+};
+
+// Connects through hiredis (Debian's libhiredis, 0.14). Open checks the server at once (PING,
+// after AUTH and SELECT): kIOError naming the address when it cannot be reached, kUnsupported
+// when the library was built without hiredis. A connection that fails mid-call is dropped and a
+// new one made by the next call: the server may restart in between.
+Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now = true);
+
+// An in-memory store for tests, with faults: down (every call kIOError), and direct access to the
+// values (to damage one, or evict one as Redis's maxmemory would). Thread-safe.
+class FakeRemoteKv : public RemoteKv {
+ public:
+  Status Get(const std::vector<std::string>& keys, std::vector<std::optional<std::string>>* values) override;
+  Status Exists(const std::vector<std::string>& keys, std::vector<bool>* out) override;
+  Status Put(const std::string& key, const std::string& value, uint32_t ttl_s, bool only_if_absent,
+             bool* written = nullptr) override;
+  Status Touch(const std::vector<std::string>& keys, uint32_t ttl_s) override;
+  Status Remove(const std::vector<std::string>& keys) override;
+  Status Ping() override;
+  Status Census(const std::string& pattern, uint64_t* keys, uint64_t* bytes) override;
+  std::string Describe() const override { return "fake://"; }
+  void SetDown(bool down);
+  std::map<std::string, std::string> Snapshot();
+  void Set(const std::string& key, const std::string& value);
+  void Erase(const std::string& key);
+  uint64_t calls();
+
+ private:
+  std::mutex mu_;
+  bool down_ = false;
+  uint64_t calls_ = 0;
+  std::map<std::string, std::string> kv_;
+};
+
+// Redis's glob match (only '*' and '?' are special here): FakeRemoteKv::Census.
+bool GlobMatch(const std::string& pattern, const std::string& s);
+
+}  // namespace mz

@@ -1,0 +1,389 @@
+#include "pool/remote_tier.h"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "model/model.h"
+#include "pool/chunk_hash.h"
+#include "runtime/session_file.h"
+
+namespace mz {
+namespace {
+
+constexpr char kEnvMagic[8] = {'M', 'Z', 'R', 'B', '0', '0', '0', '1'};
+#pragma pack(push, 1)
+struct Envelope {
+  char magic[8];
+  uint32_t kind, reserved;
+  uint64_t model, key_hash, length, payload_hash;
+};
+#pragma pack(pop)
+
+std::string Hex16(uint64_t v) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::string Trim(std::string s) {
+  const size_t nl = s.find_first_of("\r\n");
+  if (nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+}  // namespace
+
+Status RemoteTier::Open(const Model& model, int chunk_tokens, const std::string& codec, const RemoteTierOptions& opts,
+                        std::function<std::string(uint64_t)> chunk_path, std::unique_ptr<RemoteTier>* out) {
+  std::unique_ptr<RemoteTier> t(new RemoteTier());
+  t->model_ = &model;
+  t->T_ = chunk_tokens;
+  const HParams& hp = model.hparams();
+  t->g_.n_layer = int(hp.n_layer);
+  t->g_.n_kv_head = int(hp.n_head_kv);
+  t->g_.head_dim = int(hp.head_dim);
+  t->g_.chunk_tokens = chunk_tokens;
+  t->fp_ = model.identity().header_hash;
+  t->codec_ = codec;
+  t->opts_ = opts;
+  t->chunk_path_ = std::move(chunk_path);
+  if (opts.store) {
+    t->kv_ = opts.store;
+  } else {
+    RedisOptions ro;
+    MZ_RETURN_IF_ERROR(ParseRemoteUrl(opts.url, &ro.url));
+    if (!opts.password_file.empty()) {
+      std::string pw;
+      MZ_RETURN_IF_ERROR(model.env()->ReadSmallFile(opts.password_file, &pw).With("the remote's password file"));
+      pw = Trim(pw);
+      if (pw.empty()) return Status::InvalidArgument("the remote's password file " + opts.password_file + " is empty");
+      ro.url.password = pw;
+    }
+    ro.timeout_ms = opts.timeout_ms;
+    ro.max_connections = opts.connections;
+    std::unique_ptr<RemoteKv> kv;
+    MZ_RETURN_IF_ERROR(OpenRedisKv(ro, &kv, /*check_now=*/false));
+    t->kv_ = std::move(kv);
+  }
+  t->stats_.enabled = true;
+  t->stats_.address = t->kv_->Describe();
+  t->Note(t->kv_->Ping());  // down at start: degraded, not an error (the local tiers go on)
+  RemoteTier* self = t.get();
+  MZ_RETURN_IF_ERROR(model.env()->StartThread([self] { self->Loop(); }, &t->thread_));
+  *out = std::move(t);
+  return Status::Ok();
+}
+
+RemoteTier::~RemoteTier() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string RemoteTier::ChunkKey(uint64_t hash) const { return "mz:" + Hex16(fp_) + ":" + codec_ + ":k:{" + Hex16(hash) + "}"; }
+std::string RemoteTier::ManifestKey(const std::string& id) const { return "mz:" + Hex16(fp_) + ":m:{" + id + "}"; }
+
+std::string RemoteTier::Wrap(Kind kind, const std::string& key, const std::string& payload) const {
+  Envelope e{};
+  std::memcpy(e.magic, kEnvMagic, 8);
+  e.kind = kind;
+  e.model = fp_;
+  e.key_hash = XXH64(key.data(), key.size(), 0);
+  e.length = payload.size();
+  e.payload_hash = XXH64(payload.data(), payload.size(), 0);
+  std::string v(reinterpret_cast<const char*>(&e), sizeof e);
+  v += payload;
+  return v;
+}
+
+Status RemoteTier::Unwrap(Kind kind, const std::string& key, const std::string& value, std::string* payload) const {
+  auto bad = [&](const std::string& why) { return Status::Corruption("remote value " + key + ": " + why); };
+  Envelope e{};
+  if (value.size() < sizeof e) return bad("truncated (" + std::to_string(value.size()) + " bytes)");
+  std::memcpy(&e, value.data(), sizeof e);
+  if (std::memcmp(e.magic, kEnvMagic, 8) != 0) return bad("bad magic (not an mzcache value)");
+  if (e.kind != kind) return bad("of another kind");
+  if (e.model != fp_) return bad("written for another model");
+  if (e.key_hash != XXH64(key.data(), key.size(), 0)) return bad("written under another key");
+  if (e.length != value.size() - sizeof e) return bad("truncated or padded");
+  if (XXH64(value.data() + sizeof e, size_t(e.length), 0) != e.payload_hash) return bad("checksum mismatch");
+  payload->assign(value, sizeof e, std::string::npos);
+  return Status::Ok();
+}
+
+void RemoteTier::Note(const Status& st) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (st.ok()) {
+    stats_.degraded = false;
+  } else if (st.code() == Status::kIOError) {
+    stats_.degraded = true;
+    stats_.last_error = st.message();
+  } else {
+    stats_.last_error = st.message();
+  }
+}
+
+void RemoteTier::QueueWrite(const std::string& id, const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_[id] = path;
+    deleted_.erase(id);  // made again since
+  }
+  cv_.notify_all();
+}
+
+void RemoteTier::DeleteConversation(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_.erase(id);
+    if (running_) deleted_.insert(id);  // a write of it in flight removes its manifest again after
+  }
+  Note(kv_->Remove({ManifestKey(id)}));
+}
+
+Status RemoteTier::Flush() {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (pending_.empty() && !running_) return Status::Ok();
+  const uint64_t want = attempts_ + (running_ ? 2 : 1);  // a pass that starts after this call
+  retry_now_ = true;
+  cv_.notify_all();
+  done_cv_.wait(lk, [&] { return attempts_ >= want || stop_; });
+  return last_pass_error_;
+}
+
+void RemoteTier::Loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    if (stats_.degraded && !retry_now_) {
+      // The store was unreachable: every retry_ms, the pending writes are tried again, or (none
+      // pending) the store is pinged, so that lookups (skipped meanwhile) resume once it is back.
+      cv_.wait_for(lk, std::chrono::milliseconds(opts_.retry_ms), [&] { return stop_ || retry_now_; });
+      if (stop_) break;
+      if (!retry_now_ && pending_.empty()) {
+        lk.unlock();
+        Note(kv_->Ping());
+        lk.lock();
+        continue;
+      }
+    } else {
+      cv_.wait(lk, [&] { return stop_ || !pending_.empty() || retry_now_; });
+      if (stop_) break;
+    }
+    retry_now_ = false;
+    running_ = true;
+    std::map<std::string, std::string> batch;
+    batch.swap(pending_);
+    running_n_ = int(batch.size());
+    lk.unlock();
+    Status first;
+    bool unreachable = false;
+    std::map<std::string, std::string> again;
+    for (const auto& w : batch) {
+      if (unreachable) {  // the store is down: the rest waits for the next pass
+        again.insert(w);
+        continue;
+      }
+      Status st = WriteOne(w.first, w.second);
+      bool deleted;
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        deleted = deleted_.erase(w.first) > 0;
+      }
+      if (deleted) (void)kv_->Remove({ManifestKey(w.first)});  // deleted while it was being written
+      Note(st);
+      if (!st.ok()) {
+        if (first.ok()) first = st.With("writing conversation '" + w.first + "' to the remote tier");
+        if (st.code() == Status::kIOError) {
+          unreachable = true;
+          again.insert(w);
+        }
+        std::lock_guard<std::mutex> g(mu_);
+        stats_.write_failures++;
+      }
+    }
+    lk.lock();
+    for (const auto& w : again) pending_.emplace(w);  // a newer QueueWrite of the same id wins
+    running_ = false;
+    running_n_ = 0;
+    attempts_++;
+    last_pass_error_ = first;
+    done_cv_.notify_all();
+  }
+  running_ = false;
+  attempts_++;
+  done_cv_.notify_all();
+}
+
+bool RemoteTier::Skip() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return stats_.degraded;
+}
+
+Status RemoteTier::ChunkBytes(SessionReader& r, int c, uint64_t hash, std::string* out) {
+  const int32_t* ct = r.tokens().data() + size_t(c) * size_t(T_);
+  std::unique_ptr<SessionReader> cr;
+  if (c < r.n_external()) {  // the local chunk file holds it
+    MZ_RETURN_IF_ERROR(SessionReader::Open(*model_, T_, chunk_path_(hash), &cr));
+    if (int(cr->tokens().size()) != T_ || cr->n_chunks() != 1 || cr->codec_id() != r.codec_id() ||
+        !std::equal(cr->tokens().begin(), cr->tokens().end(), ct))
+      return Status::Corruption("chunk file " + chunk_path_(hash) + " holds other tokens or another codec");
+  }
+  return BuildSessionBytes(fp_, g_, r.codec_id(), ct, T_, 0,
+                           [&](int l, int, std::string* p, int* enc) {
+                             return cr ? cr->ReadPayload(l, 0, p, enc) : r.ReadPayload(l, c, p, enc);
+                           },
+                           out);
+}
+
+Status RemoteTier::WriteOne(const std::string& id, const std::string& path) {
+  std::unique_ptr<SessionReader> r;
+  Status st = SessionReader::Open(*model_, T_, path, &r);
+  if (!st.ok()) return st.With("reading its stored file");  // deleted meanwhile, or damaged: not sent
+  if (r->codec() != codec_) return Status::Ok();  // stored before a codec change: its next persist sends it
+  const std::vector<int32_t>& toks = r->tokens();
+  const int n = int(toks.size()), F = n / T_;
+  const std::vector<uint64_t> h = ChainHashes(fp_, toks.data(), F * T_, T_);
+  std::vector<std::string> keys;
+  for (uint64_t x : h) keys.push_back(ChunkKey(x));
+  std::vector<bool> present;
+  MZ_RETURN_IF_ERROR(kv_->Exists(keys, &present));
+  uint64_t written = 0, bytes = 0, had = 0;
+  std::vector<std::string> touch;
+  for (int c = 0; c < F; ++c) {
+    if (present[size_t(c)]) {
+      had++;
+      touch.push_back(keys[size_t(c)]);
+      continue;
+    }
+    std::string blob;
+    st = ChunkBytes(*r, c, h[size_t(c)], &blob);
+    if (!st.ok()) {
+      if (st.code() == Status::kIOError) return st;
+      continue;  // a local chunk file gone: the manifest names it anyway (a fetcher computes it again)
+    }
+    const std::string v = Wrap(kChunk, keys[size_t(c)], blob);
+    bool w = false;
+    MZ_RETURN_IF_ERROR(kv_->Put(keys[size_t(c)], v, opts_.ttl_s, /*only_if_absent=*/true, &w));
+    if (w) {
+      written++;
+      bytes += v.size();
+    } else {
+      had++;
+      touch.push_back(keys[size_t(c)]);
+    }
+  }
+  std::string man;
+  MZ_RETURN_IF_ERROR(BuildSessionBytes(fp_, g_, r->codec_id(), toks.data(), n, F,
+                                       [&](int l, int c, std::string* p, int* enc) { return r->ReadPayload(l, c, p, enc); },
+                                       &man));
+  const std::string mk = ManifestKey(id);
+  const std::string mv = Wrap(kManifest, mk, man);
+  MZ_RETURN_IF_ERROR(kv_->Put(mk, mv, opts_.ttl_s, false));
+  // After the manifest: no chunk it names expires before it.
+  MZ_RETURN_IF_ERROR(kv_->Touch(touch, opts_.ttl_s));
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.manifests_written++;
+  stats_.chunks_written += written;
+  stats_.chunks_present += had;
+  stats_.bytes_written += bytes + mv.size();
+  return Status::Ok();
+}
+
+void RemoteTier::FetchManifest(const std::string& id, std::string* payload) {
+  payload->clear();
+  if (Skip()) return;  // unreachable a moment ago: no wait per request (the thread probes it)
+  const std::string key = ManifestKey(id);
+  std::vector<std::optional<std::string>> v;
+  Env* env = model_->env();
+  const uint64_t t0 = env->NowNs();
+  Status st = kv_->Get({key}, &v);
+  Note(st);
+  const double dt = double(env->NowNs() - t0) * 1e-9;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.fetch_s += dt;
+  if (!st.ok()) return;
+  if (!v[0]) {
+    stats_.manifest_misses++;
+    return;
+  }
+  Status u = Unwrap(kManifest, key, *v[0], payload);
+  if (!u.ok()) {
+    payload->clear();
+    stats_.damaged++;
+    stats_.manifest_misses++;
+    stats_.last_error = u.message();
+    return;
+  }
+  stats_.manifest_hits++;
+  stats_.bytes_fetched += v[0]->size();
+}
+
+void RemoteTier::FetchChunks(const std::vector<uint64_t>& hashes, std::vector<std::string>* payloads) {
+  payloads->assign(hashes.size(), std::string());
+  if (hashes.empty() || Skip()) return;
+  std::vector<std::string> keys;
+  for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
+  std::vector<std::optional<std::string>> v;
+  Env* env = model_->env();
+  const uint64_t t0 = env->NowNs();
+  Status st = kv_->Get(keys, &v);
+  if (st.ok()) st = kv_->Touch(keys, opts_.ttl_s);
+  Note(st);
+  const double dt = double(env->NowNs() - t0) * 1e-9;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.fetch_s += dt;
+  if (!st.ok()) return;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!v[i]) {
+      stats_.damaged++;  // named but gone (evicted): computed again
+      continue;
+    }
+    Status u = Unwrap(kChunk, keys[i], *v[i], &(*payloads)[i]);
+    if (!u.ok()) {
+      (*payloads)[i].clear();
+      stats_.damaged++;
+      stats_.last_error = u.message();
+      continue;
+    }
+    stats_.chunks_fetched++;
+    stats_.bytes_fetched += v[i]->size();
+  }
+}
+
+int RemoteTier::LongestPrefix(const std::vector<uint64_t>& hashes) {
+  if (hashes.empty() || Skip()) return 0;
+  std::vector<std::string> keys;
+  for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
+  std::vector<bool> present;
+  Status st = kv_->Exists(keys, &present);
+  Note(st);
+  if (!st.ok()) return 0;
+  int k = 0;
+  while (k < int(present.size()) && present[size_t(k)]) ++k;
+  return k;
+}
+
+void RemoteTier::CountDamaged(uint64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.damaged += n;
+}
+
+void RemoteTier::CountPrefix(uint64_t chunks) {
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.prefix_chunks += chunks;
+}
+
+RemoteTierStats RemoteTier::Stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  RemoteTierStats s = stats_;
+  s.pending = int(pending_.size()) + running_n_;
+  return s;
+}
+
+}  // namespace mz

@@ -1,0 +1,167 @@
+// RemoteTier: a pool's fourth tier (after memory, compressed memory and local storage), in a
+// key-value store shared by a fleet of servers (Redis: pool/remote_kv.h), so that any server
+// continues any conversation and a shared prefix is stored once for the whole fleet.
+//
+// Key layout (fp: the model's fingerprint, FileIdentity::header_hash, 16 hex digits; codec: the
+// stored codec's name; the part in braces is the Redis Cluster hash tag, so every key has a slot of
+// its own and the tier only ever sends single-key commands):
+//   mz:<fp>:<codec>:k:{<hash>}  a full chunk (T tokens, every layer) under its chain hash
+//                               (pool/chunk_hash.h): written once for the whole fleet (SET NX)
+//   mz:<fp>:m:{<id>}            conversation id's manifest: its tokens, codec and model, the chunks it
+//                               names (all its full chunks, by the chain hashes of its tokens) and
+//                               its tail (the partial last chunk's payloads)
+// Every value is an envelope: magic "MZRB0001", kind (chunk / manifest), the model fingerprint,
+// xxh64 of the key it was written under, the payload's length and xxh64, then the payload, which is
+// a session file's bytes (runtime/session_file.h: a chunk file for a chunk, a version-2 session
+// naming every full chunk for a manifest) with its own checksums. A value is never trusted: a
+// missing key (Redis evicted it: maxmemory LRU), a bad envelope (bit flip, truncation, another
+// model's or another key's value) or a payload failing the session file's checks is a miss, counted
+// in RemoteTierStats::damaged; the pool then computes those tokens again. Never a wrong chunk.
+//
+// Reclaim: by time to live, refreshed. Every key is written with ttl_s; each write of a manifest
+// refreshes the TTL of every chunk it names (after the manifest's own), and each fetch refreshes
+// the manifest and its chunks. A chunk no live manifest names stops being refreshed and expires
+// within ttl_s. Not reference counts: counts across a fleet need atomic multi-key updates (a Lua
+// script, which Redis Cluster refuses across slots), are left wrong by a server killed between two
+// steps and by Redis evicting a count or a manifest under maxmemory, and a wrong count deletes a
+// live chunk or leaks one forever. TTLs are crash-safe and self-healing; their cost is space held
+// up to ttl_s after the last use, and a conversation idle longer than ttl_s is gone from Redis (the
+// server that wrote it still holds it on its disk).
+//
+// Writes are behind: QueueWrite (after the local persist of the conversation) hands the id to the
+// tier's thread, which reads the stored file (and the chunk files it names) and writes the chunks
+// Redis lacks (one pipelined EXISTS first), then the manifest. A turn never waits for it. While the
+// store cannot be reached the tier is degraded (Stats().degraded), keeps the ids (the latest file
+// of each is written when it comes back: retried every retry_ms, or at once by Flush) and the pool
+// goes on with its local tiers. Lookups are skipped while degraded (a miss at once, rather than a
+// connect timeout per request); the thread pings the store every retry_ms until it answers.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "memory/kv_cache.h"
+#include "pool/remote_kv.h"
+
+namespace mz {
+
+class Model;
+class SessionReader;
+
+struct RemoteTierOptions {
+  // redis://[user[:password]@]host:port[/db]; empty: no remote tier. rediss:// is refused (no TLS in
+  // hiredis 0.14).
+  std::string url;
+  // A file holding the password (its first line; the URL's user is the ACL user). Read at Open:
+  // an unreadable file fails it.
+  std::string password_file;
+  uint32_t timeout_ms = 2000;        // connect and each reply
+  uint32_t ttl_s = 7 * 24 * 3600;    // every key's time to live, refreshed by writes and fetches
+  uint32_t retry_ms = 1000;          // degraded: the pending writes are tried again this often
+  int connections = 4;
+  // Tests: this store instead of connecting to url (a FakeRemoteKv, or a RedisKv of theirs).
+  std::shared_ptr<RemoteKv> store;
+};
+
+struct RemoteTierStats {
+  bool enabled = false;
+  bool degraded = false;         // the last call to the store failed (it could not be reached)
+  std::string address;           // the store's address (no password)
+  std::string last_error;
+  int pending = 0;               // conversations whose latest stored file is not in the store yet
+  uint64_t manifests_written = 0, chunks_written = 0, chunks_present = 0;  // present: another wrote it
+  uint64_t bytes_written = 0, write_failures = 0;
+  uint64_t manifest_hits = 0, manifest_misses = 0;
+  uint64_t chunks_fetched = 0, bytes_fetched = 0;
+  uint64_t damaged = 0;          // values that failed verification (or named chunks missing)
+  uint64_t prefix_chunks = 0;    // chunks found by chain hash for a new conversation
+  double fetch_s = 0;            // time spent fetching (bytes_fetched / fetch_s: the tier's rate)
+};
+
+class RemoteTier {
+ public:
+  enum Kind : uint32_t { kChunk = 1, kManifest = 2 };
+  // chunk_path(hash): where the pool keeps that chunk's local chunk file (a stored file's named
+  // chunks are read from there). The store is not contacted here: a store down at start makes a
+  // degraded tier, not an error. Errors: a bad URL, rediss://, an unreadable password file.
+  static Status Open(const Model& model, int chunk_tokens, const std::string& codec,
+                     const RemoteTierOptions& opts, std::function<std::string(uint64_t)> chunk_path,
+                     std::unique_ptr<RemoteTier>* out);
+  ~RemoteTier();  // stops the thread (a write in progress ends; pending ones are dropped: the local copy stays)
+
+  std::string ChunkKey(uint64_t hash) const;
+  std::string ManifestKey(const std::string& id) const;
+  // value = envelope(kind, key, payload); Unwrap verifies it (kCorruption naming what is wrong).
+  std::string Wrap(Kind kind, const std::string& key, const std::string& payload) const;
+  Status Unwrap(Kind kind, const std::string& key, const std::string& value, std::string* payload) const;
+
+  // Write-behind: conversation id's stored file at path goes to the store (its latest content
+  // when the thread gets to it).
+  void QueueWrite(const std::string& id, const std::string& path);
+  // Conversation id was deleted: its pending write is dropped and its manifest removed from the
+  // store (best effort: the store down, the manifest stays until its TTL; the chunks it named
+  // expire by TTL unless another manifest names them).
+  void DeleteConversation(const std::string& id);
+  // Tries every pending write now and waits until each was tried: the first error (the store
+  // down: kIOError, the ids kept for later).
+  Status Flush();
+
+  // The manifest of id: the session file's bytes (verified envelope) in *payload, or empty when
+  // the store has none, holds a damaged one (counted) or cannot be reached (degraded). Its TTL is
+  // refreshed. Never an error: a miss is what the caller handles.
+  void FetchManifest(const std::string& id, std::string* payload);
+  // The chunks of hashes (pipelined GETs): (*payloads)[i] the chunk file's bytes, or empty (missing,
+  // damaged: counted, unreachable). Their TTLs are refreshed.
+  void FetchChunks(const std::vector<uint64_t>& hashes, std::vector<std::string>* payloads);
+  // How many of hashes' first chunks the store holds (pipelined EXISTS), 0 when unreachable.
+  int LongestPrefix(const std::vector<uint64_t>& hashes);
+  void CountDamaged(uint64_t n = 1);
+  void CountPrefix(uint64_t chunks);
+
+  RemoteTierStats Stats();
+  RemoteKv* store() const { return kv_.get(); }
+
+ private:
+  RemoteTier() = default;
+  void Loop();
+  Status WriteOne(const std::string& id, const std::string& path);
+  void Note(const Status& st);  // degraded / last_error after a call to the store
+  // True while degraded: lookups are skipped (a miss at once, not a timeout per request) until
+  // the thread's next probe (every retry_ms) or write reaches the store again.
+  bool Skip();
+  // The chunk file bytes of chunk c of r (its own payloads, or those of its local chunk file).
+  Status ChunkBytes(SessionReader& r, int c, uint64_t hash, std::string* out);
+
+  const Model* model_ = nullptr;
+  int T_ = 256;
+  KvGeometry g_;
+  uint64_t fp_ = 0;
+  std::string codec_;
+  RemoteTierOptions opts_;
+  std::function<std::string(uint64_t)> chunk_path_;
+  std::shared_ptr<RemoteKv> kv_;
+
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::map<std::string, std::string> pending_;  // id -> stored path
+  std::set<std::string> deleted_;               // deleted while a write pass ran (its manifest removed after)
+  bool running_ = false, stop_ = false, retry_now_ = false;
+  int running_n_ = 0;                            // writes in the pass running now
+  uint64_t attempts_ = 0;                        // write passes ended
+  Status last_pass_error_;
+  RemoteTierStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace mz

@@ -1,0 +1,570 @@
+// The pool's remote tier (src/pool/remote_tier.h) on a real Redis: a redis-server started by the
+// test on a free loopback port with a temporary folder (the tests skip, saying why, when
+// redis-server is not installed). Two pools on two folders stand for two servers of a fleet: one
+// continues the other's conversation exactly, a shared prefix is stored once, a new conversation
+// finds its prefix by chain hash, damaged or evicted values are computed again (never used), and
+// Redis down then back: the pool goes on locally and its write-behind catches up.
+// The envelope and URL checks run without Redis (FakeRemoteKv).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pool/chunk_hash.h"
+#include "pool/pool.h"
+#include "pool/remote_kv.h"
+#include "pool/remote_tier.h"
+#include "runtime/context.h"
+#include "test_util.h"
+
+namespace mz {
+namespace {
+
+constexpr int T = 64;  // chunk tokens in these tests (tiny model)
+
+std::string ModelFile() { return test::ModelPath("tiny-qwen3", "q8_0"); }
+
+std::unique_ptr<Model> LoadModel() {
+  std::unique_ptr<Model> m;
+  Status st = Model::Load(Env::Default(), ModelFile(), ModelOptions(), &m);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return m;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string d = test::TempDir() + "/remote-" + name + "-" + std::to_string(getpid());
+  std::filesystem::remove_all(d);
+  return d;
+}
+
+std::string RedisServerPath() {
+  for (const char* p : {"/usr/bin/redis-server", "/usr/local/bin/redis-server"})
+    if (access(p, X_OK) == 0) return p;
+  return "";
+}
+
+int FreePort() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(s);
+    return 0;
+  }
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+// A redis-server of this test: loopback, a free port, no persistence, its own folder.
+class RedisServer {
+ public:
+  ~RedisServer() { Stop(); }
+  bool Start(int port = 0, const std::vector<std::string>& extra = {}) {
+    if (port == 0) port = FreePort();
+    port_ = port;
+    dir_ = FreshDir("redis-" + std::to_string(port));
+    std::filesystem::create_directories(dir_);
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string ps = std::to_string(port), log = dir_ + "/redis.log";
+      std::vector<std::string> args = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
+                                       "--appendonly", "no", "--dir", dir_, "--logfile", log};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& x : args) argv.push_back(x.data());
+      argv.push_back(nullptr);
+      execv(RedisServerPath().c_str(), argv.data());
+      _exit(127);
+    }
+    // Ready once it answers PING (a readiness wait, not a timed assertion).
+    RedisOptions ro;
+    ro.url.host = "127.0.0.1";
+    ro.url.port = port_;
+    ro.timeout_ms = 500;
+    for (int i = 0; i < 500; ++i) {
+      std::unique_ptr<RemoteKv> kv;
+      Status st = OpenRedisKv(ro, &kv);
+      if (st.ok() || st.message().find("NOAUTH") != std::string::npos) return true;  // up (it wants a password)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  void Stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  std::string Url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  std::unique_ptr<RemoteKv> Client() const {
+    RedisOptions ro;
+    EXPECT_TRUE(ParseRemoteUrl(Url(), &ro.url).ok());
+    std::unique_ptr<RemoteKv> kv;
+    EXPECT_TRUE(OpenRedisKv(ro, &kv).ok());
+    return kv;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string dir_;
+};
+
+bool HaveHiredis() {
+  std::unique_ptr<RemoteKv> kv;
+  return OpenRedisKv(RedisOptions(), &kv, /*check_now=*/false).code() != Status::kUnsupported;
+}
+
+#define NEED_REDIS()                                                                                \
+  if (RedisServerPath().empty()) GTEST_SKIP() << "redis-server is not installed (apt-get install redis-server)"; \
+  if (!HaveHiredis()) GTEST_SKIP() << "this build has no hiredis (apt-get install libhiredis-dev)"
+
+PoolOptions Opts(const std::string& dir, const std::string& url) {
+  PoolOptions o;
+  o.dir = dir;
+  o.context.n_ctx = 1024;
+  o.context.kv_chunk_tokens = T;
+  o.context.kv_codec = "none";
+  o.persist_codec = "none";  // lossless: a continuation elsewhere is exact
+  o.write_behind_idle_ms = 60000;
+  o.remote.url = url;
+  o.remote.timeout_ms = 1000;
+  o.remote.retry_ms = 60000;  // tests retry through FlushRemote
+  return o;
+}
+
+std::vector<int32_t> Tokens(int sys, int n, int seed) {
+  std::vector<int32_t> t = test::PromptTokens(ModelFile(), sys);
+  std::mt19937 rng{uint32_t(seed)};
+  while (int(t.size()) < n) t.push_back(int32_t(100 + rng() % 2000));
+  return t;
+}
+
+std::vector<float> Row(const float* l, int nv) { return std::vector<float>(l, l + nv); }
+
+// Logits after `first` then `next`, computed by a plain context (no pool, no remote).
+std::vector<float> Reference(Model* m, const std::vector<int32_t>& first, const std::vector<int32_t>& next) {
+  ContextOptions co;
+  co.n_ctx = 1024;
+  co.kv_chunk_tokens = T;
+  co.kv_codec = "none";
+  co.swap_path = test::TempDir() + "/remote-ref-" + std::to_string(getpid()) + ".swap";
+  Context c(m, co);
+  EXPECT_TRUE(c.Init().ok());
+  EXPECT_TRUE(c.Decode(first.data(), int(first.size()), false).ok());
+  EXPECT_TRUE(c.Decode(next.data(), int(next.size()), false).ok());
+  return Row(c.logits(0), int(m->hparams().n_vocab));
+}
+
+// Conversation id of a pool on dir decodes toks and commits; the remote write is waited for.
+void Serve(Model* m, const PoolOptions& o, const std::string& id, const std::vector<int32_t>& toks,
+           std::unique_ptr<Pool>* keep = nullptr) {
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m, o, &pool).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(pool->OpenConversation(id, &c).ok());
+  ASSERT_TRUE(c->Decode(toks.data(), int(toks.size()), false).ok());
+  ASSERT_TRUE(c->Commit().ok());
+  Status st = pool->FlushRemote();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  if (keep) *keep = std::move(pool);
+}
+
+TEST(RemoteUrl, ParsesAndRefusesWhatItCannotDo) {
+  RemoteUrl u;
+  ASSERT_TRUE(ParseRemoteUrl("redis://127.0.0.1:6390", &u).ok());
+  EXPECT_EQ(u.host, "127.0.0.1");
+  EXPECT_EQ(u.port, 6390);
+  ASSERT_TRUE(ParseRemoteUrl("redis://mz:s3cret@cache.local:7000/2", &u).ok());
+  EXPECT_EQ(u.user, "mz");
+  EXPECT_EQ(u.password, "s3cret");
+  EXPECT_EQ(u.host, "cache.local");
+  EXPECT_EQ(u.port, 7000);
+  EXPECT_EQ(u.db, 2);
+  ASSERT_TRUE(ParseRemoteUrl("redis://host", &u).ok());
+  EXPECT_EQ(u.port, 6379);
+  Status tls = ParseRemoteUrl("rediss://host:6380", &u);
+  EXPECT_EQ(tls.code(), Status::kUnsupported);
+  EXPECT_NE(tls.message().find("TLS"), std::string::npos) << tls.message();
+  EXPECT_EQ(ParseRemoteUrl("http://host", &u).code(), Status::kInvalidArgument);
+  EXPECT_EQ(ParseRemoteUrl("redis://host:0", &u).code(), Status::kInvalidArgument);
+  EXPECT_EQ(ParseRemoteUrl("redis://host:99999", &u).code(), Status::kInvalidArgument);
+  EXPECT_EQ(ParseRemoteUrl("redis://:6379", &u).code(), Status::kInvalidArgument);
+  Status bad = ParseRemoteUrl("redis://mz:s3cret@host:bad", &u);  // the password is never shown
+  EXPECT_EQ(bad.code(), Status::kInvalidArgument);
+  EXPECT_EQ(bad.message().find("s3cret"), std::string::npos) << bad.message();
+}
+
+TEST(RemoteTier, EnvelopeFindsEveryDamage) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  RemoteTierOptions ro;
+  ro.store = std::make_shared<FakeRemoteKv>();
+  std::unique_ptr<RemoteTier> t;
+  ASSERT_TRUE(RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &t).ok());
+  const std::string key = t->ChunkKey(42), payload(5000, 'x');
+  const std::string v = t->Wrap(RemoteTier::kChunk, key, payload);
+  std::string out;
+  ASSERT_TRUE(t->Unwrap(RemoteTier::kChunk, key, v, &out).ok());
+  EXPECT_EQ(out, payload);
+  std::string flip = v;
+  flip[flip.size() - 7] ^= 0x10;
+  EXPECT_EQ(t->Unwrap(RemoteTier::kChunk, key, flip, &out).code(), Status::kCorruption);
+  EXPECT_EQ(t->Unwrap(RemoteTier::kChunk, key, v.substr(0, v.size() - 1), &out).code(), Status::kCorruption);
+  EXPECT_EQ(t->Unwrap(RemoteTier::kChunk, key, v.substr(0, 10), &out).code(), Status::kCorruption);
+  EXPECT_EQ(t->Unwrap(RemoteTier::kChunk, t->ChunkKey(43), v, &out).code(), Status::kCorruption);  // another key's
+  EXPECT_EQ(t->Unwrap(RemoteTier::kManifest, key, v, &out).code(), Status::kCorruption);           // another kind
+  std::string other = v;
+  other[16] ^= 1;  // the model fingerprint: another model's chunk under this key
+  Status st = t->Unwrap(RemoteTier::kChunk, key, other, &out);
+  EXPECT_EQ(st.code(), Status::kCorruption);
+  EXPECT_NE(st.message().find("another model"), std::string::npos) << st.message();
+}
+
+TEST(RemoteTier, AnotherServerContinuesTheConversationExactly) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 20, 1), next = {11, 12, 13};
+  Serve(m.get(), Opts(FreshDir("a1"), redis.Url()), "chat-1", toks);
+  // Server B never saw it: it opens chat-1 from Redis and continues.
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b1"), redis.Url()), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("chat-1", &c).ok());
+  std::vector<int32_t> hist;
+  ASSERT_TRUE(b->History("chat-1", &hist).ok());
+  EXPECT_EQ(hist, toks);
+  ASSERT_TRUE(c->Decode(next.data(), int(next.size()), false).ok());
+  EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), toks, next));
+  const PoolStats s = b->Stats();
+  EXPECT_EQ(s.remote.manifest_hits, 1u);
+  EXPECT_EQ(s.remote.chunks_fetched, 3u);  // its 3 full chunks; the tail came in the manifest
+  EXPECT_EQ(s.recomputed, 0u);
+  EXPECT_EQ(s.remote.damaged, 0u);
+  // A conversation Redis does not hold is a new one.
+  std::shared_ptr<Conversation> fresh;
+  ASSERT_TRUE(b->OpenConversation("never-seen", &fresh).ok());
+  EXPECT_EQ(fresh->n_tokens(), 0);
+  EXPECT_EQ(b->Stats().remote.manifest_misses, 1u);
+}
+
+TEST(RemoteTier, SharedSystemPromptIsStoredOnceForTheFleet) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  // Two chunks of system prompt, then each its own chunk and tail.
+  const std::vector<int32_t> a = Tokens(2 * T, 3 * T + 10, 1), b = Tokens(2 * T, 3 * T + 30, 2);
+  ASSERT_TRUE(std::equal(a.begin(), a.begin() + 2 * T, b.begin()));
+  std::unique_ptr<Pool> pb;
+  Serve(m.get(), Opts(FreshDir("a2"), redis.Url()), "a", a);
+  Serve(m.get(), Opts(FreshDir("b2"), redis.Url()), "b", b, &pb);
+  std::unique_ptr<RemoteKv> kv = redis.Client();
+  uint64_t keys = 0, bytes = 0;
+  ASSERT_TRUE(kv->Census("mz:*:k:*", &keys, &bytes).ok());
+  EXPECT_EQ(keys, 4u);  // 2 shared + 1 of each
+  const PoolStats s = pb->Stats();
+  EXPECT_EQ(s.remote.chunks_present, 2u);  // server b found the system prompt there
+  EXPECT_EQ(s.remote.chunks_written, 1u);
+  uint64_t mkeys = 0;
+  ASSERT_TRUE(kv->Census("mz:*:m:*", &mkeys, &bytes).ok());
+  EXPECT_EQ(mkeys, 2u);
+}
+
+TEST(RemoteTier, NewConversationFindsItsPrefixByChainHash) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> a = Tokens(2 * T, 2 * T + 40, 1);
+  Serve(m.get(), Opts(FreshDir("a3"), redis.Url()), "a", a);
+  // Server B, a request with no conversation id: the same 2 chunks, another continuation.
+  std::vector<int32_t> q(a.begin(), a.begin() + 2 * T);
+  for (int i = 0; i < 30; ++i) q.push_back(300 + i);
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b3"), redis.Url()), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("q", &c).ok());
+  ASSERT_TRUE(c->Decode(q.data(), int(q.size()), false).ok());
+  const PoolStats s = b->Stats();
+  EXPECT_EQ(s.prefix_chunks_reused, 2u);
+  EXPECT_EQ(s.remote.prefix_chunks, 2u);
+  const std::vector<int32_t> first(q.begin(), q.begin() + 2 * T), rest(q.begin() + 2 * T, q.end());
+  EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), first, rest));
+}
+
+TEST(RemoteTier, DamagedOrEvictedValuesAreComputedAgainNeverUsed) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, 4 * T + 5, 3), next = {21, 22};
+  std::unique_ptr<Pool> a;
+  Serve(m.get(), Opts(FreshDir("a4"), redis.Url()), "d", toks, &a);
+  std::unique_ptr<RemoteKv> kv = redis.Client();
+  RemoteTierOptions ro;
+  ro.store = std::make_shared<FakeRemoteKv>();  // only for the key names
+  std::unique_ptr<RemoteTier> names;
+  ASSERT_TRUE(RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &names).ok());
+  const std::vector<uint64_t> h = ChainHashes(m->identity().header_hash, toks.data(), 4 * T, T);
+  std::vector<std::string> keys;
+  for (uint64_t x : h) keys.push_back(names->ChunkKey(x));
+  std::vector<std::optional<std::string>> v;
+  ASSERT_TRUE(kv->Get(keys, &v).ok());
+  for (auto& x : v) ASSERT_TRUE(x.has_value());
+  std::vector<std::optional<std::string>> manifest;  // each case's pool writes "d" back (longer): restored
+  ASSERT_TRUE(kv->Get({names->ManifestKey("d")}, &manifest).ok());
+  ASSERT_TRUE(manifest[0].has_value());
+  std::string flip = *v[0], cut = v[1]->substr(0, v[1]->size() / 2), other = *v[2];
+  flip[flip.size() / 2] ^= 0x04;  // a bit flip inside the payload
+  other[16] ^= 0x01;              // another model's chunk under this key
+  const std::vector<std::pair<std::string, std::string>> damages = {
+      {"bit flip", flip}, {"truncation", cut}, {"another model", other}, {"evicted", ""}};
+  const std::vector<float> want = Reference(m.get(), toks, next);
+  for (size_t i = 0; i < damages.size(); ++i) {
+    SCOPED_TRACE(damages[i].first);
+    std::unique_ptr<RemoteKv> fix = redis.Client();
+    // Each case damages one chunk of a fresh copy: the others as written.
+    for (size_t j = 0; j < keys.size(); ++j) ASSERT_TRUE(fix->Put(keys[j], *v[j], 0, false).ok());
+    ASSERT_TRUE(fix->Put(names->ManifestKey("d"), *manifest[0], 0, false).ok());
+    const size_t k = std::min<size_t>(i, keys.size() - 1);
+    if (damages[i].second.empty()) ASSERT_TRUE(fix->Remove({keys[k]}).ok());
+    else ASSERT_TRUE(fix->Put(keys[k], damages[i].second, 0, false).ok());
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b4-" + std::to_string(i)), redis.Url()), &b).ok());
+    std::shared_ptr<Conversation> c;
+    ASSERT_TRUE(b->OpenConversation("d", &c).ok());
+    std::vector<int32_t> hist;
+    ASSERT_TRUE(b->History("d", &hist).ok());
+    EXPECT_EQ(hist, toks);
+    ASSERT_TRUE(c->Decode(next.data(), int(next.size()), false).ok());
+    EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), want);
+    const PoolStats s = b->Stats();
+    EXPECT_GE(s.remote.damaged, 1u);
+    EXPECT_EQ(s.recomputed, 1u);  // the conversation's tokens computed again
+  }
+  // A damaged manifest: a miss (a new conversation), never a wrong one.
+  std::unique_ptr<RemoteKv> fix = redis.Client();
+  std::string bad = *manifest[0];
+  bad[bad.size() - 100] ^= 0x20;
+  ASSERT_TRUE(fix->Put(names->ManifestKey("d"), bad, 0, false).ok());
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b4-m"), redis.Url()), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("d", &c).ok());
+  EXPECT_EQ(c->n_tokens(), 0);
+  EXPECT_EQ(b->Stats().remote.damaged, 1u);
+}
+
+TEST(RemoteTier, RedisDownThePoolGoesOnLocallyAndCatchesUpWhenBack) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  const int port = redis.port();
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, 2 * T + 9, 4);
+  std::unique_ptr<Pool> a;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("a5"), redis.Url()), &a).ok());
+  EXPECT_FALSE(a->Stats().remote.degraded);
+  redis.Stop();
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(a->OpenConversation("down", &c).ok());  // the lookup fails: a new conversation
+  ASSERT_TRUE(c->Decode(toks.data(), int(toks.size()), false).ok());
+  ASSERT_TRUE(c->Commit().ok());
+  Status st = a->FlushRemote();
+  EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+  PoolStats s = a->Stats();
+  EXPECT_TRUE(s.remote.degraded);
+  EXPECT_EQ(s.remote.pending, 1);
+  EXPECT_EQ(s.persists, 1u);  // the local tier is not held back
+  EXPECT_FALSE(s.remote.last_error.empty());
+  // Back (same port, empty): the write-behind catches up.
+  ASSERT_TRUE(redis.Start(port));
+  st = a->FlushRemote();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  s = a->Stats();
+  EXPECT_FALSE(s.remote.degraded);
+  EXPECT_EQ(s.remote.pending, 0);
+  EXPECT_EQ(s.remote.manifests_written, 1u);
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b5"), redis.Url()), &b).ok());
+  std::shared_ptr<Conversation> cb;
+  ASSERT_TRUE(b->OpenConversation("down", &cb).ok());
+  EXPECT_EQ(cb->n_tokens(), int(toks.size()));
+}
+
+TEST(RemoteTier, DeletedConversationIsNotBroughtBack) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, T + 9, 5);
+  std::unique_ptr<Pool> a;
+  Serve(m.get(), Opts(FreshDir("a6"), redis.Url()), "gone", toks, &a);
+  ASSERT_TRUE(a->Delete("gone").ok());
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b6"), redis.Url()), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("gone", &c).ok());
+  EXPECT_EQ(c->n_tokens(), 0);
+}
+
+TEST(RemoteTier, AclUserWithThePasswordFromAFile) {
+  NEED_REDIS();
+  RedisServer redis;
+  // The default user off: only ACL user mz with its password gets in.
+  ASSERT_TRUE(redis.Start(0, {"--user", "default", "off", "--user", "mz", "on", ">s3cret-pw", "~*", "&*", "+@all"}));
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::string dir = FreshDir("acl");
+  std::filesystem::create_directories(dir);
+  const std::string pw = dir + "/pw";
+  ASSERT_TRUE(Env::Default()->WriteSmallFile(pw, "s3cret-pw\n", true).ok());
+  const std::string url = "redis://mz@127.0.0.1:" + std::to_string(redis.port());
+  PoolOptions o = Opts(dir + "/pool", url);
+  o.remote.password_file = pw;
+  const std::vector<int32_t> toks = Tokens(0, T + 3, 6);
+  Serve(m.get(), o, "acl", toks);
+  // A wrong password: degraded, never an error of the pool.
+  ASSERT_TRUE(Env::Default()->WriteSmallFile(pw, "wrong\n", true).ok());
+  o.dir = dir + "/pool2";
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &p).ok());
+  const PoolStats s = p->Stats();
+  EXPECT_TRUE(s.remote.degraded);
+  EXPECT_NE(s.remote.last_error.find("AUTH"), std::string::npos) << s.remote.last_error;
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(p->OpenConversation("acl", &c).ok());
+  EXPECT_EQ(c->n_tokens(), 0);  // not fetched: a new conversation
+}
+
+TEST(RemoteTier, UnreadablePasswordFileAndTlsFailTheOpen) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  PoolOptions o = Opts(FreshDir("pw"), "redis://mz@127.0.0.1:1");
+  o.remote.password_file = FreshDir("no-such-password-file");
+  std::unique_ptr<Pool> p;
+  Status st = Pool::Open(m.get(), o, &p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("password file"), std::string::npos) << st.ToString();
+  o.remote.password_file.clear();
+  o.remote.url = "rediss://127.0.0.1:6380";
+  st = Pool::Open(m.get(), o, &p);
+  EXPECT_EQ(st.code(), Status::kUnsupported) << st.ToString();
+  // Down at start is not an error: a degraded tier.
+  if (!HaveHiredis()) GTEST_SKIP() << "this build has no hiredis (apt-get install libhiredis-dev)";
+  o.remote.url = "redis://127.0.0.1:1";
+  ASSERT_TRUE(Pool::Open(m.get(), o, &p).ok());
+  EXPECT_TRUE(p->Stats().remote.degraded);
+}
+
+// Through the fault-injecting fake (no Redis): conversations generated on four threads at once while
+// the store goes down and up under the write-behind (TSan: label concurrency). Once it stays up,
+// every conversation is in the store and another pool reads each back exactly.
+TEST(RemoteTierConcurrency, WritesWhileTheStoreFlapsAllArriveAndReadBackExactly) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  auto fake = std::make_shared<FakeRemoteKv>();
+  auto opts = [&](const std::string& dir) {
+    PoolOptions o = Opts(dir, "");
+    o.remote.store = fake;
+    o.remote.retry_ms = 1;
+    return o;
+  };
+  std::unique_ptr<Pool> a;
+  ASSERT_TRUE(Pool::Open(m.get(), opts(FreshDir("flap-a")), &a).ok());
+  constexpr int kConvs = 4;
+  std::vector<std::vector<int32_t>> toks;
+  for (int i = 0; i < kConvs; ++i) toks.push_back(Tokens(T, 2 * T + 7 * i + 1, 10 + i));
+  std::atomic<bool> done{false};
+  std::thread flapper([&] {
+    for (int k = 0; !done.load(); ++k) {
+      fake->SetDown(k % 2 == 0);
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> th;
+  std::vector<Status> result(kConvs);
+  for (int i = 0; i < kConvs; ++i)
+    th.emplace_back([&, i] {
+      std::shared_ptr<Conversation> c;
+      Status st = a->OpenConversation("f" + std::to_string(i), &c);
+      if (st.ok()) st = c->Decode(toks[size_t(i)].data(), int(toks[size_t(i)].size()), false);
+      if (st.ok()) st = c->Commit();
+      result[size_t(i)] = st;
+    });
+  for (auto& t : th) t.join();
+  done = true;
+  flapper.join();
+  for (const Status& st : result) ASSERT_TRUE(st.ok()) << st.ToString();
+  fake->SetDown(false);
+  Status st = a->FlushRemote();
+  if (!st.ok()) st = a->FlushRemote();  // a pass that began while it was down
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(a->Stats().remote.pending, 0);
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), opts(FreshDir("flap-b")), &b).ok());
+  const int32_t next = 77;
+  const int nv = int(m->hparams().n_vocab);
+  for (int i = 0; i < kConvs; ++i) {
+    SCOPED_TRACE(i);
+    const std::string id = "f" + std::to_string(i);
+    std::shared_ptr<Conversation> ca, cb;
+    ASSERT_TRUE(b->OpenConversation(id, &cb).ok());
+    ASSERT_EQ(cb->n_tokens(), int(toks[size_t(i)].size()));
+    ASSERT_TRUE(a->OpenConversation(id, &ca).ok());
+    ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+    ASSERT_TRUE(cb->Decode(&next, 1, false).ok());
+    EXPECT_EQ(Row(cb->logits(0), nv), Row(ca->logits(0), nv));
+  }
+  // Three new conversations at once on a third pool, each starting with the shared chunk: each
+  // reuses it (from the store, or from another of them once it holds it), none computes it.
+  std::unique_ptr<Pool> c3;
+  ASSERT_TRUE(Pool::Open(m.get(), opts(FreshDir("flap-c")), &c3).ok());
+  std::vector<std::thread> nt;
+  std::vector<Status> nres(3);
+  for (int i = 0; i < 3; ++i)
+    nt.emplace_back([&, i] {
+      std::vector<int32_t> q(toks[0].begin(), toks[0].begin() + T);
+      for (int k = 0; k < 10; ++k) q.push_back(500 + 10 * i + k);
+      std::shared_ptr<Conversation> c;
+      Status st = c3->OpenConversation("n" + std::to_string(i), &c);
+      if (st.ok()) st = c->Decode(q.data(), int(q.size()), false);
+      nres[size_t(i)] = st;
+    });
+  for (auto& t : nt) t.join();
+  for (const Status& st : nres) ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(c3->Stats().prefix_chunks_reused, 3u);
+  // The shared first chunk is stored once.
+  uint64_t keys = 0, bytes = 0;
+  ASSERT_TRUE(fake->Census("mz:*:k:*", &keys, &bytes).ok());
+  EXPECT_EQ(keys, 1u + kConvs);  // the shared chunk + each one's own second chunk
+}
+
+}  // namespace
+}  // namespace mz
