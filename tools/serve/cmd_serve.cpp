@@ -40,12 +40,16 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   auto* c = app.add_subcommand("serve",
                                "OpenAI-compatible HTTP server over a pool: gives memory back under pressure and never "
                                "forgets a conversation (docs/server.md)");
-  c->add_option("-m,--model", a->model, "GGUF to serve (default: the synthesized Qwen3-0.6B)");
+  c->add_option("-m,--model", a->models,
+                "GGUF to serve; repeat for several models sharing --memory-budget, each named by its file's stem "
+                "and picked by a request's \"model\" (default: the synthesized Qwen3-0.6B)");
+  c->add_option("--models-dir", a->models_dir, "serve every .gguf file of this folder too (as -m for each)");
   c->add_option("--host", a->host, "address to bind (default 127.0.0.1; another needs an API key)");
   c->add_option("--port", a->port, "port (default 8080; 0: any free port, printed)");
   c->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (default: $MZ_API_KEY; none on loopback)");
-  c->add_option("--pool-dir", a->dir, "folder of the stored conversations (default <cache>/server)");
-  c->add_option("--alias", a->alias, "model id reported to clients (default: the GGUF file's name)");
+  c->add_option("--pool-dir", a->dir,
+                "folder of the stored conversations (default <cache>/server; with several models, each in <dir>/<name>/)");
+  c->add_option("--alias", a->alias, "model id reported to clients, with one model (default: the GGUF file's stem)");
   c->add_option("-t,--threads", a->threads, "compute threads per turn (default 2)")->check(CLI::Range(1, 512));
   c->add_option("-c,--ctx", a->n_ctx, "tokens per conversation, prompt and reply (default 8192)")->check(CLI::Range(64, 1 << 20));
   c->add_option("--parallel", a->parallel, "turns generating at once, batched in one forward pass (default 8; more wait)")
@@ -60,7 +64,7 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
       ->check(CLI::Range(0.0, 1000.0));
   c->add_option("--queue", a->queue, "requests waiting for a turn before 503 (default 64)")->check(CLI::Range(0, 100000));
   c->add_option("--max-tokens", a->max_tokens, "most tokens of a reply (default 1024; a request may ask fewer)")->check(CLI::Range(1, 1 << 20));
-  c->add_option("--memory-budget", a->memory_budget_mib, "MiB of RAM for weights and every conversation (default 0: none; pressure still applies)");
+  c->add_option("--memory-budget", a->memory_budget_mib, "MiB of RAM for weights and every conversation, of every model together (default 0: none; pressure still applies)");
   c->add_option("--disk-budget", a->disk_budget_mib, "MiB of stored conversations; beyond it the least recently used are deleted and counted (default 8192; 0: none)");
   c->add_option("--max-body", a->max_body_kib, "largest request body in KiB (default 1024; larger: 413)")->check(CLI::Range(1, 1 << 20));
   c->add_option("--timeout", a->read_timeout_s, "seconds a client may stay silent while sending or receiving (default 10)")->check(CLI::Range(1, 3600));
