@@ -17,7 +17,8 @@
 #   4. kill -9 while a model comes back (a turn of the idle model in flight) and restart: every
 #      conversation of both models is listed again with its model, and both continue exactly;
 #   5. a model whose file changed on disk (touched: its mtime) is refused (409 model_changed naming
-#      the file), nothing served from it; the other model still answers;
+#      the file), nothing served from it; the other model still answers; the official openai client
+#      lists the models, gets the 400 for an unknown one, and does not retry the 409;
 #   6. `mzcache chat -m A -m B`: /model NAME switches between turns, each model keeps its
 #      conversation (also in a second run), an unknown name is refused with the known ones.
 set -euo pipefail
@@ -163,8 +164,48 @@ touch -d '2001-01-01' "$A"
 call POST /v1/chat/completions "{\"model\":\"$NA\",\"messages\":$U1,\"max_tokens\":4}"; expect 409 "changed model"
 [ "$(jq_ 'd["error"]["code"]')" = model_changed ] && grep -q "qwen-a.gguf" "$W/resp" || fail "changed model: $(cat "$W/resp")"
 [ "$(turn "$NB" lb "$UB2")" = "$RB2" ] || fail "the unchanged model stopped answering"
-stop
 ok "a model whose file changed is refused (409 model_changed naming the file); the other still answers"
+# The official openai client (installed into the deps cache once, as check_serve.sh does): the
+# models listed, the 400 for an unknown model, an answer naming its model, and the 409 not retried
+# (x-should-retry: false) although the client retries 409s by default: one request reaches the server.
+OPENAI_VERSION=6.49.0
+NPM_DIR=${MZ_DEPS_CACHE:-$HOME/.cache/mzcache}/npm/openai-$OPENAI_VERSION
+if [ ! -f "$NPM_DIR/node_modules/openai/package.json" ]; then
+  mkdir -p "$NPM_DIR"
+  (cd "$NPM_DIR" && npm install --silent --no-audit --no-fund "openai@$OPENAI_VERSION" >/dev/null) || fail "npm install openai@$OPENAI_VERSION"
+fi
+cat >"$W/models.mjs" <<'JS'
+import { createRequire } from 'node:module';
+import { pathToFileURL } from 'node:url';
+const [base, pkgDir, A, B] = process.argv.slice(2);
+const require = createRequire(import.meta.url);
+const mod = await import(pathToFileURL(require.resolve('openai', { paths: [pkgDir] })).href);
+const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 2, timeout: 60000 });
+const die = (what) => { console.error(`FAILED: ${what}`); process.exit(1); };
+const ids = [];
+for await (const m of client.models.list()) ids.push(m.id);
+if (ids.join(',') !== `${A},${B}`) die(`models.list: ${ids}`);
+const messages = [{ role: 'user', content: 'Hi' }];
+const refused = async (model) => {
+  try { await client.chat.completions.create({ model, messages, max_tokens: 4 }); } catch (e) { return e; }
+  die(`model ${model} answered`);
+};
+const e400 = await refused('nope');
+if (e400.status !== 400 || e400.param !== 'model' || !String(e400.message).includes('nope')) die(`unknown model: ${e400}`);
+const r = await client.chat.completions.create({ model: B, messages, max_tokens: 4, temperature: 0 });
+if (r.model !== B || !r.choices[0].message.content) die(`${B}: ${JSON.stringify(r)}`);
+const requests = async () => Number((await (await fetch(`${base}/metrics`)).text()).match(/^mzcache_requests_total (\d+)/m)[1]);
+const before = await requests();
+const e409 = await refused(A);
+if (e409.status !== 409 || e409.code !== 'model_changed') die(`changed model: ${e409.status} ${e409.code}`);
+const sent = (await requests()) - before;
+if (sent !== 1) die(`the 409 was sent ${sent} times (retried)`);
+console.log('openai client: ok');
+JS
+node "$W/models.mjs" "http://127.0.0.1:$PORT" "$NPM_DIR" "$NA" "$NB" || fail "the openai client"
+stop
+ok "openai@$OPENAI_VERSION client: models listed, 400 for an unknown model, the 409 not retried"
 
 # --- 6. chat -m A -m B: /model switches, each model keeps its conversation
 cp "$MODELS/tiny-qwen3-q8_0.gguf" "$A"  # a fresh file (section 5 changed it)
