@@ -1,5 +1,6 @@
 // `mzcache serve`: an OpenAI-compatible HTTP server over a pool (one model, many conversations, one
-// memory budget), built on the public C API only (include/mzcache.h).
+// memory budget; or several models, a pool each, sharing one memory budget: tools/serve/models.h),
+// built on the public C API only (include/mzcache.h).
 //
 // What it promises (docs/server.md):
 //   - Memory goes back to the system under pressure (the pool's pressure watch: idle
@@ -10,7 +11,7 @@
 //     or $MZ_API_KEY), and with a key every endpoint but /health needs "Authorization: Bearer KEY".
 //     Bodies are limited (--max-body), nesting is limited before parsing, every bad request is a
 //     400 with OpenAI's error object, and no request names a file (conversation ids are checked
-//     against the pool's rule; the model is the one loaded).
+//     against the pool's rule; a request's model is a name among those loaded, never a path).
 //
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (stream
 // or not); mzcache's own: GET /v1/mzcache/pool (pool report and conversations), POST
