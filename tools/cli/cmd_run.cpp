@@ -686,6 +686,9 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
     if (ca->models.size() > 1) {
       Status st = ParseCtx(*ca);
       if (st.ok() && ca->n_ctx == 0) st = Status::InvalidArgument("--ctx auto is not supported with several -m");
+      if (st.ok() && (pa->watch->count() > 0 || !ca->session.empty()))
+        st = Status::InvalidArgument("--watch-pressure and --session are for one model (several -m keep each model's "
+                                     "conversation in its pool: --pool-dir, --conversation)");
       if (!st.ok()) return Fail(st);
       return RunModelsChat(ca->models, cv->dir, cv->name, ca->threads, ca->n_ctx, ca->n_predict, cv->budget_mib,
                            ca->temp, ca->top_k, ca->top_p, ca->seed);
