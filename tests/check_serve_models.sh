@@ -8,7 +8,8 @@
 #      greedy turns of its conversation; a one-model server still accepts any "model" name;
 #   2. two models in one server with a budget of about one and a half models: GET /v1/models lists
 #      both; an unknown model is a 400 naming it and the known ones; another model's conversation is
-#      a 400 naming its model; duplicate names are refused at start;
+#      a 400 naming its model; duplicate names are refused at start; --models-dir serves every GGUF
+#      of a folder, an empty one is refused;
 #   3. turns alternating between the models answer exactly what each model alone answered (greedy,
 #      lossless codecs), the idle model's weights were given back (dropped > 0 in /v1/mzcache/pool)
 #      and came back for its next turn; /metrics has mzcache_model_weights_bytes for each model and
@@ -89,6 +90,20 @@ set +e
 rc=$?
 set -e
 [ "$rc" = 2 ] && grep -q "two models named 'qwen-a'" "$W/dup.log" || fail "duplicate model names not refused (rc $rc): $(cat "$W/dup.log")"
+mkdir -p "$W/empty" "$W/dir"
+set +e
+"$CLI" serve --models-dir "$W/empty" --port 0 --pool-dir "$W/dup" >"$W/empty.log" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "holds no .gguf file" "$W/empty.log" || fail "an empty --models-dir not refused (rc $rc): $(cat "$W/empty.log")"
+ln -s "$B" "$W/dir/$NB.gguf"
+ln -s "$A" "$W/dir/$NA.gguf"
+echo notes >"$W/dir/README.txt"
+start "$W/dirpool" --models-dir "$W/dir"
+call GET /v1/models; expect 200 "models of --models-dir"
+[ "$(jq_ '",".join(m["id"] for m in d["data"])')" = "$NA,$NB" ] || fail "--models-dir: $(cat "$W/resp")"
+stop
+ok "--models-dir serves every .gguf of the folder (sorted), an empty one is refused"
 SA=$(stat -c %s "$A") SB=$(stat -c %s "$B")
 BUDGET=$(( (SB + SA / 2) >> 20 ))
 [ "$SA" -gt "$SB" ] && BUDGET=$(( (SA + SB / 2) >> 20 ))
