@@ -104,7 +104,7 @@ call GET /v1/models; expect 200 "models of --models-dir"
 [ "$(jq_ '",".join(m["id"] for m in d["data"])')" = "$NA,$NB" ] || fail "--models-dir: $(cat "$W/resp")"
 stop
 ok "--models-dir serves every .gguf of the folder (sorted), an empty one is refused"
-SA=$(stat -c %s "$A") SB=$(stat -c %s "$B")
+SA=$(stat -L -c %s "$A") SB=$(stat -L -c %s "$B")
 BUDGET=$(( (SB + SA / 2) >> 20 ))
 [ "$SA" -gt "$SB" ] && BUDGET=$(( (SA + SB / 2) >> 20 ))
 start "$W/pool" -m "$A" -m "$B" --memory-budget "$BUDGET"
