@@ -4,7 +4,8 @@
 //
 // One concern per file: server.cpp (admission, turns, the pool report, start and stop),
 // routes.cpp (the HTTP endpoints), resources.cpp (metrics, tokenize, props, conversations as
-// resources, CORS and the readiness gate), cmd_serve.cpp (the command line). Thread-safety: the handlers
+// resources, CORS and the readiness gate), models.{h,cpp} (the models served: a pool each, one shared
+// budget), cmd_serve.cpp (the command line). Thread-safety: the handlers
 // run on httplib's worker threads; the Server's members are either set before answering (a_,
 // models_: filled by Load before ready_) or synchronized themselves (each model's router, slots_,
 // the counters).
