@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The web page of `mzcache serve` in a real browser (tests/serve_page.mjs says what it checks):
+# The web page of `mzcache serve` in a real browser (tests/serve_page.mjs says what it checks; then
+# tests/serve_page_models.mjs with two models):
 # Debian's chromium (installed with apt-get when missing and this runs as root) driven by the npm
 # package puppeteer-core (pinned; installed once into the cache, no browser download).
 # Usage: check_serve_page.sh MZCACHE_CLI MODEL.gguf WORK_DIR [--screenshot PATH]
@@ -61,5 +62,17 @@ HOME="$W" node "$HERE/serve_page.mjs" "http://127.0.0.1:$PORT" "$KEY" "$NPM_DIR"
   fail "the page in chromium (above)"
 kill -TERM "$PID"
 wait "$PID" || fail "the server did not stop cleanly (exit $?)"
+PID=
+# Two models (issue 45; tests/serve_page_models.mjs): the model picker and the weights bar per model.
+MODEL2=$(dirname "$MODEL")/tiny-llama-q8_0.gguf
+rm -f "$W/port"
+"$CLI" serve -m "$MODEL" -m "$MODEL2" --port 0 --port-file "$W/port" --pool-dir "$W/pool2" --persist-codec none \
+  --kv-codec none -c 512 --max-tokens 8 -t 1 --no-watch-pressure >>"$W/server.log" 2>&1 &
+PID=$!
+wait_port
+HOME="$W" node "$HERE/serve_page_models.mjs" "http://127.0.0.1:$PORT" "$NPM_DIR" "$CHROMIUM" ||
+  fail "the page with two models in chromium (above)"
+kill -TERM "$PID"
+wait "$PID" || fail "the two-model server did not stop cleanly (exit $?)"
 PID=
 echo "check_serve_page: ok"

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "tools/cli/c_api_text.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "tools/serve/models.h"
 
 namespace mz::cli {
 namespace {
@@ -119,64 +121,56 @@ int OpenPool(PoolArgs& a, Handles* h) {
   return 0;
 }
 
-int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float top_p, uint32_t seed) {
-  Handles h;
-  if (int rc = OpenPool(a, &h)) return rc;
+// One conversation of a pool as the chat holds it: its handle, its messages (the sidecar) and the
+// templated text its KV holds.
+struct ChatConv {
+  mz_model* model = nullptr;
+  mz_pool* pool = nullptr;
+  std::string id, side;
   mz_conversation* conv = nullptr;
-  if (int rc = mz_pool_open(h.pool, id.c_str(), &conv)) return CFail("opening conversation " + id, rc);
-  std::unique_ptr<mz_conversation, void (*)(mz_conversation*)> conv_guard(conv, mz_conversation_release);
-  const std::string side = SidecarPath(a.dir, id);
-  std::vector<Message> msgs = LoadSidecar(side);
-  // Keep the messages the stored conversation holds; cut the KV back to the last whole message.
-  const int held = mz_conversation_n_tokens(conv);
-  while (!msgs.empty() && msgs.back().end_tokens > held) msgs.pop_back();
-  const int keep = msgs.empty() ? 0 : msgs.back().end_tokens;
-  if (held > keep) {
-    if (held > 0 && msgs.empty())
-      std::fprintf(stderr, "[conversation %s holds %d tokens without their text: starting it again]\n", id.c_str(), held);
-    mz_conversation_truncate(conv, keep);
-  }
+  std::vector<Message> msgs;
   std::string prev;  // the templated text the conversation holds ("" when the template fails)
-  if (!msgs.empty()) ApplyChatTemplate(h.model, msgs, false, &prev);
-  std::fprintf(stderr, "[conversation %s in %s: %d tokens, %zu messages; commands: /memory, /list, /quit]\n", id.c_str(),
-               a.dir.c_str(), keep, msgs.size());
-  mz_sampler_params sp = mz_sampler_default_params();
-  sp.temperature = temp;
-  sp.top_k = top_k;
-  sp.top_p = top_p;
-  sp.seed = seed;
-  std::unique_ptr<mz_sampler, void (*)(mz_sampler*)> sampler(mz_sampler_new(&sp), mz_sampler_free);
-  if (!sampler) return CFail("sampler", MZ_ERR_INVALID_ARG);
-  std::string line;
-  while (true) {
-    std::fprintf(stderr, "> ");
-    if (!std::getline(std::cin, line) || line == "/quit" || line == "/exit") break;
-    if (line.empty()) continue;
-    if (line == "/memory" || line == "/list") {
-      mz_conversation_report r;
-      if (line == "/memory" && mz_pool_conversation_report(h.pool, id.c_str(), &r) == MZ_OK) PrintConversation(r);
-      if (line == "/list") {
-        std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(h.pool, nullptr, 0))));
-        mz_pool_list(h.pool, all.data(), int32_t(all.size()));
-        for (const auto& x : all) PrintConversation(x);
-      }
-      mz_pool_report pr;
-      if (mz_pool_get_report(h.pool, &pr) == MZ_OK)
-        std::fprintf(stderr, "  pool: %d conversations (%d open), in memory %s (weights %s of %s), stored %s, lost %llu\n",
-                     int(pr.n_conversations), int(pr.n_open), MibText(pr.in_memory).c_str(), MibText(pr.weights_resident).c_str(),
-                     MibText(pr.weights_total).c_str(), MibText(pr.stored_bytes).c_str(), (unsigned long long)pr.conversations_lost);
-      continue;
+  ChatConv() = default;
+  ChatConv(const ChatConv&) = delete;
+  ChatConv& operator=(const ChatConv&) = delete;
+  ~ChatConv() {
+    if (conv) mz_conversation_release(conv);
+  }
+  // Opens conversation id of pool (in dir) and its sidecar; cuts the KV back to the last whole
+  // message. 0, or the exit code after printing why.
+  int Open(mz_model* m, mz_pool* p, const std::string& dir, const std::string& conv_id) {
+    model = m;
+    pool = p;
+    id = conv_id;
+    if (int rc = mz_pool_open(pool, id.c_str(), &conv)) return CFail("opening conversation " + id, rc);
+    side = SidecarPath(dir, id);
+    msgs = LoadSidecar(side);
+    // Keep the messages the stored conversation holds; cut the KV back to the last whole message.
+    const int held = mz_conversation_n_tokens(conv);
+    while (!msgs.empty() && msgs.back().end_tokens > held) msgs.pop_back();
+    const int keep = msgs.empty() ? 0 : msgs.back().end_tokens;
+    if (held > keep) {
+      if (held > 0 && msgs.empty())
+        std::fprintf(stderr, "[conversation %s holds %d tokens without their text: starting it again]\n", id.c_str(), held);
+      mz_conversation_truncate(conv, keep);
     }
+    if (!msgs.empty()) ApplyChatTemplate(model, msgs, false, &prev);
+    return 0;
+  }
+  int tokens() const { return msgs.empty() ? 0 : msgs.back().end_tokens; }
+  // One user turn: the reply streamed to stdout, committed (persisted in the background) with its
+  // sidecar. A failure is printed and the turn dropped (the conversation stays as it was).
+  void Turn(const std::string& line, mz_sampler* sampler, int n_predict) {
     msgs.push_back({"user", line, 0});
     std::string full;
-    const bool templated = ApplyChatTemplate(h.model, msgs, true, &full) == MZ_OK && !full.empty();
+    const bool templated = ApplyChatTemplate(model, msgs, true, &full) == MZ_OK && !full.empty();
     const std::string delta = full.compare(0, prev.size(), prev) == 0 ? full.substr(prev.size()) : full;
     std::vector<mz_token> toks;
-    if (!templated || TokenizeText(h.model, delta, mz_conversation_n_tokens(conv) == 0, true, &toks) != MZ_OK ||
+    if (!templated || TokenizeText(model, delta, mz_conversation_n_tokens(conv) == 0, true, &toks) != MZ_OK ||
         toks.empty()) {
       std::fprintf(stderr, "error: the chat template or tokenizer failed: %s\n", mz_last_error());
       msgs.pop_back();
-      continue;
+      return;
     }
     const int before = mz_conversation_n_tokens(conv);
     mz_restore_stats rs;
@@ -184,16 +178,16 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
       std::fprintf(stderr, "error: %s (conversation kept up to the previous turn)\n", mz_last_error());
       mz_conversation_truncate(conv, before);
       msgs.pop_back();
-      continue;
+      return;
     }
     msgs.back().end_tokens = mz_conversation_n_tokens(conv);
     std::string reply;
     int n_gen = 0;
     bool ok = true;
-    for (; n_gen < a.n_predict; ++n_gen) {
-      const mz_token t = mz_conversation_sample(conv, sampler.get(), 0);
-      if (t < 0 || mz_token_is_eog(h.model, t)) break;
-      const std::string piece = TokenPiece(h.model, t);
+    for (; n_gen < n_predict; ++n_gen) {
+      const mz_token t = mz_conversation_sample(conv, sampler, 0);
+      if (t < 0 || mz_token_is_eog(model, t)) break;
+      const std::string piece = TokenPiece(model, t);
       if (!piece.empty()) {
         reply += piece;
         std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -211,20 +205,173 @@ int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float
     if (!ok) {
       mz_conversation_truncate(conv, before);
       msgs.pop_back();
-      continue;
+      return;
     }
     msgs.push_back({"assistant", reply, 0});
     std::string closed;  // "" when the template fails: then no tail is fed
-    ApplyChatTemplate(h.model, msgs, false, &closed);
+    ApplyChatTemplate(model, msgs, false, &closed);
     const std::string tail = closed.size() > full.size() + reply.size() ? closed.substr(full.size() + reply.size()) : "";
     std::vector<mz_token> tail_toks;
-    if (!tail.empty() && TokenizeText(h.model, tail, false, true, &tail_toks) == MZ_OK && !tail_toks.empty())
+    if (!tail.empty() && TokenizeText(model, tail, false, true, &tail_toks) == MZ_OK && !tail_toks.empty())
       mz_conversation_decode(conv, tail_toks.data(), int32_t(tail_toks.size()), false);
     msgs.back().end_tokens = mz_conversation_n_tokens(conv);
     prev = closed;
     if (mz_conversation_commit(conv) != MZ_OK) std::fprintf(stderr, "warning: not persisted: %s\n", mz_last_error());
     SaveSidecar(side, msgs);
   }
+};
+
+void PrintPool(mz_pool* pool) {
+  mz_pool_report pr;
+  if (mz_pool_get_report(pool, &pr) == MZ_OK)
+    std::fprintf(stderr, "  pool: %d conversations (%d open), in memory %s (weights %s of %s), stored %s, lost %llu\n",
+                 int(pr.n_conversations), int(pr.n_open), MibText(pr.in_memory).c_str(), MibText(pr.weights_resident).c_str(),
+                 MibText(pr.weights_total).c_str(), MibText(pr.stored_bytes).c_str(), (unsigned long long)pr.conversations_lost);
+}
+
+void PrintList(mz_pool* pool) {
+  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool, nullptr, 0))));
+  mz_pool_list(pool, all.data(), int32_t(all.size()));
+  for (const auto& x : all) PrintConversation(x);
+}
+
+std::unique_ptr<mz_sampler, void (*)(mz_sampler*)> NewSampler(float temp, int top_k, float top_p, uint32_t seed) {
+  mz_sampler_params sp = mz_sampler_default_params();
+  sp.temperature = temp;
+  sp.top_k = top_k;
+  sp.top_p = top_p;
+  sp.seed = seed;
+  return {mz_sampler_new(&sp), mz_sampler_free};
+}
+
+int RunPoolChat(PoolArgs& a, const std::string& id, float temp, int top_k, float top_p, uint32_t seed) {
+  Handles h;
+  if (int rc = OpenPool(a, &h)) return rc;
+  ChatConv c;
+  if (int rc = c.Open(h.model, h.pool, a.dir, id)) return rc;
+  std::fprintf(stderr, "[conversation %s in %s: %d tokens, %zu messages; commands: /memory, /list, /quit]\n", id.c_str(),
+               a.dir.c_str(), c.tokens(), c.msgs.size());
+  auto sampler = NewSampler(temp, top_k, top_p, seed);
+  if (!sampler) return CFail("sampler", MZ_ERR_INVALID_ARG);
+  std::string line;
+  while (true) {
+    std::fprintf(stderr, "> ");
+    if (!std::getline(std::cin, line) || line == "/quit" || line == "/exit") break;
+    if (line.empty()) continue;
+    if (line == "/memory" || line == "/list") {
+      mz_conversation_report r;
+      if (line == "/memory" && mz_pool_conversation_report(h.pool, id.c_str(), &r) == MZ_OK) PrintConversation(r);
+      if (line == "/list") PrintList(h.pool);
+      PrintPool(h.pool);
+      continue;
+    }
+    c.Turn(line, sampler.get(), a.n_predict);
+  }
+  return 0;
+}
+
+// Several models, one memory budget (issue 45): a pool per model in <dir>/<name>/ sharing one
+// mz_budget (tools/serve/models.h), conversation id in each; /model NAME switches between turns,
+// each model keeping its conversation (idle models give their memory back first; a model's
+// weights come back front layers first with its next turn's prefill).
+int ModelsChat(const std::vector<std::string>& paths, PoolArgs& a, const std::string& id, float temp, int top_k,
+                  float top_p, uint32_t seed) {
+  std::vector<serve::ModelSpec> specs;
+  std::string why;
+  if (!serve::ListModels(paths, "", &specs, &why)) {
+    std::fprintf(stderr, "error: %s\n", why.c_str());
+    return 2;
+  }
+  if (a.dir.empty()) a.dir = DefaultDir();
+  serve::ModelSet set;
+  if (int rc = set.ShareBudget(a.memory_budget_mib << 20)) return CFail("creating the shared memory budget", rc);
+  mz_context_params cp = mz_context_default_params();
+  cp.n_ctx = uint32_t(a.n_ctx);
+  cp.n_threads = a.threads;
+  mz_pool_params pp = mz_pool_default_params();
+  pp.context = &cp;
+  pp.persist_codec = a.persist_codec.c_str();
+  std::vector<std::unique_ptr<ChatConv>> convs;
+  for (const serve::ModelSpec& spec : specs) {
+    const std::string dir = a.dir + "/" + spec.name;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    serve::ServedModel* m = nullptr;
+    std::string what;
+    if (int rc = set.Add(spec, dir, pp, nullptr, &m, &what)) return CFail(what, rc);
+    char buf[1024];
+    for (int32_t i = 0; mz_pool_damaged(m->pool, i, buf, sizeof buf) >= 0; ++i)
+      std::fprintf(stderr, "warning: damaged, skipped: %s\n", buf);
+    convs.push_back(std::make_unique<ChatConv>());
+    if (int rc = convs.back()->Open(m->model, m->pool, dir, id)) return rc;
+  }
+  size_t cur = 0;
+  auto print_models = [&] {
+    for (size_t k = 0; k < set.size(); ++k) {
+      mz_pool_weights_report w{};
+      mz_pool_get_weights_report(set.at(k).pool, &w);
+      std::fprintf(stderr, "  %s %-24s %4d tokens  weights %s resident, %s given back (%s of it in the page cache)\n",
+                   k == cur ? "*" : " ", set.at(k).name.c_str(), convs[k]->tokens(), MibText(w.resident).c_str(),
+                   MibText(w.dropped).c_str(), MibText(w.dropped_cached).c_str());
+    }
+    mz_budget_report b{};
+    if (mz_budget_get_report(set.budget(), &b) == MZ_OK)
+      std::fprintf(stderr, "  budget %s, in memory %s; given back %s (idle models' KV %s, their weights %s)\n",
+                   b.memory_budget ? MibText(b.memory_budget).c_str() : "none", MibText(b.in_memory).c_str(),
+                   MibText(b.bytes_evicted).c_str(), MibText(b.idle_model_kv_bytes).c_str(),
+                   MibText(b.idle_model_weight_bytes).c_str());
+  };
+  std::fprintf(stderr,
+               "[%zu models sharing one memory budget, conversation %s in each (%s/<model>); talking to %s. Commands: "
+               "/model NAME, /models, /memory, /list, /quit]\n",
+               set.size(), id.c_str(), a.dir.c_str(), set.front().name.c_str());
+  print_models();
+  auto sampler = NewSampler(temp, top_k, top_p, seed);
+  if (!sampler) return CFail("sampler", MZ_ERR_INVALID_ARG);
+  std::string line;
+  while (true) {
+    std::fprintf(stderr, "%s> ", set.at(cur).name.c_str());
+    if (!std::getline(std::cin, line) || line == "/quit" || line == "/exit") break;
+    if (line.empty()) continue;
+    if (line == "/models") {
+      print_models();
+      continue;
+    }
+    if (line.rfind("/model", 0) == 0 && (line.size() == 6 || line[6] == ' ')) {
+      std::string name = line.size() > 7 ? line.substr(7) : "";
+      while (!name.empty() && name.back() == ' ') name.pop_back();
+      serve::ServedModel* m = name.empty() ? nullptr : set.Find(name);
+      if (!m) {
+        std::fprintf(stderr, "usage: /model NAME (one of: %s)\n", set.Names().c_str());
+        continue;
+      }
+      for (size_t k = 0; k < set.size(); ++k)
+        if (&set.at(k) == m) cur = k;
+      std::fprintf(stderr, "[now %s: conversation %s, %d tokens, %zu messages]\n", m->name.c_str(), id.c_str(),
+                   convs[cur]->tokens(), convs[cur]->msgs.size());
+      continue;
+    }
+    mz_pool* pool = set.at(cur).pool;
+    if (line == "/memory" || line == "/list") {
+      mz_conversation_report r;
+      if (line == "/memory" && mz_pool_conversation_report(pool, id.c_str(), &r) == MZ_OK) PrintConversation(r);
+      if (line == "/list") PrintList(pool);
+      PrintPool(pool);
+      continue;
+    }
+    if (line[0] == '/') {
+      std::fprintf(stderr, "unknown command %s (/model NAME, /models, /memory, /list, /quit)\n", line.c_str());
+      continue;
+    }
+    // The model's file must still be the one loaded: its weights given back are read from it again.
+    if (mz_model_verify_file(set.at(cur).model) != MZ_OK) {
+      std::fprintf(stderr, "error: model %s: %s; restart the chat to use the new file\n", set.at(cur).name.c_str(),
+                   mz_last_error());
+      continue;
+    }
+    convs[cur]->Turn(line, sampler.get(), a.n_predict);
+  }
+  convs.clear();  // the handles go before the pools (set's destructor)
   return 0;
 }
 
@@ -286,6 +433,18 @@ int RunConversationChat(const std::string& model, const std::string& dir, const 
   a.n_predict = n_predict;
   a.memory_budget_mib = memory_budget_mib;
   return RunPoolChat(a, id, temp, top_k, top_p, seed);
+}
+
+int RunModelsChat(const std::vector<std::string>& models, const std::string& dir, const std::string& id, int threads,
+                  int n_ctx, int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p,
+                  uint32_t seed) {
+  PoolArgs a;
+  a.dir = dir;
+  a.threads = threads;
+  a.n_ctx = n_ctx;
+  a.n_predict = n_predict;
+  a.memory_budget_mib = memory_budget_mib;
+  return ModelsChat(models, a, id.empty() ? "chat" : id, temp, top_k, top_p, seed);
 }
 
 }  // namespace mz::cli

@@ -28,6 +28,7 @@ double Now() {
 
 struct GenArgs {
   std::string model;
+  std::vector<std::string> models;  // chat: every -m (two or more: several models, /model NAME)
   std::string prompt = "Once upon a time";
   int n_predict = 32;
   int threads = 2;
@@ -68,8 +69,13 @@ Status ParseCtx(GenArgs& a) {
   return Status::InvalidArgument("--ctx must be a token count in [16, 16777216] or auto, not '" + a.ctx_text + "'");
 }
 
-void AddGenOptions(CLI::App* c, GenArgs& a) {
-  c->add_option("-m,--model", a.model, "GGUF path (default: the synthesized Qwen3-0.6B q8_0, made if missing)");
+void AddGenOptions(CLI::App* c, GenArgs& a, bool several = false) {
+  if (several)
+    c->add_option("-m,--model", a.models,
+                  "GGUF path (default: the synthesized Qwen3-0.6B q8_0, made if missing); repeat for several models "
+                  "sharing --memory-budget, switched with /model NAME between turns");
+  else
+    c->add_option("-m,--model", a.model, "GGUF path (default: the synthesized Qwen3-0.6B q8_0, made if missing)");
   c->add_option("-t,--threads", a.threads,
                 "compute threads (on a big.LITTLE CPU at most the fastest cluster's cores, pinned to them, "
                 "unless --cpus is given)")
@@ -652,8 +658,11 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
 
   auto ca = std::make_shared<GenArgs>();
   auto* chat = app.add_subcommand("chat", "interactive multi-turn chat; the KV cache is kept between turns");
-  AddGenOptions(chat, *ca);
+  AddGenOptions(chat, *ca, /*several=*/true);
   chat->footer(
+      "With several -m (each named by its file's stem): /model NAME switches model between turns, each model\n"
+      "keeping its conversation (--conversation, default 'chat', in <pool-dir>/<name>/), /models shows each\n"
+      "model's weights (resident, given back) and the shared budget, /memory, /list, /quit.\n"
       "Commands in the chat: /memory (with the kernel's view: mincore, smaps, and a warning when mapped\n"
       "weights fell out of the page cache), /memory units (every unit), /evict 40% | 300MiB, /remaining 50%, /restore, /save FILE,\n"
       "/threads (show the compute threads and CPU clusters), /threads N [CPUS] (change them between\n"
@@ -673,10 +682,23 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
   chat->add_option("--conversation", cv->name,
                    "resume or start this named conversation of the pool (kept across runs and crashes; see "
                    "`mzcache conversations`)");
-  chat->add_option("--pool-dir", cv->dir, "the pool's folder for --conversation (default: <cache>/conversations)");
-  chat->add_option("--memory-budget", cv->budget_mib, "with --conversation: the pool's RAM budget in MiB (0: none)");
+  chat->add_option("--pool-dir", cv->dir,
+                   "the pool's folder for --conversation or several -m (default: <cache>/conversations)");
+  chat->add_option("--memory-budget", cv->budget_mib,
+                   "with --conversation or several -m: the RAM budget in MiB, of every model together (0: none)");
   runners.push_back([chat, ca, pa, cv]() -> int {
     if (!chat->parsed()) return -1;
+    if (ca->models.size() > 1) {
+      Status st = ParseCtx(*ca);
+      if (st.ok() && ca->n_ctx == 0) st = Status::InvalidArgument("--ctx auto is not supported with several -m");
+      if (st.ok() && (pa->watch->count() > 0 || !ca->session.empty()))
+        st = Status::InvalidArgument("--watch-pressure and --session are for one model (several -m keep each model's "
+                                     "conversation in its pool: --pool-dir, --conversation)");
+      if (!st.ok()) return Fail(st);
+      return RunModelsChat(ca->models, cv->dir, cv->name, ca->threads, ca->n_ctx, ca->n_predict, cv->budget_mib,
+                           ca->temp, ca->top_k, ca->top_p, ca->seed);
+    }
+    if (ca->models.size() == 1) ca->model = ca->models[0];
     if (!cv->name.empty()) {
       Status st = ParseCtx(*ca);
       if (st.ok() && ca->n_ctx == 0) st = Status::InvalidArgument("--ctx auto is not supported with --conversation");

@@ -1,5 +1,6 @@
 // `mzcache serve`: an OpenAI-compatible HTTP server over a pool (one model, many conversations, one
-// memory budget), built on the public C API only (include/mzcache.h).
+// memory budget; or several models, a pool each, sharing one memory budget: tools/serve/models.h),
+// built on the public C API only (include/mzcache.h).
 //
 // What it promises (docs/server.md):
 //   - Memory goes back to the system under pressure (the pool's pressure watch: idle
@@ -10,7 +11,7 @@
 //     or $MZ_API_KEY), and with a key every endpoint but /health needs "Authorization: Bearer KEY".
 //     Bodies are limited (--max-body), nesting is limited before parsing, every bad request is a
 //     400 with OpenAI's error object, and no request names a file (conversation ids are checked
-//     against the pool's rule; the model is the one loaded).
+//     against the pool's rule; a request's model is a name among those loaded, never a path).
 //
 // Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions (stream
 // or not); mzcache's own: GET /v1/mzcache/pool (pool report and conversations), POST
@@ -40,12 +41,16 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   auto* c = app.add_subcommand("serve",
                                "OpenAI-compatible HTTP server over a pool: gives memory back under pressure and never "
                                "forgets a conversation (docs/server.md)");
-  c->add_option("-m,--model", a->model, "GGUF to serve (default: the synthesized Qwen3-0.6B)");
+  c->add_option("-m,--model", a->models,
+                "GGUF to serve; repeat for several models sharing --memory-budget, each named by its file's stem "
+                "and picked by a request's \"model\" (default: the synthesized Qwen3-0.6B)");
+  c->add_option("--models-dir", a->models_dir, "serve every .gguf file of this folder too (as -m for each)");
   c->add_option("--host", a->host, "address to bind (default 127.0.0.1; another needs an API key)");
   c->add_option("--port", a->port, "port (default 8080; 0: any free port, printed)");
   c->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (default: $MZ_API_KEY; none on loopback)");
-  c->add_option("--pool-dir", a->dir, "folder of the stored conversations (default <cache>/server)");
-  c->add_option("--alias", a->alias, "model id reported to clients (default: the GGUF file's name)");
+  c->add_option("--pool-dir", a->dir,
+                "folder of the stored conversations (default <cache>/server; with several models, each in <dir>/<name>/)");
+  c->add_option("--alias", a->alias, "model id reported to clients, with one model (default: the GGUF file's stem)");
   c->add_option("-t,--threads", a->threads, "compute threads per turn (default 2)")->check(CLI::Range(1, 512));
   c->add_option("-c,--ctx", a->n_ctx, "tokens per conversation, prompt and reply (default 8192)")->check(CLI::Range(64, 1 << 20));
   c->add_option("--parallel", a->parallel, "turns generating at once, batched in one forward pass (default 8; more wait)")
@@ -60,7 +65,7 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
       ->check(CLI::Range(0.0, 1000.0));
   c->add_option("--queue", a->queue, "requests waiting for a turn before 503 (default 64)")->check(CLI::Range(0, 100000));
   c->add_option("--max-tokens", a->max_tokens, "most tokens of a reply (default 1024; a request may ask fewer)")->check(CLI::Range(1, 1 << 20));
-  c->add_option("--memory-budget", a->memory_budget_mib, "MiB of RAM for weights and every conversation (default 0: none; pressure still applies)");
+  c->add_option("--memory-budget", a->memory_budget_mib, "MiB of RAM for weights and every conversation, of every model together (default 0: none; pressure still applies)");
   c->add_option("--disk-budget", a->disk_budget_mib, "MiB of stored conversations; beyond it the least recently used are deleted and counted (default 8192; 0: none)");
   c->add_option("--max-body", a->max_body_kib, "largest request body in KiB (default 1024; larger: 413)")->check(CLI::Range(1, 1 << 20));
   c->add_option("--timeout", a->read_timeout_s, "seconds a client may stay silent while sending or receiving (default 10)")->check(CLI::Range(1, 3600));

@@ -14,7 +14,8 @@
 //                 description (string), parameters (object)}}
 //   tool_choice   "none" | "auto" | "required" | {type:"function", function:{name}} (a name of tools);
 //                 parallel_tool_calls a boolean (accepted, not enforced)
-//   model         a string (any: the server has one model and answers with its own id)
+//   model         a string: which model (the server resolves it: tools/serve/models.h; with one
+//                 model any name is accepted and answered with its own id)
 //   stream, stream_options.include_usage
 //   max_tokens | max_completion_tokens   >= 1 (the server caps it at its --max-tokens and n_ctx)
 //   temperature [0, 2] (default 1; 0 = greedy), top_p (0, 1] (default 1), top_k >= 0 (extension,

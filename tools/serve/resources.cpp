@@ -61,9 +61,10 @@ bool ReadKeyFile(const std::string& path, std::string* key, std::string* why) {
   return true;
 }
 
-json Server::ConversationJson(const mz_conversation_report& r) {
+json Server::ConversationJson(const mz_conversation_report& r, const std::string& model) {
   return {{"id", r.id},
           {"object", "conversation"},
+          {"model", model},
           {"tokens", r.n_tokens},
           {"bytes", {{"resident", r.kv_resident}, {"compressed_memory", r.kv_mem_compressed}, {"storage", r.kv_storage}}},
           {"stored_bytes", r.stored_bytes},
@@ -145,8 +146,9 @@ std::string Server::MetricsText() {
   metrics_.Add("llamacpp:prompt_seconds_total", "Total time spent processing prompts", 0);
   metrics_.Add("llamacpp:tokens_predicted_total", "Number of generation tokens processed", 0);
   metrics_.Add("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", 0);
-  mz_pool_report p;
-  if (mz_pool_get_report(pool_, &p) == MZ_OK) {
+  // Every model's pool summed (one model: its pool's figures, as before several models).
+  {
+    const mz_pool_report p = models_.SumReport();
     const char* kv_help = "Bytes of conversations' KV in each tier (shared prefix chunks not included)";
     gauge("mzcache_kv_bytes", kv_help, double(p.kv_resident), {{"tier", "resident"}});
     gauge("mzcache_kv_bytes", kv_help, double(p.kv_mem_compressed), {{"tier", "compressed_memory"}});
@@ -156,7 +158,8 @@ std::string Server::MetricsText() {
     gauge("mzcache_weights_bytes", "Bytes of the model's weights: all of them, and those in RAM",
           double(p.weights_resident), {{"state", "resident"}});
     gauge("mzcache_memory_bytes", "The pool's RAM: resident weights, KV and in-memory swap", double(p.in_memory));
-    gauge("mzcache_memory_budget_bytes", "The pool's memory budget (0: none)", double(p.memory_budget));
+    gauge("mzcache_memory_budget_bytes", "The pool's memory budget, shared by every model (0: none)",
+          double(p.memory_budget));
     gauge("mzcache_stored_bytes", "Bytes of stored conversations on storage", double(p.stored_bytes));
     gauge("mzcache_pool_conversations", "Conversations the pool holds (any tier, stored included)",
           double(p.n_conversations));
@@ -166,8 +169,27 @@ std::string Server::MetricsText() {
     counter("mzcache_prefix_chunks_reused_total", "KV chunks (per layer) copied from a shared prefix instead of computed",
             double(p.prefix_chunks_reused));
   }
-  mz_pool_remote_report rr;
-  if (mz_pool_get_remote_report(pool_, &rr) == MZ_OK && rr.enabled) {
+  // The remote tier, every model's pool summed (degraded when any is).
+  mz_pool_remote_report rr{};
+  for (size_t k = 0; k < models_.size(); ++k) {
+    mz_pool_remote_report x{};
+    if (mz_pool_get_remote_report(models_.at(k).pool, &x) != MZ_OK || !x.enabled) continue;
+    rr.enabled = true;
+    rr.degraded = rr.degraded || x.degraded;
+    rr.pending += x.pending;
+    rr.manifests_written += x.manifests_written;
+    rr.chunks_written += x.chunks_written;
+    rr.chunks_present += x.chunks_present;
+    rr.bytes_written += x.bytes_written;
+    rr.write_failures += x.write_failures;
+    rr.manifest_hits += x.manifest_hits;
+    rr.manifest_misses += x.manifest_misses;
+    rr.chunks_fetched += x.chunks_fetched;
+    rr.bytes_fetched += x.bytes_fetched;
+    rr.damaged += x.damaged;
+    rr.prefix_chunks += x.prefix_chunks;
+  }
+  if (rr.enabled) {
     gauge("mzcache_remote_degraded", "1 while the remote tier (Redis) cannot be reached: local tiers only", rr.degraded);
     gauge("mzcache_remote_pending", "Conversations whose latest stored state is not in the remote tier yet", rr.pending);
     counter("mzcache_remote_manifests_written_total", "Conversation manifests written to the remote tier",
@@ -189,16 +211,37 @@ std::string Server::MetricsText() {
     counter("mzcache_remote_prefix_chunks_total", "Chunks found in the remote tier by chain hash for new conversations",
             double(rr.prefix_chunks));
   }
+  // Each model's weights by tier (issue 45): resident, given back but still in the page cache (a
+  // restore reads no storage), and given back and gone from it (evicted: a restore reads storage).
   // Conversations by the tiers their KV is in (one may count in several: part resident, part stored).
-  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
-  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
   double resident = 0, compressed = 0, storage = 0, stored_only = 0;
-  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
-    const auto& r = all[size_t(i)];
-    resident += r.kv_resident > 0;
-    compressed += r.kv_mem_compressed > 0;
-    storage += r.kv_storage > 0 || !r.open;
-    stored_only += !r.open;
+  for (size_t k = 0; k < models_.size(); ++k) {
+    serve::ServedModel& m = models_.at(k);
+    if (mz_pool_weights_report w{}; mz_pool_get_weights_report(m.pool, &w) == MZ_OK) {
+      const char* wh = "Bytes of each model's weights: in RAM (resident), given back but in the page cache "
+                       "(page_cache), given back and gone from it (evicted)";
+      const uint64_t cached = std::min(w.dropped, w.dropped_cached);
+      gauge("mzcache_model_weights_bytes", wh, double(w.resident), {{"model", m.name}, {"tier", "resident"}});
+      gauge("mzcache_model_weights_bytes", wh, double(cached), {{"model", m.name}, {"tier", "page_cache"}});
+      gauge("mzcache_model_weights_bytes", wh, double(w.dropped - cached), {{"model", m.name}, {"tier", "evicted"}});
+      gauge("mzcache_model_in_use", "Whether a conversation of the model is mid-turn or computing (1) or not (0)",
+            w.in_use ? 1 : 0, {{"model", m.name}});
+    }
+    if (mz_pool_report p{}; mz_pool_get_report(m.pool, &p) == MZ_OK) {
+      gauge("mzcache_model_memory_bytes", "Each model's RAM: resident weights, KV and in-memory swap",
+            double(p.in_memory), {{"model", m.name}});
+      gauge("mzcache_model_conversations", "Conversations each model's pool holds (any tier, stored included)",
+            double(p.n_conversations), {{"model", m.name}});
+    }
+    std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(m.pool, nullptr, 0))));
+    const int32_t n = mz_pool_list(m.pool, all.data(), int32_t(all.size()));
+    for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+      const auto& r = all[size_t(i)];
+      resident += r.kv_resident > 0;
+      compressed += r.kv_mem_compressed > 0;
+      storage += r.kv_storage > 0 || !r.open;
+      stored_only += !r.open;
+    }
   }
   const char* conv_help = "Conversations with KV in each tier (stored-only ones count in storage)";
   gauge("mzcache_conversations", conv_help, resident, {{"tier", "resident"}});
@@ -206,8 +249,8 @@ std::string Server::MetricsText() {
   gauge("mzcache_conversations", conv_help, storage, {{"tier", "storage"}});
   gauge("mzcache_conversations_stored_only", "Conversations with nothing in memory (found again on their next turn)",
         stored_only);
-  mz_pool_event_report e;
-  if (mz_pool_get_event_report(pool_, &e) == MZ_OK) {
+  {
+    const mz_pool_event_report e = models_.SumEvents();
     const char* eh = "Evictions (passes that gave memory back), by what asked for them";
     const char* bh = "Bytes of RAM given back, by what asked for it";
     const std::pair<const char*, std::pair<uint64_t, uint64_t>> by[] = {
@@ -289,11 +332,32 @@ void Server::ResourceRoutes() {
       res.set_content(MetricsText(), serve::MetricsRegistry::kContentType);
     });
   }
-  http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  // /tokenize and /detokenize take an optional "model" (several models: the first without it; an
+  // unknown one is a 400 naming it), as the completions do.
+  const auto body_model = [this](const std::string& body, httplib::Response& res) -> serve::ServedModel* {
+    std::string name;
+    if (models_.size() > 1) {
+      const json j = json::parse(body, nullptr, false);
+      if (j.is_object() && j.contains("model") && j["model"].is_string()) name = j["model"].get<std::string>();
+    }
+    serve::ServedModel* m = models_.Resolve(name);
+    if (m) return m;
+    ApiError e;
+    e.param = "model";
+    e.code = "model_not_found";
+    e.message = "model '" + serve::SanitizeUtf8(name.substr(0, 200)) + "' is not served here; the models are: " +
+                models_.Names();
+    Error(res, e);
+    return nullptr;
+  };
+  http_.Post("/tokenize", [this, body_model](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     serve::TokenizeRequest r;
     ApiError e;
     if (!serve::ParseTokenize(req.body, limits_, &r, &e)) return Error(res, e);
+    serve::ServedModel* m = body_model(req.body, res);
+    if (!m) return;
+    mz_model* const model_ = m->model;
     std::vector<mz_token> toks;
     if (int rc = TokenizeText(model_, r.content, r.add_special, r.parse_special, &toks); rc != MZ_OK) {
       e.message = std::string("'content' cannot be tokenized: ") + mz_last_error();
@@ -307,8 +371,11 @@ void Server::ResourceRoutes() {
     }
     JsonBody(res, {{"tokens", out}});
   });
-  http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  http_.Post("/detokenize", [this, body_model](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
+    serve::ServedModel* m = body_model(req.body, res);
+    if (!m) return;
+    mz_model* const model_ = m->model;
     mz_model_info info;
     ApiError e;
     if (mz_model_get_info(model_, &info) != MZ_OK) {
@@ -326,12 +393,16 @@ void Server::ResourceRoutes() {
   http_.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     const int n_predict = a_.max_tokens;
+    json names = json::array();
+    for (size_t k = 0; k < models_.size(); ++k) names.push_back(models_.at(k).id);
+    // llama-server's fields describe the default model (the first); "models" lists them all.
     JsonBody(res, {{"default_generation_settings",
                     {{"n_ctx", a_.n_ctx},
                      {"params", {{"n_predict", n_predict}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}}}}},
                    {"total_slots", a_.parallel},
-                   {"model_alias", model_id_},
-                   {"model_path", a_.model},
+                   {"model_alias", models_.front().id},
+                   {"model_path", models_.front().path},
+                   {"models", names},
                    {"modalities", {{"vision", false}, {"video", false}, {"audio", false}}},
                    {"endpoint_slots", false},
                    {"endpoint_props", true},
@@ -341,10 +412,14 @@ void Server::ResourceRoutes() {
   });
   http_.Get("/v1/conversations", [this](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
-    std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
-    const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
     json data = json::array();
-    for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) data.push_back(ConversationJson(all[size_t(i)]));
+    for (size_t k = 0; k < models_.size(); ++k) {
+      serve::ServedModel& m = models_.at(k);
+      std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(m.pool, nullptr, 0))));
+      const int32_t n = mz_pool_list(m.pool, all.data(), int32_t(all.size()));
+      for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i)
+        data.push_back(ConversationJson(all[size_t(i)], m.id));
+    }
     JsonBody(res, {{"object", "list"}, {"data", data}});
   });
   // The id is matched loosely ([^/]*) so that a bad one gets a 400 naming it, not a 404.
@@ -369,17 +444,20 @@ void Server::ResourceRoutes() {
     if (!Authorized(req, res)) return;
     const std::string id = req.matches[1];
     if (bad_id(id, res)) return;
+    serve::ServedModel* m = models_.OwnerOf(id);
     mz_conversation_report r;
-    if (int st = mz_pool_conversation_report(pool_, id.c_str(), &r); st != MZ_OK) return pool_error(st, id, res);
-    JsonBody(res, ConversationJson(r));
+    if (int st = m ? mz_pool_conversation_report(m->pool, id.c_str(), &r) : MZ_ERR_INVALID_ARG; st != MZ_OK)
+      return pool_error(st, id, res);
+    JsonBody(res, ConversationJson(r, m->id));
   });
   http_.Delete(R"(/v1/conversations/([^/]*))", [this, bad_id, pool_error](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     const std::string id = req.matches[1];
     if (bad_id(id, res)) return;
-    if (int st = mz_pool_delete(pool_, id.c_str()); st != MZ_OK) return pool_error(st, id, res);
-    router_.Forget(id);
-    std::remove(TurnMarkPath(id).c_str());
+    serve::ServedModel* m = models_.OwnerOf(id);
+    if (int st = m ? mz_pool_delete(m->pool, id.c_str()) : MZ_ERR_INVALID_ARG; st != MZ_OK) return pool_error(st, id, res);
+    m->router.Forget(id);
+    std::remove(TurnMarkPath(*m, id).c_str());
     JsonBody(res, {{"id", id}, {"object", "conversation"}, {"deleted", true}});
   });
   http_.Post(R"(/v1/conversations/([^/]*)/(evict|restore))",
@@ -388,13 +466,15 @@ void Server::ResourceRoutes() {
                const std::string id = req.matches[1];
                const bool evict = req.matches[2] == "evict";
                if (bad_id(id, res)) return;
+               serve::ServedModel* m = models_.OwnerOf(id);
+               if (!m) return pool_error(MZ_ERR_INVALID_ARG, id, res);
                uint64_t moved = 0;
-               const int st = evict ? mz_pool_evict_conversation(pool_, id.c_str(), &moved)
-                                    : mz_pool_restore_conversation(pool_, id.c_str(), &moved);
+               const int st = evict ? mz_pool_evict_conversation(m->pool, id.c_str(), &moved)
+                                    : mz_pool_restore_conversation(m->pool, id.c_str(), &moved);
                if (st != MZ_OK) return pool_error(st, id, res);
                mz_conversation_report r;
-               if (int s2 = mz_pool_conversation_report(pool_, id.c_str(), &r); s2 != MZ_OK) return pool_error(s2, id, res);
-               json out = ConversationJson(r);
+               if (int s2 = mz_pool_conversation_report(m->pool, id.c_str(), &r); s2 != MZ_OK) return pool_error(s2, id, res);
+               json out = ConversationJson(r, m->id);
                out[evict ? "freed" : "restored"] = moved;
                JsonBody(res, out);
              });

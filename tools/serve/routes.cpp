@@ -25,19 +25,34 @@ void Server::Routes() {
   // Degraded (still 200: this server answers, from its local tiers) while its remote tier cannot
   // reach Redis: a load balancer keeps it, an operator sees why.
   http_.Get("/health", [this, json_body](const httplib::Request&, httplib::Response& res) {
-    mz_pool_remote_report rr;
-    if (pool_ && mz_pool_get_remote_report(pool_, &rr) == MZ_OK && rr.enabled) {
-      json remote = {{"address", rr.address}, {"degraded", rr.degraded}, {"pending", rr.pending}};
-      if (rr.degraded) remote["error"] = rr.last_error;
-      json_body(res, {{"status", rr.degraded ? "degraded" : "ok"}, {"remote", remote}});
+    // Handlers run once the models are loaded (the pre-routing handler answers 503 before). Every
+    // model's pool has the same remote tier: degraded when any pool's is.
+    bool enabled = false, degraded = false;
+    json remote;
+    for (size_t k = 0; k < models_.size(); ++k) {
+      mz_pool_remote_report rr;
+      if (mz_pool_get_remote_report(models_.at(k).pool, &rr) != MZ_OK || !rr.enabled) continue;
+      if (!enabled || (rr.degraded && !degraded)) {
+        remote = {{"address", rr.address}, {"degraded", rr.degraded}, {"pending", rr.pending}};
+        if (rr.degraded) remote["error"] = rr.last_error;
+      }
+      enabled = true;
+      degraded = degraded || rr.degraded;
+    }
+    if (enabled) {
+      json_body(res, {{"status", degraded ? "degraded" : "ok"}, {"remote", remote}});
       return;
     }
     json_body(res, {{"status", "ok"}});
   });
   http_.Get("/v1/models", [this, json_body](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
-    json_body(res, {{"object", "list"},
-                    {"data", json::array({{{"id", model_id_}, {"object", "model"}, {"created", UnixNow()}, {"owned_by", "mzcache"}}})}});
+    // Every model served, in the order given (-m, then --models-dir's): the first is the default of
+    // a request without "model".
+    json data = json::array();
+    for (size_t k = 0; k < models_.size(); ++k)
+      data.push_back({{"id", models_.at(k).id}, {"object", "model"}, {"created", UnixNow()}, {"owned_by", "mzcache"}});
+    json_body(res, {{"object", "list"}, {"data", data}});
   });
   http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     if (Authorized(req, res)) Completions(req, res, true);
@@ -63,8 +78,14 @@ void Server::Routes() {
     uint64_t freed = 0;
     const uint64_t v = j[key].get<uint64_t>();
     activity_.BeginAction();
-    int st = trim ? (v > 1000 ? MZ_ERR_INVALID_ARG : mz_pool_on_trim_memory(pool_, int32_t(v), &freed))
-                  : mz_pool_evict(pool_, v, &freed);
+    // With several models the shared budget gives back across them all, idle models first
+    // (tools/serve/models.h); with one, its pool as before.
+    int st = MZ_ERR_INVALID_ARG;
+    if (trim && v > 1000) st = MZ_ERR_INVALID_ARG;
+    else if (models_.shared()) st = trim ? mz_budget_on_trim_memory(models_.budget(), int32_t(v), &freed)
+                                         : mz_budget_evict(models_.budget(), v, &freed);
+    else st = trim ? mz_pool_on_trim_memory(models_.front().pool, int32_t(v), &freed)
+                   : mz_pool_evict(models_.front().pool, v, &freed);
     activity_.AddEvent(st != MZ_OK ? "error" : trim ? "trim" : "evict", freed,
                        (trim ? "level " : "asked ") + std::to_string(v) + (st != MZ_OK ? std::string(": ") + mz_last_error() : ""),
                        /*ends_action=*/true);
@@ -85,13 +106,14 @@ void Server::Routes() {
       e.message = "not a conversation id";
       return Error(res, e);
     }
-    if (int st = mz_pool_delete(pool_, id.c_str()); st != MZ_OK) {
+    serve::ServedModel* m = models_.OwnerOf(id);
+    if (int st = m ? mz_pool_delete(m->pool, id.c_str()) : MZ_ERR_INVALID_ARG; st != MZ_OK) {
       e.http = st == MZ_ERR_INVALID_ARG ? 404 : 500;
-      e.message = mz_last_error();
+      e.message = m ? mz_last_error() : "no conversation '" + id + "'";
       return Error(res, e);
     }
-    router_.Forget(id);
-    std::remove(TurnMarkPath(id).c_str());
+    m->router.Forget(id);
+    std::remove(TurnMarkPath(*m, id).c_str());
     json_body(res, {{"id", id}, {"deleted", true}});
   });
   http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

@@ -21,6 +21,7 @@
 #include "tools/cli/c_api_text.h"
 #include "tools/common.h"
 #include "tools/bench/os_memory.h"
+#include "tools/serve/text_stream.h"
 
 namespace mz::cli::serve_app {
 
@@ -62,6 +63,7 @@ int64_t UnixNow() { return int64_t(std::time(nullptr)); }
 
 struct Server::Job {
   Server* s = nullptr;
+  serve::ServedModel* m = nullptr;  // the model whose pool holds the conversation
   ChatRequest req;
   std::vector<mz_token> prompt;
   serve::Router::Claim claim;
@@ -70,7 +72,7 @@ struct Server::Job {
   int shared_before = 0;
   ~Job() {
     if (conv) mz_conversation_release(conv);
-    if (!finished && !claim.id.empty()) s->router_.Abandon(claim.id, false);
+    if (!finished && !claim.id.empty()) m->router.Abandon(claim.id, false);
     if (slot) {
       s->processing_--;
       s->slots_.Release();
@@ -87,7 +89,7 @@ struct Server::Job {
     claim.keep = 0;
     finished = false;
     was_empty = true;
-    return mz_pool_open(s->pool_, claim.id.c_str(), &conv);
+    return mz_pool_open(m->pool, claim.id.c_str(), &conv);
   }
 };
 
@@ -111,7 +113,46 @@ void Server::Error(httplib::Response& res, const ApiError& e) {
   res.set_content(serve::ErrorBody(e), "application/json");
 }
 
-bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* err) {
+serve::ServedModel* Server::ModelFor(const ChatRequest& r, ApiError* err) {
+  serve::ServedModel* m = models_.Resolve(r.model);
+  if (!m) {
+    err->http = 400;
+    err->param = "model";
+    err->code = "model_not_found";
+    err->message = "model '" + serve::SanitizeUtf8(r.model.substr(0, 200)) + "' is not served here; the models are: " +
+                   models_.Names();
+    return nullptr;
+  }
+  if (!r.conversation.empty() && models_.size() > 1) {
+    // A conversation keeps its model for life: another model cannot continue it (its KV means
+    // nothing to another model's layers), and silently answering from the conversation's own
+    // model would answer as a model the client did not ask for.
+    serve::ServedModel* owner = models_.OwnerOf(r.conversation);
+    if (owner && owner != m) {
+      err->http = 400;
+      err->param = "conversation";
+      err->message = "conversation '" + r.conversation + "' belongs to model '" + owner->name + "', not '" + m->name +
+                     "': continue it with \"model\": \"" + owner->name + "\", or start a new one";
+      return nullptr;
+    }
+  }
+  // The file the model's weights are read back from must be the one loaded: a weight unit given
+  // back is read again from it, and a changed file would mix old and new layers.
+  if (int rc = mz_model_verify_file(m->model); rc != MZ_OK) {
+    err->http = 409;
+    err->type = "server_error";
+    err->code = rc == MZ_ERR_MODEL_CHANGED ? "model_changed" : "model_unavailable";
+    err->param = "model";
+    err->message = "model '" + m->name + "': its file " + m->path +
+                   (rc == MZ_ERR_MODEL_CHANGED ? " changed on disk since the server loaded it" : " cannot be checked") +
+                   " (" + mz_last_error() + "); nothing is served from it until the server restarts";
+    return nullptr;
+  }
+  return m;
+}
+
+bool Server::Prompt(serve::ServedModel& m, const ChatRequest& r, std::vector<mz_token>* out, ApiError* err) {
+  mz_model* const model_ = m.model;
   std::string text;
   if (!r.chat) {
     text = r.prompt;
@@ -164,9 +205,13 @@ bool Server::Prompt(const ChatRequest& r, std::vector<mz_token>* out, ApiError* 
   return true;
 }
 
-std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_token> prompt, ApiError* err) {
+std::shared_ptr<Server::Job> Server::Claim(serve::ServedModel& m, const ChatRequest& r, std::vector<mz_token> prompt,
+                                           ApiError* err) {
   auto job = std::make_shared<Job>();
   job->s = this;
+  job->m = &m;
+  serve::Router& router_ = m.router;
+  mz_pool* const pool_ = m.pool;
   job->req = r;
   job->prompt = std::move(prompt);
   deferred_++;
@@ -211,7 +256,7 @@ std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_
   // is not cut: the request forks into a new conversation instead. An empty one (deleted) is
   // simply filled again.
   std::vector<mz_token> history;
-  int st = History(job->claim.id, &history);
+  int st = History(m, job->claim.id, &history);
   if (st == MZ_OK && !job->claim.is_new && r.conversation.empty() && !history.empty() && history != job->claim.expected) {
     std::fprintf(stderr, "[serve] conversation %s changed behind the router (%zu tokens, %zu expected): forking\n",
                  job->claim.id.c_str(), history.size(), job->claim.expected.size());
@@ -221,7 +266,7 @@ std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_
     job->conv = nullptr;
     job->claim = router_.Acquire(job->prompt, RandomId("c-"));
     if (mz_pool_open(pool_, job->claim.id.c_str(), &job->conv) != MZ_OK) st = MZ_ERR_INTERNAL;
-    else st = History(job->claim.id, &history);
+    else st = History(m, job->claim.id, &history);
   }
   if (st != MZ_OK) {
     err->http = 503;
@@ -236,15 +281,16 @@ std::shared_ptr<Server::Job> Server::Claim(const ChatRequest& r, std::vector<mz_
 
 // The pool's history of conversation id, waiting (up to 10 s) while the pool's own threads hold
 // it (a write-behind persisting it, a restore-ahead slice): MZ_OK, or the pool's error.
-int Server::History(const std::string& id, std::vector<mz_token>* out) {
+int Server::History(serve::ServedModel& m, const std::string& id, std::vector<mz_token>* out) {
+  mz_pool* const pool_ = m.pool;
   for (int attempt = 0;; ++attempt) {
     const int32_t n = mz_pool_conversation_tokens(pool_, id.c_str(), nullptr, 0);
     if (n >= 0) {
       out->resize(size_t(n));
-      const int32_t m = n > 0 ? mz_pool_conversation_tokens(pool_, id.c_str(), out->data(), n) : 0;
-      if (m == n) return MZ_OK;
-      if (m >= 0) continue;  // it changed between the two calls: ask again
-      if (m != MZ_ERR_BUSY) return m;
+      const int32_t got = n > 0 ? mz_pool_conversation_tokens(pool_, id.c_str(), out->data(), n) : 0;
+      if (got == n) return MZ_OK;
+      if (got >= 0) continue;  // it changed between the two calls: ask again
+      if (got != MZ_ERR_BUSY) return got;
     } else if (n != MZ_ERR_BUSY) {
       return n;
     }
@@ -270,7 +316,7 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
     emitted = true;
     return emit(s, lps);
   };
-  serve::TurnResult r = serve::RunTurn(model_, job.conv, job.prompt, job.claim.keep, tp, counting);
+  serve::TurnResult r = serve::RunTurn(job.m->model, job.conv, job.prompt, job.claim.keep, tp, counting);
   const bool storage_fault = r.status == MZ_ERR_CORRUPT || r.status == MZ_ERR_IO;
   if (storage_fault && !emitted) {
     // The conversation's stored or swapped data failed its checksum or could not be read: it is
@@ -283,12 +329,12 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
                  "Prompt tokens computed again because their conversation's stored or swapped data was damaged",
                  double(job.prompt.size()));
     FinishJob(job, /*damaged=*/true, {});
-    if (job.Rebind(router_.Acquire(job.prompt, RandomId("c-"))) != MZ_OK) {
+    if (job.Rebind(job.m->router.Acquire(job.prompt, RandomId("c-"))) != MZ_OK) {
       r.status = MZ_ERR_INTERNAL;
       r.error = mz_last_error();
       return r;
     }
-    r = serve::RunTurn(model_, job.conv, job.prompt, 0, tp, counting);
+    r = serve::RunTurn(job.m->model, job.conv, job.prompt, 0, tp, counting);
   }
   return r;
 }
@@ -299,18 +345,18 @@ void Server::FinishJob(Job& job, bool damaged, const std::vector<mz_token>& hist
   if (job.finished || job.claim.id.empty()) return;
   job.finished = true;
   if (damaged) {
-    router_.Abandon(job.claim.id, true);
+    job.m->router.Abandon(job.claim.id, true);
     return;
   }
-  router_.Release(job.claim.id, history, int(job.prompt.size()));
-  WriteTurnMark(job.claim.id, int(job.prompt.size()));
+  job.m->router.Release(job.claim.id, history, int(job.prompt.size()));
+  WriteTurnMark(*job.m, job.claim.id, int(job.prompt.size()));
 }
 
 // <dir>/serve/<id>.turn: where the conversation's last prompt ended, so that after a restart the
 // router still tells a continuation from a fork. Written crash-safely (temporary name, rename); a
 // missing or stale mark only makes the router stricter (it forks instead of cutting a reply).
-void Server::WriteTurnMark(const std::string& id, int prompt_end) {
-  const std::string path = TurnMarkPath(id), tmp = path + ".tmp";
+void Server::WriteTurnMark(const serve::ServedModel& m, const std::string& id, int prompt_end) {
+  const std::string path = TurnMarkPath(m, id), tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << prompt_end << "\n";
@@ -324,7 +370,8 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
   ChatRequest r;
   ApiError err;
   std::vector<mz_token> prompt;
-  if (!serve::ParseRequest(req.body, chat, limits_, &r, &err) || !Prompt(r, &prompt, &err)) {
+  serve::ServedModel* m = nullptr;
+  if (!serve::ParseRequest(req.body, chat, limits_, &r, &err)) {
     failures_++;
     return Error(res, err);
   }
@@ -342,20 +389,26 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     }
     r.conversation = id;
   }
-  std::shared_ptr<Job> job = Claim(r, std::move(prompt), &err);
+  if (!(m = ModelFor(r, &err)) || !Prompt(*m, r, &prompt, &err)) {
+    failures_++;
+    if (err.code == "model_changed") res.set_header("x-should-retry", "false");  // the openai client retries a 409 otherwise
+    return Error(res, err);
+  }
+  std::shared_ptr<Job> job = Claim(*m, r, std::move(prompt), &err);
   if (!job) {
     failures_++;
     return Error(res, err);
   }
   const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = UnixNow();
+  const std::string model_id_ = m->id;
   auto usage = [this](const Job& j, const serve::TurnResult& t, serve::Usage* u, serve::TurnInfo* info) {
     u->prompt_tokens = int(j.prompt.size());
     u->completion_tokens = t.completion_tokens;
     mz_conversation_report cr;
     int shared = 0;
-    if (mz_pool_conversation_report(pool_, j.claim.id.c_str(), &cr) == MZ_OK) shared = cr.shared_chunks;
-    u->cached_tokens = j.was_empty ? std::min(int(j.prompt.size()) - 1, shared * chunk_tokens_) : j.claim.keep;
+    if (mz_pool_conversation_report(j.m->pool, j.claim.id.c_str(), &cr) == MZ_OK) shared = cr.shared_chunks;
+    u->cached_tokens = j.was_empty ? std::min(int(j.prompt.size()) - 1, shared * j.m->chunk_tokens) : j.claim.keep;
     info->conversation = j.claim.id;
     info->new_conversation = j.was_empty;
     info->ttft_s = t.restore.ttft_s;
@@ -396,7 +449,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     res.set_header("X-Mz-Conversation", job->claim.id);
     json body = serve::CompletionBody(r, id, model_id_, created, t.text, t.finish_reason, u, info, t.logprobs);
     if (r.parse_tool_calls) {  // the reply read for tool calls (tools/serve/tool_calls.h)
-      serve::ToolCallStream tcs(tool_syntax_, [] { return RandomId("call_"); });
+      serve::ToolCallStream tcs(m->tool_syntax, [] { return RandomId("call_"); });
       std::vector<serve::ToolEvent> ev;
       tcs.Push(t.text, &ev);
       tcs.Finish(&ev);
@@ -412,12 +465,12 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
   }
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Mz-Conversation", job->claim.id);
-  res.set_chunked_content_provider("text/event-stream", [this, job, id, created, usage, record](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [this, job, id, created, usage, record, model_id_](size_t, httplib::DataSink& sink) {
     const ChatRequest& r = job->req;
     auto send = [&](const json& j) {
       const std::string ev = serve::SseEvent(j);
       if (sink.write(ev.data(), ev.size())) return true;
-      router_.Releasing(job->claim.id);  // the client is gone: the turn stops; its history may come back at once
+      job->m->router.Releasing(job->claim.id);  // the client is gone: the turn stops; its history may come back at once
       return false;
     };
     bool alive = true;
@@ -432,7 +485,7 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     // With tools, the text goes through the tool-call reader first: content streams as it comes,
     // each call as one tool_calls delta once complete (tools/serve/tool_calls.h).
     std::optional<serve::ToolCallStream> tcs;
-    if (r.parse_tool_calls) tcs.emplace(tool_syntax_, [] { return RandomId("call_"); });
+    if (r.parse_tool_calls) tcs.emplace(job->m->tool_syntax, [] { return RandomId("call_"); });
     auto send_events = [&](const std::vector<serve::ToolEvent>& ev, const std::vector<serve::TokenLogprob>& lps,
                            size_t at) {
       bool ok = true, lps_sent = false;
@@ -502,49 +555,96 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
   });
 }
 
+// The pool report (GET /v1/mzcache/pool): with several models, "pool" sums every model's pool
+// (memory_budget: the shared one) and "models" gives each model's share; with one, "pool" is its
+// pool's, as before several models existed.
 json Server::PoolJson() {
-  mz_pool_report p;
   json j = json::object();
-  if (mz_pool_get_report(pool_, &p) == MZ_OK) {
-    j["pool"] = {{"conversations", p.n_conversations}, {"open", p.n_open}, {"damaged", p.n_damaged},
-                 {"weights_total", p.weights_total}, {"weights_resident", p.weights_resident},
-                 {"kv_resident", p.kv_resident}, {"kv_mem_compressed", p.kv_mem_compressed},
-                 {"kv_storage", p.kv_storage}, {"in_memory", p.in_memory}, {"stored_bytes", p.stored_bytes},
-                 {"memory_budget", p.memory_budget}, {"disk_budget", p.disk_budget},
-                 {"conversations_lost", p.conversations_lost}, {"persists", p.persists},
-                 {"persist_failures", p.persist_failures}, {"prefix_chunks_reused", p.prefix_chunks_reused},
-                 {"evictions", p.evictions}, {"bytes_evicted", p.bytes_evicted}};
-    activity_.NoteEvicted(p.bytes_evicted);
-  }
-  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
-  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
-  json list = json::array();
-  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
-    const auto& r = all[size_t(i)];
-    list.push_back({{"id", r.id}, {"tokens", r.n_tokens}, {"open", r.open}, {"busy", r.busy},
-                    {"kv_resident", r.kv_resident}, {"kv_mem_compressed", r.kv_mem_compressed},
-                    {"kv_storage", r.kv_storage}, {"stored_bytes", r.stored_bytes}, {"stored_tokens", r.stored_tokens},
-                    {"last_use_unix_ms", r.last_use_unix_ms}, {"shared_chunks", r.shared_chunks}});
+  const mz_pool_report p = models_.SumReport();
+  j["pool"] = {{"conversations", p.n_conversations}, {"open", p.n_open}, {"damaged", p.n_damaged},
+               {"weights_total", p.weights_total}, {"weights_resident", p.weights_resident},
+               {"kv_resident", p.kv_resident}, {"kv_mem_compressed", p.kv_mem_compressed},
+               {"kv_storage", p.kv_storage}, {"in_memory", p.in_memory}, {"stored_bytes", p.stored_bytes},
+               {"memory_budget", p.memory_budget}, {"disk_budget", p.disk_budget},
+               {"conversations_lost", p.conversations_lost}, {"persists", p.persists},
+               {"persist_failures", p.persist_failures}, {"prefix_chunks_reused", p.prefix_chunks_reused},
+               {"evictions", p.evictions}, {"bytes_evicted", p.bytes_evicted}};
+  activity_.NoteEvicted(p.bytes_evicted);
+  json list = json::array(), dmg = json::array();
+  mz_pool_batch_report bt{};
+  bool any_batch = false;
+  for (size_t k = 0; k < models_.size(); ++k) {
+    serve::ServedModel& m = models_.at(k);
+    std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(m.pool, nullptr, 0))));
+    const int32_t n = mz_pool_list(m.pool, all.data(), int32_t(all.size()));
+    for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+      const auto& r = all[size_t(i)];
+      list.push_back({{"id", r.id}, {"model", m.name}, {"tokens", r.n_tokens}, {"open", r.open}, {"busy", r.busy},
+                      {"kv_resident", r.kv_resident}, {"kv_mem_compressed", r.kv_mem_compressed},
+                      {"kv_storage", r.kv_storage}, {"stored_bytes", r.stored_bytes}, {"stored_tokens", r.stored_tokens},
+                      {"last_use_unix_ms", r.last_use_unix_ms}, {"shared_chunks", r.shared_chunks}});
+    }
+    char buf[1024];
+    for (int32_t i = 0; mz_pool_damaged(m.pool, i, buf, sizeof buf) >= 0; ++i) dmg.push_back(buf);
+    // The pools' forward passes (continuous batching, since 0.13): what they have computed so far.
+    if (mz_pool_batch_report b{}; mz_pool_get_batch_report(m.pool, &b) == MZ_OK) {
+      any_batch = true;
+      bt.batching = b.batching;
+      bt.steps += b.steps;
+      bt.seq_slots += b.seq_slots;
+      bt.max_batch = std::max(bt.max_batch, b.max_batch);
+      bt.tokens += b.tokens;
+      bt.prefill_tokens += b.prefill_tokens;
+      bt.cancelled += b.cancelled;
+      bt.compute_buffer_bytes += b.compute_buffer_bytes;
+      bt.in_use += b.in_use;
+      bt.budget_spared_in_use += b.budget_spared_in_use;
+    }
   }
   j["conversations"] = list;
-  json dmg = json::array();
-  char buf[1024];
-  for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i) dmg.push_back(buf);
   j["damaged_files"] = dmg;
   j["server"] = {{"requests", requests_.load()}, {"failures", failures_.load()}, {"recovered", recovered_.load()}};
-  // The pool's one forward pass (continuous batching, since 0.13): what it has computed so far.
-  if (mz_pool_batch_report b{}; mz_pool_get_batch_report(pool_, &b) == MZ_OK)
-    j["batch"] = {{"batching", b.batching}, {"steps", b.steps},
-                  {"mean_batch", b.steps ? double(b.seq_slots) / double(b.steps) : 0.0}, {"max_batch", b.max_batch},
-                  {"tokens", b.tokens}, {"prefill_tokens", b.prefill_tokens}, {"cancelled", b.cancelled},
-                  {"compute_buffer_bytes", b.compute_buffer_bytes}, {"in_use", b.in_use},
-                  {"budget_spared_in_use", b.budget_spared_in_use}};
+  if (any_batch)
+    j["batch"] = {{"batching", bt.batching}, {"steps", bt.steps},
+                  {"mean_batch", bt.steps ? double(bt.seq_slots) / double(bt.steps) : 0.0}, {"max_batch", bt.max_batch},
+                  {"tokens", bt.tokens}, {"prefill_tokens", bt.prefill_tokens}, {"cancelled", bt.cancelled},
+                  {"compute_buffer_bytes", bt.compute_buffer_bytes}, {"in_use", bt.in_use},
+                  {"budget_spared_in_use", bt.budget_spared_in_use}};
+  const json models = ModelsJson();
+  j["models"] = models["models"];
+  if (models.contains("budget")) j["budget"] = models["budget"];
   uint64_t rss = 0, swap = 0;
   ProcMemory(int(getpid()), &rss, &swap);
   j["rss"] = rss;  // the whole process (0: unknown)
   j["events"] = activity_.EventsJson();
   j["turns"] = activity_.TurnsJson();
   return j;
+}
+
+json Server::ModelsJson() {
+  json list = json::array();
+  for (size_t k = 0; k < models_.size(); ++k) {
+    serve::ServedModel& m = models_.at(k);
+    mz_pool_weights_report w{};
+    mz_pool_report p{};
+    mz_pool_get_weights_report(m.pool, &w);
+    mz_pool_get_report(m.pool, &p);
+    list.push_back({{"name", m.name}, {"id", m.id}, {"path", m.path}, {"dir", m.dir},
+                    {"weights", {{"total", w.total}, {"resident", w.resident}, {"dropped", w.dropped},
+                                 {"dropped_cached", w.dropped_cached}, {"evicted", w.dropped - std::min(w.dropped, w.dropped_cached)},
+                                 {"units", w.units}, {"units_resident", w.units_resident}}},
+                    {"in_use", w.in_use}, {"last_use_unix_ms", w.last_use_unix_ms},
+                    {"conversations", p.n_conversations}, {"kv_resident", p.kv_resident},
+                    {"kv_mem_compressed", p.kv_mem_compressed}, {"in_memory", p.in_memory}});
+  }
+  json out = {{"models", list}};
+  if (mz_budget_report b{}; models_.shared() && mz_budget_get_report(models_.budget(), &b) == MZ_OK)
+    out["budget"] = {{"memory_budget", b.memory_budget}, {"in_memory", b.in_memory}, {"pools", b.n_pools},
+                     {"passes", b.passes}, {"bytes_evicted", b.bytes_evicted},
+                     {"idle_model_kv_bytes", b.idle_model_kv_bytes}, {"idle_model_weight_bytes", b.idle_model_weight_bytes},
+                     {"active_model_bytes", b.active_model_bytes}, {"pressure_events", b.pressure_events},
+                     {"pressure_bytes", b.pressure_bytes}, {"evict_calls", b.evict_calls}, {"evict_bytes", b.evict_bytes}};
+  return out;
 }
 
 void Server::PressureAction(const mz_pressure_action* a, void* self) {
@@ -568,6 +668,17 @@ int Server::Start() {
     return 2;
   }
   if (a_.dir.empty()) a_.dir = CacheDir() + "/server";
+  {
+    std::string why;
+    if (!serve::ListModels(a_.models, a_.models_dir, &specs_, &why)) {
+      std::fprintf(stderr, "error: %s\n", why.c_str());
+      return 2;
+    }
+    if (specs_.size() > 1 && !a_.alias.empty()) {
+      std::fprintf(stderr, "error: --alias names the one model served; with several, each is named by its file's stem\n");
+      return 2;
+    }
+  }
   std::error_code ec;
   std::filesystem::create_directories(a_.dir + "/serve", ec);
   if (ec) {
@@ -603,21 +714,23 @@ int Server::Load() {
   // Tests see the loading state for this long (tests/serve_obs.py): a test hook, off by default.
   if (const char* d = std::getenv("MZ_SERVE_TEST_LOAD_DELAY_MS"))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(d)));
-  if (a_.model.empty()) {
-    Status st = EnsureDefaultModel(&a_.model);
+  if (specs_.empty()) {  // no -m, no --models-dir: the synthesized Qwen3-0.6B
+    serve::ModelSpec d;
+    Status st = EnsureDefaultModel(&d.path);
     if (!st.ok()) return Fail(st);
+    d.name = std::filesystem::path(d.path).stem().string();
+    specs_.push_back(d);
   }
-  if (int rc = mz_model_load(a_.model.c_str(), nullptr, &model_)) return CFail("loading " + a_.model, rc);
-  if (mz_model_info mi; mz_model_get_info(model_, &mi) == MZ_OK) tool_syntax_ = serve::ToolSyntaxFor(mi.arch);
-  model_id_ = a_.alias.empty() ? std::filesystem::path(a_.model).stem().string() : a_.alias;
+  const bool several = specs_.size() > 1;
+  if (several) {  // one budget for every model's pool (tools/serve/models.h)
+    if (int rc = models_.ShareBudget(a_.memory_budget_mib << 20)) return CFail("creating the shared memory budget", rc);
+  }
   mz_context_params cp = mz_context_default_params();
   cp.n_ctx = uint32_t(a_.n_ctx);
   cp.n_threads = a_.threads;
   cp.kv_codec = a_.kv_codec.c_str();
   cp.kv_type = a_.kv_type == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
-  chunk_tokens_ = int(cp.kv_chunk_tokens);
   mz_pool_params pp = mz_pool_default_params();
-  pp.dir = a_.dir.c_str();
   pp.context = &cp;
   pp.memory_budget = a_.memory_budget_mib << 20;
   pp.disk_budget = a_.disk_budget_mib << 20;
@@ -626,30 +739,47 @@ int Server::Load() {
   pp.batch = a_.batch;
   pp.batch_prefill_slice = a_.prefill_slice;
   pp.batch_itl_factor = float(a_.itl_factor);
-  if (!a_.remote.empty()) {
+  if (!a_.remote.empty()) {  // every model's pool in the same Redis (its keys carry the model's fingerprint)
     pp.remote_url = a_.remote.c_str();
     pp.remote_password_file = a_.remote_password_file.empty() ? nullptr : a_.remote_password_file.c_str();
     pp.remote_timeout_ms = uint32_t(a_.remote_timeout_ms);
   }
-  if (int rc = mz_pool_new(model_, &pp, &pool_)) return CFail("opening the pool in " + a_.dir, rc);
-  char buf[1024];
-  for (int32_t i = 0; mz_pool_damaged(pool_, i, buf, sizeof buf) >= 0; ++i)
-    std::fprintf(stderr, "[serve] warning: damaged, skipped: %s\n", buf);
-  // The router learns every stored conversation's history (header and index reads only).
-  std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(pool_, nullptr, 0))));
-  const int32_t n = mz_pool_list(pool_, all.data(), int32_t(all.size()));
-  for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
-    const std::string id = all[size_t(i)].id;
-    std::vector<mz_token> h;
-    if (History(id, &h) != MZ_OK) {
-      std::fprintf(stderr, "[serve] warning: conversation %s unreadable (%s): not routed to\n", id.c_str(), mz_last_error());
-      continue;
+  size_t n_conversations = 0;
+  for (const serve::ModelSpec& spec : specs_) {
+    // One model: its pool is the pool folder itself (the layout before several models); several:
+    // each in <dir>/<name>/.
+    const std::string dir = several ? a_.dir + "/" + spec.name : a_.dir;
+    std::error_code ec;
+    std::filesystem::create_directories(dir + "/serve", ec);
+    if (ec) {
+      std::fprintf(stderr, "error: cannot create %s/serve: %s\n", dir.c_str(), ec.message().c_str());
+      return 1;
     }
-    const int k = int(h.size());
-    int prompt_end = k;  // without a mark: only a request extending the whole history continues it
-    std::ifstream f(TurnMarkPath(id));
-    if (f && !(f >> prompt_end)) prompt_end = k;
-    router_.Put(id, std::move(h), prompt_end);
+    serve::ServedModel* m = nullptr;
+    std::string what;
+    if (int rc = models_.Add(spec, dir, pp, &ImplicitId, &m, &what)) return CFail(what, rc);
+    if (!several && !a_.alias.empty()) m->id = a_.alias;
+    char buf[1024];
+    for (int32_t i = 0; mz_pool_damaged(m->pool, i, buf, sizeof buf) >= 0; ++i)
+      std::fprintf(stderr, "[serve] warning: damaged, skipped: %s\n", buf);
+    // The router learns every stored conversation's history (header and index reads only).
+    std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(m->pool, nullptr, 0))));
+    const int32_t n = mz_pool_list(m->pool, all.data(), int32_t(all.size()));
+    for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
+      const std::string id = all[size_t(i)].id;
+      std::vector<mz_token> h;
+      if (History(*m, id, &h) != MZ_OK) {
+        std::fprintf(stderr, "[serve] warning: conversation %s of %s unreadable (%s): not routed to\n", id.c_str(),
+                     m->name.c_str(), mz_last_error());
+        continue;
+      }
+      const int k = int(h.size());
+      int prompt_end = k;  // without a mark: only a request extending the whole history continues it
+      std::ifstream f(TurnMarkPath(*m, id));
+      if (f && !(f >> prompt_end)) prompt_end = k;
+      m->router.Put(id, std::move(h), prompt_end);
+    }
+    n_conversations += m->router.size();
   }
   if (a_.watch_pressure) {
     mz_pressure_params pr = mz_pressure_default_params();
@@ -658,13 +788,15 @@ int Server::Load() {
     pr.restore_in_background = a_.restore_ahead;
     pr.on_action = &Server::PressureAction;
     pr.user = this;
-    if (mz_pool_pressure_watch_start(pool_, &pr) != MZ_OK)
+    // One watch: with several models the library applies a pool's pressure across the shared
+    // budget, in its order (idle models first).
+    if (mz_pool_pressure_watch_start(models_.front().pool, &pr) != MZ_OK)
       std::fprintf(stderr, "[serve] warning: no memory-pressure watch (%s): memory is given back only by the budget and /v1/mzcache/trim\n",
                    mz_last_error());
   }
   ready_ = true;
-  std::fprintf(stderr, "[serve] %s: %zu conversations in %s; listening on http://%s:%d%s\n", model_id_.c_str(),
-               router_.size(), a_.dir.c_str(), a_.host.c_str(), a_.port, a_.api_key.empty() ? "" : " (API key required)");
+  std::fprintf(stderr, "[serve] %s: %zu conversations in %s; listening on http://%s:%d%s\n",
+               several ? models_.Names().c_str() : models_.front().id.c_str(), n_conversations, a_.dir.c_str(), a_.host.c_str(), a_.port, a_.api_key.empty() ? "" : " (API key required)");
   if (!a_.port_file.empty()) {
     std::ofstream f(a_.port_file + ".tmp");
     f << a_.port << "\n";
@@ -748,7 +880,8 @@ int Server::Run() {
   loader.join();  // a stop during the load waits for it to end (then the pool is persisted and freed)
   if (load_rc != 0) return load_rc;
   std::fprintf(stderr, "[serve] persisting conversations\n");
-  if (pool_ && mz_pool_flush(pool_) != MZ_OK) std::fprintf(stderr, "[serve] warning: %s\n", mz_last_error());
+  for (size_t k = 0; k < models_.size(); ++k)
+    if (mz_pool_flush(models_.at(k).pool) != MZ_OK) std::fprintf(stderr, "[serve] warning: %s\n", mz_last_error());
   return 0;
 }
 

@@ -4,9 +4,11 @@
 //
 // One concern per file: server.cpp (admission, turns, the pool report, start and stop),
 // routes.cpp (the HTTP endpoints), resources.cpp (metrics, tokenize, props, conversations as
-// resources, CORS and the readiness gate), cmd_serve.cpp (the command line). Thread-safety: the handlers
-// run on httplib's worker threads; the Server's members are either set before listening (model_,
-// pool_, a_) or synchronized themselves (router_, slots_, the counters).
+// resources, CORS and the readiness gate), models.{h,cpp} (the models served: a pool each, one shared
+// budget), cmd_serve.cpp (the command line). Thread-safety: the handlers
+// run on httplib's worker threads; the Server's members are either set before answering (a_,
+// models_: filled by Load before ready_) or synchronized themselves (each model's router, slots_,
+// the counters).
 #pragma once
 
 #include <httplib.h>
@@ -23,6 +25,7 @@
 #include "mzcache.h"
 #include "tools/serve/activity_log.h"
 #include "tools/serve/metrics.h"
+#include "tools/serve/models.h"
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
 #include "tools/serve/scripted_replies.h"
@@ -35,7 +38,11 @@ namespace mz::cli::serve_app {
 constexpr int kListenBacklog = 512;
 
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", api_key, dir, alias, persist_codec = "q8", kv_codec = "q8", kv_type = "f16";
+  // The models (-m, repeatable, and every GGUF of --models-dir): several share one memory budget
+  // (tools/serve/models.h). None: the synthesized Qwen3-0.6B.
+  std::vector<std::string> models;
+  std::string models_dir;
+  std::string host = "127.0.0.1", api_key, dir, alias, persist_codec = "q8", kv_codec = "q8", kv_type = "f16";
   int port = 8080, threads = 2, n_ctx = 8192, parallel = 8, queue = 64, max_tokens = 1024, http_threads = 32;
   uint64_t memory_budget_mib = 0, disk_budget_mib = 8192, max_body_kib = 1024;
   int read_timeout_s = 10;
@@ -99,11 +106,7 @@ class Slots {
 
 class Server {
  public:
-  explicit Server(const ServeArgs& a) : a_(a), router_(&ImplicitId), slots_(a.parallel, a.queue) {}
-  ~Server() {
-    if (pool_) mz_pool_free(pool_);  // persists every changed conversation
-    if (model_) mz_model_free(model_);
-  }
+  explicit Server(const ServeArgs& a) : a_(a), slots_(a.parallel, a.queue) {}
   // Start: checks the arguments and binds (the port file is written once the model is loaded);
   // Run: loads the model and the pool in the background while listening (every endpoint but
   // /health answers 503 until then; a load failure stops the server with its exit code).
@@ -116,14 +119,22 @@ class Server {
   void Error(httplib::Response& res, const serve::ApiError& e);
   void Routes();
   void Completions(const httplib::Request& req, httplib::Response& res, bool chat);
-  bool Prompt(const serve::ChatRequest& r, std::vector<mz_token>* out, serve::ApiError* err);
-  std::shared_ptr<Job> Claim(const serve::ChatRequest& r, std::vector<mz_token> prompt, serve::ApiError* err);
+  // The model a request goes to (its "model" field, its conversation's owner) and whether its file
+  // is still the one loaded: nullptr with *err (400 unknown model or another model's conversation,
+  // 409 model_changed) otherwise.
+  serve::ServedModel* ModelFor(const serve::ChatRequest& r, serve::ApiError* err);
+  bool Prompt(serve::ServedModel& m, const serve::ChatRequest& r, std::vector<mz_token>* out, serve::ApiError* err);
+  std::shared_ptr<Job> Claim(serve::ServedModel& m, const serve::ChatRequest& r, std::vector<mz_token> prompt,
+                             serve::ApiError* err);
   serve::TurnResult Turn(Job& job, const serve::EmitFn& emit);
   void FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history);
-  int History(const std::string& id, std::vector<mz_token>* out);
-  std::string TurnMarkPath(const std::string& id) const { return a_.dir + "/serve/" + id + ".turn"; }
-  void WriteTurnMark(const std::string& id, int prompt_end);
+  int History(serve::ServedModel& m, const std::string& id, std::vector<mz_token>* out);
+  static std::string TurnMarkPath(const serve::ServedModel& m, const std::string& id) {
+    return m.dir + "/serve/" + id + ".turn";
+  }
+  void WriteTurnMark(const serve::ServedModel& m, const std::string& id, int prompt_end);
   nlohmann::json PoolJson();
+  nlohmann::json ModelsJson();  // each model's weights by tier, in use, conversations; the shared budget
   // The pressure watcher's on_action (mz_pressure_params): records the action in activity_.
   static void PressureAction(const mz_pressure_action* a, void* self);
   // tools/serve/resources.cpp: /metrics, /tokenize, /detokenize, /props, /v1/conversations, the
@@ -132,29 +143,26 @@ class Server {
   int Load();  // the model, the pool, the router's histories, the pressure watch: 0 or the exit code
   void ResourceRoutes();
   std::string MetricsText();
-  nlohmann::json ConversationJson(const mz_conversation_report& r);
+  nlohmann::json ConversationJson(const mz_conversation_report& r, const std::string& model);
   // After a turn: the metrics and the response's timings (llama-server's "timings" object).
   void RecordTurn(const serve::TurnResult& t, int prompt_n, int cache_n, serve::Timings* timings);
 
   ServeArgs a_;
-  mz_model* model_ = nullptr;
-  mz_pool* pool_ = nullptr;
-  std::string model_id_;
-  int chunk_tokens_ = 256;
+  std::vector<serve::ModelSpec> specs_;  // what Load loads (Start lists them)
   serve::Limits limits_;
-  serve::Router router_;
   Slots slots_;
   httplib::Server http_;
   int listen_fd_ = -1;  // the listening socket (httplib owns and closes it); -1 before Start()
   std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};
   serve::ActivityLog activity_;  // recent memory events and turns, for the pool report (the web page)
-  serve::ToolSyntax tool_syntax_ = serve::ToolSyntax::kHermes;  // how the model writes tool calls (by arch)
   std::string chat_template_;                                    // --chat-template-file ("" = the model's)
   serve::ScriptedReplies scripted_;                              // TEST HOOK, empty unless given
   serve::MetricsRegistry metrics_;
   std::atomic<bool> ready_{false};          // the model and pool are loaded
   std::atomic<int> processing_{0};          // turns generating (llamacpp:requests_processing)
   std::atomic<int> deferred_{0};            // requests waiting for a slot (llamacpp:requests_deferred)
+  // Last: destroyed first, so the pools persist and close before anything above goes.
+  serve::ModelSet models_;
 };
 
 // Runs the server until SIGINT/SIGTERM: the exit code.

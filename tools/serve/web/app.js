@@ -121,9 +121,50 @@ function render(p) {
   wres.style.width = `${wt ? (100 * wr) / wt : 0}%`;
   wsto.style.width = `${wt ? (100 * (wt - wr)) / wt : 0}%`;
   w.querySelector('.figures').textContent = `${fmtBytes(wr)} in memory · ${fmtBytes(Math.max(0, wt - wr))} left in the model file`;
+  renderModels(p.models || []);
   renderConversations(p.conversations || []);
   renderTurns(p.turns || []);
   renderEvents(p.events || []);
+}
+
+// Several models (docs/server.md): a picker for the next message and a weights bar per model
+// (resident, given back but in the page cache, given back and evicted); hidden with one model.
+function renderModels(models) {
+  const several = models.length > 1;
+  for (const e of document.querySelectorAll('.models-only')) e.hidden = !several;
+  if (!several) return;
+  state.convModel = {};
+  for (const c of (state.pool && state.pool.conversations) || []) state.convModel[c.id] = c.model;
+  const pick = $('model-pick');
+  const names = models.map((m) => m.id).join(' ');
+  if (pick.dataset.names !== names) {
+    const keep = pick.value;
+    pick.replaceChildren(...models.map((m) => new Option(m.id, m.id)));
+    pick.dataset.names = names;
+    if (keep) pick.value = keep;
+  }
+  const rows = models.map((m) => {
+    const w = m.weights || {};
+    const total = w.total || 0, cached = w.dropped_cached || 0, evicted = w.evicted || 0;
+    const row = el('div', 'conv weights');
+    row.dataset.model = m.id;
+    row.dataset.resident = w.resident || 0;
+    row.dataset.pageCache = cached;
+    row.dataset.evicted = evicted;
+    const bar = el('div', 'bar');
+    for (const [cls, v, what] of [['resident', w.resident || 0, 'in memory'], ['compressed', cached, 'in the page cache'],
+      ['storage', evicted, 'evicted']]) {
+      const seg = el('div', `seg ${cls}`);
+      seg.style.width = `${total ? (100 * v) / total : 0}%`;
+      seg.title = `${what}: ${fmtBytes(v)}`;
+      bar.append(seg);
+    }
+    row.append(el('span', 'name', m.id), bar, el('span', '', m.in_use ? 'in use' : ''),
+      el('span', 'figures', `${fmtBytes(w.resident || 0)} in memory · ${fmtBytes(cached)} in the page cache · ` +
+        `${fmtBytes(evicted)} evicted · ${m.conversations} conversations`));
+    return row;
+  });
+  $('model-weights').replaceChildren(...rows);
 }
 
 function renderConversations(list) {
@@ -175,7 +216,8 @@ function renderConversations(list) {
     forget.addEventListener('click', () => forgetConversation(c.id));
     const fig = el('span', 'figures',
       `${c.tokens} tokens · ${fmtBytes(c.kv_resident)} in memory · ${fmtBytes(c.kv_mem_compressed)} compressed · ` +
-      `${fmtBytes(c.kv_storage)} on storage${c.busy ? ' · busy' : ''}${c.open ? '' : ' · stored only'}`);
+      `${fmtBytes(c.kv_storage)} on storage${c.busy ? ' · busy' : ''}${c.open ? '' : ' · stored only'}` +
+      `${c.model && !$('model-pick').hidden ? ` · ${c.model}` : ''}`);
     row.append(name, bar, forget, fig);
     rows.push(row);
   }
@@ -253,6 +295,9 @@ async function forgetConversation(id) {
 function select(id) {
   state.selected = id;
   $('conv').value = id;
+  // A conversation keeps its model: the picker follows it.
+  const model = state.convModel && state.convModel[id];
+  if (model) $('model-pick').value = model;
   const log = $('log');
   log.replaceChildren();
   for (const m of state.histories[id] || []) log.append(el('div', `msg ${m.role}`, m.content));
@@ -287,6 +332,7 @@ async function send(text) {
   const req = { messages, stream: true, stream_options: { include_usage: true },
     max_tokens: Math.max(1, Number($('max-tokens').value) || 48) };
   if (id) req.conversation = id;
+  if (!$('model-pick').hidden && $('model-pick').value) req.model = $('model-pick').value;
   let usage = null, mz = null, failed = null;
   try {
     const res = await check(await fetch('/v1/chat/completions', { method: 'POST', headers: headers(true),
@@ -379,7 +425,7 @@ $('trim').addEventListener('click', trim);
 async function loadModel() {
   try {
     const m = await api('GET', '/v1/models');
-    $('model').textContent = m.data && m.data[0] ? m.data[0].id : '';
+    $('model').textContent = (m.data || []).map((x) => x.id).join(' · ');
   } catch (e) { /* 401: the key form is shown */ }
 }
 loadModel();
