@@ -68,6 +68,7 @@ struct ModelsArgs {
   std::string dir = "/var/tmp";
   std::string out = "results/bench-models";
   std::string systems = "mzcache,unload-load,llama-server,all-in-memory";
+  std::string weights = "page-cache";  // how the mzcache systems hold weights (mz_model_params.weight_memory)
 };
 
 struct PoolFree {
@@ -190,7 +191,9 @@ class System {
   }
   Status Load(Slot& s, mz_budget* budget) {
     mz_model* m = nullptr;
-    MZ_RETURN_IF_ERROR(MzStatus(mz_model_load(s.path.c_str(), nullptr, &m)));
+    mz_model_params mp = mz_model_default_params();
+    mp.weight_memory = a_.weights == "anonymous" ? MZ_WEIGHTS_ANONYMOUS : MZ_WEIGHTS_PAGE_CACHE;
+    MZ_RETURN_IF_ERROR(MzStatus(mz_model_load(s.path.c_str(), &mp, &m)));
     s.model.reset(m);
     mz_model_info info;
     mz_model_get_info(m, &info);
@@ -506,7 +509,7 @@ int RunModels(const ModelsArgs& a) {
   doc["machine"] = MachineDescription();
   doc["load_average_before"] = load0;
   doc["load_average_after"] = load1;
-  doc["args"] = {{"models", names}, {"type", a.type}, {"steps", a.steps}, {"history", a.history},
+  doc["args"] = {{"models", names}, {"type", a.type}, {"weights", a.weights}, {"steps", a.steps}, {"history", a.history},
                  {"query", a.query}, {"gen", a.gen}, {"threads", a.threads}, {"budget_models", a.budget_models},
                  {"seed", a.seed}};
   doc["mean_footprint_bytes"] = mean;
@@ -529,10 +532,10 @@ int RunModels(const ModelsArgs& a) {
   }
   std::string md = "# bench models: first token after a model switch\n\n";
   md += Sprintf("Machine: %s. Load average %.2f before, %.2f after. Models: %s (%s), %d threads, history %d tokens, "
-                "query %d tokens, %d switches per system, systems alternated step by step. Shared budget %.0f MiB "
+                "query %d tokens, %d switches per system, systems alternated step by step, weights held %s. Shared budget %.0f MiB "
                 "(%.2f x the mean footprint of %.0f MiB).\n\n",
                 MachineDescription().c_str(), load0, load1, a.models.c_str(), a.type.c_str(), a.threads, a.history,
-                a.query, a.steps, double(budget) / 1048576, a.budget_models, double(mean) / 1048576);
+                a.query, a.steps, a.weights.c_str(), double(budget) / 1048576, a.budget_models, double(mean) / 1048576);
   md += "| system | TTFT after a switch, median (min-max) | MiB read from storage per switch, median | "
         "TTFT where mzcache's incoming model was >= 50% resident, median (n) |\n|---|---|---|---|\n";
   for (const auto& s : systems) {
@@ -563,7 +566,9 @@ int RunModels(const ModelsArgs& a) {
   md += "\nMemory held is each system's pools' counted bytes after every request (weights, KV, in-memory swap, "
         "compute buffers): one process runs the mzcache systems, so a per-system RSS cannot be read; llama-server's is "
         "its process's RSS. llama-server's bytes read are its process's since its start (the switch).\n";
-  md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) + "`\n";
+  md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) +
+        (a.weights != "page-cache" ? " --weights " + a.weights : std::string()) +
+        (a.systems != ModelsArgs().systems ? " --systems " + a.systems : std::string()) + "`\n";
   // Plots.
   std::string data;
   for (const auto& s : systems) {
@@ -616,6 +621,10 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
   c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
   c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
   c->add_option("--systems", a->systems, "comma-separated: mzcache, unload-load, llama-server, all-in-memory");
+  c->add_option("--weights", a->weights,
+                "how the mzcache systems hold weights: page-cache (mapped from the file, the default) or anonymous "
+                "(read with direct I/O)")
+      ->check(CLI::IsMember({"page-cache", "anonymous"}));
   c->add_option("--dir", a->dir, "scratch folder (model copies, pools)");
   c->add_option("-o,--out", a->out, "folder for bench-models.{md,json} and plots");
   runners.push_back([c, a]() -> int {
