@@ -203,6 +203,18 @@ struct SessionReader::Impl {
   std::vector<ChunkRecord> recs;
   std::unique_ptr<Aligned> buf;
   Status Bad(const std::string& why) const { return Status::Corruption("session " + path + ": " + why); }
+  // Reads record r's encoded bytes into buf (checked against the file's bounds and the record's
+  // checksum): kCorruption naming `what` when anything is off, the File's error on a failed read.
+  Status ReadRecord(const ChunkRecord& r, uint64_t file_bytes, const std::string& what) {
+    if (r.size > buf->n || r.offset % kDirectIoAlign || r.offset < h.data_offset || r.offset > file_bytes ||
+        AlignUp(r.size, kDirectIoAlign) > file_bytes - r.offset || r.enc_tokens == 0 || r.enc_tokens > h.chunk_tokens)
+      return Bad(what + " record out of range (file truncated?)");
+    size_t got = 0;
+    MZ_RETURN_IF_ERROR(f->Read(buf->p, AlignUp(r.size, kDirectIoAlign), r.offset, &got));
+    if (got < r.size) return Bad(what + " truncated");
+    if (XXH64(buf->p, r.size, 0) != r.hash) return Bad(what + " checksum mismatch");
+    return Status::Ok();
+  }
 };
 
 SessionReader::~SessionReader() = default;
@@ -301,14 +313,8 @@ Status SessionReader::ReadChunk(int l, int c, uint16_t* dst) {
                                    ") is stored in a chunk file, not in " + m.path);
   const ChunkRecord& r = m.recs[size_t(l) * size_t(n_chunks_) + size_t(c)];
   const std::string what = "chunk (" + std::to_string(l) + "," + std::to_string(c) + ")";
+  MZ_RETURN_IF_ERROR(m.ReadRecord(r, file_bytes_, what));
   Aligned& buf = *m.buf;
-  if (r.size > buf.n || r.offset % kDirectIoAlign || r.offset < m.h.data_offset || r.offset > file_bytes_ ||
-      AlignUp(r.size, kDirectIoAlign) > file_bytes_ - r.offset || r.enc_tokens == 0 || r.enc_tokens > m.h.chunk_tokens)
-    return m.Bad(what + " record out of range (file truncated?)");
-  size_t got = 0;
-  MZ_RETURN_IF_ERROR(m.f->Read(buf.p, AlignUp(r.size, kDirectIoAlign), r.offset, &got));
-  if (got < r.size) return m.Bad(what + " truncated");
-  if (XXH64(buf.p, r.size, 0) != r.hash) return m.Bad(what + " checksum mismatch");
   ChunkShape sh{m.g.n_kv_head, m.g.chunk_tokens, m.g.head_dim, int(r.enc_tokens), l, m.g.n_layer};
   return m.codec->Decode(sh, buf.p, r.size, dst);
 }
@@ -331,14 +337,8 @@ Status SessionReader::ReadPayload(int l, int c, std::string* out, int* enc_token
                                    ") out of range or stored in a chunk file");
   const ChunkRecord& r = m.recs[size_t(l) * size_t(n_chunks_) + size_t(c)];
   const std::string what = "chunk (" + std::to_string(l) + "," + std::to_string(c) + ")";
+  MZ_RETURN_IF_ERROR(m.ReadRecord(r, file_bytes_, what));
   Aligned& buf = *m.buf;
-  if (r.size > buf.n || r.offset % kDirectIoAlign || r.offset < m.h.data_offset || r.offset > file_bytes_ ||
-      AlignUp(r.size, kDirectIoAlign) > file_bytes_ - r.offset || r.enc_tokens == 0 || r.enc_tokens > m.h.chunk_tokens)
-    return m.Bad(what + " record out of range (file truncated?)");
-  size_t got = 0;
-  MZ_RETURN_IF_ERROR(m.f->Read(buf.p, AlignUp(r.size, kDirectIoAlign), r.offset, &got));
-  if (got < r.size) return m.Bad(what + " truncated");
-  if (XXH64(buf.p, r.size, 0) != r.hash) return m.Bad(what + " checksum mismatch");
   out->assign(reinterpret_cast<const char*>(buf.p), size_t(r.size));
   *enc_tokens = int(r.enc_tokens);
   return Status::Ok();
