@@ -68,7 +68,8 @@ struct ModelsArgs {
   std::string dir = "/var/tmp";
   std::string out = "results/bench-models";
   std::string systems = "mzcache,unload-load,llama-server,all-in-memory";
-  std::string weights = "page-cache";  // how the mzcache systems hold weights (mz_model_params.weight_memory)
+  std::string weights = "page-cache";
+  std::string overlap = "full";  // the mzcache systems' restore_generate overlap (mz_restore_params.overlap)  // how the mzcache systems hold weights (mz_model_params.weight_memory)
 };
 
 struct PoolFree {
@@ -141,6 +142,8 @@ class System {
       return 0;
     return double(w.resident) / double(w.total);
   }
+  // restore_generate restores first, then computes (mz_restore_params.overlap none).
+  virtual bool Serial() const { return a_.overlap == "none"; }
   virtual uint64_t Held() {
     uint64_t h = 0;
     for (auto& s : slots_) {
@@ -162,8 +165,10 @@ class System {
     const double t0 = NowSeconds();
     MZ_RETURN_IF_ERROR(Ready(i));
     mz_restore_stats rs{};
+    mz_restore_params rp = mz_restore_default_params();
+    rp.overlap = Serial() ? MZ_OVERLAP_NONE : MZ_OVERLAP_FULL;
     MZ_RETURN_IF_ERROR(
-        MzStatus(mz_conversation_restore_generate(s.conv.get(), q.data(), int32_t(q.size()), nullptr, &rs)));
+        MzStatus(mz_conversation_restore_generate(s.conv.get(), q.data(), int32_t(q.size()), &rp, &rs)));
     mz_token tok = Argmax(s.conv.get(), s.n_vocab);
     r->ttft_s = NowSeconds() - t0;
     r->pipe_ttft_s = rs.ttft_s;
@@ -241,6 +246,8 @@ class System {
 class MzcacheSystem : public System {
  public:
   using System::System;
+  MzcacheSystem(std::string name, const ModelsArgs& a, bool serial) : System(std::move(name), a), serial_(serial) {}
+  bool Serial() const override { return serial_ || System::Serial(); }
   Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t budget) override {
     MZ_RETURN_IF_ERROR(CopyModels(sources, root));
     mz_budget_params bp = mz_budget_default_params();
@@ -271,6 +278,7 @@ class MzcacheSystem : public System {
 
  private:
   MzBudget budget_;
+  bool serial_ = false;
 };
 
 class UnloadLoadSystem : public System {
@@ -478,6 +486,11 @@ int RunModels(const ModelsArgs& a) {
     mz = s.get();
     systems.push_back(std::move(s));
   }
+  if (want("mzcache-serial")) {  // the same, its restores not overlapped with the prefill
+    auto s = std::make_unique<MzcacheSystem>("mzcache-serial", a, true);
+    if (Status st = s->Setup(sources, root + "/mzcache-serial", budget); !st.ok()) return Fail(st);
+    systems.push_back(std::move(s));
+  }
   if (want("unload-load")) {
     auto s = std::make_unique<UnloadLoadSystem>("unload-load", a);
     if (Status st = s->Setup(sources, root + "/unload", budget); !st.ok()) return Fail(st);
@@ -520,7 +533,7 @@ int RunModels(const ModelsArgs& a) {
   doc["machine"] = MachineDescription();
   doc["load_average_before"] = load0;
   doc["load_average_after"] = load1;
-  doc["args"] = {{"models", names}, {"type", a.type}, {"weights", a.weights}, {"steps", a.steps}, {"history", a.history},
+  doc["args"] = {{"models", names}, {"type", a.type}, {"weights", a.weights}, {"overlap", a.overlap}, {"steps", a.steps}, {"history", a.history},
                  {"query", a.query}, {"gen", a.gen}, {"threads", a.threads}, {"budget_models", a.budget_models},
                  {"seed", a.seed}};
   doc["mean_footprint_bytes"] = mean;
@@ -599,6 +612,7 @@ int RunModels(const ModelsArgs& a) {
         "its process's RSS. llama-server's bytes read are its process's since its start (the switch).\n";
   md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) +
         (a.weights != "page-cache" ? " --weights " + a.weights : std::string()) +
+        (a.overlap != "full" ? " --overlap " + a.overlap : std::string()) +
         (a.systems != ModelsArgs().systems ? " --systems " + a.systems : std::string()) + "`\n";
   // Plots.
   std::string data;
@@ -651,11 +665,16 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
   c->add_option("-t,--threads", a->threads, "threads");
   c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
   c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
-  c->add_option("--systems", a->systems, "comma-separated: mzcache, unload-load, llama-server, all-in-memory");
+  c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), unload-load, llama-server, "
+                "all-in-memory");
   c->add_option("--weights", a->weights,
                 "how the mzcache systems hold weights: page-cache (mapped from the file, the default) or anonymous "
                 "(read with direct I/O)")
       ->check(CLI::IsMember({"page-cache", "anonymous"}));
+  c->add_option("--overlap", a->overlap,
+                "restore_generate of the mzcache systems: full (restore overlapped with the prefill, the default) or "
+                "none (restore first, then compute: the ablation)")
+      ->check(CLI::IsMember({"full", "none"}));
   c->add_option("--dir", a->dir, "scratch folder (model copies, pools)");
   c->add_option("-o,--out", a->out, "folder for bench-models.{md,json} and plots");
   runners.push_back([c, a]() -> int {
