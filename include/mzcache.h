@@ -1109,6 +1109,13 @@ struct mz_pool_weights_report {
   bool in_use;                  /* a conversation is mid-turn or computing */
 };
 int mz_pool_get_weights_report(mz_pool* pool, struct mz_pool_weights_report* out);
+/* Since 0.15: a text of the model (what llama-server's /props reports): its GGUF
+ * tokenizer.chat_template ("" without one), the BOS or EOS token's text ("" if the vocabulary has
+ * none). Copies at most cap-1 bytes and a NUL into buf; returns the full length (call with cap 0
+ * to size the buffer), or MZ_ERR_INVALID_ARG (NULL model, unknown what, cap < 0, buf NULL with
+ * cap > 0). Thread-safe. */
+enum { MZ_MODEL_TEXT_CHAT_TEMPLATE = 0, MZ_MODEL_TEXT_BOS = 1, MZ_MODEL_TEXT_EOS = 2 };
+int32_t mz_model_get_text(const mz_model* model, int32_t what, char* buf, int32_t cap);
 /* Checks that the model file is still the one loaded (size, modification time, inode and header):
  * MZ_ERR_MODEL_CHANGED with the reason otherwise (a server refuses requests for it rather than
  * serve from a mix of old and new layers). Reads the file's header. Thread-safe. */

@@ -334,7 +334,14 @@ def main():
             fail(f"/props lacks {f}: {r}")
     if r["default_generation_settings"]["n_ctx"] != 1024 or r["endpoint_metrics"] is not True:
         fail(f"/props: {r}")
-    ok("/props with llama-server's fields")
+    # The model's own chat template (the GGUF's tokenizer.chat_template) and its BOS/EOS text, as
+    # llama-server reports them (clients render prompts with them).
+    tmpl = r.get("chat_template")
+    if not isinstance(tmpl, str) or "{%" not in tmpl or "messages" not in tmpl:
+        fail(f"/props chat_template is not the model's Jinja template: {str(tmpl)[:200]!r}")
+    if not isinstance(r.get("bos_token"), str) or not isinstance(r.get("eos_token"), str) or not r["eos_token"]:
+        fail(f"/props bos_token / eos_token: {r.get('bos_token')!r} / {r.get('eos_token')!r}")
+    ok(f"/props with llama-server's fields (chat_template of {len(tmpl)} bytes, eos {r['eos_token']!r})")
 
     # --- conversations as resources
     r, _ = jreq(p, "GET", "/v1/conversations", key=key)

@@ -1189,6 +1189,16 @@ static int check_budget(const char* path) {
   CHECK(mz_model_load(path, NULL, &m1) == MZ_OK && mz_model_load(path, NULL, &m2) == MZ_OK, "load: %s", mz_last_error());
   CHECK(mz_model_verify_file(m1) == MZ_OK, "verify_file: %s", mz_last_error());
   CHECK(mz_model_verify_file(NULL) == MZ_ERR_INVALID_ARG, "verify_file(NULL)");
+  {
+    char t[16];
+    const int32_t n = mz_model_get_text(m1, MZ_MODEL_TEXT_CHAT_TEMPLATE, NULL, 0);
+    CHECK(n > 0, "the tiny model's chat template: %d", (int)n);
+    CHECK(mz_model_get_text(m1, MZ_MODEL_TEXT_CHAT_TEMPLATE, t, sizeof t) == n && strlen(t) == sizeof t - 1,
+          "a truncated copy returns the full length");
+    CHECK(mz_model_get_text(m1, MZ_MODEL_TEXT_EOS, t, sizeof t) > 0, "eos text");
+    CHECK(mz_model_get_text(m1, 7, t, sizeof t) == MZ_ERR_INVALID_ARG, "an unknown text accepted");
+    CHECK(mz_model_get_text(m1, MZ_MODEL_TEXT_BOS, NULL, 4) == MZ_ERR_INVALID_ARG, "NULL buf with cap accepted");
+  }
   mz_budget* b = NULL;
   struct mz_budget_params bp = mz_budget_default_params();
   bp.memory_budget = 1; /* everything over: every pass gives back all it may */

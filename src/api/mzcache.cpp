@@ -201,6 +201,24 @@ int32_t mz_chat_render(const mz_model* model, const char* chat_template, const c
   return int32_t(text.size());
 }
 
+int32_t mz_model_get_text(const mz_model* model, int32_t what, char* buf, int32_t cap) {
+  if (!model || cap < 0 || (cap > 0 && !buf)) return MZ_ERR_INVALID_ARG;
+  std::string s;
+  switch (what) {
+    case MZ_MODEL_TEXT_CHAT_TEMPLATE: s = model->tok->ChatTemplateSource(); break;
+    case MZ_MODEL_TEXT_BOS: s = model->tok->BosText(); break;
+    case MZ_MODEL_TEXT_EOS: s = model->tok->EosText(); break;
+    default: return MZ_ERR_INVALID_ARG;
+  }
+  if (s.size() > size_t(INT32_MAX - 1)) return MZ_ERR_INVALID_ARG;
+  if (cap > 0) {
+    const size_t n = std::min(s.size(), size_t(cap - 1));
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return int32_t(s.size());
+}
+
 int32_t mz_token_to_piece(const mz_model* model, mz_token token, char* buf, int32_t cap) {
   if (!model || token < 0 || token >= model->tok->n_vocab()) return MZ_ERR_INVALID_ARG;
   std::string s = model->tok->Piece(token);

@@ -396,7 +396,21 @@ void Server::ResourceRoutes() {
     json names = json::array();
     for (size_t k = 0; k < models_.size(); ++k) names.push_back(models_.at(k).id);
     // llama-server's fields describe the default model (the first); "models" lists them all.
-    JsonBody(res, {{"default_generation_settings",
+    const auto text = [this](int32_t what) {
+      const mz_model* model = models_.front().model;
+      const int32_t n = mz_model_get_text(model, what, nullptr, 0);
+      if (n <= 0) return std::string();
+      std::string s(size_t(n) + 1, '\0');
+      mz_model_get_text(model, what, s.data(), n + 1);
+      s.resize(size_t(n));
+      return s;
+    };
+    // --chat-template-file replaces the model's own template for every request: /props says which.
+    const std::string tmpl = chat_template_.empty() ? text(MZ_MODEL_TEXT_CHAT_TEMPLATE) : chat_template_;
+    JsonBody(res, {{"chat_template", tmpl},
+                   {"bos_token", text(MZ_MODEL_TEXT_BOS)},
+                   {"eos_token", text(MZ_MODEL_TEXT_EOS)},
+                   {"default_generation_settings",
                     {{"n_ctx", a_.n_ctx},
                      {"params", {{"n_predict", n_predict}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}}}}},
                    {"total_slots", a_.parallel},
