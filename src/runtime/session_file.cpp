@@ -61,6 +61,31 @@ using session_format::Aligned;
 using session_format::ChunkRecord;
 using session_format::Header;
 
+// The header of a session file of n_tokens tokens (its first n_external chunks named, not held):
+// the geometry, codec and model, and where the index and the data start. One writer of it for
+// SaveSession and BuildSessionBytes.
+Header MakeHeader(uint64_t model_hash, const KvGeometry& g, uint32_t codec_id, int n_tokens, int n_external) {
+  const int T = g.chunk_tokens;
+  const int n_chunks = (n_tokens + T - 1) / T;
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = n_external > 0 ? kVersionExternal : kVersion;
+  h.n_external = uint32_t(n_external);
+  h.model_hash = model_hash;
+  h.n_layer = uint32_t(g.n_layer);
+  h.n_kv_head = uint32_t(g.n_kv_head);
+  h.head_dim = uint32_t(g.head_dim);
+  h.chunk_tokens = uint32_t(T);
+  h.codec_id = codec_id;
+  h.n_tokens = uint32_t(n_tokens);
+  h.n_chunks = uint32_t(n_chunks);
+  h.kv_type = uint32_t(g.kv_type);
+  h.index_offset = kHeaderBytes;
+  h.index_bytes = uint64_t(n_tokens) * 4 + uint64_t(g.n_layer) * n_chunks * sizeof(ChunkRecord) + 8;
+  h.data_offset = AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign);
+  return h;
+}
+
 // Writes a session file: tokens[0, n_tokens), and for every layer l and chunk c >= n_external the
 // resident form read(l, c, dst) encoded by codec. Crash-safe (temporary name, fsync, rename, fsync of
 // the folder); on error the temporary file is removed and path is untouched, except when only the
@@ -76,22 +101,7 @@ Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, cons
   if (n_external < 0 || int64_t(n_external) * T > n_tokens)
     return Status::InvalidArgument("saving session " + path + ": " + std::to_string(n_external) +
                                    " external chunks, only " + std::to_string(n_tokens / T) + " full ones");
-  Header h{};
-  std::memcpy(h.magic, kMagic, 8);
-  h.version = n_external > 0 ? kVersionExternal : kVersion;
-  h.n_external = uint32_t(n_external);
-  h.model_hash = model_hash;
-  h.n_layer = uint32_t(g.n_layer);
-  h.n_kv_head = uint32_t(g.n_kv_head);
-  h.head_dim = uint32_t(g.head_dim);
-  h.chunk_tokens = uint32_t(T);
-  h.codec_id = codec.id();
-  h.n_tokens = uint32_t(n_tokens);
-  h.n_chunks = uint32_t(n_chunks);
-  h.kv_type = uint32_t(g.kv_type);
-  h.index_offset = kHeaderBytes;
-  h.index_bytes = uint64_t(n_tokens) * 4 + uint64_t(g.n_layer) * n_chunks * sizeof(ChunkRecord) + 8;
-  h.data_offset = AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign);
+  Header h = MakeHeader(model_hash, g, codec.id(), n_tokens, n_external);
 
   const std::string tmp = path + ".tmp";
   std::unique_ptr<File> f;
@@ -352,22 +362,7 @@ Status BuildSessionBytes(uint64_t model_hash, const KvGeometry& g, uint32_t code
     return Status::InvalidArgument("session bytes: " + std::to_string(n_external) + " external chunks, only " +
                                    std::to_string(T > 0 ? n_tokens / T : 0) + " full ones");
   const int n_chunks = (n_tokens + T - 1) / T;
-  Header h{};
-  std::memcpy(h.magic, kMagic, 8);
-  h.version = n_external > 0 ? kVersionExternal : kVersion;
-  h.n_external = uint32_t(n_external);
-  h.model_hash = model_hash;
-  h.n_layer = uint32_t(g.n_layer);
-  h.n_kv_head = uint32_t(g.n_kv_head);
-  h.head_dim = uint32_t(g.head_dim);
-  h.chunk_tokens = uint32_t(T);
-  h.codec_id = codec_id;
-  h.n_tokens = uint32_t(n_tokens);
-  h.n_chunks = uint32_t(n_chunks);
-  h.kv_type = uint32_t(g.kv_type);
-  h.index_offset = kHeaderBytes;
-  h.index_bytes = uint64_t(n_tokens) * 4 + uint64_t(g.n_layer) * n_chunks * sizeof(ChunkRecord) + 8;
-  h.data_offset = AlignUp(h.index_offset + h.index_bytes, kDirectIoAlign);
+  Header h = MakeHeader(model_hash, g, codec_id, n_tokens, n_external);
   std::string data;  // payloads from data_offset on
   std::vector<ChunkRecord> recs(size_t(g.n_layer) * size_t(n_chunks));
   std::string p;
