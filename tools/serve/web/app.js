@@ -133,8 +133,13 @@ function renderModels(models) {
   const several = models.length > 1;
   for (const e of document.querySelectorAll('.models-only')) e.hidden = !several;
   if (!several) return;
-  state.convModel = {};
-  for (const c of (state.pool && state.pool.conversations) || []) state.convModel[c.id] = c.model;
+  // The pool's report names each conversation's model; a conversation this page just started may
+  // not be in a report yet, so the model its answer named (send) is kept until the report has it.
+  const known = {};
+  for (const c of (state.pool && state.pool.conversations) || []) known[c.id] = c.model;
+  for (const [id, m] of Object.entries(state.convModel || {}))
+    if (!(id in known) && state.histories[id]) known[id] = m;
+  state.convModel = known;
   const pick = $('model-pick');
   const names = models.map((m) => m.id).join(' ');
   if (pick.dataset.names !== names) {
@@ -333,7 +338,7 @@ async function send(text) {
     max_tokens: Math.max(1, Number($('max-tokens').value) || 48) };
   if (id) req.conversation = id;
   if (!$('model-pick').hidden && $('model-pick').value) req.model = $('model-pick').value;
-  let usage = null, mz = null, failed = null;
+  let usage = null, mz = null, failed = null, answeredBy = req.model || null;
   try {
     const res = await check(await fetch('/v1/chat/completions', { method: 'POST', headers: headers(true),
       body: JSON.stringify(req), cache: 'no-store' }));
@@ -361,6 +366,7 @@ async function send(text) {
         }
         if (j.usage) usage = j.usage;
         if (j.mzcache) mz = j.mzcache;
+        if (j.model) answeredBy = j.model;
       }
     }
     if (failed) throw new Error(failed);
@@ -369,6 +375,7 @@ async function send(text) {
     if (conv !== id && id && state.histories[id]) delete state.histories[id];
     saveHistories();
     state.selected = conv;
+    if (answeredBy) state.convModel = Object.assign(state.convModel || {}, { [conv]: answeredBy });
     state.convIds = '';  // the next poll rebuilds the select from the pool
     const sel = $('conv');
     if (![...sel.options].some((o) => o.value === conv)) sel.add(new Option(conv, conv));
