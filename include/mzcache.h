@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 15
+#define MZ_VERSION_MINOR 16
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -169,6 +169,14 @@ struct mz_context_params {
   /* since 0.9 */
   int32_t kv_type;           /* enum mz_kv_type: resident KV format (default MZ_KV_F16; another value:
                                 mz_context_new returns MZ_ERR_INVALID_ARG) */
+  /* since 0.16: a pooled conversation that returns while others generate through the pool's shared
+   * pass (mz_pool_params.batch) restores its evicted units before it joins their steps. With this
+   * above 0 it restores them on one thread at this nice increment (1..19), below the compute
+   * threads' priority, so the others' steps keep the cores and it takes the time they leave (its
+   * own first token comes later; docs/design.md "Where a returning conversation joins"). 0:
+   * restore_threads threads at the caller's priority (0.13-0.15). Default 10. A thread the OS
+   * refuses: the restore runs on the calling thread at its priority. */
+  int32_t restore_nice_beside_batch;
 };
 /* Resident KV format (since 0.9). MZ_KV_Q8_0: KV rows are written as q8 blocks (int8 codes + one
  * fp16 scale per row of head_dim values) as tokens are produced and stay q8 while resident: about

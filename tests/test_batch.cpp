@@ -319,6 +319,78 @@ TEST(Batch, JoinLeaveAndEvictWhileBatchesRun) {
   EXPECT_EQ(pool->batcher()->active(), 0);
 }
 
+// A conversation that returns while another generates through the shared pass restores beside
+// its steps (context.cpp, "others are generating"): with restore_nice_beside_batch (default +10)
+// every unit is restored on one thread other than the caller, at the caller's nice + 10; its logits
+// equal those of the same conversation never evicted. With 0: on the caller's thread at its nice.
+TEST(Batch, ReturnBesideTheStepsRestoresBelowTheirPriority) {
+  auto m = LoadModel();
+  const auto hist = Tokens(0, 3 * T + 11, 4242);
+  const auto other = Tokens(0, 50, 4343);
+  const int32_t next[2] = {321, 654};
+  // Reference: the same history, never evicted, computed alone.
+  std::vector<float> ref;
+  {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(false, "beside-ref"), &pool).ok());
+    std::shared_ptr<Conversation> c;
+    ASSERT_TRUE(pool->OpenConversation("r", &c).ok());
+    ASSERT_TRUE(c->Decode(hist.data(), int(hist.size()), false).ok());
+    ASSERT_TRUE(c->Decode(next, 2, false).ok());
+    ref.assign(c->logits(0), c->logits(0) + m->hparams().n_vocab);
+  }
+  for (int nice : {10, 0}) {
+    SCOPED_TRACE("restore_nice_beside_batch " + std::to_string(nice));
+    PoolOptions o = Opts(true, "beside-" + std::to_string(nice));
+    o.context.restore_nice_beside_batch = nice;
+    o.context.kv_codec = "none";  // evicted chunks are restored (none is read in place)
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+    std::shared_ptr<Conversation> ret, gen;
+    ASSERT_TRUE(pool->OpenConversation("ret", &ret).ok());
+    ASSERT_TRUE(ret->Decode(hist.data(), int(hist.size()), false).ok());
+    uint64_t freed = 0;
+    ASSERT_TRUE(ret->context()->EvictBytes(~uint64_t(0), &freed, nullptr, EvictScope::kKvOnly).ok());
+    ASSERT_EQ(ret->context()->Report().kv_resident, 0u);
+    ASSERT_TRUE(pool->OpenConversation("gen", &gen).ok());
+    ASSERT_TRUE(gen->Decode(other.data(), int(other.size()), false).ok());
+    // The other conversation's request is queued in the held batcher: it is generating.
+    Batcher* b = pool->batcher();
+    b->Hold(true);
+    std::thread g([&] {
+      const int32_t t = 77;
+      EXPECT_TRUE(gen->Decode(&t, 1, false).ok());
+    });
+    while (b->active() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const pid_t caller = pid_t(gettid());
+    const int caller_nice = Env::Default()->ThreadNice();
+    std::atomic<int> units{0}, on_caller{0}, wrong_nice{0};
+    SyncPoints::SetCallback("restore:unit", [&](int) {
+      units++;
+      if (pid_t(gettid()) == caller) on_caller++;
+      if (Env::Default()->ThreadNice() != std::min(19, caller_nice + nice)) wrong_nice++;
+    });
+    // Released once the returning call has queued too (after its restore).
+    std::thread release([&] {
+      while (b->active() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      b->Hold(false);
+    });
+    Status st = ret->RestoreGenerate(next, 2, PipelineOptions(), nullptr);
+    release.join();
+    g.join();
+    SyncPoints::ClearAll();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_GT(units.load(), 0) << "the KV was restored by the executor";
+    EXPECT_EQ(wrong_nice.load(), 0);
+    if (nice > 0) EXPECT_EQ(on_caller.load(), 0) << "restored on its own thread";
+    else EXPECT_GT(on_caller.load(), 0) << "the caller's thread takes part";
+    const float* got = ret->logits(0);
+    ASSERT_NE(got, nullptr);
+    EXPECT_LE(Kl(ref.data(), got, m->hparams().n_vocab), 1e-4);
+    ExpectSameChoice(ref.data(), got, m->hparams().n_vocab, "the returned conversation");
+  }
+}
+
 // With three conversations mid-reply under a budget below their KV, the budget pass (once per
 // step) evicts the idle conversation and none of the three: each keeps its KV resident between its
 // tokens. Once their turns end (Commit), a pass takes them as usual. (Before 0.13 the pass spared

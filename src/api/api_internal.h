@@ -90,6 +90,7 @@ inline constexpr SizeRange kContextParamsSizes[] = {
     MZ_VERSION_END(mz_context_params, restore_threads, reconcile_min_missing),  // the first with struct_size
     MZ_VERSION_END(mz_context_params, reconcile_min_missing, memory_budget),    // 0.6
     MZ_VERSION_END(mz_context_params, memory_check, kv_type),                   // 0.9 before kv_type
+    MZ_VERSION_END(mz_context_params, kv_type, restore_nice_beside_batch),      // 0.9-0.15
 };
 inline constexpr SizeRange kRestoreParamsSizes[] = {MZ_ONLY_VERSION(mz_restore_params, attend_compressed)};
 inline constexpr SizeRange kSamplerParamsSizes[] = {MZ_ONLY_VERSION(mz_sampler_params, seed)};

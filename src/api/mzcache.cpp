@@ -247,6 +247,7 @@ mz_context_params mz_context_default_params(void) {
   p.memory_budget = 0;
   p.memory_check = true;
   p.kv_type = MZ_KV_F16;
+  p.restore_nice_beside_batch = mz::ContextOptions().restore_nice_beside_batch;
   return p;
 }
 
@@ -607,6 +608,10 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
   if (p.kv_type != MZ_KV_F16 && p.kv_type != MZ_KV_Q8_0)
     return mz::Status::InvalidArgument("kv_type " + std::to_string(p.kv_type) + " is not MZ_KV_F16 or MZ_KV_Q8_0");
   o->kv_type = mz::KvType(p.kv_type);
+  if (p.restore_nice_beside_batch < 0 || p.restore_nice_beside_batch > 19)
+    return mz::Status::InvalidArgument("restore_nice_beside_batch " + std::to_string(p.restore_nice_beside_batch) +
+                                       " is not in 0..19");
+  o->restore_nice_beside_batch = p.restore_nice_beside_batch;
   return mz::Status::Ok();
 }
 

@@ -29,7 +29,7 @@ std::vector<UnitRef> PlanUnits(const UnitTable& t, uint64_t max_bytes, int atten
 // in-memory swap as they are, one LoadCompressedRun per run of back-to-back extents. Every room is
 // reserved here, before any worker reads (no mapping while they populate); a room that cannot be
 // reserved is reserved again by its load.
-Status LoadForCompute(UnitTable* t, int attend_compressed_below) {
+Status LoadForCompute(UnitTable* t, int attend_compressed_below, int threads) {
   struct Group {
     int layer;
     std::vector<int> chunks;
@@ -49,7 +49,7 @@ Status LoadForCompute(UnitTable* t, int attend_compressed_below) {
       (void)t->ReserveLoad(groups[g].layer, groups[g].chunks[i], &rooms[g][i]);  // a failure: the load reserves again
   }
   std::atomic<size_t> next{0};
-  const int nt = std::max(1, std::min(t->options().restore_threads, int(groups.size())));
+  const int nt = std::max(1, std::min(threads, int(groups.size())));
   std::vector<Status> errs(static_cast<size_t>(nt));
   RunOnThreads(t->env(), nt, [&](int th) {
     for (size_t g; (g = next.fetch_add(1)) < groups.size();) {
@@ -67,7 +67,7 @@ Status LoadForCompute(UnitTable* t, int attend_compressed_below) {
 // Restores `todo` (forward order) over the table's restore threads, each unit into its slice of one
 // mapping (MapSlices; unit by unit if that mapping fails). Slices of units never taken (a stop
 // request: always a tail, as indices are handed out in order) are unmapped again.
-Status RestoreUnits(UnitTable* t, const std::vector<UnitRef>& todo, const std::function<bool()>& stop,
+Status RestoreUnits(UnitTable* t, const std::vector<UnitRef>& todo, const std::function<bool()>& stop, int threads,
                     RestoreResult* res) {
   // Weight units of a model whose weights are file mappings, and KV chunks mapped from the swap
   // file, are not populated: the file mapping replaces the slice.
@@ -81,7 +81,7 @@ Status RestoreUnits(UnitTable* t, const std::vector<UnitRef>& todo, const std::f
   char* region = MapSlices(env, bytes, &off, &total);
   std::atomic<bool> halt{false};
   std::atomic<size_t> next{0};
-  const int nt = std::max(1, std::min(t->options().restore_threads, int(todo.size())));
+  const int nt = std::max(1, std::min(threads, int(todo.size())));
   std::vector<Status> errs(static_cast<size_t>(nt));
   RunOnThreads(env, nt, [&](int th) {  // a thread the OS refuses: the others restore its units
     for (;;) {
@@ -144,10 +144,11 @@ Status RunRestore(UnitTable* t, const RestoreRequest& req, RestoreResult* out) {
   RestoreResult* res = out ? out : &mine;
   *res = RestoreResult();
   int below = 0;
+  const int threads = req.threads > 0 ? req.threads : t->options().restore_threads;
   if (req.mode == RestoreMode::kForCompute) {
     below = req.attend_compressed_below;
     // A failed load ends the call once every load was tried: the forward pass cannot run.
-    if (t->codec_readable_in_place()) MZ_RETURN_IF_ERROR(LoadForCompute(t, below));
+    if (t->codec_readable_in_place()) MZ_RETURN_IF_ERROR(LoadForCompute(t, below, threads));
   }
   if (t->AllResident()) return Status::Ok();
   const std::vector<UnitRef> todo = PlanUnits(*t, req.mode == RestoreMode::kUpTo ? req.max_bytes : UINT64_MAX, below);
@@ -161,7 +162,7 @@ Status RunRestore(UnitTable* t, const RestoreRequest& req, RestoreResult* out) {
       MZ_RETURN_IF_ERROR(t->VerifyModelIdentity());
       break;
     }
-  return RestoreUnits(t, todo, req.stop, res);
+  return RestoreUnits(t, todo, req.stop, threads, res);
 }
 
 }  // namespace mz

@@ -46,6 +46,9 @@ struct RestoreRequest {
   // unit starts, units in flight finish, and RestoreResult::stopped is set. Every unit is either
   // fully restored or untouched in its evicted state: stopping never tears one.
   std::function<bool()> stop;
+  // Worker threads (0: the table's options().restore_threads). The first runs on the calling
+  // thread (RunOnThreads), at its priority.
+  int threads = 0;
 };
 
 struct RestoreResult {

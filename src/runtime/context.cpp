@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <thread>
 
 namespace mz {
 
@@ -396,15 +397,31 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   pipe_opts.attend_compressed_below =
       po.attend_compressed && opts_.attend_compressed ? start / kv_->geometry().chunk_tokens : 0;
   if (opts_.batcher && opts_.batcher->active() > 0) {
-    // Others are generating through the shared pass: this call's units come back first (the
-    // restore executor's workers, beside their steps), then it joins the batch. Their steps never
-    // wait for its units.
+    // Others are generating through the shared pass: this call's units come back first, then it
+    // joins the batch. Their steps never wait for its units; with restore_nice_beside_batch the
+    // restore runs on one thread below their priority, so it takes the CPU time their steps leave
+    // instead of half their cores.
     RestoreRequest req;
     if (pipe_opts.attend_compressed_below > 0) {
       req.mode = RestoreMode::kForCompute;
       req.attend_compressed_below = pipe_opts.attend_compressed_below;
     }
-    Status st = RunRestore(units_.get(), req);
+    Status st;
+    Env* env = model_->env();
+    std::thread low;
+    if (opts_.restore_nice_beside_batch > 0) {
+      req.threads = 1;
+      const int nice = std::min(19, env->ThreadNice() + opts_.restore_nice_beside_batch);
+      if (!env->StartThread([&] {
+             (void)env->SetThreadNice(nice);  // raising the nice is always allowed; a refusal: as is
+             st = RunRestore(units_.get(), req);
+           }, &low).ok())
+        st = RunRestore(units_.get(), req);  // no thread: on this one, at its priority
+      else
+        low.join();
+    } else {
+      st = RunRestore(units_.get(), req);
+    }
     const uint64_t tr = model_->env()->NowNs();
     if (st.ok()) st = ComputeLocked(tokens, n, false);
     if (!st.ok()) {

@@ -61,6 +61,11 @@ struct ContextOptions {
   // KV chunks come back from the storage swap as mappings of it (UnitTableOptions::map_swap).
   bool map_swap = true;
   int restore_threads = 2;
+  // A returning conversation whose units must come back while others generate through the shared
+  // pass (batcher active) restores them on one thread at this nice increment (1..19), below the
+  // compute threads, so their steps keep the cores (mz_context_params.restore_nice_beside_batch).
+  // 0: restore_threads threads at the caller's priority.
+  int restore_nice_beside_batch = 10;
   std::string profile_path;      // device profile (default: <cache>/profile.json if present)
   EvictOrder evict_order = EvictOrder::kBackwardOut;
   uint64_t evict_seed = 1;       // random-out

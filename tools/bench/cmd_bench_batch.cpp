@@ -48,6 +48,11 @@ struct BatchArgs {
   // The long-prompt case (0: skip): a prompt of this many tokens arrives while restore_streams
   // conversations decode: their inter-token latency p95 during it against before it.
   int long_prompt = 0;
+  // Alternated within each rep: the returning conversation's restore priority beside the steps
+  // (mz_context_params.restore_nice_beside_batch) and the prompt slices' step-time factor
+  // (mz_pool_params.batch_itl_factor).
+  std::string return_nice = "10";
+  std::string itl_factor = "2";
 };
 
 struct PoolFree {
@@ -167,7 +172,8 @@ struct ReturnRun {
 };
 // long_prompt > 0: instead of the return, a new conversation's prompt of that many tokens arrives
 // (mz_conversation_decode), and the window is its prefill while the streams still decode.
-Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, int long_prompt, ReturnRun* out) {
+Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, int long_prompt, int nice, double itl_factor,
+                     ReturnRun* out) {
   mz_model_info info;
   mz_model_get_info(model, &info);
   const std::string dir = a.dir + "/mzcache-bench-batch-ret-" + std::to_string(getpid());
@@ -176,10 +182,12 @@ Status MeasureReturn(mz_model* model, const BatchArgs& a, uint32_t seed, int lon
   cp.n_ctx = uint32_t(std::max({a.history, a.return_tokens, long_prompt}) + a.gen + 64);
   cp.n_threads = a.threads;
   cp.kv_type = a.kv == "q8_0" ? MZ_KV_Q8_0 : MZ_KV_F16;
+  cp.restore_nice_beside_batch = nice;
   mz_pool_params pp = mz_pool_default_params();
   pp.dir = dir.c_str();
   pp.context = &cp;
   pp.share_prefixes = false;
+  pp.batch_itl_factor = float(itl_factor);
   mz_pool* raw = nullptr;
   MZ_RETURN_IF_ERROR(MzStatus(mz_pool_new(model, &pp, &raw)));
   std::unique_ptr<mz_pool, PoolFree> pool(raw);
@@ -336,38 +344,55 @@ int RunBatchBench(const BatchArgs& a) {
                         {"mean_batch", r.mean_batch}, {"compute_buffer_bytes", r.compute_buffers}});
       }
   doc["runs"] = rows;
-  std::vector<double> drops;
-  std::string ret_md;
+  const std::vector<int> nices = ParseList(a.return_nice);
+  std::vector<double> factors;
+  for (const auto& f : ParseNames(a.itl_factor)) factors.push_back(std::atof(f.c_str()));
+  for (int n : nices)
+    if (n < 0 || n > 19) return Fail(Status::InvalidArgument("--return-nice: " + std::to_string(n) + " is not in 0..19"));
+  for (double f : factors)
+    if (!(f == 0 || f >= 1)) return Fail(Status::InvalidArgument("--itl-factor: 0 or at least 1"));
+  if (nices.empty() || factors.empty()) return Fail(Status::InvalidArgument("--return-nice and --itl-factor need a value"));
+  std::map<int, std::vector<double>> drops, ret_s;  // by restore nice
   if (a.restore_streams > 0) {
     nlohmann::json rr = nlohmann::json::array();
-    for (int rep = 0; rep < a.reps; ++rep) {
-      ReturnRun r;
-      std::fprintf(stderr, "[bench batch] rep %d/%d: %d streams decode while a %d-token conversation returns from storage ...\n",
-                   rep + 1, a.reps, a.restore_streams, a.return_tokens);
-      if (Status st = MeasureReturn(model.get(), a, uint32_t(7000 + rep), 0, &r); !st.ok()) return Fail(st);
-      std::fprintf(stderr, "[bench batch]   before %.2f tok/s, during the return (%.2f s) %.2f tok/s\n", r.before_tps,
-                   r.return_s, r.during_tps);
-      drops.push_back(r.before_tps > 0 ? 1.0 - r.during_tps / r.before_tps : 0);
-      rr.push_back({{"rep", rep}, {"before_tps", r.before_tps}, {"during_tps", r.during_tps}, {"return_s", r.return_s}});
-    }
+    for (int rep = 0; rep < a.reps; ++rep)
+      for (int nice : nices) {
+        ReturnRun r;
+        std::fprintf(stderr,
+                     "[bench batch] rep %d/%d: %d streams decode while a %d-token conversation returns from storage "
+                     "(restore nice +%d) ...\n",
+                     rep + 1, a.reps, a.restore_streams, a.return_tokens, nice);
+        if (Status st = MeasureReturn(model.get(), a, uint32_t(7000 + rep), 0, nice, factors[0], &r); !st.ok())
+          return Fail(st);
+        std::fprintf(stderr, "[bench batch]   before %.2f tok/s, during the return (%.2f s) %.2f tok/s\n", r.before_tps,
+                     r.return_s, r.during_tps);
+        drops[nice].push_back(r.before_tps > 0 ? 1.0 - r.during_tps / r.before_tps : 0);
+        ret_s[nice].push_back(r.return_s);
+        rr.push_back({{"rep", rep}, {"restore_nice", nice}, {"before_tps", r.before_tps}, {"during_tps", r.during_tps},
+                      {"return_s", r.return_s}});
+      }
     doc["return"] = rr;
   }
-  std::vector<double> itl_ratio, itl_b, itl_d;
+  std::map<double, std::vector<double>> itl_ratio, itl_b, itl_d, window;  // by itl factor
   if (a.long_prompt > 0) {
     nlohmann::json lr = nlohmann::json::array();
-    for (int rep = 0; rep < a.reps; ++rep) {
-      ReturnRun r;
-      std::fprintf(stderr, "[bench batch] rep %d/%d: %d streams decode while a %d-token prompt arrives ...\n", rep + 1,
-                   a.reps, a.restore_streams, a.long_prompt);
-      if (Status st = MeasureReturn(model.get(), a, uint32_t(9000 + rep), a.long_prompt, &r); !st.ok()) return Fail(st);
-      std::fprintf(stderr, "[bench batch]   ITL p95 before %.3f s, during the prompt %.3f s (window %.1f s)\n",
-                   r.itl_p95_before, r.itl_p95_during, r.return_s);
-      itl_b.push_back(r.itl_p95_before);
-      itl_d.push_back(r.itl_p95_during);
-      if (r.itl_p95_before > 0) itl_ratio.push_back(r.itl_p95_during / r.itl_p95_before);
-      lr.push_back({{"rep", rep}, {"itl_p95_before_s", r.itl_p95_before}, {"itl_p95_during_s", r.itl_p95_during},
-                    {"window_s", r.return_s}, {"before_tps", r.before_tps}, {"during_tps", r.during_tps}});
-    }
+    for (int rep = 0; rep < a.reps; ++rep)
+      for (double f : factors) {
+        ReturnRun r;
+        std::fprintf(stderr, "[bench batch] rep %d/%d: %d streams decode while a %d-token prompt arrives (itl factor %.2f) ...\n",
+                     rep + 1, a.reps, a.restore_streams, a.long_prompt, f);
+        if (Status st = MeasureReturn(model.get(), a, uint32_t(9000 + rep), a.long_prompt, nices[0], f, &r); !st.ok())
+          return Fail(st);
+        std::fprintf(stderr, "[bench batch]   ITL p95 before %.3f s, during the prompt %.3f s (window %.1f s)\n",
+                     r.itl_p95_before, r.itl_p95_during, r.return_s);
+        itl_b[f].push_back(r.itl_p95_before);
+        itl_d[f].push_back(r.itl_p95_during);
+        window[f].push_back(r.return_s);
+        if (r.itl_p95_before > 0) itl_ratio[f].push_back(r.itl_p95_during / r.itl_p95_before);
+        lr.push_back({{"rep", rep}, {"itl_factor", f}, {"itl_p95_before_s", r.itl_p95_before},
+                      {"itl_p95_during_s", r.itl_p95_during}, {"window_s", r.return_s}, {"before_tps", r.before_tps},
+                      {"during_tps", r.during_tps}});
+      }
     doc["long_prompt"] = lr;
   }
   std::string md = "# bench batch\n\n" + MachineDescription() + ", " + std::string(info.name) + ", " +
@@ -418,26 +443,42 @@ int RunBatchBench(const BatchArgs& a) {
   }
   doc["summary"] = summary;
   if (!drops.empty()) {
-    Stats d = Summarize(drops);
     md += "\nA conversation of " + std::to_string(a.return_tokens) + " tokens returns from storage (stored, closed, " +
           "reopened: restore_generate of 16 tokens) while " + std::to_string(a.restore_streams) +
-          " streams decode: their aggregate tokens/s drop during its return, against the same streams just before: median " +
-          Num("%.0f", 100 * d.median) + "% (" + Num("%.0f", 100 * d.min) + "-" + Num("%.0f", 100 * d.max) + "%).\n";
+          " streams decode: their aggregate tokens/s drop during its return, against the same streams just before, " +
+          "and the return's time, by the restore thread's nice increment (restore_nice_beside_batch; 0: restore_threads " +
+          "threads at the caller's priority), alternated within each rep:\n\n| restore nice | drop | return s |\n|---|---|---|\n";
+    for (int nice : nices) {
+      Stats d = Summarize(drops[nice]), r = Summarize(ret_s[nice]);
+      md += "| +" + std::to_string(nice) + " | " + Num("%.0f", 100 * d.median) + "% (" + Num("%.0f", 100 * d.min) + "-" +
+            Num("%.0f", 100 * d.max) + "%) | " + Num("%.2f", r.median) + " (" + Num("%.2f", r.min) + "-" +
+            Num("%.2f", r.max) + ") |\n";
+    }
   }
   if (!itl_ratio.empty()) {
-    Stats b = Summarize(itl_b), d = Summarize(itl_d), q = Summarize(itl_ratio);
     md += "\nA prompt of " + std::to_string(a.long_prompt) + " tokens arrives while " +
-          std::to_string(a.restore_streams) + " streams decode: their inter-token latency p95 " + Num("%.3f", d.median) +
-          " s (" + Num("%.3f", d.min) + "-" + Num("%.3f", d.max) + ") during its prefill against " + Num("%.3f", b.median) +
-          " s (" + Num("%.3f", b.min) + "-" + Num("%.3f", b.max) + ") before it: " + Num("%.2f", q.median) + "x (" +
-          Num("%.2f", q.min) + "-" + Num("%.2f", q.max) + ").\n";
+          std::to_string(a.restore_streams) + " streams decode: their inter-token latency p95 during its prefill " +
+          "against before it, by batch_itl_factor, alternated within each rep:\n\n" +
+          "| itl factor | ITL p95 during s | before s | ratio | prefill window s |\n|---|---|---|---|---|\n";
+    for (double f : factors) {
+      Stats b = Summarize(itl_b[f]), d = Summarize(itl_d[f]), q = Summarize(itl_ratio[f]), w = Summarize(window[f]);
+      md += "| " + Num("%.2f", f) + " | " + Num("%.3f", d.median) + " (" + Num("%.3f", d.min) + "-" + Num("%.3f", d.max) +
+            ") | " + Num("%.3f", b.median) + " (" + Num("%.3f", b.min) + "-" + Num("%.3f", b.max) + ") | " +
+            Num("%.2f", q.median) + "x (" + Num("%.2f", q.min) + "-" + Num("%.2f", q.max) + ") | " +
+            Num("%.1f", w.median) + " |\n";
+    }
   }
   md += "\nThe bound: one step reads every weight once (" + Num("%.0f", double(info.weight_bytes) / 1048576.0) +
         " MiB); at the read bandwidth measured here a step cannot take less than " +
         Num("%.1f", double(info.weight_bytes) / bw * 1000.0) + " ms.\n";
   md += "\nCommand: `mzcache bench batch --streams " + a.streams + " --history " + std::to_string(a.history) +
         " --new " + std::to_string(a.gen) + " --reps " + std::to_string(a.reps) + " -t " + std::to_string(a.threads) +
-        " --kv " + a.kv + "`\n";
+        " --kv " + a.kv +
+        (a.restore_streams > 0 ? " --restore-streams " + std::to_string(a.restore_streams) + " --return-tokens " +
+                                     std::to_string(a.return_tokens) + " --return-nice " + a.return_nice
+                               : std::string(" --restore-streams 0")) +
+        (a.long_prompt > 0 ? " --long-prompt " + std::to_string(a.long_prompt) + " --itl-factor " + a.itl_factor : "") +
+        "`\n";
   WriteFile(a.out, "batch.dat", dat);
   std::string gp = "set terminal pngcairo size 800,500\nset output 'batch.png'\nset xlabel 'concurrent streams'\n"
                    "set ylabel 'aggregate decode tokens/s'\nset key left top\nset grid\nset logscale x 2\n"
@@ -477,6 +518,11 @@ void AddBatchBench(CLI::App* bench, Runners& runners) {
   c->add_option("--long-prompt", a->long_prompt,
                 "tokens of a prompt arriving while --restore-streams streams decode: their inter-token latency (default 0: skip)")
       ->check(CLI::Range(0, 1 << 20));
+  c->add_option("--return-nice", a->return_nice,
+                 "the return case's restore nice increments beside the steps, comma-separated, alternated (default 10; 0: "
+                 "restore_threads threads at the caller's priority)");
+  c->add_option("--itl-factor", a->itl_factor,
+                "the long-prompt case's batch_itl_factor values, comma-separated, alternated (default 2)");
   c->add_option("--dir", a->dir, "where the pools' folders are made (removed at the end)");
   c->add_option("-o,--out", a->out, "report folder (default results/bench-batch)");
   runners.push_back([c, a]() -> int {
