@@ -390,7 +390,7 @@ def main():
     for _ in range(60):
         sr.readline()  # the stream is flowing: read on while looking
         busy = [x for x in jreq(p, "GET", "/slots", key=key)[0] if x["is_processing"]]
-        if busy and busy[0].get("next_token", [{}])[0].get("n_decoded", 0) > 0:
+        if busy and busy[0].get("params", {}).get("n_predict") == 200 and busy[0]["next_token"][0]["n_decoded"] > 0:
             break
     if len(busy) != 1 or busy[0]["params"]["n_predict"] != 200 or busy[0]["next_token"][0]["n_decoded"] <= 0:
         fail(f"/slots while a stream is open: {busy}")

@@ -20,6 +20,8 @@ int SlotTable::Acquire() {
   --waiting_;
   const int slot = int(std::find(busy_.begin(), busy_.end(), false) - busy_.begin());
   busy_[size_t(slot)] = true;
+  tasks_[size_t(slot)] = SlotTask();  // taken by a request whose turn has not started yet
+  decoded_[size_t(slot)] = 0;
   return slot;
 }
 

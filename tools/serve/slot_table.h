@@ -30,7 +30,7 @@ struct SlotTask {
 
 struct SlotView {
   int id = 0;
-  bool is_processing = false;
+  bool is_processing = false;  // held by a request (from its claim to its turn's end)
   int n_decoded = 0;  // tokens sampled by the current or last task
   SlotTask task;
 };
@@ -39,6 +39,7 @@ class SlotTable {
  public:
   SlotTable(int n, int max_wait);
   // Waits for a free slot: its index, or -1 (refused at once) when max_wait requests already wait.
+  // The slot shows no task until Start (its last one is forgotten).
   int Acquire();
   // The slot's task starts (REQUIRES: slot held); its n_decoded counts from 0.
   void Start(int slot, SlotTask task);
