@@ -16,7 +16,8 @@
 #   4. the models' own templates carry tool syntax (/props chat_template);
 #   5. tool_choice "required" and a named function on random weights: the reply is one call with
 #      JSON arguments holding the schema's required keys (openai client and curl, streamed and not;
-#      Qwen3 and Llama 3.2).
+#      Qwen3 and Llama 3.2);
+#   6. without the pinned source, make-model embeds the plain template and says so.
 set -euo pipefail
 CLI=$1 QWEN=$2 LLAMA=$3 SRC=$4 W=$5
 [ -n "${MZ_TEST_MODEL_DIR_OVERRIDE:-}" ] && QWEN=$MZ_TEST_MODEL_DIR_OVERRIDE/$(basename "$QWEN") &&
@@ -143,4 +144,13 @@ start "$LLAMA"
 check_required "Llama 3.2"
 ok "curl: a named function on random weights (Qwen3, Llama 3.2), streamed and not: its required keys, typed"
 stop
+
+# --- 6. without the pinned source, make-model falls back to the plain template and says so
+MZ_LLAMA_SRC="$W/no-source" "$CLI" make-model --shape tiny-qwen3 -o "$W/fallback.gguf" >/dev/null 2>"$W/fallback.log" ||
+  fail "make-model without the source: $(tail -3 "$W/fallback.log")"
+grep -q "real chat template not embedded" "$W/fallback.log" || fail "no note on the fallback: $(head -3 "$W/fallback.log")"
+grep -q "<tool_call>" "$W/fallback.gguf" && fail "the fallback model carries tool syntax"
+grep -q "im_start" "$W/fallback.gguf" || fail "the fallback model has no ChatML template"
+rm -f "$W/fallback.gguf"
+ok "make-model without the llama.cpp source: the plain ChatML template, with a note"
 echo "check_serve_tools: all passed"

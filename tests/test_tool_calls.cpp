@@ -277,6 +277,16 @@ TEST(ToolConstraint, RandomWalksAlwaysEndInOneValidCall) {
 TEST(ToolConstraint, Edges) {
   const nlohmann::json tools = nlohmann::json::parse(R"([{"type":"function","function":{"name":"f","parameters":
     {"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string"}},"required":["n","s"]}}}])");
+  {  // Hermes: the arguments compact, as the reply reader serializes them for the next request
+    ToolCallConstraint h(ToolSyntax::kHermes, tools, "");
+    const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\":1,\"s\":\"a\"}}\n</tool_call>";
+    ASSERT_TRUE(h.Allows(call));
+    h.Advance(call);
+    EXPECT_TRUE(h.Complete());
+    const Outcome o = serve::Run(ToolSyntax::kHermes, {call});
+    ASSERT_EQ(o.calls.size(), 1u);
+    EXPECT_EQ(o.calls[0].arguments, "{\"n\":1,\"s\":\"a\"}");
+  }
   ToolCallConstraint k(ToolSyntax::kLlama3, tools, "");
   EXPECT_FALSE(k.Allows("<tool_call>"));  // Llama 3's syntax has no marker
   ASSERT_TRUE(k.Allows("{\"name\": \"f\", \"parameters\": {\"n\": "));

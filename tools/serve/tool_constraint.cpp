@@ -84,7 +84,9 @@ ToolCallConstraint::ToolCallConstraint(ToolSyntax syntax, const json& tools, con
     if (params && params->contains("required") && (*params)["required"].is_array()) {
       for (const json& k : (*params)["required"]) {
         if (!k.is_string()) continue;
-        AddLiteral(&b, std::string(first ? "" : ", ") + k.dump() + ": ");
+        // Hermes: compact, as the call comes back in the next request (arguments as the reply reader
+        // serializes them, rendered verbatim by Qwen's template): the conversation continues past it.
+        AddLiteral(&b, std::string(first ? "" : (hermes ? "," : ", ")) + k.dump() + (hermes ? ":" : ": "));
         first = false;
         static const json kNone = json::object();
         const std::string key = k.get<std::string>();

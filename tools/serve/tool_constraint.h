@@ -3,8 +3,8 @@
 // object holding the schema's required keys.
 //
 // ToolCallConstraint is a character-level acceptor of exactly the texts
-//   kHermes: <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
-//   kLlama3: {"name": "NAME", "parameters": ARGS}
+//   kHermes: <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>   (ARGS compact: {"k":v,...})
+//   kLlama3: {"name": "NAME", "parameters": ARGS}                          (ARGS {"k": v, ...})
 // (the shapes ToolCallStream parses), NAME one of the tools' names, ARGS the object of that tool's
 // `parameters.required` keys in the schema's order, each value by its property's schema:
 //   enum            one of the values (JSON-serialized);
