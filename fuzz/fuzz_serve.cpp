@@ -16,6 +16,7 @@
 #include "tools/serve/openai_api.h"
 #include "tools/serve/text_stream.h"
 #include "tools/serve/tool_calls.h"
+#include "tools/serve/tool_constraint.h"
 
 namespace {
 using mz::fuzz::Fail;
@@ -38,6 +39,35 @@ void CheckStream(const std::string& input, const std::vector<std::string>& stops
   for (const auto& s : stops)
     if (out.find(s) != std::string::npos) Fail("a stop string was released");
   if (!stopped && out != mz::serve::SanitizeUtf8(input)) Fail("text without a stop string was not released whole");
+}
+
+// tool_choice "required" / named (tools/serve/tool_constraint.h) on the request's own tools: the
+// input's bytes the constraint allows are taken, then the lowest allowed byte each step; the call
+// must end within MaxChars bytes and read as exactly one call with JSON arguments.
+void CheckConstraint(const std::string& tools_json, const std::string& name, const std::string& input) {
+  const nlohmann::json tools = nlohmann::json::parse(tools_json, nullptr, false);
+  for (auto syn : {mz::serve::ToolSyntax::kHermes, mz::serve::ToolSyntax::kLlama3}) {
+    mz::serve::ToolCallConstraint k(syn, tools, name);
+    std::string taken;
+    for (char c : input)
+      if (k.Allows(std::string(1, c))) k.Advance(std::string(1, c)), taken += c;
+    while (!k.Complete()) {
+      if (int(taken.size()) > k.MaxChars()) Fail("a constrained call longer than MaxChars");
+      int c = 0x0a;
+      if (!k.Allows("\n"))
+        for (c = 0x20; c < 0x100 && !k.Allows(std::string(1, char(c))); ++c) {
+        }
+      if (c == 0x100) Fail("a constrained call stuck after: " + taken);
+      k.Advance(std::string(1, char(c)));
+      taken += char(c);
+    }
+    mz::serve::ToolCallStream s(syn, [] { return std::string("id"); });
+    std::vector<mz::serve::ToolEvent> ev;
+    s.Push(taken, &ev);
+    s.Finish(&ev);
+    if (s.calls().size() != 1) Fail("a complete constrained call that is not one call: " + taken);
+    if (!nlohmann::json::parse(s.calls()[0].arguments, nullptr, false).is_object()) Fail("constrained arguments not an object");
+  }
 }
 
 void CheckToolCalls(const std::string& input) {
@@ -106,6 +136,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (nlohmann::json::parse(dumped, nullptr, false).is_discarded()) Fail("a response body that is not JSON");
     CheckStream(text, r.stop);
     if (chat) CheckToolCalls(text);
+    if (r.parse_tool_calls && (r.tool_choice == "required" || r.tool_choice == "function"))
+      CheckConstraint(r.tools_json, r.tool_choice_name, text);
   }
   // POST /tokenize and /detokenize bodies (issue 46): refused with a 400 naming a field, or within
   // bounds; the timings object of any figures is JSON.
@@ -114,6 +146,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     mz::serve::ApiError e;
     if (!mz::serve::ParseTokenize(body, mz::serve::Limits(), &t, &e)) {
       if (e.http != 400 || e.message.empty()) Fail("a /tokenize refusal without a 400 and a message");
+    } else {
+      if (t.content.empty() && body.find('[') == std::string::npos) Fail("/tokenize accepted without content");
+      for (const auto& part : t.content)
+        if (part.is_id && part.id < 0) Fail("/tokenize accepted a negative token id");
     }
     constexpr int32_t kVocab = 1000;
     std::vector<int32_t> toks;

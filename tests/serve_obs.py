@@ -176,7 +176,7 @@ def main():
     os.makedirs(work, exist_ok=True)
 
     # --- A: loading, no CORS, no metrics
-    a = Server(cli, model, work, "a", ["--no-metrics"], env={"MZ_SERVE_TEST_LOAD_DELAY_MS": "1500"}, wait_ready=False)
+    a = Server(cli, model, work, "a", ["--no-metrics", "--no-slots"], env={"MZ_SERVE_TEST_LOAD_DELAY_MS": "1500"}, wait_ready=False)
     st, out, _ = request(a.port, "GET", "/health")
     if st != 503 or json.loads(out).get("status") != "loading model":
         fail(f"/health while loading: {st} {out!r}")
@@ -200,6 +200,12 @@ def main():
     if st != 404:
         fail(f"/metrics with --no-metrics: {st}")
     ok("--no-metrics: /metrics 404")
+    st, out, _ = request(a.port, "GET", "/slots")
+    if st != 501 or "slots" not in json.loads(out)["error"]["message"]:
+        fail(f"/slots with --no-slots: {st} {out[:200]!r}")
+    if jreq(a.port, "GET", "/props")[0]["endpoint_slots"] is not False:
+        fail("/props endpoint_slots with --no-slots")
+    ok("--no-slots: /slots 501 (as llama-server's), /props endpoint_slots false")
     a.stop()
 
     # --- key files that must not start
@@ -327,12 +333,24 @@ def main():
     if r["content"] != "":
         fail(f"empty detokenize: {r}")
     ok(f"/tokenize and /detokenize round trip ({len(toks)} tokens, with pieces too)")
+    # llama-server's mixed arrays: strings tokenized in place, ids taken as they are.
+    head, _ = jreq(p, "POST", "/tokenize", {"content": "Hello"}, key=key)
+    tail, _ = jreq(p, "POST", "/tokenize", {"content": " world"}, key=key)
+    r, _ = jreq(p, "POST", "/tokenize", {"content": ["Hello", toks[-1], " world", 0]}, key=key)
+    want = head["tokens"] + [toks[-1]] + tail["tokens"] + [0]
+    if r["tokens"] != want:
+        fail(f"mixed /tokenize: {r['tokens']} != {want}")
+    r, _ = jreq(p, "POST", "/tokenize", {"content": [toks[0], "Hello"], "with_pieces": True}, key=key)
+    if [x["id"] for x in r["tokens"]] != [toks[0]] + head["tokens"] or r["tokens"][0]["piece"] != "Hello":
+        fail(f"mixed /tokenize with pieces: {r}")
+    ok(f"/tokenize with a mixed array of strings and ids ({want}), with pieces too")
     r, _ = jreq(p, "GET", "/props", key=key)
     for f in ("default_generation_settings", "total_slots", "model_alias", "model_path", "modalities",
-              "endpoint_metrics", "build_info"):
+              "endpoint_metrics", "endpoint_slots", "build_info"):
         if f not in r:
             fail(f"/props lacks {f}: {r}")
-    if r["default_generation_settings"]["n_ctx"] != 1024 or r["endpoint_metrics"] is not True:
+    if (r["default_generation_settings"]["n_ctx"] != 1024 or r["endpoint_metrics"] is not True or
+            r["endpoint_slots"] is not True):
         fail(f"/props: {r}")
     # The model's own chat template (the GGUF's tokenizer.chat_template) and its BOS/EOS text, as
     # llama-server reports them (clients render prompts with them).
@@ -342,6 +360,45 @@ def main():
     if not isinstance(r.get("bos_token"), str) or not isinstance(r.get("eos_token"), str) or not r["eos_token"]:
         fail(f"/props bos_token / eos_token: {r.get('bos_token')!r} / {r.get('eos_token')!r}")
     ok(f"/props with llama-server's fields (chat_template of {len(tmpl)} bytes, eos {r['eos_token']!r})")
+
+    # --- /slots: llama-server's fields for each --parallel slot (8 by default), the last task of the
+    # slot that ran the streamed continuation above, and a slot busy while a stream is open.
+    st, _, _ = request(p, "GET", "/slots")
+    if st != 401:
+        fail(f"/slots without the key: {st}")
+    slots, _ = jreq(p, "GET", "/slots?fail_on_no_slot=1", key=key)
+    if len(slots) != 8 or [x["id"] for x in slots] != list(range(8)) or any(x["is_processing"] for x in slots):
+        fail(f"/slots idle: {slots}")
+    mine = [x for x in slots if x.get("mzcache", {}).get("conversation") == conv]
+    if not mine:
+        fail(f"no slot ran {conv}: {slots}")
+    last = max(mine, key=lambda x: x["id_task"])
+    if (last["n_prompt_tokens"] != u2["prompt_tokens"] or last["n_prompt_tokens_cache"] != t2["cache_n"] or
+            last["n_prompt_tokens_processed"] != t2["prompt_n"] or last["params"]["n_predict"] != 4 or
+            last["params"]["stream"] is not True or last["next_token"][0]["n_decoded"] != u2["completion_tokens"] or
+            last["n_ctx"] != 1024):
+        fail(f"/slots' last task of {conv}: {last} (usage {u2}, timings {t2})")
+    tasks = [x["id_task"] for x in slots if "id_task" in x]
+    if len(set(tasks)) != len(tasks):
+        fail(f"/slots: task ids repeat: {tasks}")
+    sc = http.client.HTTPConnection(HOST, p, timeout=120)
+    sc.request("POST", "/v1/chat/completions", body=json.dumps(
+        {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 200, "temperature": 1,
+         "stream": True, "seed": 3}), headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    sr = sc.getresponse()
+    busy = []
+    for _ in range(60):
+        sr.readline()  # the stream is flowing: read on while looking
+        busy = [x for x in jreq(p, "GET", "/slots", key=key)[0] if x["is_processing"]]
+        if busy and busy[0].get("params", {}).get("n_predict") == 200 and busy[0]["next_token"][0]["n_decoded"] > 0:
+            break
+    if len(busy) != 1 or busy[0]["params"]["n_predict"] != 200 or busy[0]["next_token"][0]["n_decoded"] <= 0:
+        fail(f"/slots while a stream is open: {busy}")
+    ok(f"/slots: 8 slots with llama-server's fields; the continuation's slot (task {last['id_task']}: "
+       f"{last['n_prompt_tokens']} prompt tokens, {last['n_prompt_tokens_cache']} cached); a streaming turn's slot "
+       f"busy with {busy[0]['next_token'][0]['n_decoded']} tokens decoded")
+    sr.read()
+    sc.close()
 
     # --- conversations as resources
     r, _ = jreq(p, "GET", "/v1/conversations", key=key)
@@ -408,7 +465,10 @@ def main():
                 fail(f"{method} {path}: {st} {out[:200]!r}")
     expect_400(p, key, "/tokenize", {}, "content")
     expect_400(p, key, "/tokenize", {"content": 5}, "content")
-    expect_400(p, key, "/tokenize", {"content": ["a", 1]}, "content")
+    expect_400(p, key, "/tokenize", {"content": ["a", 1.5]}, "content[1]")
+    expect_400(p, key, "/tokenize", {"content": ["a", -1]}, "content[1]")
+    expect_400(p, key, "/tokenize", {"content": [{"a": 1}]}, "content[0]")
+    expect_400(p, key, "/tokenize", {"content": [1 << 40]}, "content[0]")
     expect_400(p, key, "/tokenize", {"content": "a", "with_pieces": "yes"}, "with_pieces")
     expect_400(p, key, "/tokenize", {"content": "a", "add_special": 1}, "add_special")
     expect_400(p, key, "/tokenize", None, None, raw="not json")

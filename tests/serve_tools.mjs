@@ -8,7 +8,7 @@
 import { createRequire } from 'node:module';
 import { pathToFileURL } from 'node:url';
 
-const [baseURL, pkgDir] = process.argv.slice(2);
+const [baseURL, pkgDir, mode] = process.argv.slice(2);
 const require = createRequire(import.meta.url);
 const mod = await import(pathToFileURL(require.resolve('openai', { paths: [pkgDir] })).href);
 const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
@@ -27,6 +27,41 @@ const tools = [
   { type: 'function', function: { name: 'get_time', description: 'The local time', parameters: { type: 'object', properties: {} } } },
 ];
 const weather = (args) => JSON.stringify({ city: JSON.parse(args).city, temperature: 21 });
+
+// --- mode "required" (random weights, no script): tool_choice "required" and a named function
+// constrain the reply to one call whose arguments are JSON with the schema's required keys.
+if (mode === 'required') {
+  const checkCall = (c, name, what) => {
+    const names = tools.map((t) => t.function.name);
+    check(c && c.type === 'function' && /^call_/.test(c.id) && (name ? c.function.name === name : names.includes(c.function.name)),
+      `${what}: a call of an offered tool (${JSON.stringify(c)})`);
+    let args = null;
+    try { args = JSON.parse(c.function.arguments); } catch (e) { /* checked below */ }
+    check(args !== null && typeof args === 'object' && !Array.isArray(args), `${what}: arguments are a JSON object (${c?.function?.arguments})`);
+    if (c.function.name === 'get_weather') check(typeof args?.city === 'string', `${what}: the required key city is a string`);
+  };
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather?' }], tools,
+      tool_choice: 'required', seed });
+    const c = r.choices[0];
+    check(c.finish_reason === 'tool_calls' && c.message.tool_calls?.length === 1 && c.message.content === null,
+      `required (seed ${seed}): finish_reason tool_calls, one call, no content (${JSON.stringify(c.message)})`);
+    checkCall(c.message.tool_calls?.[0], null, `required (seed ${seed})`);
+  }
+  const named = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather?' }], tools,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 0 });
+  check(named.choices[0].finish_reason === 'tool_calls', `named: finish_reason tool_calls (${named.choices[0].finish_reason})`);
+  checkCall(named.choices[0].message.tool_calls?.[0], 'get_weather', 'named get_weather, greedy');
+  const s = await streamed([{ role: 'user', content: 'Time?' }], { tool_choice: { type: 'function', function: { name: 'get_time' } } });
+  check(s.finish === 'tool_calls' && s.calls.length === 1 && s.content === '', `streamed named: one call (${JSON.stringify(s)})`);
+  checkCall(s.calls[0], 'get_time', 'streamed named get_time');
+  const s2 = await streamed([{ role: 'user', content: 'Anything.' }], { tool_choice: 'required', seed: 7 });
+  check(s2.finish === 'tool_calls' && s2.calls.length === 1, `streamed required: one call (${JSON.stringify(s2)})`);
+  checkCall(s2.calls[0], null, 'streamed required');
+  if (failed) { console.error(`${failed} check(s) failed`); process.exit(1); }
+  console.log('all required-tool checks passed');
+  process.exit(0);
+}
 
 // --- non-streamed flow
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
@@ -47,8 +82,8 @@ check(!r2.choices[0].message.tool_calls, 'no tool_calls in a plain answer');
 check(r2.usage.prompt_tokens_details.cached_tokens > 0, `the conversation continues (${r2.usage.prompt_tokens_details.cached_tokens} cached)`);
 
 // --- streamed flow
-async function streamed(msgs) {
-  const stream = await client.chat.completions.create({ model, messages: msgs, tools, stream: true });
+async function streamed(msgs, extra = {}) {
+  const stream = await client.chat.completions.create({ model, messages: msgs, tools, stream: true, ...extra });
   let content = '', finish = null, chunks = 0;
   const calls = [];
   for await (const chunk of stream) {

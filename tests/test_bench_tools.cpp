@@ -31,6 +31,7 @@ TEST_P(FootprintCalc, EqualsTheSynthesizedFile) {
   SynthOptions o;
   o.type = type;
   o.vocab_dir = kVocabDir;
+  test::UseFamilyChatTemplate(*spec, &o);  // as ModelPath makes the file
   ModelFilePlan wb;
   Status st = PlanModelFile(*spec, o, &wb);
   ASSERT_TRUE(st.ok()) << st.ToString();

@@ -367,11 +367,22 @@ TEST(ServeApi, TokenizeAndDetokenizeBodies) {
   TokenizeRequest t;
   ApiError e;
   ASSERT_TRUE(ParseTokenize(R"({"content":"hi","with_pieces":true})", Limits(), &t, &e));
-  EXPECT_EQ(t.content, "hi");
+  ASSERT_EQ(t.content.size(), 1u);
+  EXPECT_FALSE(t.content[0].is_id);
+  EXPECT_EQ(t.content[0].text, "hi");
   EXPECT_TRUE(t.with_pieces);
   EXPECT_FALSE(t.add_special);
+  // llama-server's mixed arrays: strings and ids in order (ids checked against the vocabulary later).
+  ASSERT_TRUE(ParseTokenize(R"({"content":["a",7,"b",18446744073709551615]})", Limits(), &t, &e));
+  ASSERT_EQ(t.content.size(), 4u);
+  EXPECT_TRUE(!t.content[0].is_id && t.content[0].text == "a");
+  EXPECT_TRUE(t.content[1].is_id && t.content[1].id == 7);
+  EXPECT_TRUE(!t.content[2].is_id && t.content[2].text == "b");
+  EXPECT_TRUE(t.content[3].is_id && t.content[3].id > 0);  // clamped, then out of any vocabulary
   for (auto [body, param] : std::vector<std::pair<std::string, std::string>>{
-           {"{}", "content"}, {R"({"content":1})", "content"}, {R"({"content":"a","add_special":"y"})", "add_special"},
+           {"{}", "content"}, {R"({"content":1})", "content"}, {R"({"content":["a",-1]})", "content[1]"},
+           {R"({"content":[1.5]})", "content[0]"}, {R"({"content":[null]})", "content[0]"},
+           {R"({"content":[["a"]]})", "content[0]"}, {R"({"content":"a","add_special":"y"})", "add_special"},
            {R"({"content":"a","with_pieces":0})", "with_pieces"}, {"[]", ""}, {"nope", ""}}) {
     EXPECT_FALSE(ParseTokenize(body, Limits(), &t, &e)) << body;
     EXPECT_EQ(e.http, 400);

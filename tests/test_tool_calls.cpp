@@ -8,6 +8,9 @@
 
 #include "tools/serve/openai_api.h"
 #include "tools/serve/tool_calls.h"
+#include "tools/serve/tool_constraint.h"
+
+#include <random>
 
 namespace mz::serve {
 namespace {
@@ -205,6 +208,117 @@ TEST(ToolRequests, RefusedNamingTheField) {
   ApiError e;
   EXPECT_FALSE(ParseRequest(R"({"prompt":"x","tools":[{"type":"function","function":{"name":"f"}}]})", false, Limits(), &r, &e));
   EXPECT_EQ(e.param, "tools");
+}
+
+
+// The constrained reply (tool_choice "required" / a named function): random walks over a
+// vocabulary of pieces as a model's (single characters, the markers whole, words, digits, blanks,
+// pieces spanning the markers' boundaries), taking any piece the constraint allows, always end in a
+// reply ToolCallStream reads as exactly one call of an offered tool whose arguments parse, hold the
+// schema's required keys with values of their types, within MaxChars characters.
+TEST(ToolConstraint, RandomWalksAlwaysEndInOneValidCall) {
+  const nlohmann::json tools = nlohmann::json::parse(R"([
+    {"type":"function","function":{"name":"get","parameters":{"type":"object","properties":{}}}},
+    {"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"},"metric":{"type":"boolean"},
+        "unit":{"enum":["c","f"]},"note":{"type":"string"},"extra":{"type":["object","null"]}},
+      "required":["city","days","metric","unit","extra"]}}}])");
+  std::vector<std::string> vocab;
+  for (int c = 0x20; c < 0x7f; ++c) vocab.push_back(std::string(1, char(c)));
+  for (const char* p : {"<tool_call>", "\n", "\n\n", "</tool_call>", "{\"", "name", "\": \"", "get", "_weather", "\", \"",
+                        "arguments", "parameters", "\": ", "city", "days", "true", "false", "12", "007", "Paris", " Paris",
+                        "\"}", "}}", "}\n", "\u00e9", "\xc3\xa9", "\xc3", "\xa9", "\xe2\x82", "\xac", "\t", "<|im_end|>"})
+    vocab.push_back(p);
+  for (ToolSyntax syn : {ToolSyntax::kHermes, ToolSyntax::kLlama3}) {
+    for (const std::string& named : {std::string(), std::string("get_weather")}) {
+      for (uint32_t seed = 1; seed <= 60; ++seed) {
+        std::mt19937 rng(seed);
+        ToolCallConstraint k(syn, tools, named);
+        EXPECT_FALSE(k.Allows(""));
+        EXPECT_FALSE(k.Allows("Sure"));
+        std::string reply;
+        while (!k.Complete()) {
+          std::vector<const std::string*> ok;
+          for (const std::string& p : vocab)
+            if (k.Allows(p)) ok.push_back(&p);
+          ASSERT_FALSE(ok.empty()) << "stuck after " << reply;
+          const std::string& p = *ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+          k.Advance(p);
+          reply += p;
+          ASSERT_LE(int(reply.size()), k.MaxChars()) << reply;
+        }
+        for (const std::string& p : vocab) EXPECT_FALSE(k.Allows(p)) << "after the call: " << p;
+        const Outcome o = serve::Run(syn, {reply});
+        ASSERT_EQ(o.calls.size(), 1u) << reply;
+        EXPECT_EQ(o.content, "") << reply;
+        const std::string& name = o.calls[0].name;
+        if (!named.empty()) EXPECT_EQ(name, named) << reply;
+        const nlohmann::json args = nlohmann::json::parse(o.calls[0].arguments);
+        ASSERT_TRUE(args.is_object()) << reply;
+        if (name == "get") {
+          EXPECT_TRUE(args.empty()) << reply;
+        } else {
+          ASSERT_EQ(name, "get_weather") << reply;
+          EXPECT_TRUE(args["city"].is_string()) << reply;
+          EXPECT_LE(args["city"].get<std::string>().size(), size_t(4 * ToolCallConstraint::kMaxStringChars));
+          EXPECT_TRUE(args["days"].is_number_integer()) << reply;
+          EXPECT_TRUE(args["metric"].is_boolean()) << reply;
+          EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << reply;
+          EXPECT_TRUE(args["extra"].is_object()) << reply;
+          EXPECT_FALSE(args.contains("note")) << "optional keys are left out: " << reply;
+        }
+      }
+    }
+  }
+}
+
+// The acceptor's edges: the first character decides, a number has no leading zero and at most
+// kMaxDigits digits, a string refuses quotes' escapes and control characters and ends at its cap.
+TEST(ToolConstraint, Edges) {
+  const nlohmann::json tools = nlohmann::json::parse(R"([{"type":"function","function":{"name":"f","parameters":
+    {"type":"object","properties":{"n":{"type":"integer"},"s":{"type":"string"}},"required":["n","s"]}}}])");
+  {  // Hermes: the arguments compact, as the reply reader serializes them for the next request
+    ToolCallConstraint h(ToolSyntax::kHermes, tools, "");
+    const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\":1,\"s\":\"a\"}}\n</tool_call>";
+    ASSERT_TRUE(h.Allows(call));
+    h.Advance(call);
+    EXPECT_TRUE(h.Complete());
+    const Outcome o = serve::Run(ToolSyntax::kHermes, {call});
+    ASSERT_EQ(o.calls.size(), 1u);
+    EXPECT_EQ(o.calls[0].arguments, "{\"n\":1,\"s\":\"a\"}");
+  }
+  ToolCallConstraint k(ToolSyntax::kLlama3, tools, "");
+  EXPECT_FALSE(k.Allows("<tool_call>"));  // Llama 3's syntax has no marker
+  ASSERT_TRUE(k.Allows("{\"name\": \"f\", \"parameters\": {\"n\": "));
+  k.Advance("{\"name\": \"f\", \"parameters\": {\"n\": ");
+  EXPECT_FALSE(k.Allows(","));     // a number needs a digit
+  EXPECT_FALSE(k.Allows("01"));    // no leading zero
+  EXPECT_TRUE(k.Allows("0, "));
+  EXPECT_TRUE(k.Allows("-12, "));
+  EXPECT_FALSE(k.Allows("--"));
+  EXPECT_TRUE(k.Allows("123456, "));
+  EXPECT_FALSE(k.Allows("1234567"));
+  k.Advance("42, \"s\": \"");
+  EXPECT_FALSE(k.Allows("\\"));
+  EXPECT_FALSE(k.Allows("\n"));
+  EXPECT_FALSE(k.Allows("</tool_call>"));  // no marker or special token inside a string
+  EXPECT_TRUE(k.Allows("\xc3\xa9\xe2\x82\xac"));  // é €
+  EXPECT_TRUE(k.Allows("\xc3"));                  // a character's first byte: the next piece ends it
+  EXPECT_FALSE(k.Allows("\xc3\""));               // the string cannot close inside a character
+  EXPECT_FALSE(k.Allows("\x80"));                 // a stray continuation byte
+  EXPECT_FALSE(k.Allows("\xc0\xaf"));             // overlong
+  EXPECT_FALSE(k.Allows("\xed\xa0\x80"));         // a surrogate
+  EXPECT_FALSE(k.Allows("\xf4\x90\x80\x80"));     // above U+10FFFF
+  EXPECT_TRUE(k.Allows("ok\"}}"));
+  k.Advance(std::string(ToolCallConstraint::kMaxStringChars, 'x'));
+  EXPECT_FALSE(k.Allows("x"));
+  EXPECT_TRUE(k.Allows("\""));
+  k.Advance("\"}}");
+  EXPECT_TRUE(k.Complete());
+  EXPECT_EQ(serve::Run(ToolSyntax::kLlama3, {"{\"name\": \"f\", \"parameters\": {\"n\": 42, \"s\": \"" +
+                                           std::string(ToolCallConstraint::kMaxStringChars, 'x') + "\"}}"})
+                .calls.size(),
+            1u);
 }
 
 }  // namespace

@@ -22,6 +22,14 @@
 
 namespace mz::test {
 
+void UseFamilyChatTemplate(const ModelSpec& spec, SynthOptions* o) {
+  std::string path;
+  // The build requires the pinned source (CMakeLists.txt), so its templates are there.
+  Status st = ReadFamilyChatTemplate(Env::Default(), spec, std::string(MZ_LLAMA_SRC_STR) + "/models/templates",
+                                     &o->chat_template, &path);
+  if (!st.ok() && st.code() != Status::kUnsupported) throw std::runtime_error(st.ToString());
+}
+
 std::string ModelPath(const std::string& shape, const std::string& type) {
   const char* over = std::getenv("MZ_TEST_MODEL_DIR_OVERRIDE");
   std::string dir = over && *over ? over : MZ_TEST_MODEL_DIR;
@@ -32,6 +40,7 @@ std::string ModelPath(const std::string& shape, const std::string& type) {
   SynthOptions o;
   o.type = type;
   o.vocab_dir = std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
+  UseFamilyChatTemplate(*spec, &o);
   // A file made by an older recipe is made again. The folder's stamp names the recipe revision
   // (kSynthRecipeRevision) its files are checked against: a file older than the stamp is checked
   // once against the size the recipe plans now (and touched when it passes), so the check costs a

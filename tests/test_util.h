@@ -4,11 +4,16 @@
 #include <string>
 #include <vector>
 
+#include "model/synth.h"
+
 namespace mz::test {
 
 // Path of a synthesized model of `shape` and weight `type` under the build's test-models folder,
 // made on first use (safe against concurrent test processes: written to a temp name and renamed).
 std::string ModelPath(const std::string& shape, const std::string& type = "q8_0");
+// Sets o->chat_template to the real family's template from the pinned llama.cpp source, as
+// make-model does (throws std::runtime_error when the source's file cannot be read).
+void UseFamilyChatTemplate(const ModelSpec& spec, SynthOptions* o);
 // A long public-domain English text (the GPL text shipped by Debian, or a fallback).
 std::string LongText();
 // The first n tokens of LongText() tokenized with the model at `path` (a gtest failure if the

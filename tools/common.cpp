@@ -22,6 +22,23 @@ std::string VocabDir() {
   return std::string(MZ_DEPS_PREFIX_STR) + "/share/vocab";
 }
 
+std::string TemplatesDir() {
+  if (const char* d = std::getenv("MZ_LLAMA_SRC"); d && *d) return std::string(d) + "/models/templates";
+  return std::string(MZ_LLAMA_SRC_STR) + "/models/templates";
+}
+
+std::string UseFamilyChatTemplate(const ModelSpec& spec, SynthOptions* o, bool quiet) {
+  std::string path;
+  Status st = ReadFamilyChatTemplate(Env::Default(), spec, TemplatesDir(), &o->chat_template, &path);
+  if (st.ok()) return path;
+  if (!quiet)
+    std::fprintf(stderr,
+                 "note: %s's real chat template not embedded (%s): the model gets a plain ChatML / Llama 3 "
+                 "template without tool syntax (serve --chat-template-file gives it one)\n",
+                 spec.id.c_str(), st.ToString().c_str());
+  return "";
+}
+
 std::string LlamaBenchPath() {
   if (const char* d = std::getenv("MZ_LLAMA_BENCH"); d && *d) return d;
   return std::string(MZ_DEPS_PREFIX_STR) + "/bin/llama-bench";
@@ -57,6 +74,7 @@ Status EnsureDefaultModel(std::string* path, const std::string& spec_id, const s
   SynthOptions o;
   o.type = type;
   o.vocab_dir = VocabDir();
+  UseFamilyChatTemplate(*spec, &o);
   o.progress = [](uint64_t d, uint64_t t) { Progress("synthesizing default model", d, t); };
   std::fprintf(stderr, "making %s (first run only)\n", path->c_str());
   return SynthesizeModel(Env::Default(), *spec, o, *path);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "model/synth.h"
 
 namespace mz::cli {
 
@@ -11,6 +12,13 @@ namespace mz::cli {
 std::string CacheDir();
 // Folder with llama.cpp's ggml-vocab-*.gguf ($MZ_VOCAB_DIR, else the pinned deps install).
 std::string VocabDir();
+// The pinned llama.cpp source's models/templates ($MZ_LLAMA_SRC/models/templates when set, else
+// the source this binary was built against): the real models' chat templates make-model embeds.
+std::string TemplatesDir();
+// Sets o->chat_template to the real family's template of spec (TemplatesDir, read now); when it
+// cannot be read, leaves the plain one and says so on stderr (unless quiet). Returns the path used
+// ("" for the plain template).
+std::string UseFamilyChatTemplate(const ModelSpec& spec, SynthOptions* o, bool quiet = false);
 // llama-bench from the pinned deps install ($MZ_LLAMA_BENCH overrides).
 std::string LlamaBenchPath();
 // llama-server from the pinned deps install ($MZ_LLAMA_SERVER overrides; scripts/deps.sh builds it

@@ -33,6 +33,30 @@ const std::vector<ModelSpec>& KnownModelSpecs() {
   return specs;
 }
 
+std::string FamilyChatTemplateFile(const ModelSpec& spec) {
+  const std::string& n = spec.real_name;
+  if (spec.arch == "qwen3") return "Qwen-Qwen3-0.6B.jinja";  // every Qwen3 size ships the same template
+  if (spec.arch == "qwen2") return "Qwen-Qwen2.5-7B-Instruct.jinja";
+  if (spec.arch == "llama") {
+    if (n.rfind("Llama-3.1", 0) == 0) return "meta-llama-Llama-3.1-8B-Instruct.jinja";
+    return "meta-llama-Llama-3.2-3B-Instruct.jinja";  // Llama 3.2 and the tiny llama3-rope shape
+  }
+  return "";
+}
+
+Status ReadFamilyChatTemplate(Env* env, const ModelSpec& spec, const std::string& templates_dir, std::string* tmpl,
+                              std::string* path) {
+  tmpl->clear();
+  path->clear();
+  const std::string file = FamilyChatTemplateFile(spec);
+  if (file.empty()) return Status::Unsupported("no real chat template known for " + spec.id);
+  *path = templates_dir + "/" + file;
+  Status st = env->ReadSmallFile(*path, tmpl);
+  if (st.ok() && tmpl->empty()) st = Status::Corruption(*path + " is empty");
+  if (!st.ok()) tmpl->clear();
+  return st;
+}
+
 const ModelSpec* FindModelSpec(const std::string& id) {
   for (const auto& s : KnownModelSpecs())
     if (s.id == id) return &s;
@@ -162,10 +186,12 @@ std::vector<float> Llama3RopeFactors(int head_dim, float base) {
 }
 
 // Reads the vocabulary file of spec s and returns, in *out, a new gguf context holding only its
-// tokenizer keys (plus a chat template when the vocabulary has none); *n_vocab is its token count.
+// tokenizer keys, with chat_template as tokenizer.chat_template (empty: the vocabulary's own, or a
+// plain ChatML / Llama 3 one when it has none); *n_vocab is its token count.
 // IOError when the file cannot be read, Corruption when it has no token list; *out is then null.
 // The caller owns *out (gguf_free).
-Status OpenVocabulary(const ModelSpec& s, const std::string& vocab_path, gguf_context** out, int64_t* n_vocab) {
+Status OpenVocabulary(const ModelSpec& s, const std::string& vocab_path, const std::string& chat_template,
+                      gguf_context** out, int64_t* n_vocab) {
   *out = nullptr;
   gguf_init_params vp{true, nullptr};
   gguf_context* vocab = nullptr;
@@ -189,7 +215,9 @@ Status OpenVocabulary(const ModelSpec& s, const std::string& vocab_path, gguf_co
     std::string k = gguf_get_key(g, i);
     if (k.rfind("tokenizer.", 0) != 0) gguf_remove_key(g, k.c_str());
   }
-  if (gguf_find_key(g, "tokenizer.chat_template") < 0)
+  if (!chat_template.empty())
+    gguf_set_val_str(g, "tokenizer.chat_template", chat_template.c_str());
+  else if (gguf_find_key(g, "tokenizer.chat_template") < 0)
     gguf_set_val_str(g, "tokenizer.chat_template", s.vocab == "llama-bpe" ? kLlama3Template : kChatmlTemplate);
   *out = g;
   return Status::Ok();
@@ -327,7 +355,7 @@ Status PlanFile(const ModelSpec& s, const SynthOptions& o, gguf_context** g, ggm
   if (!KnownRecipe(o.type))
     return Status::InvalidArgument("weight type '" + o.type + "' (use f16, q8_0, q4_0, q4_k, q4_k_m or q3_k_m)");
   int64_t n_vocab = 0;
-  MZ_RETURN_IF_ERROR(OpenVocabulary(s, o.vocab_dir + "/ggml-vocab-" + s.vocab + ".gguf", g, &n_vocab));
+  MZ_RETURN_IF_ERROR(OpenVocabulary(s, o.vocab_dir + "/ggml-vocab-" + s.vocab + ".gguf", o.chat_template, g, &n_vocab));
   SetHyperParams(*g, s, o, n_vocab);
   *plan = PlanTensors(s, o, n_vocab);
   ggml_init_params ip{(plan->size() + 4) * ggml_tensor_overhead(), nullptr, true};

@@ -26,8 +26,9 @@ struct ModelSpec {
 
 // Bumped whenever a recipe's output changes (a file made before may differ from one made now):
 // caches of synthesized files (tests/test_util.cpp) check it. 2: llama.cpp's Q4_0 recipe (Q6_K
-// output head) and its per-type row fallbacks (session 32).
-constexpr int kSynthRecipeRevision = 2;
+// output head) and its per-type row fallbacks (session 32). 3: the real family's chat template
+// (FamilyChatTemplateFile) instead of a plain one (session 33).
+constexpr int kSynthRecipeRevision = 3;
 
 const std::vector<ModelSpec>& KnownModelSpecs();
 const ModelSpec* FindModelSpec(const std::string& id);
@@ -36,10 +37,25 @@ struct SynthOptions {
   std::string type = "q8_0";   // f16 | q8_0 | q4_0 | q4_k | q4_k_m | q3_k_m (synth.cpp: the recipes)
   uint64_t seed = 1;
   std::string vocab_dir;       // folder holding ggml-vocab-*.gguf
+  // The Jinja chat template written as tokenizer.chat_template (ReadFamilyChatTemplate gives the
+  // real family's). Empty: a plain ChatML / Llama 3 template without tool syntax.
+  std::string chat_template;
   int threads = 2;
   // Progress: called with (bytes written, total bytes) now and then.
   std::function<void(uint64_t, uint64_t)> progress;
 };
+
+// The file name, in llama.cpp's models/templates folder, of the chat template the real model of
+// spec ships (Qwen3 -> Qwen-Qwen3-0.6B.jinja, Llama 3.2 -> meta-llama-Llama-3.2-3B-Instruct.jinja,
+// ...); empty for a family without one.
+std::string FamilyChatTemplateFile(const ModelSpec& spec);
+
+// Reads the real family's chat template of spec from templates_dir (the pinned llama.cpp source's
+// models/templates: read at synthesis time, never copied into this repository) through env into
+// *tmpl, and its path into *path. Errors: Unsupported when the family has none, the read's IOError
+// (ENOENT when the source is absent); *tmpl is then empty and the caller keeps the plain template.
+Status ReadFamilyChatTemplate(Env* env, const ModelSpec& spec, const std::string& templates_dir, std::string* tmpl,
+                              std::string* path);
 
 // The file a recipe makes, without writing it (the vocabulary file is read for its size).
 struct PlannedTensor {

@@ -72,6 +72,7 @@ Status PlanShape(const std::string& vdir, const ModelSpec& s, const std::string&
   SynthOptions o;
   o.type = t;
   o.vocab_dir = vdir;
+  UseFamilyChatTemplate(s, &o, true);  // as make-model writes it
   return PlanModelFile(s, o, out);
 }
 

@@ -19,7 +19,10 @@ void AddMakeModel(CLI::App& app, Runners& runners) {
     bool list = false, plan = false;
   };
   auto ma = std::make_shared<MakeArgs>();
-  auto* mk = app.add_subcommand("make-model", "write a GGUF with a real model's shapes, seeded random weights and its real tokenizer");
+  auto* mk = app.add_subcommand("make-model",
+                                "write a GGUF with a real model's shapes, seeded random weights, its real tokenizer and "
+                                "its real chat template (read from the pinned llama.cpp source's models/templates, "
+                                "$MZ_LLAMA_SRC overrides; without it a plain template, with a note)");
   mk->add_option("--shape", ma->shape, "model shape (see --list)");
   mk->add_option("--type", ma->type,
                  "weight recipe: f16, q8_0, q4_k (every matrix in that type); q4_0 (every matrix but a Q6_K output "
@@ -54,6 +57,7 @@ void AddMakeModel(CLI::App& app, Runners& runners) {
     o.seed = ma->seed;
     o.threads = ma->threads;
     o.vocab_dir = ma->vocab_dir.empty() ? VocabDir() : ma->vocab_dir;
+    const std::string tmpl = UseFamilyChatTemplate(*spec, &o, ma->plan);
     if (ma->plan) {
       ModelFilePlan p;
       if (Status st = PlanModelFile(*spec, o, &p); !st.ok()) return Fail(st);
@@ -66,6 +70,7 @@ void AddMakeModel(CLI::App& app, Runners& runners) {
     o.progress = [](uint64_t d, uint64_t t) { Progress("writing", d, t); };
     Status st = SynthesizeModel(Env::Default(), *spec, o, out);
     if (!st.ok()) return Fail(st);
+    if (!tmpl.empty()) std::fprintf(stderr, "chat template: %s\n", tmpl.c_str());
     std::printf("%s\n", out.c_str());
     return 0;
   });

@@ -216,6 +216,7 @@ int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash
       SynthOptions so;
       so.type = q;
       so.vocab_dir = VocabDir();
+      UseFamilyChatTemplate(*spec, &so, true);
       if (Status st = PlanModelFile(*spec, so, &fp); !st.ok()) return Fail(st);
       for (int layout = 0; layout < (a.third_way ? 3 : 2); ++layout) {
         const bool repack = layout != 1;
@@ -346,6 +347,7 @@ int RunRecommend(PlanArgs& a) {
       SynthOptions so;
       so.type = q;
       so.vocab_dir = vocab_dir;
+      UseFamilyChatTemplate(*spec, &so, true);
       if (Status st = PlanModelFile(*spec, so, &wb); !st.ok()) return Fail(st);
       mz_plan_shape sh{spec->n_layer, spec->n_head, spec->n_head_kv, spec->head_dim, spec->n_embd, spec->n_ff,
                        int32_t(wb.n_vocab), wb.tensor_bytes, wb.params, PlanWeightType(q)};

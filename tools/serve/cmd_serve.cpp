@@ -17,7 +17,7 @@
 // or not); mzcache's own: GET /v1/mzcache/pool (pool report and conversations), POST
 // /v1/mzcache/trim {"level": N} (Android's onTrimMemory levels) and POST /v1/mzcache/evict
 // {"bytes": N}, DELETE /v1/mzcache/conversations/ID. Since 0.14 (tools/serve/resources.cpp): GET
-// /metrics, POST /tokenize, POST /detokenize, GET /props, /v1/conversations[/ID[/evict|/restore]].
+// /metrics, GET /slots, POST /tokenize, POST /detokenize, GET /props, /v1/conversations[/ID[/evict|/restore]].
 //
 // Threads: httplib's worker pool runs the handlers; at most --parallel turns generate at once
 // (others wait in a queue of at most --queue, then 503 with Retry-After); the turns generating
@@ -83,6 +83,8 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
   c->add_option("--port-file", a->port_file,
                 "write the port listened on to this file once the model is loaded (for scripts)");
   c->add_flag("!--no-metrics", a->metrics, "no GET /metrics (default: Prometheus metrics, behind the API key if set)");
+  c->add_flag("!--no-slots", a->slots,
+              "no GET /slots (default: each --parallel slot's turn, as llama-server's, behind the API key if set)");
   c->add_option("--api-key-file", a->api_key_file, "read the API key from this file (its first line; not with --api-key)");
   c->add_option("--cors", a->cors,
                 "allow browsers on this origin (e.g. http://localhost:3000; * for any) to call the API (default: "

@@ -426,9 +426,22 @@ bool ParseTokenize(const std::string& body, const Limits& limits, TokenizeReques
   json j;
   if (!ObjectBody(body, limits, &j, err)) return false;
   auto c = j.find("content");
-  if (c == j.end() || c->is_null()) return Fail(err, "'content' is required (a string)", "content");
-  if (!c->is_string()) return Fail(err, "'content' must be a string", "content");
-  out->content = c->get<std::string>();
+  if (c == j.end() || c->is_null()) return Fail(err, "'content' is required (a string or an array)", "content");
+  if (c->is_string()) {
+    out->content.push_back({false, c->get<std::string>(), 0});
+  } else if (c->is_array()) {
+    for (size_t i = 0; i < c->size(); ++i) {
+      const json& v = (*c)[i];
+      const std::string p = "content[" + std::to_string(i) + "]";
+      if (v.is_string()) out->content.push_back({false, v.get<std::string>(), 0});
+      else if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0))
+        out->content.push_back({true, {}, v.is_number_unsigned() ? int64_t(std::min<uint64_t>(v.get<uint64_t>(), INT64_MAX)) : v.get<int64_t>()});
+      else
+        return Fail(err, "an element of 'content' must be a string or a token id (an integer >= 0)", p);
+    }
+  } else {
+    return Fail(err, "'content' must be a string or an array of strings and token ids", "content");
+  }
   return Bool(j, "add_special", &out->add_special, err) && Bool(j, "parse_special", &out->parse_special, err) &&
          Bool(j, "with_pieces", &out->with_pieces, err);
 }

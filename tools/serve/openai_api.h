@@ -119,11 +119,18 @@ struct Timings {
 };
 nlohmann::json TimingsJson(const Timings& t);
 
-// POST /tokenize, as llama-server's: {"content": string, "add_special": bool (default false),
-// "parse_special": bool (default true), "with_pieces": bool (default false)}. content must be a
-// string (llama-server's mixed arrays of strings and token ids are refused: 400 naming it).
+// POST /tokenize, as llama-server's: {"content": string or an array of strings and token ids,
+// "add_special": bool (default false), "parse_special": bool (default true), "with_pieces": bool
+// (default false)}. In an array, each string is tokenized (add_special applies to the first element
+// only, if it is a string) and each id is taken as is (checked against the vocabulary by the
+// caller: ids are integers >= 0 here).
+struct TokenizePart {
+  bool is_id = false;
+  std::string text;  // !is_id
+  int64_t id = 0;    // is_id
+};
 struct TokenizeRequest {
-  std::string content;
+  std::vector<TokenizePart> content;
   bool add_special = false, parse_special = true, with_pieces = false;
 };
 bool ParseTokenize(const std::string& body, const Limits& limits, TokenizeRequest* out, ApiError* err);

@@ -358,11 +358,34 @@ void Server::ResourceRoutes() {
     serve::ServedModel* m = body_model(req.body, res);
     if (!m) return;
     mz_model* const model_ = m->model;
-    std::vector<mz_token> toks;
-    if (int rc = TokenizeText(model_, r.content, r.add_special, r.parse_special, &toks); rc != MZ_OK) {
-      e.message = std::string("'content' cannot be tokenized: ") + mz_last_error();
-      e.param = "content";
+    mz_model_info info;
+    if (mz_model_get_info(model_, &info) != MZ_OK) {
+      e.http = 500;
+      e.type = "server_error";
+      e.message = mz_last_error();
       return Error(res, e);
+    }
+    // As llama-server's tokenize_mixed: add_special for the first element only when it is a string.
+    std::vector<mz_token> toks;
+    for (size_t i = 0; i < r.content.size(); ++i) {
+      const serve::TokenizePart& part = r.content[i];
+      const std::string where = r.content.size() == 1 && !part.is_id ? "content" : "content[" + std::to_string(i) + "]";
+      if (part.is_id) {
+        if (part.id >= info.n_vocab) {
+          e.message = "a token id must be within [0, " + std::to_string(info.n_vocab) + ")";
+          e.param = where;
+          return Error(res, e);
+        }
+        toks.push_back(mz_token(part.id));
+        continue;
+      }
+      std::vector<mz_token> piece;
+      if (int rc = TokenizeText(model_, part.text, r.add_special && i == 0, r.parse_special, &piece); rc != MZ_OK) {
+        e.message = "'" + where + "' cannot be tokenized: " + mz_last_error();
+        e.param = where;
+        return Error(res, e);
+      }
+      toks.insert(toks.end(), piece.begin(), piece.end());
     }
     json out = json::array();
     for (mz_token t : toks) {
@@ -370,6 +393,46 @@ void Server::ResourceRoutes() {
       else out.push_back(t);
     }
     JsonBody(res, {{"tokens", out}});
+  });
+  // GET /slots: llama-server's per-slot fields (its server_slot::to_json with metrics), mzcache's
+  // own under "mzcache" (the slot's conversation and model); ?fail_on_no_slot=1: 503 when every slot
+  // is busy. --no-slots: 501, as llama-server's.
+  http_.Get("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    ApiError e;
+    if (!a_.slots) {
+      e.http = 501;
+      e.type = "not_supported_error";
+      e.message = "This server does not support slots endpoint. Start it without --no-slots";
+      return Error(res, e);
+    }
+    if (req.has_param("fail_on_no_slot") && !req.get_param_value("fail_on_no_slot").empty() &&
+        slots_.n_free() == 0) {
+      e.http = 503;
+      e.type = "unavailable_error";
+      e.message = "no slot available";
+      return Error(res, e);
+    }
+    json out = json::array();
+    for (const serve::SlotView& v : slots_.Snapshot()) {
+      json s = {{"id", v.id}, {"n_ctx", a_.n_ctx}, {"speculative", false}, {"is_processing", v.is_processing}};
+      const serve::SlotTask& t = v.task;
+      if (t.id_task >= 0) {
+        s["id_task"] = t.id_task;
+        s["n_prompt_tokens"] = t.n_prompt_tokens;
+        s["n_prompt_tokens_processed"] = t.n_prompt_tokens - t.n_prompt_tokens_cache;
+        s["n_prompt_tokens_cache"] = t.n_prompt_tokens_cache;
+        s["params"] = {{"n_predict", t.n_predict}, {"seed", t.seed},       {"temperature", t.temperature},
+                       {"top_k", t.top_k},         {"top_p", t.top_p},     {"max_tokens", t.n_predict},
+                       {"stream", t.stream}};
+        s["next_token"] = json::array({{{"has_next_token", v.is_processing},
+                                        {"n_remain", std::max(0, t.n_predict - v.n_decoded)},
+                                        {"n_decoded", v.n_decoded}}});
+        s["mzcache"] = {{"conversation", t.conversation}, {"model", t.model}};
+      }
+      out.push_back(std::move(s));
+    }
+    JsonBody(res, out);
   });
   http_.Post("/detokenize", [this, body_model](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
@@ -418,7 +481,7 @@ void Server::ResourceRoutes() {
                    {"model_path", models_.front().path},
                    {"models", names},
                    {"modalities", {{"vision", false}, {"video", false}, {"audio", false}}},
-                   {"endpoint_slots", false},
+                   {"endpoint_slots", a_.slots},
                    {"endpoint_props", true},
                    {"endpoint_metrics", a_.metrics},
                    {"build_info", std::string("mzcache ") + mz_version()},

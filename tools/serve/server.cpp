@@ -68,14 +68,15 @@ struct Server::Job {
   std::vector<mz_token> prompt;
   serve::Router::Claim claim;
   mz_conversation* conv = nullptr;
-  bool slot = false, finished = false, was_empty = false;
+  int slot = -1;  // its place in slots_ (-1: none)
+  bool finished = false, was_empty = false;
   int shared_before = 0;
   ~Job() {
     if (conv) mz_conversation_release(conv);
     if (!finished && !claim.id.empty()) m->router.Abandon(claim.id, false);
-    if (slot) {
+    if (slot >= 0) {
       s->processing_--;
-      s->slots_.Release();
+      s->slots_.Release(slot);
     }
   }
   // Moves the job onto a fresh claim (a new, empty conversation) after its own was found damaged.
@@ -215,16 +216,16 @@ std::shared_ptr<Server::Job> Server::Claim(serve::ServedModel& m, const ChatRequ
   job->req = r;
   job->prompt = std::move(prompt);
   deferred_++;
-  const bool got_slot = slots_.Acquire();
+  const int slot = slots_.Acquire();
   deferred_--;
-  if (!got_slot) {
+  if (slot < 0) {
     err->http = 503;
     err->type = "server_error";
     err->message = "too many requests waiting; retry later";
     return nullptr;
   }
   processing_++;
-  job->slot = true;
+  job->slot = slot;
   if (!r.conversation.empty()) {
     std::string why;
     if (!router_.AcquireId(r.conversation, job->prompt, &job->claim, &why)) {
@@ -309,8 +310,29 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
   tp.n_ctx = a_.n_ctx;
   tp.stop = job.req.stop;
   tp.top_logprobs = job.req.top_logprobs;
+  serve::SlotTask task;  // what GET /slots shows of this turn
+  task.conversation = job.claim.id;
+  task.model = job.m->id;
+  task.n_prompt_tokens = int(job.prompt.size());
+  task.n_prompt_tokens_cache = job.claim.keep;
+  task.n_predict = tp.max_tokens;
+  task.temperature = tp.sampler.temperature;
+  task.top_p = tp.sampler.top_p;
+  task.top_k = tp.sampler.top_k;
+  task.seed = tp.sampler.seed;
+  task.stream = job.req.stream;
+  slots_.Start(job.slot, std::move(task));
+  tp.decoded = slots_.Decoded(job.slot);
   const std::optional<std::string> script = scripted_.Next();  // TEST HOOK (none unless configured)
   if (script) tp.scripted = &*script;
+  // tool_choice "required" or a named function: the reply is constrained to one call
+  // (tools/serve/tool_constraint.h); tools_json holds the tools offered (only the named one).
+  std::optional<serve::ToolCallConstraint> constraint;
+  if (job.req.parse_tool_calls && (job.req.tool_choice == "required" || job.req.tool_choice == "function")) {
+    constraint.emplace(job.m->tool_syntax, nlohmann::json::parse(job.req.tools_json, nullptr, false),
+                       job.req.tool_choice_name);
+    tp.constraint = &*constraint;
+  }
   bool emitted = false;
   auto counting = [&](const std::string& s, const std::vector<serve::TokenLogprob>& lps) {
     emitted = true;

@@ -29,6 +29,7 @@
 #include "tools/serve/openai_api.h"
 #include "tools/serve/router.h"
 #include "tools/serve/scripted_replies.h"
+#include "tools/serve/slot_table.h"
 #include "tools/serve/tool_calls.h"
 #include "tools/serve/turn.h"
 
@@ -56,6 +57,7 @@ struct ServeArgs {
   // Observability and access (tools/serve/resources.cpp): GET /metrics on (--no-metrics: off), the
   // API key read from a file (--api-key-file), CORS for one origin (--cors; "" = off).
   bool metrics = true;
+  bool slots = true;  // GET /slots (--no-slots: off, as llama-server's)
   std::string api_key_file, cors;
   // A fleet's remote tier (docs/fleet.md): redis://[user@]host:port; its password from a file.
   std::string remote, remote_password_file;
@@ -75,34 +77,6 @@ int64_t UnixNow();
 // The API key in file path (--api-key-file): its content without the trailing newline (\n or
 // \r\n). false with *why when it cannot be read, is empty, or holds another line break or a NUL.
 bool ReadKeyFile(const std::string& path, std::string* key, std::string* why);
-
-// At most n turns at once; at most max_wait waiting (then Acquire refuses).
-class Slots {
- public:
-  Slots(int n, int max_wait) : free_(n), max_wait_(max_wait) {}
-  bool Acquire() {
-    std::unique_lock<std::mutex> lk(mu_);
-    if (free_ == 0 && waiting_ >= max_wait_) return false;
-    ++waiting_;
-    cv_.wait(lk, [&] { return free_ > 0; });
-    --waiting_;
-    --free_;
-    return true;
-  }
-  void Release() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      ++free_;
-    }
-    cv_.notify_one();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int free_, waiting_ = 0;
-  const int max_wait_;
-};
 
 class Server {
  public:
@@ -150,7 +124,7 @@ class Server {
   ServeArgs a_;
   std::vector<serve::ModelSpec> specs_;  // what Load loads (Start lists them)
   serve::Limits limits_;
-  Slots slots_;
+  serve::SlotTable slots_;  // --parallel turns at once, and what each does (GET /slots)
   httplib::Server http_;
   int listen_fd_ = -1;  // the listening socket (httplib owns and closes it); -1 before Start()
   std::atomic<uint64_t> requests_{0}, failures_{0}, recovered_{0};

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <random>
 
 #include "tools/cli/c_api_text.h"
 #include "tools/serve/text_stream.h"
+#include "tools/serve/tool_constraint.h"
 
 namespace mz::serve {
 namespace {
@@ -40,6 +42,33 @@ TokenLogprob Logprob(mz_model* model, const float* logits, int32_t n, mz_token t
   }
   for (int32_t id : best) out.top.emplace_back(cli::TokenPiece(model, id), float(double(logits[id]) - lse));
   return out;
+}
+
+// A token among those constraint allows (pieces[i]: token i's text; EOG tokens and empty pieces
+// never), by the turn's sampler settings applied to the allowed tokens only: greedy at
+// temperature <= 0, else top-k, top-p and temperature over them with rng. -1 when none is allowed.
+mz_token ConstrainedPick(const float* logits, const std::vector<std::string>& pieces, const std::vector<char>& eog,
+                         const ToolCallConstraint& constraint, const mz_sampler_params& sp, std::mt19937* rng) {
+  std::vector<int32_t> ok;
+  for (int32_t i = 0; i < int32_t(pieces.size()); ++i)
+    if (!eog[size_t(i)] && constraint.Allows(pieces[size_t(i)])) ok.push_back(i);
+  if (ok.empty()) return -1;
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (sp.temperature <= 0) return *std::min_element(ok.begin(), ok.end(), better);
+  std::sort(ok.begin(), ok.end(), better);
+  if (sp.top_k > 0 && size_t(sp.top_k) < ok.size()) ok.resize(size_t(sp.top_k));
+  std::vector<double> p(ok.size());
+  double sum = 0;
+  for (size_t i = 0; i < ok.size(); ++i) sum += p[i] = std::exp(double(logits[ok[i]] - logits[ok[0]]) / sp.temperature);
+  if (sp.top_p < 1.0f) {  // the smallest head whose mass reaches top_p
+    double acc = 0;
+    size_t keep = 0;
+    while (keep < ok.size() && acc < double(sp.top_p) * sum) acc += p[keep++];
+    ok.resize(std::max<size_t>(keep, 1));
+    p.resize(ok.size());
+  }
+  std::discrete_distribution<size_t> pick(p.begin(), p.end());
+  return ok[pick(*rng)];
 }
 
 }  // namespace
@@ -88,6 +117,25 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     }
   }
   size_t script_at = 0;
+  // Constrained decoding (tool_choice "required" or a named function; not with a scripted reply):
+  // every token's piece once, to test against the constraint at each step.
+  ToolCallConstraint* const constraint = params.scripted ? nullptr : params.constraint;
+  std::vector<std::string> pieces;
+  std::vector<char> eog;
+  std::mt19937 rng(params.sampler.seed);
+  if (constraint) {
+    mz_model_info info;
+    if (int st = mz_model_get_info(model, &info); st != MZ_OK) {
+      mz_conversation_commit(conv);
+      return Failed(r, st);
+    }
+    pieces.resize(size_t(info.n_vocab));
+    eog.resize(size_t(info.n_vocab));
+    for (int32_t i = 0; i < info.n_vocab; ++i) {
+      eog[size_t(i)] = mz_token_is_eog(model, i);
+      if (!eog[size_t(i)]) pieces[size_t(i)] = cli::TokenPiece(model, i);
+    }
+  }
   TextStream text(params.stop);
   int n = int(prompt.size());
   bool stopped = false;
@@ -97,7 +145,26 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       r.finish_reason = "stop";
       break;
     }
-    const mz_token t = params.scripted ? script[script_at++] : mz_conversation_sample(conv, sampler.get(), 0);
+    if (constraint && constraint->Complete()) {  // the call is whole: the turn ends as on EOG
+      r.finish_reason = "stop";
+      break;
+    }
+    mz_token t = -1;
+    if (params.scripted) {
+      t = script[script_at++];
+    } else if (constraint) {
+      const float* logits = mz_conversation_logits(conv, 0);
+      t = logits ? ConstrainedPick(logits, pieces, eog, *constraint, params.sampler, &rng) : MZ_ERR_INTERNAL;
+      if (t == -1) {
+        mz_conversation_commit(conv);
+        r.status = MZ_ERR_INTERNAL;
+        r.error = "no token of the vocabulary continues the constrained tool call";
+        return r;
+      }
+      constraint->Advance(pieces[size_t(t)]);
+    } else {
+      t = mz_conversation_sample(conv, sampler.get(), 0);
+    }
     if (t < 0) {
       mz_conversation_commit(conv);
       return Failed(r, t);
@@ -115,6 +182,7 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       pending.push_back(Logprob(model, logits, n_vocab, t, params.top_logprobs));
     }
     ++r.completion_tokens;
+    if (params.decoded) params.decoded->store(r.completion_tokens);
     // With logprobs, the token's piece was just built for them: not built a second time.
     const std::string out =
         text.Push(params.top_logprobs >= 0 ? pending.back().piece : cli::TokenPiece(model, t), &stopped);

@@ -9,12 +9,14 @@
 // Thread-safety: one turn per conversation at a time (the router's claim); turns on distinct
 // conversations may run at once.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "mzcache.h"
 #include "tools/serve/openai_api.h"
+#include "tools/serve/tool_constraint.h"
 
 namespace mz::serve {
 
@@ -28,6 +30,13 @@ struct TurnParams {
   // tokenized, special tokens parsed) instead of sampled ones, then the turn ends as on an
   // end-of-generation token; they are streamed, stopped and decoded as sampled tokens are.
   const std::string* scripted = nullptr;
+  // tool_choice "required" or a named function (tools/serve/tool_constraint.h): each token is
+  // sampled among those the constraint allows (the sampler's settings over them; the turn's seed),
+  // and the turn ends once the call is complete. Not owned; null: free sampling. Ignored with
+  // scripted.
+  ToolCallConstraint* constraint = nullptr;
+  // When set, holds the count of tokens sampled so far (GET /slots' n_decoded). Not owned.
+  std::atomic<int>* decoded = nullptr;
 };
 
 struct TurnResult {
