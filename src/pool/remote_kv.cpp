@@ -112,6 +112,25 @@ Status FakeRemoteKv::Get(const std::vector<std::string>& keys, std::vector<std::
   return Status::Ok();
 }
 
+Status FakeRemoteKv::GetRange(const std::vector<std::string>& keys,
+                              const std::vector<std::pair<uint64_t, uint64_t>>& ranges, std::vector<std::string>* values,
+                              std::vector<uint64_t>* sizes) {
+  std::unique_lock<std::mutex> lk(mu_);
+  calls_++;
+  const int n = range_calls_++;
+  cv_.wait(lk, [&] { return hold_after_ < 0 || n < hold_after_ || down_; });
+  if (down_) return Status::IOError("fake remote: down");
+  values->clear();
+  if (sizes) sizes->clear();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = kv_.find(keys[i]);
+    const std::string v = it == kv_.end() ? std::string() : it->second;
+    values->push_back(ranges[i].first < v.size() ? v.substr(size_t(ranges[i].first), size_t(ranges[i].second)) : "");
+    if (sizes) sizes->push_back(v.size());
+  }
+  return Status::Ok();
+}
+
 Status FakeRemoteKv::Exists(const std::vector<std::string>& keys, std::vector<bool>* out) {
   std::lock_guard<std::mutex> lk(mu_);
   calls_++;
@@ -167,6 +186,21 @@ Status FakeRemoteKv::Census(const std::string& pattern, uint64_t* keys, uint64_t
 void FakeRemoteKv::SetDown(bool down) {
   std::lock_guard<std::mutex> lk(mu_);
   down_ = down;
+  cv_.notify_all();
+}
+void FakeRemoteKv::HoldRangesAfter(int after) {
+  std::lock_guard<std::mutex> lk(mu_);
+  hold_after_ = after;
+  range_calls_ = 0;
+}
+void FakeRemoteKv::Release() {
+  std::lock_guard<std::mutex> lk(mu_);
+  hold_after_ = -1;
+  cv_.notify_all();
+}
+int FakeRemoteKv::range_calls() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return range_calls_;
 }
 std::map<std::string, std::string> FakeRemoteKv::Snapshot() {
   std::lock_guard<std::mutex> lk(mu_);
@@ -214,6 +248,33 @@ class RedisKv : public RemoteKv {
       if (x->type == REDIS_REPLY_STRING) values->emplace_back(std::string(x->str, size_t(x->len)));
       else if (x->type == REDIS_REPLY_NIL) values->emplace_back(std::nullopt);
       else return Bad("GET", x.get());
+    }
+    return Status::Ok();
+  }
+
+  Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                  std::vector<std::string>* values, std::vector<uint64_t>* sizes) override {
+    values->clear();
+    if (sizes) sizes->clear();
+    std::vector<std::vector<std::string>> cmds;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (ranges[i].second == 0) cmds.push_back({"GETRANGE", keys[i], "1", "0"});  // empty
+      else
+        cmds.push_back({"GETRANGE", keys[i], std::to_string(ranges[i].first),
+                        std::to_string(ranges[i].first + ranges[i].second - 1)});
+      if (sizes) cmds.push_back({"STRLEN", keys[i]});
+    }
+    std::vector<Reply> r;
+    MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
+    for (size_t i = 0; i < r.size(); ++i) {
+      const redisReply* x = r[i].get();
+      if (sizes && i % 2 == 1) {
+        if (x->type != REDIS_REPLY_INTEGER) return Bad("STRLEN", x);
+        sizes->push_back(uint64_t(x->integer));
+      } else {
+        if (x->type != REDIS_REPLY_STRING) return Bad("GETRANGE", x);
+        values->emplace_back(x->str, size_t(x->len));
+      }
     }
     return Status::Ok();
   }
