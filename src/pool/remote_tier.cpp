@@ -228,6 +228,16 @@ void RemoteTier::Loop() {
   done_cv_.notify_all();
 }
 
+Status RemoteTier::TimedFetch(const std::function<Status()>& call) {
+  Env* env = model_->env();
+  const uint64_t t0 = env->NowNs();
+  Status st = call();
+  Note(st);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.fetch_s += double(env->NowNs() - t0) * 1e-9;
+  return st;
+}
+
 bool RemoteTier::Skip() {
   std::lock_guard<std::mutex> lk(mu_);
   return stats_.degraded;
@@ -308,13 +318,8 @@ void RemoteTier::FetchManifest(const std::string& id, std::string* payload) {
   if (Skip()) return;  // unreachable a moment ago: no wait per request (the thread probes it)
   const std::string key = ManifestKey(id);
   std::vector<std::optional<std::string>> v;
-  Env* env = model_->env();
-  const uint64_t t0 = env->NowNs();
-  Status st = kv_->Get({key}, &v);
-  Note(st);
-  const double dt = double(env->NowNs() - t0) * 1e-9;
+  const Status st = TimedFetch([&] { return kv_->Get({key}, &v); });
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.fetch_s += dt;
   if (!st.ok()) return;
   if (!v[0]) {
     stats_.manifest_misses++;
@@ -338,14 +343,11 @@ void RemoteTier::FetchChunks(const std::vector<uint64_t>& hashes, std::vector<st
   std::vector<std::string> keys;
   for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
   std::vector<std::optional<std::string>> v;
-  Env* env = model_->env();
-  const uint64_t t0 = env->NowNs();
-  Status st = kv_->Get(keys, &v);
-  if (st.ok()) st = kv_->Touch(keys, opts_.ttl_s);
-  Note(st);
-  const double dt = double(env->NowNs() - t0) * 1e-9;
+  const Status st = TimedFetch([&] {
+    Status s = kv_->Get(keys, &v);
+    return s.ok() ? kv_->Touch(keys, opts_.ttl_s) : s;
+  });
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.fetch_s += dt;
   if (!st.ok()) return;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!v[i]) {
@@ -374,14 +376,11 @@ void RemoteTier::FetchChunkHeads(const std::vector<uint64_t>& hashes, uint64_t h
   const std::vector<std::pair<uint64_t, uint64_t>> ranges(keys.size(), {0, sizeof(Envelope) + head_bytes});
   std::vector<std::string> v;
   std::vector<uint64_t> sizes;
-  Env* env = model_->env();
-  const uint64_t t0 = env->NowNs();
-  Status st = kv_->GetRange(keys, ranges, &v, &sizes);
-  if (st.ok()) st = kv_->Touch(keys, opts_.ttl_s);
-  Note(st);
-  const double dt = double(env->NowNs() - t0) * 1e-9;
+  const Status st = TimedFetch([&] {
+    Status s = kv_->GetRange(keys, ranges, &v, &sizes);
+    return s.ok() ? kv_->Touch(keys, opts_.ttl_s) : s;
+  });
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.fetch_s += dt;
   if (!st.ok()) return;
   for (size_t i = 0; i < keys.size(); ++i) {
     Envelope e{};
@@ -457,7 +456,6 @@ void RemoteTier::StreamLoop() {
 }
 
 void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
-  Env* env = model_->env();
   auto fail = [&](StreamJob& j, const std::string& why) {
     std::lock_guard<std::mutex> lk(st_mu_);
     StreamState& s = streams_[{j.hash, j.gen}];
@@ -483,10 +481,8 @@ void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
       stopping = st_stop_;
     }
     std::vector<std::string> v;
-    const uint64_t t0 = env->NowNs();
-    Status st = stopping ? Status::IOError("the remote tier is stopping") : kv_->GetRange(keys, ranges, &v);
-    const double dt = double(env->NowNs() - t0) * 1e-9;
-    Note(st);
+    const Status st = stopping ? Status::IOError("the remote tier is stopping")
+                               : TimedFetch([&] { return kv_->GetRange(keys, ranges, &v); });
     uint64_t bytes = 0, bad = 0;
     for (size_t i = 0; i < live.size(); ++i) {
       StreamJob& j = *live[i];
@@ -520,7 +516,6 @@ void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stats_.fetch_s += dt;
       stats_.bytes_fetched += bytes;
       stats_.damaged += bad;
     }

@@ -174,6 +174,8 @@ class RemoteTier {
   void StreamBatch(std::vector<StreamJob>& jobs);
   Status WriteOne(const std::string& id, const std::string& path);
   void Note(const Status& st);  // degraded / last_error after a call to the store
+  // call (a fetch from the store): its time added to fetch_s, its outcome noted (Note).
+  Status TimedFetch(const std::function<Status()>& call);
   // True while degraded: lookups are skipped (a miss at once, not a timeout per request) until
   // the thread's next probe (every retry_ms) or write reaches the store again.
   bool Skip();
