@@ -724,6 +724,27 @@ TEST(RemoteStream, ALayerFailingMidStreamIsComputedAgainNeverUsed) {
 
 bool RedisCliPresent() { return access("/usr/bin/redis-cli", X_OK) == 0; }
 
+bool PortFree(int port) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  const bool ok = bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(s);
+  return ok;
+}
+
+// A free port whose cluster bus port (port + 10000, which redis-server opens too) is free and
+// valid: an ephemeral port above 55535 would make redis-server refuse to start.
+int ClusterPort() {
+  for (int i = 0; i < 200; ++i) {
+    const int p = FreePort();
+    if (p > 0 && p + 10000 <= 65535 && PortFree(p + 10000)) return p;
+  }
+  return 0;
+}
+
 // Keys a node holds (DBSIZE), asked of that node alone.
 long long DbSize(int port) {
   const std::string cmd = "redis-cli -p " + std::to_string(port) + " DBSIZE 2>/dev/null";
@@ -742,7 +763,7 @@ TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
   RedisServer nodes[3];
   std::string create = "redis-cli --cluster create";
   for (auto& n : nodes) {
-    ASSERT_TRUE(n.Start(0, {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+    ASSERT_TRUE(n.Start(ClusterPort(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                             "--cluster-node-timeout", "5000"}));
     create += " 127.0.0.1:" + std::to_string(n.port());
   }
