@@ -73,7 +73,10 @@ struct RedisOptions {
 // Connects through hiredis (Debian's libhiredis, 0.14). Open checks the server at once (PING,
 // after AUTH and SELECT): kIOError naming the address when it cannot be reached, kUnsupported
 // when the library was built without hiredis. A connection that fails mid-call is dropped and a
-// new one made by the next call: the server may restart in between.
+// new one made by the next call: the server may restart in between. Redis Cluster: the URL may
+// name any node; the first MOVED reply loads the slot map (CLUSTER SLOTS) and every command is then
+// routed to its key's slot master (one pipeline per node); MOVED reloads the map and resends, ASK
+// resends with ASKING (at most 5 rounds: then kIOError). Connections are pooled per node.
 Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now = true);
 
 // An in-memory store for tests, with faults: down (every call kIOError), and direct access to the
