@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One conversation's next turn on a fresh server: from local storage (a copy of a pool folder that
-# holds it) against from Redis (an empty pool folder, --remote): the request's wall time (the Redis
-# fetch included) and the server's TTFT. A one-off figure, not a test; after tests/check_fleet.sh,
-# whose work folder has both (the reference server's pool, the fleet's Redis AOF, the messages).
+# holds it), from Redis (an empty pool folder, --remote: the manifest and chunk heads at open, the
+# layers streamed while it restores) and recomputed (an empty pool folder, no remote), alternated
+# in that order each round: the request's wall time (the Redis fetch included) and the server's
+# TTFT. A one-off figure, not a test; after tests/check_fleet.sh, whose work folder has all it needs
+# (the reference server's pool, the fleet's Redis AOF, the messages).
 # Usage: bench/fleet_restore.sh [FLEET_WORK_DIR (default build/fleet)] [ROUNDS (default 3)]
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 R=$(cd "$(dirname "$0")/.." && pwd)
 W=${1:-$R/build/fleet} N=${2:-3}
 CLI=$R/build/mzcache MODEL=$R/build/test-models/tiny-qwen3-q8_0.gguf
@@ -29,8 +32,9 @@ run() {  # run LOG EXTRA...: one server, one turn of fleet-conv-1 (messages m3.j
 }
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq "$N"); do
-  rm -rf "$M/local" "$M/remote"
+  rm -rf "$M/local" "$M/remote" "$M/none"
   cp -r "$W/ref-pool" "$M/local"
-  echo "local  $i: $(run local.log --pool-dir "$M/local")"
-  echo "remote $i: $(run remote.log --pool-dir "$M/remote" --remote "redis://127.0.0.1:$RPORT")"
+  echo "local     $i: $(run local.log --pool-dir "$M/local")"
+  echo "remote    $i: $(run remote.log --pool-dir "$M/remote" --remote "redis://127.0.0.1:$RPORT")"
+  echo "recompute $i: $(run none.log --pool-dir "$M/none")"
 done

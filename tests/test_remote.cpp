@@ -27,6 +27,7 @@
 #include "pool/remote_kv.h"
 #include "pool/remote_tier.h"
 #include "runtime/context.h"
+#include "runtime/session_file.h"
 #include "test_util.h"
 
 namespace mz {
@@ -564,6 +565,253 @@ TEST(RemoteTierConcurrency, WritesWhileTheStoreFlapsAllArriveAndReadBackExactly)
   uint64_t keys = 0, bytes = 0;
   ASSERT_TRUE(fake->Census("mz:*:k:*", &keys, &bytes).ok());
   EXPECT_EQ(keys, 1u + kConvs);  // the shared chunk + each one's own second chunk
+}
+
+
+// ---- streamed restore (FakeRemoteKv: no Redis needed; its GetRange can be held mid-stream) ----
+
+PoolOptions FakeOpts(const std::string& dir, const std::shared_ptr<FakeRemoteKv>& kv) {
+  PoolOptions o = Opts(dir, "");
+  o.remote.store = kv;
+  return o;
+}
+
+// The next token's logits after conversation id's stored history, restored front layers first by
+// restore_generate in a pool on dir (its local storage, or the store when dir does not hold it).
+std::vector<float> RestoreNext(Model* m, const PoolOptions& o, const std::string& id, int32_t next,
+                               PoolStats* stats = nullptr) {
+  std::unique_ptr<Pool> pool;
+  EXPECT_TRUE(Pool::Open(m, o, &pool).ok());
+  std::shared_ptr<Conversation> c;
+  EXPECT_TRUE(pool->OpenConversation(id, &c).ok());
+  PipelineOptions po;
+  RestoreGenerateStats rs;
+  Status st = c->RestoreGenerate(&next, 1, po, &rs);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (stats) *stats = pool->Stats();
+  return st.ok() ? Row(c->logits(0), int(m->hparams().n_vocab)) : std::vector<float>();
+}
+
+// A server that does not hold a conversation opens it before its chunks arrive: only their heads
+// (session header and index) are fetched at open, and restore_generate restores the first layers
+// while the rest is still in the store (held here after layer 0). Released, the result equals the
+// restore from local storage of the server that wrote it, bit for bit.
+TEST(RemoteStream, FirstLayersAreRestoredBeforeTheRestArrivesAndTheResultIsExact) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  auto kv = std::make_shared<FakeRemoteKv>();
+  const std::string dir_a = FreshDir("sa");
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 20, 7);
+  const int32_t next = 77;
+  Serve(m.get(), FakeOpts(dir_a, kv), "s", toks);
+  const std::vector<float> want = Reference(m.get(), toks, {next});
+
+  kv->HoldRangesAfter(2);  // range call 0: the heads; 1: layer 0 of every chunk; 2 (layer 1) waits
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(FreshDir("sb"), kv), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("s", &c).ok());  // returns with the chunks still arriving
+  EXPECT_EQ(b->Stats().remote.streaming, 3);
+  EXPECT_EQ(b->Stats().remote.chunks_fetched, 0u);
+  std::vector<float> remote;
+  Status st;
+  std::thread gen([&] {
+    PipelineOptions po;
+    RestoreGenerateStats rs;
+    st = c->RestoreGenerate(&next, 1, po, &rs);
+    if (st.ok()) remote = Row(c->logits(0), int(m->hparams().n_vocab));
+  });
+  // Readiness wait (not a timing): the restore has a layer-0 unit resident while layer 1 is held.
+  bool used_early = false;
+  for (int i = 0; i < 2000 && !used_early; ++i) {
+    const PoolStats s = b->Stats();
+    used_early = s.shared.units_resident >= 1 && kv->range_calls() == 3 && s.remote.chunks_fetched == 0;
+    if (!used_early) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(used_early) << "no shared unit was restored while layer 1 was still held in the store";
+  kv->Release();
+  gen.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(remote, want);
+  const PoolStats s = b->Stats();
+  EXPECT_EQ(s.remote.chunks_fetched, 3u);
+  EXPECT_EQ(s.remote.streaming, 0);
+  EXPECT_EQ(s.remote.damaged, 0u);
+  EXPECT_EQ(s.recomputed, 0u);
+  // The server that wrote it, restoring from its local storage (after: its turn would be written
+  // to the store): the same logits, bit for bit.
+  EXPECT_EQ(RestoreNext(m.get(), FakeOpts(dir_a, kv), "s", next), remote);
+}
+
+// A chunk whose layer fails its check when it arrives (a bit flip in the store), or that the
+// store loses mid-stream (evicted after its head was read), is never attended: its units are lost,
+// the conversation's tokens are computed again, and the answer is still exact.
+TEST(RemoteStream, ALayerFailingMidStreamIsComputedAgainNeverUsed) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  auto kv = std::make_shared<FakeRemoteKv>();
+  const std::string dir_a = FreshDir("fa");
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 9, 8);
+  const int32_t next = 55;
+  Serve(m.get(), FakeOpts(dir_a, kv), "f", toks);
+  const std::vector<float> want = Reference(m.get(), toks, {next});
+  RemoteTierOptions ro;
+  ro.store = kv;
+  std::unique_ptr<RemoteTier> names;
+  ASSERT_TRUE(RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &names).ok());
+  const std::vector<uint64_t> h = ChainHashes(m->identity().header_hash, toks.data(), 3 * T, T);
+  const std::string key = names->ChunkKey(h[1]);
+  const std::string good = kv->Snapshot().at(key);
+  const std::string manifest_key = names->ManifestKey("f");
+  const std::string manifest = kv->Snapshot().at(manifest_key);  // each round's pool writes its turn back
+  names.reset();
+  // Where the last layer's payload of that chunk lies (its own index says).
+  std::string payload;
+  {
+    RemoteTier::Kind k = RemoteTier::kChunk;
+    RemoteTierOptions r2;
+    r2.store = std::make_shared<FakeRemoteKv>();
+    std::unique_ptr<RemoteTier> t;
+    ASSERT_TRUE(RemoteTier::Open(*m, T, "none", r2, [](uint64_t) { return std::string(); }, &t).ok());
+    ASSERT_TRUE(t->Unwrap(k, key, good, &payload).ok());
+  }
+  const std::string f = test::TempDir() + "/remote-chunk-" + std::to_string(getpid()) + ".mzk";
+  ASSERT_TRUE(Env::Default()->WriteSmallFile(f, payload, true).ok());
+  std::unique_ptr<SessionReader> r;
+  ASSERT_TRUE(SessionReader::Open(*m, T, f, &r).ok());
+  const int L = int(m->hparams().n_layer);
+  uint64_t off = 0, size = 0, hash = 0;
+  int enc = 0;
+  r->ChunkPlace(L - 1, 0, &off, &size, &hash, &enc);
+  r.reset();
+  std::filesystem::remove(f);
+  const size_t env_bytes = good.size() - payload.size();
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
+    kv->Set(key, good);
+    kv->Set(manifest_key, manifest);
+    if (round == 0) {
+      std::string bad = good;
+      bad[env_bytes + off + size / 2] ^= 0x10;
+      kv->Set(key, bad);
+    } else {
+      kv->HoldRangesAfter(1);  // the heads pass; then the key goes
+    }
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(FreshDir("fb" + std::to_string(round)), kv), &b).ok());
+    std::shared_ptr<Conversation> c;
+    ASSERT_TRUE(b->OpenConversation("f", &c).ok());
+    if (round == 1) {
+      kv->Erase(key);
+      kv->Release();
+    }
+    PipelineOptions po;
+    RestoreGenerateStats rs;
+    Status st = c->RestoreGenerate(&next, 1, po, &rs);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), want);
+    for (int i = 0; i < 2000 && b->Stats().remote.streaming > 0; ++i)  // the good chunks' last layers
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const PoolStats s = b->Stats();
+    EXPECT_EQ(s.remote.damaged, 1u);
+    EXPECT_EQ(s.recomputed, 1u);
+    EXPECT_EQ(s.remote.chunks_fetched, 2u);  // the two good chunks arrived whole
+  }
+}
+
+
+// ---- Redis Cluster: a real 3-master cluster of redis-server on loopback ----
+
+bool RedisCliPresent() { return access("/usr/bin/redis-cli", X_OK) == 0; }
+
+bool PortFree(int port) {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(uint16_t(port));
+  const bool ok = bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(s);
+  return ok;
+}
+
+// A free port whose cluster bus port (port + 10000, which redis-server opens too) is free and
+// valid: an ephemeral port above 55535 would make redis-server refuse to start.
+int ClusterPort() {
+  for (int i = 0; i < 200; ++i) {
+    const int p = FreePort();
+    if (p > 0 && p + 10000 <= 65535 && PortFree(p + 10000)) return p;
+  }
+  return 0;
+}
+
+// Keys a node holds (DBSIZE), asked of that node alone.
+long long DbSize(int port) {
+  const std::string cmd = "redis-cli -p " + std::to_string(port) + " DBSIZE 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return -1;
+  char buf[64] = {0};
+  const bool got = fgets(buf, sizeof buf, f) != nullptr;
+  pclose(f);
+  return got ? std::atoll(buf) : -1;
+}
+
+// Three masters (no replicas), every slot assigned, the cluster's state ok on each node.
+TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
+  NEED_REDIS();
+  if (!RedisCliPresent()) GTEST_SKIP() << "redis-cli is not installed";
+  RedisServer nodes[3];
+  std::string create = "redis-cli --cluster create";
+  for (auto& n : nodes) {
+    ASSERT_TRUE(n.Start(ClusterPort(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                            "--cluster-node-timeout", "5000"}));
+    create += " 127.0.0.1:" + std::to_string(n.port());
+  }
+  create += " --cluster-replicas 0 --cluster-yes > /dev/null 2>&1";
+  ASSERT_EQ(std::system(create.c_str()), 0) << create;
+  bool ok = false;  // readiness wait: every node agrees the cluster is up
+  for (int i = 0; i < 500 && !ok; ++i) {
+    ok = true;
+    for (auto& n : nodes) {
+      const std::string q = "redis-cli -p " + std::to_string(n.port()) + " CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok";
+      ok = ok && std::system(q.c_str()) == 0;
+    }
+    if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(ok) << "the cluster did not come up";
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, 5 * T + 20, 11), next = {31, 32, 33};
+  // Server A writes through node 0, server B reads through node 1: each key lives on its slot's
+  // master, reached by the MOVED redirections and the slot map.
+  Serve(m.get(), Opts(FreshDir("ca"), nodes[0].Url()), "chat-c", toks);
+  long long held = 0, nodes_with_keys = 0;
+  for (auto& n : nodes) {
+    const long long k = DbSize(n.port());
+    held += k;
+    nodes_with_keys += k > 0;
+  }
+  EXPECT_EQ(held, 6);                // 5 chunks and the manifest, each on its own slot's master
+  EXPECT_GE(nodes_with_keys, 2);     // spread over the masters (slots by hash tag)
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("cb"), nodes[1].Url()), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("chat-c", &c).ok());
+  std::vector<int32_t> hist;
+  ASSERT_TRUE(b->History("chat-c", &hist).ok());
+  EXPECT_EQ(hist, toks);
+  ASSERT_TRUE(c->Decode(next.data(), int(next.size()), false).ok());
+  EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), toks, next));
+  PoolStats s = b->Stats();
+  EXPECT_EQ(s.remote.manifest_hits, 1u);
+  EXPECT_EQ(s.remote.chunks_fetched, 5u);
+  EXPECT_EQ(s.recomputed, 0u);
+  EXPECT_FALSE(s.remote.degraded) << s.remote.last_error;
+  // The census counts every master's keys.
+  std::unique_ptr<RemoteKv> kv = nodes[2].Client();
+  uint64_t keys = 0, bytes = 0;
+  ASSERT_TRUE(kv->Census("mz:*", &keys, &bytes).ok());
+  EXPECT_EQ(keys, 6u);
 }
 
 }  // namespace

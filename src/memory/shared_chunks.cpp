@@ -185,7 +185,35 @@ Status SharedChunkStore::ReadStoredLocked(Unit& u, uint16_t* dst) {
   return st.With(std::string("reading ") + name + (file ? " from its chunk file" : ""));
 }
 
+void SharedChunkStore::SetFileGate(FileGate gate) {
+  std::lock_guard<std::mutex> lk(mu_);
+  gate_ = std::move(gate);
+}
+
+Status SharedChunkStore::AwaitFile(Unit& u) {
+  FileGate gate;
+  uint64_t hash, gen;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!gate_ || u.mem || u.lost || (swap_ && u.ext.valid()) || !u.file || !u.fext.valid()) return Status::Ok();
+    gate = gate_;
+    hash = u.chunk->hash;
+    gen = u.file_gen;
+  }
+  Status st = gate(hash, gen, u.layer);
+  if (st.ok()) return st;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (u.file_gen == gen && !u.mem && !(swap_ && u.ext.valid())) {
+    u.lost = true;
+    const LostFile lf{hash, gen};
+    if (std::find(lost_files_.begin(), lost_files_.end(), lf) == lost_files_.end()) lost_files_.push_back(lf);
+  }
+  return Status::Corruption("shared chunk " + std::to_string(hash) + " layer " + std::to_string(u.layer) +
+                            ": its chunk file never arrived whole: " + st.message());
+}
+
 Status SharedChunkStore::Pin(Ref r, uint16_t** out) {
+  MZ_RETURN_IF_ERROR(AwaitFile(*r));
   std::lock_guard<std::mutex> lk(mu_);
   MZ_RETURN_IF_ERROR(LoadLocked(*r));
   r->pins++;
@@ -199,6 +227,7 @@ void SharedChunkStore::Unpin(Ref r) {
 }
 
 Status SharedChunkStore::Read(Ref r, uint16_t* dst) {
+  MZ_RETURN_IF_ERROR(AwaitFile(*r));
   std::lock_guard<std::mutex> lk(mu_);
   if (r->mem) {
     std::memcpy(dst, r->mem, g_.chunk_bytes());

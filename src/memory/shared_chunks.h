@@ -32,6 +32,7 @@
 // order with contexts: a context may call the store under its own lock, the store calls nobody).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -110,6 +111,16 @@ class SharedChunkStore {
   Status AdoptFile(uint64_t hash, uint64_t parent, const int32_t* tokens, int index, const std::string& path,
                    const std::string& codec, const std::vector<FilePlace>& places, std::vector<Ref>* refs,
                    uint64_t gen = 0, bool replace = false);
+  // A chunk file may still be arriving (a pool's remote tier streams its layers in from the
+  // fleet's store while the restore runs, pool/remote_tier.h). gate(hash, gen, layer), when set,
+  // is called before unit `layer` of the chunk named hash is read from its chunk file (file gen as
+  // AdoptFile's), without the store's mutex held: it returns once that layer's bytes are in the
+  // file (Ok), or with an error when they will never be (the fetch failed or a check did): the
+  // unit is then marked lost (its readers get kCorruption and compute it again, never a wrong
+  // chunk). A unit resident or on the store's own swap never calls it. Set before the first
+  // AdoptFile of such a file; thread-safe.
+  using FileGate = std::function<Status(uint64_t hash, uint64_t gen, int layer)>;
+  void SetFileGate(FileGate gate);
   // True if the chunk named hash is held and has a chunk file (AdoptFile).
   bool HasFile(uint64_t hash) const;
   // The chunk files a unit of which failed verification when read since the last call (each once):
@@ -146,6 +157,8 @@ class SharedChunkStore {
   // REQUIRES mu_, u not resident. Decodes u's stored copy (its swap extent, else its chunk file)
   // into dst, verified; a checksum mismatch marks u lost.
   Status ReadStoredLocked(Unit& u, uint16_t* dst);
+  // The gate of u's chunk file (SetFileGate) when u would be read from it; its error marks u lost.
+  Status AwaitFile(Unit& u);
   ChunkShape Shape(int layer) const;
   // REQUIRES mu_. u's chunk file copy can stand for its evicted form (same codec as the store's).
   bool Durable(const Unit& u) const;
@@ -162,6 +175,7 @@ class SharedChunkStore {
   ChunkMap::iterator NewChunkLocked(uint64_t hash, uint64_t parent, const int32_t* tokens, int index);
   ChunkMap chunks_;  // hash -> chunk
   std::vector<LostFile> lost_files_;  // TakeLostFiles (under mu_)
+  FileGate gate_;                     // SetFileGate (under mu_; called without it)
 };
 
 }  // namespace mz

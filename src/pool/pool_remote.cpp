@@ -8,6 +8,7 @@
 
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
+#include "env/env.h"
 #include "runtime/session_file.h"
 
 namespace mz {
@@ -47,47 +48,81 @@ Status Pool::FetchRemoteConversation(const std::string& id) {
       if (it == chunk_files_.end() || (!it->second.on_disk && !it->second.writing)) need.push_back(h);
     }
   }
-  std::vector<std::string> blobs;
-  remote_->FetchChunks(need, &blobs);
-  std::vector<std::pair<uint64_t, std::string>> ready;  // hash -> verified scratch file
+  // Streamed: the chunks' heads (session header and index) first, in one pipeline; each checked
+  // as a chunk file of exactly its tokens and put in place at its full length, then their layers
+  // arrive on the remote tier's stream thread, front layers first, while the conversation is
+  // restored (the shared store waits at its file gate for a layer not in yet; a layer that never
+  // arrives whole makes its units lost: the conversation is computed again, never a wrong chunk).
+  if (shared_ && !need.empty()) {
+    RemoteTier* rt = remote_.get();
+    shared_->SetFileGate([rt](uint64_t h, uint64_t gen, int l) { return rt->AwaitLayer(h, gen, l); });
+  }
+  const int L = int(model_->hparams().n_layer);
+  const uint64_t head_bytes = 4096 + 4 * uint64_t(T) + 32 * uint64_t(L) + 8;  // header, index (one chunk per layer)
+  std::vector<std::string> heads;
+  std::vector<uint64_t> lengths;
+  if (shared_) remote_->FetchChunkHeads(need, head_bytes, &heads, &lengths);
+  else heads.assign(need.size(), std::string());  // no store to borrow them: computed again
+  struct Ready {
+    uint64_t hash;
+    std::string path;
+    RemoteTier::StreamJob job;
+  };
+  std::vector<Ready> ready;
   for (size_t i = 0; i < need.size(); ++i) {
-    if (blobs[i].empty()) continue;  // missing or damaged (counted): the conversation is computed again
+    if (heads[i].empty()) continue;  // missing or damaged (counted): the conversation is computed again
     const int c = int(std::find(ext.begin(), ext.end(), need[i]) - ext.begin());
     char name[64];  // unique: another fetch of the same chunk may be writing its own copy
     std::snprintf(name, sizeof name, "/swap/~remote-%016llx-%llu.mzk", static_cast<unsigned long long>(need[i]),
                   static_cast<unsigned long long>(++swap_seq_));
-    const std::string path = opts_.dir + name;
+    Ready rd{need[i], opts_.dir + name, {}};
+    rd.job.hash = need[i];
     std::unique_ptr<SessionReader> cr;
-    Status cs = env->WriteSmallFile(path, blobs[i], true);
-    if (cs.ok()) cs = SessionReader::Open(*model_, T, path, &cr);
+    Status cs = env->Open(rd.path, OpenMode::kCreateTrunc, false, &rd.job.file);
+    if (cs.ok()) cs = rd.job.file->Write(heads[i].data(), heads[i].size(), 0);
+    if (cs.ok()) cs = rd.job.file->Truncate(lengths[i]);
+    if (cs.ok()) cs = SessionReader::Open(*model_, T, rd.path, &cr);
     if (cs.ok() && (int(cr->tokens().size()) != T || cr->n_chunks() != 1 || cr->codec_id() != r->codec_id() ||
                     !std::equal(cr->tokens().begin(), cr->tokens().end(), r->tokens().begin() + size_t(c) * size_t(T))))
       cs = Status::Corruption("remote chunk holds other tokens");
+    for (int l = 0; cs.ok() && l < L; ++l) {
+      SharedChunkStore::FilePlace p;
+      int enc = 0;
+      cr->ChunkPlace(l, 0, &p.off, &p.size, &p.hash, &enc);
+      if (enc != T || p.off < heads[i].size()) cs = Status::Corruption("remote chunk: layer " + std::to_string(l) + " misplaced");
+      rd.job.layers.push_back(p);
+    }
     cr.reset();
     if (!cs.ok()) {
-      env->Remove(path);
+      rd.job.file.reset();
+      env->Remove(rd.path);
       if (cs.code() == Status::kCorruption) remote_->CountDamaged();
       continue;
     }
-    ready.emplace_back(need[i], path);
+    ready.push_back(std::move(rd));
   }
   // The stored file's chunk file references, and the fetched files in place (a chunk file another
-  // persist wrote meanwhile is kept: the same chunk).
+  // persist wrote meanwhile is kept: the same chunk), each streamed in under its file's gen.
+  std::vector<RemoteTier::StreamJob> jobs;
   {
     std::lock_guard<std::mutex> fl(files_mu_);
     for (uint64_t h : ext) chunk_files_[h].refs++;
-    for (const auto& f : ready) {
-      ChunkFile& cf = chunk_files_[f.first];
-      if (cf.on_disk || cf.writing || !env->Rename(f.second, ChunkPath(f.first)).ok()) {
-        env->Remove(f.second);
+    for (auto& f : ready) {
+      ChunkFile& cf = chunk_files_[f.hash];
+      if (cf.on_disk || cf.writing || !env->Rename(f.path, ChunkPath(f.hash)).ok()) {
+        f.job.file.reset();
+        env->Remove(f.path);
         continue;
       }
       FileInfo fi;
       cf.on_disk = true;
       cf.rewrite = false;
-      cf.bytes = env->StatPath(ChunkPath(f.first), &fi).ok() ? fi.size : 0;
+      cf.bytes = env->StatPath(ChunkPath(f.hash), &fi).ok() ? fi.size : 0;
       cf.gen = ++file_gen_seq_;
+      f.job.gen = cf.gen;
+      jobs.push_back(std::move(f.job));
     }
+    remote_->StreamChunks(std::move(jobs));  // registered before any reader can find the files
   }
   const std::string path = StoredPath(id);
   st = env->Rename(tmp, path);

@@ -1,8 +1,10 @@
 #include "pool/remote_kv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <map>
 
 #if MZ_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -112,6 +114,25 @@ Status FakeRemoteKv::Get(const std::vector<std::string>& keys, std::vector<std::
   return Status::Ok();
 }
 
+Status FakeRemoteKv::GetRange(const std::vector<std::string>& keys,
+                              const std::vector<std::pair<uint64_t, uint64_t>>& ranges, std::vector<std::string>* values,
+                              std::vector<uint64_t>* sizes) {
+  std::unique_lock<std::mutex> lk(mu_);
+  calls_++;
+  const int n = range_calls_++;
+  cv_.wait(lk, [&] { return hold_after_ < 0 || n < hold_after_ || down_; });
+  if (down_) return Status::IOError("fake remote: down");
+  values->clear();
+  if (sizes) sizes->clear();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto it = kv_.find(keys[i]);
+    const std::string v = it == kv_.end() ? std::string() : it->second;
+    values->push_back(ranges[i].first < v.size() ? v.substr(size_t(ranges[i].first), size_t(ranges[i].second)) : "");
+    if (sizes) sizes->push_back(v.size());
+  }
+  return Status::Ok();
+}
+
 Status FakeRemoteKv::Exists(const std::vector<std::string>& keys, std::vector<bool>* out) {
   std::lock_guard<std::mutex> lk(mu_);
   calls_++;
@@ -167,6 +188,21 @@ Status FakeRemoteKv::Census(const std::string& pattern, uint64_t* keys, uint64_t
 void FakeRemoteKv::SetDown(bool down) {
   std::lock_guard<std::mutex> lk(mu_);
   down_ = down;
+  cv_.notify_all();
+}
+void FakeRemoteKv::HoldRangesAfter(int after) {
+  std::lock_guard<std::mutex> lk(mu_);
+  hold_after_ = after;
+  range_calls_ = 0;
+}
+void FakeRemoteKv::Release() {
+  std::lock_guard<std::mutex> lk(mu_);
+  hold_after_ = -1;
+  cv_.notify_all();
+}
+int FakeRemoteKv::range_calls() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return range_calls_;
 }
 std::map<std::string, std::string> FakeRemoteKv::Snapshot() {
   std::lock_guard<std::mutex> lk(mu_);
@@ -201,7 +237,8 @@ class RedisKv : public RemoteKv {
  public:
   explicit RedisKv(const RedisOptions& o) : o_(o) {}
   ~RedisKv() override {
-    for (redisContext* c : idle_) redisFree(c);
+    for (auto& n : nodes_)
+      for (redisContext* c : n.second.idle) redisFree(c);
   }
 
   Status Get(const std::vector<std::string>& keys, std::vector<std::optional<std::string>>* values) override {
@@ -214,6 +251,33 @@ class RedisKv : public RemoteKv {
       if (x->type == REDIS_REPLY_STRING) values->emplace_back(std::string(x->str, size_t(x->len)));
       else if (x->type == REDIS_REPLY_NIL) values->emplace_back(std::nullopt);
       else return Bad("GET", x.get());
+    }
+    return Status::Ok();
+  }
+
+  Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                  std::vector<std::string>* values, std::vector<uint64_t>* sizes) override {
+    values->clear();
+    if (sizes) sizes->clear();
+    std::vector<std::vector<std::string>> cmds;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (ranges[i].second == 0) cmds.push_back({"GETRANGE", keys[i], "1", "0"});  // empty
+      else
+        cmds.push_back({"GETRANGE", keys[i], std::to_string(ranges[i].first),
+                        std::to_string(ranges[i].first + ranges[i].second - 1)});
+      if (sizes) cmds.push_back({"STRLEN", keys[i]});
+    }
+    std::vector<Reply> r;
+    MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
+    for (size_t i = 0; i < r.size(); ++i) {
+      const redisReply* x = r[i].get();
+      if (sizes && i % 2 == 1) {
+        if (x->type != REDIS_REPLY_INTEGER) return Bad("STRLEN", x);
+        sizes->push_back(uint64_t(x->integer));
+      } else {
+        if (x->type != REDIS_REPLY_STRING) return Bad("GETRANGE", x);
+        values->emplace_back(x->str, size_t(x->len));
+      }
     }
     return Status::Ok();
   }
@@ -284,10 +348,16 @@ class RedisKv : public RemoteKv {
 
   Status Census(const std::string& pattern, uint64_t* keys, uint64_t* bytes) override {
     *keys = *bytes = 0;
+    if (!cluster_checked_.exchange(true)) (void)LoadSlots();  // a cluster: every master is scanned
+    for (const std::string& node : Masters()) MZ_RETURN_IF_ERROR(CensusAt(node, pattern, keys, bytes));
+    return Status::Ok();
+  }
+
+  Status CensusAt(const std::string& node, const std::string& pattern, uint64_t* keys, uint64_t* bytes) {
     std::string cursor = "0";
     do {
       std::vector<Reply> r;
-      MZ_RETURN_IF_ERROR(Pipeline({{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}}, &r));
+      MZ_RETURN_IF_ERROR(PipelineAt(node, {{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}}, &r));
       const redisReply* x = r[0].get();
       if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
           x->element[1]->type != REDIS_REPLY_ARRAY)
@@ -319,56 +389,85 @@ class RedisKv : public RemoteKv {
     return Status::IOError(Describe() + ": " + cmd + ": " + why);
   }
 
-  // A connection: an idle one, else a new one (AUTH, SELECT), else waits for one to come back.
-  Status Acquire(redisContext** out) {
+  // ---- connections: a pool per node ("host:port"; one node unless the store is a cluster) ----
+  struct Node {
+    std::string host;
+    int port = 0;
+    std::vector<redisContext*> idle;
+    int open = 0;
+  };
+  static std::string Addr(const std::string& host, int port) { return host + ":" + std::to_string(port); }
+
+  Node& NodeLocked(const std::string& addr) {
+    Node& n = nodes_[addr];
+    if (n.host.empty()) {
+      const size_t colon = addr.rfind(':');
+      n.host = addr.substr(0, colon);
+      n.port = std::atoi(addr.c_str() + colon + 1);
+    }
+    return n;
+  }
+
+  // A connection to addr: an idle one, else a new one (AUTH, SELECT), else waits for one to come back.
+  Status Acquire(const std::string& addr, redisContext** out) {
+    std::string host;
+    int port;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return !idle_.empty() || open_ < std::max(1, o_.max_connections); });
-      if (!idle_.empty()) {
-        *out = idle_.back();
-        idle_.pop_back();
+      cv_.wait(lk, [&] {
+        Node& n = NodeLocked(addr);
+        return !n.idle.empty() || n.open < std::max(1, o_.max_connections);
+      });
+      Node& n = NodeLocked(addr);
+      if (!n.idle.empty()) {
+        *out = n.idle.back();
+        n.idle.pop_back();
         return Status::Ok();
       }
-      open_++;
+      n.open++;
+      host = n.host;
+      port = n.port;
     }
-    Status st = Connect(out);
+    Status st = Connect(host, port, out);
     if (!st.ok()) {
       std::lock_guard<std::mutex> lk(mu_);
-      open_--;
-      cv_.notify_one();
+      NodeLocked(addr).open--;
+      cv_.notify_all();
     }
     return st;
   }
 
-  void Return(redisContext* c, bool broken) {
+  void Return(const std::string& addr, redisContext* c, bool broken) {
     std::lock_guard<std::mutex> lk(mu_);
+    Node& n = NodeLocked(addr);
     if (broken) {
       redisFree(c);
-      open_--;
+      n.open--;
     } else {
-      idle_.push_back(c);
+      n.idle.push_back(c);
     }
-    cv_.notify_one();
+    cv_.notify_all();
   }
 
-  Status Connect(redisContext** out) {
+  Status Connect(const std::string& host, int port, redisContext** out) {
     timeval tv{time_t(o_.timeout_ms / 1000), suseconds_t((o_.timeout_ms % 1000) * 1000)};
-    redisContext* c = redisConnectWithTimeout(o_.url.host.c_str(), o_.url.port, tv);
+    redisContext* c = redisConnectWithTimeout(host.c_str(), port, tv);
+    const std::string where = "redis://" + Addr(host, port);
     if (!c) return Status::NoMemory("a Redis connection");
     if (c->err) {
-      Status st = Status::IOError("connecting to " + Describe() + ": " + c->errstr);
+      Status st = Status::IOError("connecting to " + where + ": " + c->errstr);
       redisFree(c);
       return st;
     }
     redisSetTimeout(c, tv);
     auto command = [&](const std::vector<std::string>& args, const std::string& what) -> Status {
       Reply r;
-      MZ_RETURN_IF_ERROR(Send(c, {args}, nullptr));
+      MZ_RETURN_IF_ERROR(Send(c, {args}));
       void* p = nullptr;
       if (redisGetReply(c, &p) != REDIS_OK)
-        return Status::IOError(Describe() + ": " + what + ": " + (c->err ? c->errstr : "no reply"));
+        return Status::IOError(where + ": " + what + ": " + (c->err ? c->errstr : "no reply"));
       r.reset(static_cast<redisReply*>(p));
-      if (r->type == REDIS_REPLY_ERROR) return Status::IOError(Describe() + ": " + what + ": " + std::string(r->str, size_t(r->len)));
+      if (r->type == REDIS_REPLY_ERROR) return Status::IOError(where + ": " + what + ": " + std::string(r->str, size_t(r->len)));
       return Status::Ok();
     };
     Status st;
@@ -385,7 +484,7 @@ class RedisKv : public RemoteKv {
     return Status::Ok();
   }
 
-  static Status Send(redisContext* c, const std::vector<std::vector<std::string>>& cmds, void*) {
+  static Status Send(redisContext* c, const std::vector<std::vector<std::string>>& cmds) {
     for (const auto& cmd : cmds) {
       std::vector<const char*> argv;
       std::vector<size_t> lens;
@@ -399,32 +498,167 @@ class RedisKv : public RemoteKv {
     return Status::Ok();
   }
 
-  // Every command sent in one pipeline, then every reply read. A connection error drops the
+  // cmds sent to node addr in one pipeline, then every reply read. A connection error drops the
   // connection (the next call makes a new one); a server error reply is returned as a reply.
-  Status Pipeline(const std::vector<std::vector<std::string>>& cmds, std::vector<Reply>* out) {
+  Status PipelineAt(const std::string& addr, const std::vector<std::vector<std::string>>& cmds, std::vector<Reply>* out) {
     out->clear();
     if (cmds.empty()) return Status::Ok();
     redisContext* c = nullptr;
-    MZ_RETURN_IF_ERROR(Acquire(&c));
-    Status st = Send(c, cmds, nullptr);
+    MZ_RETURN_IF_ERROR(Acquire(addr, &c));
+    Status st = Send(c, cmds);
     for (size_t i = 0; st.ok() && i < cmds.size(); ++i) {
       void* p = nullptr;
       if (redisGetReply(c, &p) != REDIS_OK || !p) {
-        st = Status::IOError(Describe() + ": " + (c->err ? c->errstr : "no reply"));
+        st = Status::IOError("redis://" + addr + ": " + (c->err ? c->errstr : "no reply"));
         break;
       }
       out->emplace_back(static_cast<redisReply*>(p));
     }
-    Return(c, !st.ok());
+    Return(addr, c, !st.ok());
     if (!st.ok()) out->clear();
     return st;
+  }
+
+  // ---- Redis Cluster: slots, the slot map, redirections ----
+  // The key's hash slot (CRC16-XMODEM of its hash tag, the part in the first {...} when not empty,
+  // else of the whole key; mod 16384), as Redis Cluster computes it.
+  static int Slot(const std::string& key) {
+    size_t a = key.find('{'), len = key.size(), from = 0;
+    if (a != std::string::npos) {
+      const size_t b = key.find('}', a + 1);
+      if (b != std::string::npos && b > a + 1) {
+        from = a + 1;
+        len = b - a - 1;
+      }
+    }
+    uint16_t crc = 0;
+    for (size_t i = from; i < from + len; ++i) {
+      crc ^= uint16_t(uint8_t(key[i])) << 8;
+      for (int k = 0; k < 8; ++k) crc = (crc & 0x8000) ? uint16_t((crc << 1) ^ 0x1021) : uint16_t(crc << 1);
+    }
+    return crc & 16383;
+  }
+
+  // The node serving cmd: keyless commands (PING, SCAN) and every command outside a cluster go
+  // to the URL's node; in a cluster, the slot map's master of the key's slot.
+  std::string Route(const std::vector<std::string>& cmd) {
+    const std::string seed = Addr(o_.url.host, o_.url.port);
+    if (cmd.size() < 2 || cmd[0] == "SCAN" || cmd[0] == "PING") return seed;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!cluster_) return seed;
+    const std::string& n = slots_[size_t(Slot(cmd[1]))];
+    return n.empty() ? seed : n;
+  }
+
+  // CLUSTER SLOTS from the URL's node (else any known master): the master of every slot.
+  Status LoadSlots() {
+    std::vector<std::string> from = {Addr(o_.url.host, o_.url.port)};
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (const auto& n : slots_)
+        if (!n.empty() && std::find(from.begin(), from.end(), n) == from.end()) from.push_back(n);
+    }
+    Status last;
+    for (const auto& addr : from) {
+      std::vector<Reply> r;
+      last = PipelineAt(addr, {{"CLUSTER", "SLOTS"}}, &r);
+      if (!last.ok()) continue;
+      const redisReply* x = r[0].get();
+      if (x->type != REDIS_REPLY_ARRAY) return Bad("CLUSTER SLOTS", x);
+      std::vector<std::string> map(16384);
+      for (size_t i = 0; i < x->elements; ++i) {
+        const redisReply* e = x->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 || e->element[2]->type != REDIS_REPLY_ARRAY ||
+            e->element[2]->elements < 2)
+          return Bad("CLUSTER SLOTS", e);
+        const redisReply* m = e->element[2];
+        std::string host(m->element[0]->str ? m->element[0]->str : "", m->element[0]->str ? size_t(m->element[0]->len) : 0);
+        if (host.empty() || host == "?") host = addr.substr(0, addr.rfind(':'));  // "the node you asked"
+        const std::string target = Addr(host, int(m->element[1]->integer));
+        for (long long sl = e->element[0]->integer; sl <= e->element[1]->integer && sl < 16384; ++sl)
+          if (sl >= 0) map[size_t(sl)] = target;
+      }
+      std::lock_guard<std::mutex> lk(mu_);
+      slots_.swap(map);
+      cluster_ = true;
+      return Status::Ok();
+    }
+    return last;
+  }
+
+  // Every command in one pipeline per node (routed by the slot map), then every reply. A MOVED
+  // reply (the slot lives elsewhere: a cluster, or its map changed) reloads the slot map and
+  // sends the command to the node it names; an ASK reply (the slot is migrating) sends ASKING
+  // then the command to the node it names, once. At most 5 rounds of redirections.
+  Status Pipeline(const std::vector<std::vector<std::string>>& cmds, std::vector<Reply>* out) {
+    out->clear();
+    out->resize(cmds.size());
+    std::vector<std::string> to(cmds.size());
+    std::vector<bool> ask(cmds.size(), false);
+    for (size_t i = 0; i < cmds.size(); ++i) to[i] = Route(cmds[i]);
+    std::vector<size_t> todo(cmds.size());
+    for (size_t i = 0; i < cmds.size(); ++i) todo[i] = i;
+    for (int round = 0; !todo.empty(); ++round) {
+      if (round == 6) return Status::IOError(Describe() + ": too many cluster redirections");
+      std::map<std::string, std::vector<size_t>> by;
+      for (size_t i : todo) by[to[i]].push_back(i);
+      std::vector<size_t> again;
+      bool moved = false;
+      for (const auto& g : by) {
+        std::vector<std::vector<std::string>> batch;
+        for (size_t i : g.second) {
+          if (ask[i]) batch.push_back({"ASKING"});
+          batch.push_back(cmds[i]);
+        }
+        std::vector<Reply> r;
+        Status st = PipelineAt(g.first, batch, &r);
+        if (!st.ok()) {
+          out->clear();
+          return st;
+        }
+        size_t k = 0;
+        for (size_t i : g.second) {
+          if (ask[i]) ++k;  // ASKING's +OK
+          Reply& x = r[k++];
+          ask[i] = false;
+          if (x->type == REDIS_REPLY_ERROR && x->len > 4) {
+            const std::string e(x->str, size_t(x->len));
+            const bool is_moved = e.rfind("MOVED ", 0) == 0, is_ask = e.rfind("ASK ", 0) == 0;
+            if (is_moved || is_ask) {
+              const size_t sp = e.rfind(' ');
+              to[i] = e.substr(sp + 1);
+              ask[i] = is_ask;
+              moved = moved || is_moved;
+              again.push_back(i);
+              continue;
+            }
+          }
+          (*out)[i] = std::move(x);
+        }
+      }
+      if (moved) (void)LoadSlots();  // a failure keeps the addresses the replies named
+      todo.swap(again);
+    }
+    return Status::Ok();
+  }
+
+  std::vector<std::string> Masters() {
+    std::vector<std::string> m = {Addr(o_.url.host, o_.url.port)};
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!cluster_) return m;
+    m.clear();
+    for (const auto& n : slots_)
+      if (!n.empty() && std::find(m.begin(), m.end(), n) == m.end()) m.push_back(n);
+    return m;
   }
 
   RedisOptions o_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<redisContext*> idle_;
-  int open_ = 0;
+  std::map<std::string, Node> nodes_;
+  std::atomic<bool> cluster_checked_{false};
+  bool cluster_ = false;            // a MOVED reply was seen: routed by slots_ since
+  std::vector<std::string> slots_;  // slot -> its master's "host:port" (cluster_)
 };
 
 }  // namespace

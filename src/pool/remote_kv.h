@@ -11,6 +11,7 @@
 //   - Thread-safe: calls may come from any thread at once (a connection pool).
 #pragma once
 #include <cstdint>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +30,12 @@ class RemoteKv {
   virtual ~RemoteKv() = default;
   // Values of keys, in order (nullopt: no such key). Pipelined.
   virtual Status Get(const std::vector<std::string>& keys, std::vector<std::optional<std::string>>* values) = 0;
+  // Byte ranges of values: (*values)[i] the bytes [ranges[i].first, ranges[i].first +
+  // ranges[i].second) of keys[i] (GETRANGE): shorter, or empty, when the value is (a missing key
+  // reads as empty, as Redis answers). sizes (optional): each whole value's length (STRLEN; 0 for a
+  // missing key), in the same pipeline. Pipelined: one round trip for every key.
+  virtual Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                          std::vector<std::string>* values, std::vector<uint64_t>* sizes = nullptr) = 0;
   // Which keys exist, in order. Pipelined.
   virtual Status Exists(const std::vector<std::string>& keys, std::vector<bool>* out) = 0;
   // Sets key to value with a time to live (seconds; 0: none). only_if_absent: kept as it is when
@@ -66,7 +73,10 @@ struct RedisOptions {
 // Connects through hiredis (Debian's libhiredis, 0.14). Open checks the server at once (PING,
 // after AUTH and SELECT): kIOError naming the address when it cannot be reached, kUnsupported
 // when the library was built without hiredis. A connection that fails mid-call is dropped and a
-// new one made by the next call: the server may restart in between.
+// new one made by the next call: the server may restart in between. Redis Cluster: the URL may
+// name any node; the first MOVED reply loads the slot map (CLUSTER SLOTS) and every command is then
+// routed to its key's slot master (one pipeline per node); MOVED reloads the map and resends, ASK
+// resends with ASKING (at most 5 rounds: then kIOError). Connections are pooled per node.
 Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now = true);
 
 // An in-memory store for tests, with faults: down (every call kIOError), and direct access to the
@@ -74,6 +84,8 @@ Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, boo
 class FakeRemoteKv : public RemoteKv {
  public:
   Status Get(const std::vector<std::string>& keys, std::vector<std::optional<std::string>>* values) override;
+  Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+                  std::vector<std::string>* values, std::vector<uint64_t>* sizes = nullptr) override;
   Status Exists(const std::vector<std::string>& keys, std::vector<bool>* out) override;
   Status Put(const std::string& key, const std::string& value, uint32_t ttl_s, bool only_if_absent,
              bool* written = nullptr) override;
@@ -83,6 +95,11 @@ class FakeRemoteKv : public RemoteKv {
   Status Census(const std::string& pattern, uint64_t* keys, uint64_t* bytes) override;
   std::string Describe() const override { return "fake://"; }
   void SetDown(bool down);
+  // Tests of streamed reads: GetRange calls after the first `after` wait until Release (or
+  // SetDown: they then fail). after < 0: no hold.
+  void HoldRangesAfter(int after);
+  void Release();
+  int range_calls();
   std::map<std::string, std::string> Snapshot();
   void Set(const std::string& key, const std::string& value);
   void Erase(const std::string& key);
@@ -90,7 +107,9 @@ class FakeRemoteKv : public RemoteKv {
 
  private:
   std::mutex mu_;
+  std::condition_variable cv_;
   bool down_ = false;
+  int hold_after_ = -1, range_calls_ = 0;
   uint64_t calls_ = 0;
   std::map<std::string, std::string> kv_;
 };

@@ -73,6 +73,7 @@ Status RemoteTier::Open(const Model& model, int chunk_tokens, const std::string&
   t->Note(t->kv_->Ping());  // down at start: degraded, not an error (the local tiers go on)
   RemoteTier* self = t.get();
   MZ_RETURN_IF_ERROR(model.env()->StartThread([self] { self->Loop(); }, &t->thread_));
+  MZ_RETURN_IF_ERROR(model.env()->StartThread([self] { self->StreamLoop(); }, &t->st_thread_));
   *out = std::move(t);
   return Status::Ok();
 }
@@ -84,6 +85,13 @@ RemoteTier::~RemoteTier() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lk(st_mu_);
+    st_stop_ = true;
+  }
+  st_cv_.notify_all();
+  arrived_cv_.notify_all();
+  if (st_thread_.joinable()) st_thread_.join();
 }
 
 std::string RemoteTier::ChunkKey(uint64_t hash) const { return "mz:" + Hex16(fp_) + ":" + codec_ + ":k:{" + Hex16(hash) + "}"; }
@@ -220,6 +228,16 @@ void RemoteTier::Loop() {
   done_cv_.notify_all();
 }
 
+Status RemoteTier::TimedFetch(const std::function<Status()>& call) {
+  Env* env = model_->env();
+  const uint64_t t0 = env->NowNs();
+  Status st = call();
+  Note(st);
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.fetch_s += double(env->NowNs() - t0) * 1e-9;
+  return st;
+}
+
 bool RemoteTier::Skip() {
   std::lock_guard<std::mutex> lk(mu_);
   return stats_.degraded;
@@ -300,13 +318,8 @@ void RemoteTier::FetchManifest(const std::string& id, std::string* payload) {
   if (Skip()) return;  // unreachable a moment ago: no wait per request (the thread probes it)
   const std::string key = ManifestKey(id);
   std::vector<std::optional<std::string>> v;
-  Env* env = model_->env();
-  const uint64_t t0 = env->NowNs();
-  Status st = kv_->Get({key}, &v);
-  Note(st);
-  const double dt = double(env->NowNs() - t0) * 1e-9;
+  const Status st = TimedFetch([&] { return kv_->Get({key}, &v); });
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.fetch_s += dt;
   if (!st.ok()) return;
   if (!v[0]) {
     stats_.manifest_misses++;
@@ -330,14 +343,11 @@ void RemoteTier::FetchChunks(const std::vector<uint64_t>& hashes, std::vector<st
   std::vector<std::string> keys;
   for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
   std::vector<std::optional<std::string>> v;
-  Env* env = model_->env();
-  const uint64_t t0 = env->NowNs();
-  Status st = kv_->Get(keys, &v);
-  if (st.ok()) st = kv_->Touch(keys, opts_.ttl_s);
-  Note(st);
-  const double dt = double(env->NowNs() - t0) * 1e-9;
+  const Status st = TimedFetch([&] {
+    Status s = kv_->Get(keys, &v);
+    return s.ok() ? kv_->Touch(keys, opts_.ttl_s) : s;
+  });
   std::lock_guard<std::mutex> lk(mu_);
-  stats_.fetch_s += dt;
   if (!st.ok()) return;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!v[i]) {
@@ -354,6 +364,166 @@ void RemoteTier::FetchChunks(const std::vector<uint64_t>& hashes, std::vector<st
     stats_.chunks_fetched++;
     stats_.bytes_fetched += v[i]->size();
   }
+}
+
+void RemoteTier::FetchChunkHeads(const std::vector<uint64_t>& hashes, uint64_t head_bytes,
+                                 std::vector<std::string>* heads, std::vector<uint64_t>* file_bytes) {
+  heads->assign(hashes.size(), std::string());
+  file_bytes->assign(hashes.size(), 0);
+  if (hashes.empty() || Skip()) return;
+  std::vector<std::string> keys;
+  for (uint64_t x : hashes) keys.push_back(ChunkKey(x));
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges(keys.size(), {0, sizeof(Envelope) + head_bytes});
+  std::vector<std::string> v;
+  std::vector<uint64_t> sizes;
+  const Status st = TimedFetch([&] {
+    Status s = kv_->GetRange(keys, ranges, &v, &sizes);
+    return s.ok() ? kv_->Touch(keys, opts_.ttl_s) : s;
+  });
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!st.ok()) return;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Envelope e{};
+    std::string why;
+    if (sizes[i] == 0) why = "missing (evicted or expired)";
+    else if (v[i].size() < sizeof e) why = "truncated (" + std::to_string(sizes[i]) + " bytes)";
+    if (why.empty()) {
+      std::memcpy(&e, v[i].data(), sizeof e);
+      if (std::memcmp(e.magic, kEnvMagic, 8) != 0) why = "bad magic (not an mzcache value)";
+      else if (e.kind != kChunk) why = "of another kind";
+      else if (e.model != fp_) why = "written for another model";
+      else if (e.key_hash != XXH64(keys[i].data(), keys[i].size(), 0)) why = "written under another key";
+      else if (e.length != sizes[i] - sizeof e || e.length < head_bytes) why = "truncated or padded";
+    }
+    if (!why.empty()) {
+      stats_.damaged++;
+      stats_.last_error = "remote value " + keys[i] + ": " + why;
+      continue;
+    }
+    (*heads)[i].assign(v[i], sizeof e, std::string::npos);
+    (*file_bytes)[i] = e.length;
+    stats_.bytes_fetched += v[i].size();
+  }
+}
+
+void RemoteTier::StreamChunks(std::vector<StreamJob> jobs) {
+  if (jobs.empty()) return;
+  {
+    std::lock_guard<std::mutex> lk(st_mu_);
+    for (const auto& j : jobs) streams_[{j.hash, j.gen}] = StreamState();
+    st_queue_.push_back(std::move(jobs));
+  }
+  st_cv_.notify_all();
+}
+
+Status RemoteTier::AwaitLayer(uint64_t hash, uint64_t gen, int layer) {
+  std::unique_lock<std::mutex> lk(st_mu_);
+  const auto key = std::make_pair(hash, gen);
+  arrived_cv_.wait(lk, [&] {
+    auto it = streams_.find(key);
+    return st_stop_ || it == streams_.end() || it->second.arrived < 0 || it->second.arrived > layer;
+  });
+  auto it = streams_.find(key);
+  if (it == streams_.end() || (it->second.arrived > layer)) return Status::Ok();
+  if (it->second.arrived < 0) return Status::Corruption(it->second.why);
+  return Status::Corruption("the remote tier stopped while chunk " + Hex16(hash) + " was arriving");
+}
+
+int RemoteTier::Streaming() {
+  std::lock_guard<std::mutex> lk(st_mu_);
+  int n = 0;
+  for (const auto& s : streams_) n += s.second.arrived >= 0;
+  return n;
+}
+
+void RemoteTier::StreamLoop() {
+  std::unique_lock<std::mutex> lk(st_mu_);
+  while (true) {
+    st_cv_.wait(lk, [&] { return st_stop_ || !st_queue_.empty(); });
+    if (st_stop_) break;
+    std::vector<StreamJob> jobs = std::move(st_queue_.front());
+    st_queue_.erase(st_queue_.begin());
+    lk.unlock();
+    StreamBatch(jobs);
+    lk.lock();
+  }
+  for (auto& s : streams_)  // never arriving now: their readers compute them again
+    if (s.second.arrived >= 0) {
+      s.second.arrived = -1;
+      s.second.why = "the remote tier stopped";
+    }
+  arrived_cv_.notify_all();
+}
+
+void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
+  auto fail = [&](StreamJob& j, const std::string& why) {
+    std::lock_guard<std::mutex> lk(st_mu_);
+    StreamState& s = streams_[{j.hash, j.gen}];
+    s.arrived = -1;
+    s.why = "remote chunk " + Hex16(j.hash) + ": " + why;
+    j.file.reset();
+  };
+  const int L = g_.n_layer;
+  for (int l = 0; l < L; ++l) {
+    std::vector<StreamJob*> live;
+    std::vector<std::string> keys;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (auto& j : jobs) {
+      if (!j.file || int(j.layers.size()) != L) continue;
+      live.push_back(&j);
+      keys.push_back(ChunkKey(j.hash));
+      ranges.emplace_back(sizeof(Envelope) + j.layers[size_t(l)].off, j.layers[size_t(l)].size);
+    }
+    if (live.empty()) break;
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> lk(st_mu_);
+      stopping = st_stop_;
+    }
+    std::vector<std::string> v;
+    const Status st = stopping ? Status::IOError("the remote tier is stopping")
+                               : TimedFetch([&] { return kv_->GetRange(keys, ranges, &v); });
+    uint64_t bytes = 0, bad = 0;
+    for (size_t i = 0; i < live.size(); ++i) {
+      StreamJob& j = *live[i];
+      const SharedChunkStore::FilePlace& p = j.layers[size_t(l)];
+      std::string why;
+      if (!st.ok()) why = st.message();
+      else if (v[i].size() != p.size) why = "layer " + std::to_string(l) + " missing or short (evicted or truncated)";
+      else if (XXH64(v[i].data(), v[i].size(), 0) != p.hash) why = "layer " + std::to_string(l) + " fails its checksum";
+      if (why.empty()) {
+        Status w = j.file->Write(v[i].data(), v[i].size(), p.off);
+        if (!w.ok()) why = "writing its chunk file: " + w.message();
+      } else if (st.ok()) {
+        bad++;
+      }
+      if (!why.empty()) {
+        fail(j, why);
+        std::lock_guard<std::mutex> lk(mu_);
+        stats_.last_error = "remote chunk " + Hex16(j.hash) + ": " + why;
+        continue;
+      }
+      bytes += v[i].size();
+      if (l + 1 == L) {  // whole: synced, counted, then no longer streaming
+        (void)j.file->Sync();
+        j.file.reset();
+        std::lock_guard<std::mutex> lk(mu_);
+        stats_.chunks_fetched++;
+      }
+      std::lock_guard<std::mutex> lk(st_mu_);
+      if (l + 1 == L) streams_.erase({j.hash, j.gen});
+      else streams_[{j.hash, j.gen}].arrived = l + 1;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.bytes_fetched += bytes;
+      stats_.damaged += bad;
+    }
+    arrived_cv_.notify_all();
+  }
+  for (auto& j : jobs)
+    if (j.file) fail(j, "not streamed (no layers)");
+  arrived_cv_.notify_all();
 }
 
 int RemoteTier::LongestPrefix(const std::vector<uint64_t>& hashes) {
@@ -380,8 +550,10 @@ void RemoteTier::CountPrefix(uint64_t chunks) {
 }
 
 RemoteTierStats RemoteTier::Stats() {
+  const int streaming = Streaming();
   std::lock_guard<std::mutex> lk(mu_);
   RemoteTierStats s = stats_;
+  s.streaming = streaming;
   s.pending = int(pending_.size()) + running_n_;
   return s;
 }

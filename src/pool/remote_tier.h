@@ -51,7 +51,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "env/env.h"
 #include "memory/kv_cache.h"
+#include "memory/shared_chunks.h"
 #include "pool/remote_kv.h"
 
 namespace mz {
@@ -86,6 +88,7 @@ struct RemoteTierStats {
   uint64_t chunks_fetched = 0, bytes_fetched = 0;
   uint64_t damaged = 0;          // values that failed verification (or named chunks missing)
   uint64_t prefix_chunks = 0;    // chunks found by chain hash for a new conversation
+  int streaming = 0;             // chunks being streamed in now (StreamChunks), whole ones not counted
   double fetch_s = 0;            // time spent fetching (bytes_fetched / fetch_s: the tier's rate)
 };
 
@@ -124,6 +127,38 @@ class RemoteTier {
   // The chunks of hashes (pipelined GETs): (*payloads)[i] the chunk file's bytes, or empty (missing,
   // damaged: counted, unreachable). Their TTLs are refreshed.
   void FetchChunks(const std::vector<uint64_t>& hashes, std::vector<std::string>* payloads);
+  // ---- streamed chunks: a conversation restored while its chunks arrive ----
+  // The head of each chunk of hashes: the first head_bytes of its chunk file (the session header
+  // and index: enough to place the file and open it), and the file's whole length. The envelope is
+  // checked as far as the head goes (magic, kind, model, key, and its length against the value's:
+  // a truncated value is found here); the payload's own checksums are checked as it arrives
+  // (StreamChunks). One pipeline (GETRANGE and STRLEN per key). A miss (missing, damaged: counted;
+  // unreachable) leaves (*heads)[i] empty.
+  void FetchChunkHeads(const std::vector<uint64_t>& hashes, uint64_t head_bytes, std::vector<std::string>* heads,
+                       std::vector<uint64_t>* file_bytes);
+  // One chunk file to fill: the chunk named hash, its local file (open for writing, holding the
+  // head already, sized to its length), gen (the pool's name for that file: ChunkFile::gen) and
+  // where each layer's payload lies (SessionReader::ChunkPlace: offset, bytes, xxh64).
+  struct StreamJob {
+    uint64_t hash = 0, gen = 0;
+    std::unique_ptr<File> file;
+    std::vector<SharedChunkStore::FilePlace> layers;
+  };
+  // Fills the jobs' files on the tier's stream thread and returns at once: layer 0 of every chunk
+  // (one pipelined GETRANGE), then layer 1, and so on, so that a restore (front layers first) uses
+  // the first layers while the rest arrives. Each payload is checked against its xxh64 (from the
+  // verified index) before it is written and counts as arrived; a chunk whose payload is missing,
+  // short or fails its check stops there (counted in damaged): its later layers never arrive and
+  // AwaitLayer reports the error, so the pool computes it again. The store unreachable: every
+  // chunk of the batch stops so.
+  void StreamChunks(std::vector<StreamJob> jobs);
+  // Blocks until layer `layer` of the file gen of chunk hash is in its file: Ok (also when this
+  // tier streams no such file: it is whole); kCorruption when it never will be (see StreamChunks),
+  // or the tier is stopping. Bounded by the store's reply timeout per layer. Thread-safe.
+  Status AwaitLayer(uint64_t hash, uint64_t gen, int layer);
+  // Chunks being streamed now (tests, reports).
+  int Streaming();
+
   // How many of hashes' first chunks the store holds (pipelined EXISTS), 0 when unreachable.
   int LongestPrefix(const std::vector<uint64_t>& hashes);
   void CountDamaged(uint64_t n = 1);
@@ -135,8 +170,12 @@ class RemoteTier {
  private:
   RemoteTier() = default;
   void Loop();
+  void StreamLoop();
+  void StreamBatch(std::vector<StreamJob>& jobs);
   Status WriteOne(const std::string& id, const std::string& path);
   void Note(const Status& st);  // degraded / last_error after a call to the store
+  // call (a fetch from the store): its time added to fetch_s, its outcome noted (Note).
+  Status TimedFetch(const std::function<Status()>& call);
   // True while degraded: lookups are skipped (a miss at once, not a timeout per request) until
   // the thread's next probe (every retry_ms) or write reaches the store again.
   bool Skip();
@@ -162,6 +201,19 @@ class RemoteTier {
   Status last_pass_error_;
   RemoteTierStats stats_;
   std::thread thread_;
+
+  // Streams (StreamChunks): the queue, and per chunk (hash, gen) how many of its leading layers
+  // are in its file (-1: failed, with why). A chunk leaves streams_ once whole.
+  struct StreamState {
+    int arrived = 0;
+    std::string why;
+  };
+  std::mutex st_mu_;
+  std::condition_variable st_cv_, arrived_cv_;
+  std::vector<std::vector<StreamJob>> st_queue_;
+  std::map<std::pair<uint64_t, uint64_t>, StreamState> streams_;
+  bool st_stop_ = false;
+  std::thread st_thread_;
 };
 
 }  // namespace mz
