@@ -24,6 +24,7 @@
 #include "memory/unit_table.h"
 #include "model/model.h"
 #include "model/repack.h"
+#include "policy/device_profile.h"
 #include "runtime/context.h"
 #include "test_util.h"
 
@@ -265,6 +266,26 @@ TEST(Repack, ShortReadDuringReMakeIsAClearErrorAndLosesNothing) {
   ASSERT_TRUE(f.ctx->Decode(one.data(), 1, false).ok());
   ASSERT_TRUE(ref.ctx->Decode(one.data(), 1, false).ok());
   EXPECT_EQ(LastLogits(*f.ctx), LastLogits(*ref.ctx));
+}
+
+// The policy costs re-making a repacked layer: the profile's repack throughput for the layer's
+// repacked types on top of the read (DeriveUnitTimes, RestorePaths::weights_repacked).
+TEST(Repack, PolicyCostsTheRepackOfAReMadeLayer) {
+  Fixture f = Make(Env::Default(), Q4Model(), true, "rp-cost");
+  ASSERT_TRUE(f.model);
+  if (!HasRepack(*f.model)) GTEST_SKIP() << "no repacked Q4_0 kernel on this CPU";
+  DeviceProfile p = DeviceProfile::Default();
+  p.repack_Bps.clear();
+  f.ctx->set_profile(p);
+  const double without = f.ctx->MakePolicyInput(1).t.t_r_w;
+  p.repack_Bps = {{"q4_0", 1e6}};
+  f.ctx->set_profile(p);
+  const double with = f.ctx->MakePolicyInput(1).t.t_r_w;
+  uint64_t repacked = 0;
+  for (const TensorExtent& e : f.model->unit(0).tensors)
+    if (e.repack) repacked += e.bytes;
+  ASSERT_GT(repacked, 0u);
+  EXPECT_NEAR(with - without, double(repacked) / 1e6, 1e-9);
 }
 
 }  // namespace
