@@ -188,13 +188,17 @@ TEST(Repack, LogitsAgreeWithTheFileLayout) {
 
 // A layer given back and re-made from the file (read + repack, through the restore executor)
 // computes bit for bit what it computed before; so does the pipeline's restore before a query.
-TEST(Repack, GivenBackAndReMadeLayersGiveTheSameLogitsBitForBit) {
-  const auto toks = test::PromptTokens(Q4Model(), kPrompt);
+// Q4_0 and Q4_K (both repacked 8x8 on AVX2; 4x4 / 8x4 on ARM with dotprod).
+class RepackTypes : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RepackTypes, GivenBackAndReMadeLayersGiveTheSameLogitsBitForBit) {
+  const std::string path = test::ModelPath("tiny-qwen3", GetParam());
+  const auto toks = test::PromptTokens(path, kPrompt);
   const std::vector<int32_t> q(toks.begin(), toks.begin() + 8);
-  Fixture ref = Make(Env::Default(), Q4Model(), true, "rp-bit-ref");
-  Fixture f = Make(Env::Default(), Q4Model(), true, "rp-bit");
+  Fixture ref = Make(Env::Default(), path, true, "rp-bit-ref-" + GetParam());
+  Fixture f = Make(Env::Default(), path, true, "rp-bit-" + GetParam());
   ASSERT_TRUE(ref.model && f.model);
-  if (!HasRepack(*f.model)) GTEST_SKIP() << "no repacked Q4_0 kernel on this CPU";
+  if (!HasRepack(*f.model)) GTEST_SKIP() << "no repacked " << GetParam() << " kernel on this CPU";
   const int L = int(f.model->hparams().n_layer);
   DecodeLogits(*ref.ctx, toks);
   DecodeLogits(*f.ctx, toks);
@@ -217,6 +221,8 @@ TEST(Repack, GivenBackAndReMadeLayersGiveTheSameLogitsBitForBit) {
   ASSERT_TRUE(ref.ctx->Decode(one.data(), 1, false).ok());
   EXPECT_EQ(LastLogits(*f.ctx), LastLogits(*ref.ctx));
 }
+
+INSTANTIATE_TEST_SUITE_P(Repack, RepackTypes, ::testing::Values("q4_0", "q4_k"));
 
 // The model file truncated while a layer is given back: the re-make is refused with an error
 // naming the file, the layer stays given back (nothing half-made), and the rest keeps working.

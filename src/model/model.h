@@ -127,8 +127,9 @@ struct ModelOptions {
   // or anonymous reads, into a staging region unmapped afterwards, its file range then dropped from
   // the page cache) and repacks it; dropping it returns the anonymous region to the OS (the kernel
   // cannot reclaim it otherwise: it is what mzcache evicts under pressure, one layer at a time).
-  // A layer with nothing repackable, and the base unit (embeddings read by GET_ROWS), keep the
-  // file form. Default false: the file-backed form the kernel can reclaim on its own (the
+  // Making a unit holds its staging and its repacked region at once (twice the unit, per unit
+  // being made: io_threads at load, the restore workers on restore). A layer with nothing
+  // repackable, and the base unit (embeddings read by GET_ROWS), keep the file form. Default false: the file-backed form the kernel can reclaim on its own (the
   // repacked layout gains ~6% decode for Q4_0 on AVX2, docs/results.md; nothing for Q8_0, which has
   // no AVX2 repack).
   bool repack = false;
