@@ -155,11 +155,12 @@ TEST(Repack, OneMatmulAgreesWithTheGenericKernel) {
     }
     EXPECT_GT(scale, 1.f);
     EXPECT_LE(worst, 1e-4f * scale) << cols << " columns: max |repacked - generic| " << worst << " of " << scale;
+    const size_t rp_bytes = ggml_nbytes(w_rp);
+    UnbindRepacked(w_rp);  // before ggml_free: the tensor lives in ctx
     ggml_backend_buffer_free(buf);
     ggml_backend_free(be);
     ggml_free(ctx);
-    UnbindRepacked(w_rp);
-    Env::Default()->Unmap(rp_mem, ggml_nbytes(w_rp));
+    Env::Default()->Unmap(rp_mem, rp_bytes);
   }
 }
 
