@@ -72,10 +72,17 @@ struct mz_model_params {
   int32_t io_threads; /* threads reading weights at load (default 2) */
   /* How weights are held: MZ_WEIGHTS_PAGE_CACHE (default: mapped from the model file, populated
    * from the page cache, dropped from it when evicted; no memory to zero on reload) or
-   * MZ_WEIGHTS_ANONYMOUS (own anonymous memory filled by reads, direct_io applies). */
+   * MZ_WEIGHTS_ANONYMOUS (own anonymous memory filled by reads, direct_io applies), or (since 0.16)
+   * MZ_WEIGHTS_REPACKED: each layer's matrices that this CPU has a repacked kernel for (ggml's
+   * CPU_REPACK layout: on AVX2 Q4_0, Q4_K, IQ4_NL; on ARM with dotprod also Q5_K, Q6_K, Q8_0) are
+   * held repacked in anonymous memory, as llama.cpp's default loader holds them (faster matmuls);
+   * evicting a layer returns that memory to the OS, restoring it re-reads the layer from the file
+   * (through the page cache) and repacks it. The kernel cannot reclaim these layers on its own:
+   * mzcache's eviction under pressure is what gives them back (docs/residency.md). Layers with
+   * nothing repackable and the embeddings stay page-cache mappings. */
   int32_t weight_memory;
 };
-enum { MZ_WEIGHTS_PAGE_CACHE = 0, MZ_WEIGHTS_ANONYMOUS = 1 };
+enum { MZ_WEIGHTS_PAGE_CACHE = 0, MZ_WEIGHTS_ANONYMOUS = 1, MZ_WEIGHTS_REPACKED = 2 /* since 0.16 */ };
 struct mz_model_params mz_model_default_params(void);
 
 /* Loads a GGUF of architecture llama (3.x), qwen2 or qwen3. On failure *out is NULL. */
@@ -700,7 +707,7 @@ struct mz_plan_params {
   uint32_t kv_chunk_tokens; /* default 256 */
   uint32_t n_ubatch;        /* default 512 */
   int32_t kv_type;          /* enum mz_kv_type (default MZ_KV_F16) */
-  int32_t weight_memory;    /* MZ_WEIGHTS_PAGE_CACHE (default) or MZ_WEIGHTS_ANONYMOUS */
+  int32_t weight_memory;    /* MZ_WEIGHTS_PAGE_CACHE (default), MZ_WEIGHTS_ANONYMOUS or MZ_WEIGHTS_REPACKED */
   uint64_t memory_budget;   /* a budget to plan against (0: none) */
   float margin;             /* share of the limit kept free by max_ctx and auto (default 0.1) */
 };

@@ -10,6 +10,8 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "runtime/context.h"
+#include "ggml.h"
+#include "model/repack.h"
 #include "test_util.h"
 #include "env/fault_env.h"
 #include "policy/profiler.h"
@@ -305,6 +307,15 @@ TEST(Profiler, FillsTheProfileQuicklyAndCleansUp) {
   EXPECT_EQ(prof.mapped_read_by_request.size(), 4u);
   EXPECT_GT(prof.mapped_read_Bps, 0.0);
   EXPECT_GT(prof.alloc_s_per_MiB, 0.0);
+  // The repack of each type this CPU has a repacked kernel for (Q4_0 and Q4_K on AVX2).
+  {
+    ggml_init_params ip{ggml_tensor_overhead(), nullptr, true};
+    ggml_context* g = ggml_init(ip);
+    const bool q4_0 = CanRepack(ggml_new_tensor_2d(g, GGML_TYPE_Q4_0, 4096, 64));
+    ggml_free(g);
+    EXPECT_EQ(prof.repack_Bps.count("q4_0"), q4_0 ? 1u : 0u);
+    if (q4_0) EXPECT_GT(prof.repack_Bps.at("q4_0"), 0.0);
+  }
   EXPECT_FALSE(prof.device.empty());
   EXPECT_NE(report.find("| q8 |"), std::string::npos);
   EXPECT_NE(report.find("unit times for synthetic"), std::string::npos);

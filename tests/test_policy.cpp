@@ -192,6 +192,13 @@ TEST(DeviceProfile, UnitTimesFollowRestorePaths) {
   EXPECT_NEAR(ours.t_r_kv, 1048576.0 / 2e9, 1e-12);
   EXPECT_NEAR(ours.t_r_w, 16 * 1048576.0 / 2e9, 1e-12);
   EXPECT_NEAR(ours.t_r_kvc, 524288.0 / 0.5e9 + 2e-5, 1e-9);  // half a chunk at the extrapolated rate, attended in place
+  // Repacked layers (MZ_WEIGHTS_REPACKED): staged through the page cache, a fresh anonymous region,
+  // and the repack on top.
+  RestorePaths rp = all;
+  rp.weights_file_backed = false;
+  rp.weights_repacked = true;
+  rp.repack_s_per_layer = 0.004;
+  EXPECT_NEAR(DeriveUnitTimes(p, "q8", chunk, layer, rp).t_r_w, 16 * 1048576.0 / 2e9 + 16 * 5e-4 + 0.004, 1e-12);
   // A codec without an in-place figure (the profile measures only codecs the kernel reads in
   // place; the Context asks for in-place costs only for those) is costed as decoded.
   const UnitTimes z = DeriveUnitTimes(p, "zstd", chunk, layer, all);
@@ -236,6 +243,13 @@ TEST(DeviceProfile, SavesAndLoadsTheInPlaceFigureAndRejectsBadOnes) {
   DeviceProfile q;
   ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
   EXPECT_EQ(q.attend_in_place_s_per_MiB, p.attend_in_place_s_per_MiB);
+  p.repack_Bps = {{"q4_0", 3e9}};
+  ASSERT_TRUE(p.Save(path).ok());
+  ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
+  EXPECT_EQ(q.repack_Bps, p.repack_Bps);
+  p.repack_Bps = {{"q4_0", 0}};  // a repack that takes forever is not a figure
+  ASSERT_TRUE(p.Save(path).ok());
+  EXPECT_EQ(DeviceProfile::Load(path, &q).code(), Status::kCorruption);
   {
     std::ofstream f(path);
     f << R"({"decode_Bps": {"q8": 1e9}, "read_Bps": [{"request_bytes": 4096, "Bps": 1e9}],

@@ -88,9 +88,12 @@ int mz_model_load(const char* path, const mz_model_params* params, mz_model** ou
     mz::ModelOptions o;
     o.direct_io = p.direct_io;
     o.io_threads = p.io_threads > 0 ? p.io_threads : 1;
-    if (p.weight_memory != MZ_WEIGHTS_PAGE_CACHE && p.weight_memory != MZ_WEIGHTS_ANONYMOUS)
-      return mz::Status::InvalidArgument("weight_memory must be MZ_WEIGHTS_PAGE_CACHE or MZ_WEIGHTS_ANONYMOUS");
+    if (p.weight_memory != MZ_WEIGHTS_PAGE_CACHE && p.weight_memory != MZ_WEIGHTS_ANONYMOUS &&
+        p.weight_memory != MZ_WEIGHTS_REPACKED)
+      return mz::Status::InvalidArgument(
+          "weight_memory must be MZ_WEIGHTS_PAGE_CACHE, MZ_WEIGHTS_ANONYMOUS or MZ_WEIGHTS_REPACKED");
     o.weights = p.weight_memory == MZ_WEIGHTS_ANONYMOUS ? mz::WeightMemory::kAnonymous : mz::WeightMemory::kPageCache;
+    o.repack = p.weight_memory == MZ_WEIGHTS_REPACKED;
     auto m = std::make_unique<mz_model>();
     MZ_RETURN_IF_ERROR(mz::Model::Load(mz::Env::Default(), path, o, &m->model));
     MZ_RETURN_IF_ERROR(mz::Tokenizer::Load(path, &m->tok));

@@ -18,8 +18,10 @@ mz::Status ToRequest(const mz_plan_params& p, mz::PlanRequest* r) {
   if (p.n_ubatch == 0) return mz::Status::InvalidArgument("n_ubatch must be positive");
   if (p.kv_type != MZ_KV_F16 && p.kv_type != MZ_KV_Q8_0)
     return mz::Status::InvalidArgument("kv_type must be MZ_KV_F16 or MZ_KV_Q8_0");
-  if (p.weight_memory != MZ_WEIGHTS_PAGE_CACHE && p.weight_memory != MZ_WEIGHTS_ANONYMOUS)
-    return mz::Status::InvalidArgument("weight_memory must be MZ_WEIGHTS_PAGE_CACHE or MZ_WEIGHTS_ANONYMOUS");
+  if (p.weight_memory != MZ_WEIGHTS_PAGE_CACHE && p.weight_memory != MZ_WEIGHTS_ANONYMOUS &&
+      p.weight_memory != MZ_WEIGHTS_REPACKED)
+    return mz::Status::InvalidArgument(
+        "weight_memory must be MZ_WEIGHTS_PAGE_CACHE, MZ_WEIGHTS_ANONYMOUS or MZ_WEIGHTS_REPACKED");
   if (!(p.margin >= 0 && p.margin < 1)) return mz::Status::InvalidArgument("margin must be in [0, 1)");
   r->n_ctx = int(p.n_ctx);
   r->chunk_tokens = int(p.kv_chunk_tokens);
@@ -32,7 +34,7 @@ mz::Status ToRequest(const mz_plan_params& p, mz::PlanRequest* r) {
 mz::Status Plan(mz::PlanShape s, const mz_plan_params& p, mz_plan_result* out) {
   mz::PlanRequest r;
   MZ_RETURN_IF_ERROR(ToRequest(p, &r));
-  s.weights_file_backed = p.weight_memory == MZ_WEIGHTS_PAGE_CACHE;
+  s.weights_file_backed = p.weight_memory == MZ_WEIGHTS_PAGE_CACHE;  // repacked: anonymous
   mz::Env* env = mz::Env::Default();
   mz::SelfMemory self;
   r.overhead = mz::EstimateModelOverhead(s) + (mz::ReadSelfMemory(env, &self) ? self.rss : 0);

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "core/ggml_log.h"
+#include "model/repack.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
@@ -155,6 +156,22 @@ Status Model::Load(Env* env, const std::string& path, const ModelOptions& option
   m->file_inode_ = info.inode;
   m->file_device_ = info.device;
   if (m->opts_.weights == WeightMemory::kPageCache && !m->CanMapRuns()) m->opts_.weights = WeightMemory::kAnonymous;
+  if (m->opts_.repack) {
+    // Which layer matrices this CPU has a repacked kernel for (the base unit keeps the file form:
+    // its embeddings are read by GET_ROWS).
+    for (int il = 0; il < int(m->hp_.n_layer); ++il) {
+      WeightUnit& w = m->units_[il];
+      const LayerTensors& L = m->layers_[il];
+      for (TensorExtent& e : w.tensors) {
+        const ggml_tensor* t = e.tensor;
+        const bool matrix = t == L.wq || t == L.wk || t == L.wv || t == L.wo || t == L.ffn_gate ||
+                            t == L.ffn_up || t == L.ffn_down;
+        e.repack = matrix && e.region_off % 32 == 0 && CanRepack(e.tensor);
+        w.n_repack += e.repack;
+      }
+      m->n_repack_units_ += w.n_repack > 0;
+    }
+  }
   if (options.load_weights) MZ_RETURN_IF_ERROR(m->LoadAll());
   *out = std::move(m);
   return Status::Ok();
@@ -278,14 +295,7 @@ bool Model::CanMapRuns() const {
   return ok;
 }
 
-Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mode) {
-  if (u.resident()) {
-    if (region) env_->Unmap(region, u.region_bytes);
-    return Status::Ok();
-  }
-  if (!region) region = env_->MapAnon(u.region_bytes);
-  if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
-                                       std::to_string(u.index));
+Status Model::FillFileForm(File* f, const WeightUnit& u, void* region, WeightMemory mode) {
   for (const ReadRun& r : u.runs) {
     if (mode != WeightMemory::kAnonymous) {
       // The run's last page may lie past end of file: map only what the file has.
@@ -316,6 +326,64 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mo
       return st.With("loading weight unit " + std::to_string(u.index));
     }
   }
+  return Status::Ok();
+}
+
+Status Model::BindRepacked(WeightUnit& u, void* packed, const void* staging) {
+  ggml_backend_buffer_t buf = ggml_backend_cpu_buffer_from_ptr(packed, u.region_bytes);
+  if (!buf) return Status::NoMemory("ggml_backend_cpu_buffer_from_ptr");
+  for (const TensorExtent& e : u.tensors) {
+    char* to = static_cast<char*>(packed) + e.region_off;
+    const char* from = static_cast<const char*>(staging) + e.region_off;
+    if (e.repack) {
+      RepackInto(e.tensor, to, from);
+      continue;
+    }
+    std::memcpy(to, from, e.bytes);
+    if (ggml_backend_tensor_alloc(buf, e.tensor, to) != GGML_STATUS_SUCCESS) {
+      for (const TensorExtent& x : u.tensors) UnbindRepacked(x.tensor);
+      ggml_backend_buffer_free(buf);
+      return Status::Internal("ggml_backend_tensor_alloc failed for " + std::string(e.tensor->name));
+    }
+  }
+  u.buffer = buf;
+  return Status::Ok();
+}
+
+Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mode) {
+  if (u.resident()) {
+    if (region) env_->Unmap(region, u.region_bytes);
+    return Status::Ok();
+  }
+  if (!region) region = env_->MapAnon(u.region_bytes);
+  if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
+                                       std::to_string(u.index));
+  if (opts_.repack && u.n_repack > 0) {
+    // The third way: region becomes the repacked form; the file form is staged and let go.
+    void* staging = env_->MapAnon(u.region_bytes);
+    if (!staging) {
+      env_->Unmap(region, u.region_bytes);
+      return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes to stage weight unit " +
+                              std::to_string(u.index) + " for repacking");
+    }
+    Status st = FillFileForm(f, u, staging, mode);  // unmaps staging on failure
+    if (st.ok()) {
+      st = BindRepacked(u, region, staging);
+      env_->Unmap(staging, u.region_bytes);
+      // The repacked copy is the one held: the file range goes from the page cache (as when a
+      // file-backed unit is dropped), so the unit is not held twice.
+      if (mode == WeightMemory::kPageCache) DropRuns(u);
+    }
+    if (!st.ok()) {
+      env_->Unmap(region, u.region_bytes);
+      return st;
+    }
+    u.region = region;
+    u.backing = WeightMemory::kAnonymous;
+    u.repacked = true;
+    return Status::Ok();
+  }
+  MZ_RETURN_IF_ERROR(FillFileForm(f, u, region, mode));  // unmaps region on failure
   ggml_backend_buffer_t buf = ggml_backend_cpu_buffer_from_ptr(region, u.region_bytes);
   if (!buf) {
     env_->Unmap(region, u.region_bytes);
@@ -332,6 +400,7 @@ Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mo
   u.buffer = buf;
   u.region = region;
   u.backing = mode;
+  u.repacked = false;
   return Status::Ok();
 }
 
@@ -364,14 +433,12 @@ Status Model::LoadUnit(int u, void* region) {
 void Model::DropUnit(int u, bool drop_cached) {
   WeightUnit& w = units_[u];
   if (!w.resident()) return;
-  for (const TensorExtent& e : w.tensors) {
-    e.tensor->data = nullptr;
-    e.tensor->buffer = nullptr;
-  }
+  for (const TensorExtent& e : w.tensors) UnbindRepacked(e.tensor);  // data, buffer (and extra) cleared
   ggml_backend_buffer_free(w.buffer);
   env_->Unmap(w.region, w.region_bytes);
   w.buffer = nullptr;
   w.region = nullptr;
+  w.repacked = false;
   // Also for an anonymous unit when units now load through the page cache: pages of its range that
   // something else cached (another process reading the file) would otherwise serve its reload.
   if (drop_cached && (w.backing == WeightMemory::kPageCache || opts_.weights == WeightMemory::kPageCache)) DropRuns(w);

@@ -68,6 +68,7 @@ struct TensorExtent {
   uint64_t file_off = 0;  // absolute offset in the GGUF file
   uint64_t bytes = 0;
   uint64_t region_off = 0;
+  bool repack = false;  // held in ggml's repacked layout when the unit is made (ModelOptions::repack)
 };
 
 // One direct-I/O read: [file_off, file_off + len) into region + region_off. file_off, len and
@@ -92,6 +93,11 @@ struct WeightUnit {
   uint64_t region_bytes = 0;      // mapped bytes when resident (tensor bytes + alignment slack)
   void* region = nullptr;         // non-null iff resident
   WeightMemory backing = WeightMemory::kAnonymous;  // how the resident region was made
+  // The resident region holds this unit's repackable tensors in ggml's repacked layout (then it is
+  // anonymous memory, backing kAnonymous, made by reading the file and repacking: see
+  // ModelOptions::repack).
+  bool repacked = false;
+  int n_repack = 0;  // tensors of this unit with TensorExtent::repack
   ggml_backend_buffer* buffer = nullptr;
   bool resident() const { return region != nullptr; }
 };
@@ -113,6 +119,20 @@ struct ModelOptions {
   bool direct_io = true;   // kAnonymous: read with O_DIRECT (falls back to buffered where unsupported)
   bool load_weights = true;  // false: parse and plan only (info, tests)
   int io_threads = 2;        // threads reading units at load
+  // The third way (issue 49; docs/residency.md "Repacked weights"): each layer unit's matrices that
+  // this CPU has a repacked kernel for (model/repack.h) are held in ggml's repacked layout, in
+  // anonymous memory of the unit's region size (same offsets as the file image), so decode runs
+  // the repacked kernels as llama.cpp's default loader does. Making such a unit (at load, and on
+  // every restore after it was dropped) reads its file form (the `weights` way: page-cache mapping
+  // or anonymous reads, into a staging region unmapped afterwards, its file range then dropped from
+  // the page cache) and repacks it; dropping it returns the anonymous region to the OS (the kernel
+  // cannot reclaim it otherwise: it is what mzcache evicts under pressure, one layer at a time).
+  // Making a unit holds its staging and its repacked region at once (twice the unit, per unit
+  // being made: io_threads at load, the restore workers on restore). A layer with nothing
+  // repackable, and the base unit (embeddings read by GET_ROWS), keep the file form. Default false: the file-backed form the kernel can reclaim on its own (the
+  // repacked layout gains ~6% decode for Q4_0 on AVX2, docs/results.md; nothing for Q8_0, which has
+  // no AVX2 repack).
+  bool repack = false;
 };
 
 class Model {
@@ -126,7 +146,12 @@ class Model {
   // *out is untouched and the Status says exactly what is wrong with the file.
   // Weight units are file mappings (kPageCache, kOsPaging), not anonymous memory: restoring one
   // needs no anonymous memory allocated ahead.
-  bool file_backed() const { return opts_.weights != WeightMemory::kAnonymous; }
+  // With ModelOptions::repack a unit holding repacked tensors is anonymous memory: not file-backed.
+  bool file_backed() const {
+    return opts_.weights != WeightMemory::kAnonymous && !(opts_.repack && n_repack_units_ > 0);
+  }
+  bool repack() const { return opts_.repack; }
+  int n_repack_units() const { return n_repack_units_; }  // units that hold repacked tensors when resident
   WeightMemory weight_memory() const { return opts_.weights; }
   // Changes how units loaded from now on are backed (kPageCache <-> kAnonymous; benchmarks compare
   // the two on one model). Units keep the backing they were loaded with until dropped. Not
@@ -193,6 +218,13 @@ class Model {
   Status Parse(gguf_context* g, uint64_t file_size);
   // f: the open model file (kAnonymous only; nullptr otherwise).
   Status LoadUnitFrom(File* f, WeightUnit& unit, void* region, WeightMemory mode);
+  // Fills region (unit.region_bytes, from Env::MapAnon) with unit's file image the `mode` way. On
+  // failure region is unmapped and the Status says what failed.
+  Status FillFileForm(File* f, const WeightUnit& unit, void* region, WeightMemory mode);
+  // Re-lays unit's tensors from staging (its file image) into packed (anonymous, region_bytes):
+  // repackable tensors repacked, the others copied; binds them to buf (over packed) or the repack
+  // tag buffer.
+  Status BindRepacked(WeightUnit& unit, void* packed, const void* staging);
   bool CanMapRuns() const;  // this kernel and file system can map the runs (else kAnonymous)
   void DropRuns(const WeightUnit& w) const;  // kPageCache: drops w's file ranges from the page cache
 
@@ -210,6 +242,7 @@ class Model {
   std::vector<LayerTensors> layers_;
   std::vector<WeightUnit> units_;
   FileIdentity identity_;
+  int n_repack_units_ = 0;
   uint64_t meta_len_ = 0;  // bytes before the tensor data (hashed into identity_)
   ggml_context* meta_ = nullptr;  // owns the ggml_tensor structs (no data)
 };

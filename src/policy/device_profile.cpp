@@ -102,6 +102,7 @@ Status DeviceProfile::Save(const std::string& path, Env* env) const {
   j["alloc_s_per_MiB"] = alloc_s_per_MiB;
   j["mapped_read_Bps"] = mapped_read_Bps;
   j["attend_in_place_s_per_MiB"] = attend_in_place_s_per_MiB;
+  j["repack_Bps"] = repack_Bps;
   j["threads"] = threads;
   // Crash-safe and all-or-nothing: written whole and synced to path.tmp, renamed over path, the
   // folder synced. On any failure path keeps its previous content (a context reads it at creation:
@@ -144,6 +145,11 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out, Env* env
     for (auto& [k, v] : p.attend_in_place_s_per_MiB)
       if (!(std::fabs(v) <= kMaxAttendSPerMiB))
         return Status::Corruption("profile " + path + ": attend_in_place_s_per_MiB of " + k + " must be in [-1, 1]");
+    // Absent from profiles written before it was measured: the repack is then not costed.
+    p.repack_Bps = j.value("repack_Bps", std::map<std::string, double>{});
+    for (auto& [k, v] : p.repack_Bps)
+      if (!(v >= kMinBps) || !std::isfinite(v))
+        return Status::Corruption("profile " + path + ": repack throughput of " + k + " must be >= 1 B/s");
     // An integer in int's range before the conversion (a float such as 1e20 cast to int is undefined).
     if (j.contains("threads") && !(j.at("threads").is_number_integer() && j.at("threads").get<int64_t>() >= 1 &&
                                    j.at("threads").get<int64_t>() <= kMaxThreads))
@@ -196,7 +202,10 @@ UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint
   t.t_r_kv = paths.kv_mapped ? double(chunk_bytes) / p.MappedReadBps(chunk_bytes) : double(chunk_bytes) / p.ReadBps(chunk_bytes) + alloc_chunk;
   const uint64_t enc = uint64_t(double(chunk_bytes) * p.Ratio(codec));
   t.t_r_kvc = (enc ? double(enc) / p.ReadBps(enc) : 0.0) + t.t_d_kv;  // ReadBps(0) is 0: no 0/0
-  if (paths.weights_file_backed)
+  if (paths.weights_repacked)
+    t.t_r_w = double(layer_bytes) / p.MappedReadBps(layer_bytes) +
+              p.alloc_s_per_MiB * double(layer_bytes) / 1048576.0 + std::max(0.0, paths.repack_s_per_layer);
+  else if (paths.weights_file_backed)
     t.t_r_w = double(layer_bytes) / p.MappedReadBps(layer_bytes);
   else
     t.t_r_w = double(layer_bytes) / p.ReadBps(4 << 20) + p.alloc_s_per_MiB * double(layer_bytes) / 1048576.0;

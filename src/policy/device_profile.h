@@ -36,6 +36,11 @@ struct DeviceProfile {
   // the bytes can be faster); users clamp it (DeriveUnitTimes).
   std::map<std::string, double> attend_in_place_s_per_MiB;
   static constexpr int kInPlaceQueryTokens = 8;
+  // ggml type name ("q4_0", "q4_K") -> bytes/s ggml re-lays a matrix of that type into its
+  // repacked CPU layout (model/repack.h), one thread: the repack part of re-making a repacked
+  // layer (MZ_WEIGHTS_REPACKED). Only types this CPU has a repacked kernel for; empty in profiles
+  // written before it was measured (the repack is then not costed).
+  std::map<std::string, double> repack_Bps;
   int threads = 1;                             // threads the decode path uses in restoration
 
   // Read throughput for requests of `bytes` (interpolated; the peak measured rate above the largest size).
@@ -84,6 +89,11 @@ struct RestorePaths {
   // time (attend_in_place_s_per_MiB), not a decode and a fresh fp16 chunk; one on storage costs its
   // compressed read plus that. false (or no measured figure for the codec): decode + allocation.
   bool kv_in_place = false;
+  // Weights are repacked layers (Model::repack): a restore stages the layer through the page cache
+  // (MappedReadBps), fills a fresh anonymous region (allocation) and repacks it: this many seconds
+  // per layer on top (the model's repackable bytes by type over DeviceProfile::repack_Bps).
+  bool weights_repacked = false;
+  double repack_s_per_layer = 0;
 };
 UnitTimes DeriveUnitTimes(const DeviceProfile& p, const std::string& codec, uint64_t chunk_bytes,
                           uint64_t layer_bytes, const RestorePaths& paths = RestorePaths());

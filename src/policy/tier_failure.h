@@ -54,8 +54,8 @@ struct TierConfig {
   uint64_t kv_bytes = 0;       // the KV cache at the context planned (whole, at creation)
   uint64_t scratch_bytes = 0;  // compute buffers
   bool tied = false;           // token_embd is also the output head (llama.cpp then keeps a second, repacked copy)
-  // The third way (issue 49 (b), docs/residency.md "Repacked weights"; a design mzcache does not
-  // implement yet): weights repacked while memory allows and given back one layer at a time under
+  // The third way (issue 49 (b), docs/residency.md "Repacked weights"; mzcache's
+  // MZ_WEIGHTS_REPACKED holds layers this way): weights repacked while memory allows and given back one layer at a time under
   // pressure, each to its file form. With repack, the app is then killed only when its memory
   // without the weights does not fit; with the background apps back it keeps the front layers
   // repacked that fit, and thrashes only when all the weights a token reads exceed the memory left

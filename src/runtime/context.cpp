@@ -1,5 +1,7 @@
 #include "runtime/context.h"
 
+#include "ggml.h"
+
 #include "runtime/memory_plan.h"
 
 #include "policy/partial_offload.h"
@@ -91,6 +93,14 @@ PolicyInput Context::MakePolicyInput(uint64_t bytes) {
   RestorePaths paths;
   if (opts_.cost_restore_paths) {
     paths.weights_file_backed = model_->file_backed();
+    const WeightUnit& w0 = model_->unit(0);
+    if (w0.n_repack > 0 && model_->repack()) {  // the mean layer's repack, by type, where measured
+      paths.weights_repacked = true;
+      for (const TensorExtent& e : w0.tensors) {
+        const auto r = e.repack ? profile_.repack_Bps.find(ggml_type_name(e.tensor->type)) : profile_.repack_Bps.end();
+        if (r != profile_.repack_Bps.end()) paths.repack_s_per_layer += double(e.bytes) / r->second;
+      }
+    }
     paths.kv_mapped = units_->KvStorageMapped();
     paths.kv_in_place = opts_.attend_compressed && units_->codec_readable_in_place();
   }

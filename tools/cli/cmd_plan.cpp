@@ -53,7 +53,7 @@ struct PlanArgs {
   std::vector<std::string> res_shapes{"llama3.1-8b", "qwen3-8b"};
   std::vector<std::string> res_quants{"q4_k_m", "q4_0", "q3_k_m", "q8_0"};
   std::string isa = "arm-dotprod";
-  bool third_way = false;   // also the third way's row (TierConfig::give_back; a design, not built)
+  bool third_way = false;   // also the third way's row (TierConfig::give_back; MZ_WEIGHTS_REPACKED)
   double repack_mbps = 0;   // its re-make estimate: repack MB/s (0: not shown)
 };
 
@@ -229,7 +229,7 @@ int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash
         cfg.scratch_bytes = scratch;
         cfg.tied = spec->tied;
         const char* layout_name = layout == 0 ? "repacked (default)" : layout == 1 ? "--no-repack"
-                                                                    : "third way (not built)";
+                                                                    : "third way (MZ_WEIGHTS_REPACKED)";
         if (!a.json)
           std::printf("| %s | %s | %.2f | %s |", spec->real_name.c_str(), q.c_str(), fp.file_bytes / 1e9, layout_name);
         nlohmann::json per = nlohmann::json::array();
@@ -274,8 +274,8 @@ int ResidencyTable(const PlanArgs& a, double flash_Bps, const std::string& flash
                 "thrash: the weights left in the file mapping that every token reads exceed the page cache left, so "
                 "each token re-reads at least the difference from flash (an LRU over a cyclic scan re-reads more). "
                 "`--json` gives each cell's full reason.%s\n",
-                a.third_way ? " third way: a design mzcache does not implement yet (docs/residency.md): layers "
-                              "repacked while memory allows, given back one at a time to their file form; killed only "
+                a.third_way ? " third way: mzcache with MZ_WEIGHTS_REPACKED (docs/residency.md): layers "
+                              "repacked while memory allows, given back one at a time and re-made from the file; killed only "
                               "when the app does not fit without any weights." : "");
   return 0;
 }
@@ -434,7 +434,7 @@ void AddPlanCommands(CLI::App& app, Runners& runners) {
   c->add_option("--isa", a->isa, "--recommend, residency table: whose repack table, arm-dotprod (the notes' phone) or x86-avx2");
   c->add_flag("--third-way", a->third_way,
               "--recommend, residency table: also plan the third way (repacked while memory allows, given back a layer "
-              "at a time; a design, not built: docs/residency.md)");
+              "at a time, re-made from the file: MZ_WEIGHTS_REPACKED, docs/residency.md)");
   c->add_option("--repack-mbps", a->repack_mbps,
                 "--recommend, --third-way: repack throughput in MB/s for the time to re-make a layer (bench_repack)");
   c->footer("Exit status: 0 fits, 3 does not fit (plan), 1 error.");
