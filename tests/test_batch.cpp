@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "pool/pool.h"
 #include "runtime/batcher.h"
 #include "runtime/context.h"
+#include "runtime/forward.h"
 #include "test_util.h"
 
 namespace mz {
@@ -455,6 +457,39 @@ TEST(Batch, BudgetPassNeverEvictsAConversationMidReply) {
   s = pool->Stats();
   EXPECT_LE(s.in_use, 1);
   EXPECT_LE(s.in_memory, o.memory_budget + (uint64_t(1) << 20));
+}
+
+// A pooled context computes through the pool's batcher: it never makes a Forward of its own (its
+// backend and graph metadata), which is made only at a context's first own compute (issue 44's
+// design items). The saving per conversation is recorded (fixed_bytes, construction time; a
+// figure, not asserted on time).
+TEST(Batch, PooledContextsMakeNoForwardOfTheirOwn) {
+  auto m = LoadModel();
+  for (bool batch : {true, false}) {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(batch, batch ? "lazy" : "lazy-alone"), &pool).ok());
+    std::vector<std::shared_ptr<Conversation>> cs(3);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(pool->OpenConversation("c" + std::to_string(i), &cs[size_t(i)]).ok());
+      EXPECT_FALSE(cs[size_t(i)]->context()->has_own_forward()) << "none made at open";
+      const std::vector<int32_t> t = Tokens(0, 40 + 8 * i, i);
+      ASSERT_TRUE(cs[size_t(i)]->Decode(t.data(), int(t.size()), false).ok());
+      const int32_t next = 7;
+      ASSERT_TRUE(cs[size_t(i)]->Decode(&next, 1, false).ok());
+      EXPECT_EQ(cs[size_t(i)]->context()->has_own_forward(), !batch)
+          << (batch ? "a batched conversation computed on a Forward of its own"
+                    : "the ablation (no batcher) computes on its own Forward");
+    }
+  }
+  ForwardOptions fo;
+  const uint64_t t0 = Env::Default()->NowNs();
+  Forward f(m.get(), nullptr, fo);
+  const uint64_t ns = Env::Default()->NowNs() - t0;
+  EXPECT_GT(f.fixed_bytes(), 0u);
+  RecordProperty("forward_fixed_bytes", std::to_string(f.fixed_bytes()));
+  RecordProperty("forward_construct_us", std::to_string(ns / 1000));
+  std::printf("a Forward not made per pooled context: %llu bytes of graph metadata, %.1f us to make (loaded machine)\n",
+              static_cast<unsigned long long>(f.fixed_bytes()), double(ns) / 1000.0);
 }
 
 }  // namespace

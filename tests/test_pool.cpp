@@ -23,6 +23,7 @@
 #include "core/sync_point.h"
 #include "env/fault_env.h"
 #include "pool/chunk_hash.h"
+#include "pool/eviction_order.h"
 #include "pool/pool.h"
 #include "pressure/manual_source.h"
 #include "runtime/context.h"
@@ -110,6 +111,62 @@ void Store(Model* m, const PoolOptions& o, const std::string& id, const std::vec
   ASSERT_TRUE(pool->OpenConversation(id, &c).ok());
   ASSERT_TRUE(c->Decode(t.data(), int(t.size()), false).ok());
   ASSERT_TRUE(c->Commit().ok());
+}
+
+// The eviction order as planned (pool/eviction_order.h), without a model: idle conversations least
+// recently used first, each whole; the most recently used one in part after the shared chunks; the
+// weights last; and what a budget pass spares.
+using Step = EvictStep;
+TEST(EvictionOrder, IdleFirstLeastRecentFirstWeightsLast) {
+  // Candidates 0..2: last uses 30, 10, 20; none in use.
+  const std::vector<EvictCandidate> c = {{false, 30}, {false, 10}, {false, 20}};
+  const std::vector<Step> want = {{Step::kConversationWhole, 1}, {Step::kConversationWhole, 2},
+                                  {Step::kSharedChunks, -1},     {Step::kConversationPart, 0},
+                                  {Step::kDetachShared, 0},      {Step::kSharedChunks, -1},
+                                  {Step::kWeights, -1}};
+  EXPECT_EQ(PlanEviction(c, EvictionMode{}), want);
+  // A budget pass: the same, with the gate before the conversation in use (deferred if an idle one
+  // was busy).
+  std::vector<Step> budget = want;
+  budget.insert(budget.begin() + 2, Step{Step::kStopIfIdleBusy, -1});
+  EXPECT_EQ(PlanEviction(c, EvictionMode{true, false, false}), budget);
+}
+
+TEST(EvictionOrder, InUseAfterIdleAndSparedByBudgetWhenTwoOrMore) {
+  // 0: in use, oldest; 1: idle, newest; 2: in use, newest.
+  const std::vector<EvictCandidate> c = {{true, 5}, {false, 50}, {true, 40}};
+  // Evict / pressure: idle 1 whole, then in use 0 whole (least recent first), then 2 in part.
+  const std::vector<Step> evict = {{Step::kConversationWhole, 1}, {Step::kConversationWhole, 0},
+                                   {Step::kSharedChunks, -1},     {Step::kConversationPart, 2},
+                                   {Step::kDetachShared, 2},      {Step::kSharedChunks, -1},
+                                   {Step::kWeights, -1}};
+  EXPECT_EQ(PlanEviction(c, EvictionMode{}), evict);
+  // A budget pass with two in use: stops at the first of them, no weights.
+  const std::vector<Step> budget = {{Step::kConversationWhole, 1}, {Step::kStopSparedInUse, -1}};
+  EXPECT_EQ(PlanEviction(c, EvictionMode{true, false, false}), budget);
+  // One in use: the budget pass goes on to it (in part) and the weights.
+  const std::vector<EvictCandidate> one = {{true, 5}, {false, 50}};
+  const std::vector<Step> b1 = {{Step::kConversationWhole, 1}, {Step::kStopIfIdleBusy, -1},
+                                {Step::kSharedChunks, -1},     {Step::kConversationPart, 0},
+                                {Step::kDetachShared, 0},      {Step::kSharedChunks, -1},
+                                {Step::kWeights, -1}};
+  EXPECT_EQ(PlanEviction(one, EvictionMode{true, false, false}), b1);
+}
+
+TEST(EvictionOrder, IdleOnlyAndWholeModel) {
+  const std::vector<EvictCandidate> c = {{false, 30}, {true, 10}, {false, 20}};
+  // idle_only (room for the load arena): every candidate but the most recent in the order (the one
+  // in use comes last), never the weights.
+  const std::vector<Step> idle = {{Step::kConversationWhole, 2}, {Step::kConversationWhole, 0}};
+  EXPECT_EQ(PlanEviction(c, EvictionMode{true, true, false}), idle);
+  // whole (a model nobody uses: the shared budget's step 1): every conversation not in use out
+  // whole, the most recent too, then the shared chunks; the one in use skipped; no weights.
+  const std::vector<Step> whole = {{Step::kConversationWhole, 2}, {Step::kConversationWhole, 0},
+                                   {Step::kSharedChunks, -1}};
+  EXPECT_EQ(PlanEviction(c, EvictionMode{true, true, true}), whole);
+  // Nothing open: only the weights (or nothing, idle_only).
+  EXPECT_EQ(PlanEviction({}, EvictionMode{}), (std::vector<Step>{{Step::kWeights, -1}}));
+  EXPECT_TRUE(PlanEviction({}, EvictionMode{true, true, false}).empty());
 }
 
 TEST(ChunkHash, ChainsFullChunksOnly) {

@@ -25,10 +25,6 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   g.chunk_tokens = opts.kv_chunk_tokens;
   g.kv_type = opts.kv_type;
   kv_ = std::make_unique<KvCache>(model->env(), g, opts.n_ctx);
-  ForwardOptions fo;
-  fo.n_threads = opts.n_threads;
-  fo.n_ubatch = opts.n_ubatch;
-  fwd_ = std::make_unique<Forward>(model, kv_.get(), fo);
   UnitTableOptions eo;
   eo.codec = opts.kv_codec;
   eo.swap_path = opts.swap_path;
@@ -38,6 +34,27 @@ Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts
   eo.touch_restored = opts.touch_restored;
   eo.segment_cache = opts.segment_cache;
   units_ = std::make_unique<UnitTable>(model, kv_.get(), eo);
+}
+
+Forward* Context::OwnForwardLocked() {
+  if (!fwd_) {
+    ForwardOptions fo;
+    fo.n_threads = opts_.n_threads;
+    fo.n_ubatch = opts_.n_ubatch;
+    fwd_ = std::make_unique<Forward>(model_, kv_.get(), fo);
+    own_forward_made_.store(true);
+  }
+  return fwd_.get();
+}
+
+const std::vector<int>& Context::compute_cpus() const {
+  static const std::vector<int> kNone;
+  return own_forward_made_.load() ? fwd_->cpus() : kNone;  // set after fwd_: made and never replaced
+}
+
+const Forward& Context::forward() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return *OwnForwardLocked();
 }
 
 Status Context::Init() {
@@ -63,7 +80,7 @@ Status Context::Init() {
     if (ReadCpuTopology(model_->env(), &topo, opts_.cpu_root).ok() && topo.heterogeneous()) {
       const ComputeCpus cc = ChooseComputeCpus(topo, opts_.n_threads);
       // The fastest cluster may be outside this process's CPU set (a cpuset cgroup): then as asked.
-      if (fwd_->SetThreads(cc.n_threads, cc.cpus).ok()) opts_.n_threads = cc.n_threads;
+      if (OwnForwardLocked()->SetThreads(cc.n_threads, cc.cpus).ok()) opts_.n_threads = cc.n_threads;
     }
   }
   profile_ = DeviceProfile::Default();
@@ -172,7 +189,7 @@ Status Context::SetThreads(int n, const std::vector<int>& cpus) {
   std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
   if (!lk.owns_lock()) return Status::Busy("a generation is running: threads not changed (retry when it finishes)");
   MZ_SYNC_POINT("context:set_threads_locked", n);
-  MZ_RETURN_IF_ERROR(fwd_->SetThreads(n, cpus));
+  MZ_RETURN_IF_ERROR(OwnForwardLocked()->SetThreads(n, cpus));
   opts_.n_threads = n;
   return Status::Ok();
 }
@@ -326,10 +343,11 @@ Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, con
                               const std::function<bool()>& restoring, int threads_while_restoring, double* wait_s) {
   cancel_.store(false);
   if (!opts_.batcher) {
-    fwd_->set_wait(wait);
-    Status st = fwd_->Decode(tokens, n, all_logits, &logits_);
-    if (wait_s) *wait_s = fwd_->timing().wait_s;
-    fwd_->set_wait(nullptr);
+    Forward* fwd = OwnForwardLocked();
+    fwd->set_wait(wait);
+    Status st = fwd->Decode(tokens, n, all_logits, &logits_);
+    if (wait_s) *wait_s = fwd->timing().wait_s;
+    fwd->set_wait(nullptr);
     return st;
   }
   Batcher::Request r;
@@ -460,18 +478,19 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
       st = ComputeLocked(tokens, n, false, [&](int unit) { return pipe.Wait(unit); }, [&] { return !pipe.done(); },
                          during, &wait);
   } else {
-    fwd_->set_n_threads(during);
+    Forward* fwd = OwnForwardLocked();
+    fwd->set_n_threads(during);
     if (st.ok())
       st = ComputeLocked(
           tokens, n, false,
           [&](int unit) -> Status {
             Status s = pipe.Wait(unit);
-            if ((pipe.done() || (po.full_threads_for_io && pipe.cpu_work_done())) && fwd_->n_threads() != full)
-              fwd_->set_n_threads(full);
+            if ((pipe.done() || (po.full_threads_for_io && pipe.cpu_work_done())) && fwd->n_threads() != full)
+              fwd->set_n_threads(full);
             return s;
           },
           nullptr, 0, &wait);
-    fwd_->set_n_threads(full);
+    fwd->set_n_threads(full);
   }
   const uint64_t t1 = model_->env()->NowNs();
   Status fin = pipe.Finish();

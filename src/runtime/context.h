@@ -116,7 +116,8 @@ struct ContextOptions {
   // other context computing at that moment. RestoreGenerate restores front layers first
   // overlapped with its own prefill when nothing else computes; while others do, it restores
   // first (the restore executor, on its workers) and then joins the batch, so the others' steps
-  // never wait for its units. SetThreads then changes only this context's own Forward (unused).
+  // never wait for its units. SetThreads then changes only this context's own Forward (made for it,
+  // unused); without SetThreads none is made (Context::forward).
   std::shared_ptr<Batcher> batcher;
 };
 
@@ -158,7 +159,9 @@ class Context {
   // The compute threads and pinned CPUs now (what Init's default or SetThreads chose). Not
   // synchronized with a concurrent SetThreads (read it from the thread that sets).
   int n_threads() const { return opts_.n_threads; }
-  const std::vector<int>& compute_cpus() const { return fwd_->cpus(); }
+  // The CPUs the compute threads are pinned to (empty: not pinned; always empty before the own
+  // Forward is made, by SetThreads or a first own compute).
+  const std::vector<int>& compute_cpus() const;
 
   // Moves units per plan until `bytes` are released (0: whole plan). kBusy during a Decode.
   Status Evict(const Plan& plan, uint64_t bytes, uint64_t* freed);
@@ -280,7 +283,13 @@ class Context {
   // take its lock) and, below them, the UnitTable: the sole mutator of unit state.
   const KvCache& kv() const { return *kv_; }
   const UnitTable& units() const { return *units_; }
-  const Forward& forward() const { return *fwd_; }
+  // This context's own Forward (its ggml backend, graph metadata and compute buffers), made at its
+  // first own compute (a Decode or RestoreGenerate without a batcher, SetThreads) or here: a
+  // context that computes through a batcher (a pool's) never makes one. Takes the context's lock:
+  // not during one of its calls.
+  const Forward& forward();
+  // Whether the own Forward was made (any thread).
+  bool has_own_forward() const { return own_forward_made_.load(); }
   const std::vector<int32_t>& history() const { return history_; }
   const ContextOptions& options() const { return opts_; }
 
@@ -296,7 +305,11 @@ class Context {
   Model* model_;
   ContextOptions opts_;
   std::unique_ptr<KvCache> kv_;
+  // Made on first use (OwnForwardLocked), under mu_; nullptr until then.
   std::unique_ptr<Forward> fwd_;
+  std::atomic<bool> own_forward_made_{false};
+  // REQUIRES mu_. The own Forward, made now if it was not yet (options: opts_'s threads, ubatch).
+  Forward* OwnForwardLocked();
   std::unique_ptr<UnitTable> units_;
   DeviceProfile profile_;
   std::mutex mu_;

@@ -104,6 +104,9 @@ class Forward {
   Status Step(Seq* seqs, int n_seqs);
   // Bytes of the compute buffers allocated so far (they grow to the largest graph computed).
   uint64_t compute_buffer_bytes() const;
+  // Host bytes this Forward holds beyond its compute buffers: the graph metadata buffer, made at
+  // construction (what a context that never computes on its own saves: Context::forward).
+  uint64_t fixed_bytes() const { return meta_buf_.size(); }
   // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now (they still
   // grow if a larger step comes: all_logits over more rows). kNoMemory when they cannot be
   // allocated (nothing else changed); kInvalidArgument unless 1 <= n_out <= n_tokens.
