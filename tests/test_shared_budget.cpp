@@ -134,14 +134,15 @@ TEST(SharedBudget, IdleModelGivesBackFirstAndReturnsExactly) {
   auto bm = Load("tiny-llama");
   const uint64_t wa = WeightBytes(*a), wb = WeightBytes(*bm);
   // Measure what each pool holds beyond its weights (compute buffers; B's with a 300-token
-  // conversation) with no budget, to size the shared one: B whole, A's compute buffers and weights
+  // conversation) with no budget, to size the shared one: B whole, A's weights
   // but two and a half of its layers (a tiny model's base unit, its embeddings, is most of it).
   auto probe = std::make_shared<SharedBudget>(0);
-  uint64_t extra_b = 0, extra_a = 0;
+  uint64_t extra_b = 0, extra_a = 0, buffers_a = 0;
   {
     std::unique_ptr<Pool> pp;
     ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/probe-a", probe), &pp).ok());
     extra_a = pp->Stats().in_memory - wa;
+    buffers_a = pp->Stats().batch.compute_buffer_bytes;  // idle, A gives them back before its weights
   }
   {
     std::unique_ptr<Pool> pb;
@@ -154,7 +155,11 @@ TEST(SharedBudget, IdleModelGivesBackFirstAndReturnsExactly) {
     ASSERT_TRUE(pb->Delete("p").ok());
   }
   const uint64_t layer = a->unit(0).region_bytes;
-  auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
+  // A's compute buffers go with its conversation (before its weights): the budget leaves them out
+  // too. The probes' figures beyond the weights are approximate (measured: the pools held 4.5 MB
+  // less than this estimate once A's conversation and buffers were out, with tiny-qwen3's 6 MB of
+  // buffers), so the cut goes another buffers_a deeper to land inside A's weights.
+  auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - 2 * buffers_a - layer * 5 / 2);
   std::unique_ptr<Pool> pa, pb;
   ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
   ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
@@ -260,6 +265,54 @@ TEST(SharedBudget, PressureSpansEveryModel) {
   ASSERT_TRUE(cb->Decode(more.data() + 200, 30, false).ok());
   EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", more, {200}));
   EXPECT_TRUE(LastLogits(*cb, int(bm->hparams().n_vocab)) == Reference("tiny-llama", more, {200}));
+}
+
+// An idle model's compute buffers (its pool's batcher's, or with batching off each conversation's
+// own) count in the shared budget and go after its conversations, before its weights; its next
+// call allocates them again, with the same logits.
+TEST(SharedBudget, IdleModelReleasesItsComputeBuffers) {
+  for (bool batch : {true, false}) {
+    SCOPED_TRACE(batch ? "the pool's batcher" : "each conversation's own");
+    const std::string dir = FreshDir(std::string("buffers-") + (batch ? "b" : "c"));
+    auto a = Load("tiny-qwen3");
+    auto bm = Load("tiny-llama");
+    auto budget = std::make_shared<SharedBudget>(0);  // no budget: only Evict takes
+    PoolOptions oa = Opts(dir + "/a", budget), ob = Opts(dir + "/b", budget);
+    oa.batch = ob.batch = batch;
+    std::unique_ptr<Pool> pa, pb;
+    ASSERT_TRUE(Pool::Open(a.get(), oa, &pa).ok());
+    ASSERT_TRUE(Pool::Open(bm.get(), ob, &pb).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    const auto t = Tokens(230, 4);
+    ASSERT_TRUE(pa->OpenConversation("x", &ca).ok());
+    ASSERT_TRUE(ca->Decode(t.data(), 200, false).ok());
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(pb->OpenConversation("x", &cb).ok());
+    ASSERT_TRUE(cb->Decode(t.data(), 200, false).ok());
+    ASSERT_TRUE(cb->Commit().ok());
+    ASSERT_NE(ca->context(), nullptr);
+    auto buffers = [&](Pool& p, Conversation& c) {
+      return batch ? p.Stats().batch.compute_buffer_bytes : c.context()->compute_buffer_bytes();
+    };
+    const uint64_t buf = buffers(*pa, *ca);
+    ASSERT_GT(buf, 0u) << "compute buffers allocated";
+    ConversationReport ra;
+    ASSERT_TRUE(pa->Report("x", &ra).ok());
+    const uint64_t before = budget->InMemory();
+    // A's conversation and a byte more: A's compute buffers, none of its weights, nothing of B.
+    uint64_t freed = 0;
+    ASSERT_TRUE(budget->Evict(ra.kv_resident + 1, &freed).ok());
+    EXPECT_EQ(buffers(*pa, *ca), 0u);
+    EXPECT_GT(buffers(*pb, *cb), 0u) << "B's buffers only after A's";
+    EXPECT_GE(freed, ra.kv_resident + buf);
+    EXPECT_EQ(DroppedWeights(*a), 0u) << "the buffers before the weights";
+    EXPECT_EQ(DroppedWeights(*bm), 0u);
+    EXPECT_LE(budget->InMemory() + ra.kv_resident + buf, before) << "the budget counted them";
+    // A comes back: its buffers allocated again, the logits as a model that never gave anything.
+    ASSERT_TRUE(ca->Decode(t.data() + 200, 30, false).ok());
+    EXPECT_GT(buffers(*pa, *ca), 0u);
+    EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", t, {200}));
+  }
 }
 
 // Two models generate at once (a thread each) under a budget smaller than both, while a third

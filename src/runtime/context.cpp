@@ -313,6 +313,16 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
   return Status::Ok();
 }
 
+Status Context::TryReleaseComputeBuffers(uint64_t* freed) {
+  *freed = 0;
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a call holds the context: its compute buffers stay");
+  if (opts_.batcher) return Status::Ok();
+  *freed = fwd_->ReleaseComputeBuffers();
+  compute_buffer_bytes_.store(0);
+  return Status::Ok();
+}
+
 void Context::NoteComputeLocked(int n, uint64_t ns) {
   if (n < 2 || ns == 0) return;  // one-token steps cost more per token than a prompt
   const double s = double(ns) * 1e-9 / n, old = compute_s_per_token_.load();
@@ -368,6 +378,7 @@ Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, con
     Status st = fwd_->Decode(tokens, n, all_logits, &logits_);
     if (wait_s) *wait_s = fwd_->timing().wait_s;
     fwd_->set_wait(nullptr);
+    compute_buffer_bytes_.store(fwd_->compute_buffer_bytes());
     return st;
   }
   Batcher::Request r;

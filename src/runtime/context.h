@@ -177,6 +177,13 @@ class Context {
   // unit resident), the cores from the calling thread's affinity (Env; 1 if unreadable). po gives
   // the workers asked for. REQUIRES: mu_ held (RestoreModeCostsLocked) / not held.
   RestoreCosts RestoreModeCosts(int n, const PipelineOptions& po);
+  // Bytes of this context's own compute buffers as of the end of its last call (0 with a batcher:
+  // the buffers are the batcher's). Lock-free.
+  uint64_t compute_buffer_bytes() const { return compute_buffer_bytes_.load(); }
+  // Frees this context's own compute buffers (an idle model's: Pool::EvictIdleModel); its next call
+  // allocates them again. *freed: the bytes. kBusy (nothing freed) while a call holds the context;
+  // with a batcher, nothing to free.
+  Status TryReleaseComputeBuffers(uint64_t* freed);
   // The measured seconds per prompt token (0: none yet); for reports and tests.
   double compute_s_per_token() const { return compute_s_per_token_.load(); }
   const DeviceProfile& profile() const { return profile_; }
@@ -336,6 +343,7 @@ class Context {
   // Prefill seconds per token, measured on prompts (n >= 2) computed with nothing to restore:
   // a moving average (the newest call weighs a half). 0: not measured yet.
   std::atomic<double> compute_s_per_token_{0.0};
+  std::atomic<uint64_t> compute_buffer_bytes_{0};  // fwd_'s, after each call (compute_buffer_bytes)
   void NoteComputeLocked(int n, uint64_t ns);
   RestoreCosts RestoreModeCostsLocked(int n, const PipelineOptions& po);  // when the last prompt (a call of more than one token) was computed
   // The compute of a call (REQUIRES mu_): appends tokens to the KV cache and fills logits_, through

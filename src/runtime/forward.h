@@ -104,6 +104,10 @@ class Forward {
   Status Step(Seq* seqs, int n_seqs);
   // Bytes of the compute buffers allocated so far (they grow to the largest graph computed).
   uint64_t compute_buffer_bytes() const;
+  // Frees the compute buffers; the next graph allocates them again (growing as before, a
+  // reallocation per larger graph). Returns the bytes freed. REQUIRES: nothing computes on this
+  // Forward meanwhile (its owner's lock).
+  uint64_t ReleaseComputeBuffers();
   // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now (they still
   // grow if a larger step comes: all_logits over more rows). kNoMemory when they cannot be
   // allocated (nothing else changed); kInvalidArgument unless 1 <= n_out <= n_tokens.
