@@ -934,8 +934,6 @@ Status Pool::EvictIdleModel(uint64_t bytes, uint64_t* freed) {
       if (kv.second->ctx_ && !kv.second->InUse()) idle.push_back(kv.second->ctx_);
   }
   uint64_t released = 0;
-  // The pool's one set of compute buffers (the batcher's), unless a call is in flight on it.
-  if (batcher_ && !ModelInUse()) released += batcher_->ReleaseComputeBuffers();
   for (auto& c : idle) {
     if (*freed + released >= bytes) break;
     uint64_t f = 0;

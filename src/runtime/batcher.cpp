@@ -173,17 +173,6 @@ std::vector<Batcher::Slice> Batcher::Schedule() {
   return step;
 }
 
-uint64_t Batcher::ReleaseComputeBuffers() {
-  std::lock_guard<std::mutex> lk(mu_);
-  // A queued request may be in a step right now (the step runs without mu_): only an empty queue
-  // means fwd_ is not computing, and no step starts while mu_ is held.
-  if (!queue_.empty() || released_) return 0;
-  const uint64_t bytes = fwd_->ReleaseComputeBuffers();
-  released_ = true;
-  buffer_bytes_ = 0;
-  return bytes;
-}
-
 void Batcher::Loop() {
   std::unique_lock<std::mutex> lk(mu_);
   std::vector<Forward::Seq> seqs;
@@ -215,11 +204,8 @@ void Batcher::Loop() {
       if (!last) n_prefill += s.n;
       else n_prefill += s.n - 1;
     }
-    const bool reserve = released_;
-    released_ = false;
     // The step runs without the lock: callers queue meanwhile; nobody else touches these requests.
     lk.unlock();
-    if (reserve) (void)fwd_->ReserveCompute(opts_.n_ubatch, opts_.max_seqs);  // failing: the step allocates
     Request* solo = alone_restoring ? step[0].p->r : nullptr;
     if (solo) {
       fwd_->set_wait(solo->wait);

@@ -127,11 +127,6 @@ class Batcher {
   uint64_t steps() const { return steps_.load(); }
   BatcherStats Stats();
   uint64_t compute_buffer_bytes() const { return buffer_bytes_.load(); }
-  // Frees the compute buffers while no request is queued or computing (an idle model's:
-  // Pool::EvictIdleModel); the next step sizes them again for the largest step, as Create did (a
-  // reservation that fails then leaves the step to allocate what it needs, or fail with kNoMemory).
-  // Returns the bytes freed: 0 while a request is in flight or when already freed. Any thread.
-  uint64_t ReleaseComputeBuffers();
   const BatcherOptions& options() const { return opts_; }
 
  private:
@@ -172,7 +167,6 @@ class Batcher {
   std::atomic<int> active_{0};
   std::atomic<uint64_t> steps_{0};
   std::atomic<uint64_t> buffer_bytes_{0};
-  bool released_ = false;  // under mu_: ReleaseComputeBuffers ran, the next step reserves again
   BatcherStats stats_;  // under mu_
   std::thread thread_;
 };
