@@ -365,11 +365,18 @@ enum mz_overlap {
   MZ_OVERLAP_NONE = 0,           /* allocate all, reload all, then prefill (mz_NO) */
   MZ_OVERLAP_ALLOC_RELOAD = 1,   /* allocation and reload pipelined, then prefill (mz_AR) */
   MZ_OVERLAP_RELOAD_PREFILL = 2, /* allocate all, then reload overlapped with prefill (mz_RP) */
-  MZ_OVERLAP_FULL = 3            /* everything overlapped (default) */
+  MZ_OVERLAP_FULL = 3,           /* everything overlapped */
+  /* Since 0.16 (the default): FULL or NONE, the restoration workers and compute's threads while
+   * restoring, chosen per call from the cores, the device profile's restore rates and the
+   * context's measured prefill rate: on a machine with no core beyond compute's, restoring
+   * through the page cache competes with the prefill, and restoring first is faster
+   * (docs/design.md, "Choosing the restore mode"). io_threads / decode_threads are then the
+   * workers asked for, which the choice may lower. */
+  MZ_OVERLAP_AUTO = 4
 };
 struct mz_restore_params {
   uint32_t struct_size; /* set by mz_restore_default_params(): see "Params structs" above */
-  int32_t overlap;        /* enum mz_overlap (default MZ_OVERLAP_FULL) */
+  int32_t overlap;        /* enum mz_overlap (default MZ_OVERLAP_AUTO since 0.16; MZ_OVERLAP_FULL before) */
   int32_t io_threads;     /* storage-path workers (default 2) */
   int32_t decode_threads; /* in-memory decompression workers (default 1) */
   /* 1 (default): KV chunks held compressed in memory by the q8 codec are not restored before the

@@ -147,7 +147,7 @@ if [ -f "$NPM_DIR/node_modules/parse-prometheus-text-format/package.json" ] && c
     fail "the Prometheus parser does not read 6 mzcache_model_weights_bytes samples"
 fi
 call POST /v1/mzcache/trim '{"level": 80}'; expect 200 trim
-[ "$(jq_ 'd["freed"] > 0')" = True ] || fail "trim 80 across both models freed nothing"
+[ "$(jq_ 'd["freed"] > 0')" = True ] || fail "trim 80 across both models freed nothing: $(jq_ "d.get('freed'), d['models'], d.get('budget')")"
 [ "$(weights "$NA" resident)" -lt "$(weights "$NA" total)" ] && [ "$(weights "$NB" resident)" -lt "$(weights "$NB" total)" ] ||
   fail "trim 80 left a model whole: $(jq_ 'd["models"]')"
 ok "/metrics: weights by model and tier; trim gives back across both models"

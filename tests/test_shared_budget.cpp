@@ -262,6 +262,55 @@ TEST(SharedBudget, PressureSpansEveryModel) {
   EXPECT_TRUE(LastLogits(*cb, int(bm->hparams().n_vocab)) == Reference("tiny-llama", more, {200}));
 }
 
+// With batching off, an idle model's compute buffers (each conversation's own) count in the
+// shared budget and go after its conversations, before its weights; its next call allocates them
+// again, with the same logits. (A batching pool's one set, the batcher's, is not released: not
+// done.)
+TEST(SharedBudget, IdleModelReleasesItsComputeBuffers) {
+  for (bool batch : {false}) {
+    SCOPED_TRACE(batch ? "the pool's batcher" : "each conversation's own");
+    const std::string dir = FreshDir(std::string("buffers-") + (batch ? "b" : "c"));
+    auto a = Load("tiny-qwen3");
+    auto bm = Load("tiny-llama");
+    auto budget = std::make_shared<SharedBudget>(0);  // no budget: only Evict takes
+    PoolOptions oa = Opts(dir + "/a", budget), ob = Opts(dir + "/b", budget);
+    oa.batch = ob.batch = batch;
+    std::unique_ptr<Pool> pa, pb;
+    ASSERT_TRUE(Pool::Open(a.get(), oa, &pa).ok());
+    ASSERT_TRUE(Pool::Open(bm.get(), ob, &pb).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    const auto t = Tokens(230, 4);
+    ASSERT_TRUE(pa->OpenConversation("x", &ca).ok());
+    ASSERT_TRUE(ca->Decode(t.data(), 200, false).ok());
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(pb->OpenConversation("x", &cb).ok());
+    ASSERT_TRUE(cb->Decode(t.data(), 200, false).ok());
+    ASSERT_TRUE(cb->Commit().ok());
+    ASSERT_NE(ca->context(), nullptr);
+    auto buffers = [&](Pool& p, Conversation& c) {
+      return batch ? p.Stats().batch.compute_buffer_bytes : c.context()->compute_buffer_bytes();
+    };
+    const uint64_t buf = buffers(*pa, *ca);
+    ASSERT_GT(buf, 0u) << "compute buffers allocated";
+    ConversationReport ra;
+    ASSERT_TRUE(pa->Report("x", &ra).ok());
+    const uint64_t before = budget->InMemory();
+    // A's conversation and a byte more: A's compute buffers, none of its weights, nothing of B.
+    uint64_t freed = 0;
+    ASSERT_TRUE(budget->Evict(ra.kv_resident + 1, &freed).ok());
+    EXPECT_EQ(buffers(*pa, *ca), 0u);
+    EXPECT_GT(buffers(*pb, *cb), 0u) << "B's buffers only after A's";
+    EXPECT_GE(freed, ra.kv_resident + buf);
+    EXPECT_EQ(DroppedWeights(*a), 0u) << "the buffers before the weights";
+    EXPECT_EQ(DroppedWeights(*bm), 0u);
+    EXPECT_LE(budget->InMemory() + ra.kv_resident + buf, before) << "the budget counted them";
+    // A comes back: its buffers allocated again, the logits as a model that never gave anything.
+    ASSERT_TRUE(ca->Decode(t.data() + 200, 30, false).ok());
+    EXPECT_GT(buffers(*pa, *ca), 0u);
+    EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", t, {200}));
+  }
+}
+
 // Two models generate at once (a thread each) under a budget smaller than both, while a third
 // thread asks the shared budget for memory: every call succeeds and every answer is exact.
 TEST(SharedBudget, TwoModelsGenerateAtOnceUnderOneBudget) {

@@ -154,7 +154,7 @@ int mz_restore(mz_context* ctx) {
 mz_restore_params mz_restore_default_params(void) {
   mz_restore_params p;
   p.struct_size = uint32_t(sizeof(p));
-  p.overlap = MZ_OVERLAP_FULL;
+  p.overlap = MZ_OVERLAP_AUTO;
   p.io_threads = 2;
   p.decode_threads = 1;
   p.attend_compressed = 1;

@@ -124,7 +124,7 @@ mz::Status ToContextOptions(const mz_context_params& p, mz::ContextOptions* o) {
 mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOptions* po) {
   mz_restore_params p;
   MZ_RETURN_IF_ERROR(ReadParams(params, mz_restore_default_params(), kRestoreParamsSizes, "mz_restore_params", &p));
-  if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_FULL) return mz::Status::InvalidArgument("bad overlap");
+  if (p.overlap < MZ_OVERLAP_NONE || p.overlap > MZ_OVERLAP_AUTO) return mz::Status::InvalidArgument("bad overlap");
   po->overlap = mz::Overlap(p.overlap);
   po->io_threads = std::max(1, p.io_threads);
   po->decode_threads = std::max(1, p.decode_threads);

@@ -350,8 +350,11 @@ class Pool {
   // Fresh figures: false (nothing written) while a generation moves the weights or they are busy.
   // *idle_swap (optional): in-memory swap of every conversation but the most recently used one.
   bool MeasureInMemory(uint64_t* in_memory, uint64_t* idle_swap);
-  // Step 1: every conversation not in use goes out whole (least recently used first); never the
-  // weights. Step 2: only the weights, back to front, while none of its conversations computes.
+  // Step 1: every conversation not in use goes out whole (least recently used first), then, if
+  // still short, the compute buffers of those not in use with batching off
+  // (Context::TryReleaseComputeBuffers; counted in the shared budget, allocated again by their next
+  // call; a batcher's one set stays); never the weights.
+  // Step 2: only the weights, back to front, while none of its conversations computes.
   // Step 3: the pool's own order (pressure false: as its budget pass, sparing conversations in
   // use; true: as its Evict). Each counts its bytes in bytes_evicted only.
   Status EvictIdleModel(uint64_t bytes, uint64_t* freed);

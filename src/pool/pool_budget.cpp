@@ -43,6 +43,8 @@ bool Pool::MeasureInMemory(uint64_t* in_memory_out, uint64_t* idle_swap_out) {
       if (!c.ctx_) continue;
       c.ctx_->TryReport(&c.last_report_);  // busy: the last known figures (weights lock held)
       in_memory += pool_internal::RamOf(c.last_report_);
+      // In a shared budget its compute buffers count too (an idle model gives them back).
+      if (group_) in_memory += c.ctx_->compute_buffer_bytes();
       idle_swap += c.last_report_.stack_mapped;
       if (c.last_use_ns_.load() >= newest) {
         newest = c.last_use_ns_.load();
@@ -74,7 +76,25 @@ bool Pool::ModelInUse() {
 
 Status Pool::EvictIdleModel(uint64_t bytes, uint64_t* freed) {
   std::lock_guard<std::mutex> ev(evict_mu_);
-  return ApplyEviction(bytes, EvictionMode{/*budget=*/true, /*idle_only=*/true, /*whole=*/true}, freed);
+  Status st = ApplyEviction(bytes, EvictionMode{/*budget=*/true, /*idle_only=*/true, /*whole=*/true}, freed);
+  if (*freed >= bytes) return st;
+  // Then the idle conversations' compute buffers (their next call allocates them again).
+  std::vector<std::shared_ptr<Context>> idle;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& kv : convs_)
+      if (kv.second->ctx_ && !kv.second->InUse()) idle.push_back(kv.second->ctx_);
+  }
+  uint64_t released = 0;
+  for (auto& c : idle) {
+    if (*freed + released >= bytes) break;
+    uint64_t f = 0;
+    if (c->TryReleaseComputeBuffers(&f).ok()) released += f;  // busy: a call came meanwhile
+  }
+  *freed += released;
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.bytes_evicted += released;
+  return st;
 }
 
 Status Pool::EvictWeightsOnly(uint64_t bytes, uint64_t* freed) {

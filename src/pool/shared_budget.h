@@ -12,7 +12,9 @@
 // Order, whenever the pools together hold more than the budget (after a generation call on any of
 // them: the budget pass; or for pressure, onTrimMemory and Evict: the bytes they ask for):
 //   1. idle models' conversations, least recently used model first, each conversation out whole
-//      (an idle model: no conversation of it in use or computing: Conversation::InUse);
+//      (an idle model: no conversation of it in use or computing: Conversation::InUse), then,
+//      with batching off, their compute buffers (counted in the budget; allocated again by their
+//      next call);
 //   2. idle models' weights, least recently used model first, each back to front (later layers
 //      first, the base unit last), and only while none of its conversations computes;
 //   3. then each model in use, least recently used first, in its own pool's order (its idle

@@ -21,12 +21,13 @@ const char* OverlapName(Overlap o) {
     case Overlap::kAllocReload: return "alloc-reload";
     case Overlap::kReloadPrefill: return "reload-prefill";
     case Overlap::kFull: return "full";
+    case Overlap::kAuto: return "auto";
   }
   return "?";
 }
 
 bool ParseOverlap(const std::string& s, Overlap* o) {
-  for (Overlap x : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull})
+  for (Overlap x : {Overlap::kNone, Overlap::kAllocReload, Overlap::kReloadPrefill, Overlap::kFull, Overlap::kAuto})
     if (s == OverlapName(x)) {
       *o = x;
       return true;

@@ -12,6 +12,8 @@
 //   kAllocReload   allocation and reload pipelined per unit, prefill after all (mz_AR)
 //   kReloadPrefill allocate everything first, then reload overlapped with prefill (mz_RP)
 //   kFull          allocation, reload and prefill all overlapped (mzCache)
+//   kAuto          Context::RestoreGenerate chooses kFull or kNone, the workers and compute's
+//                  threads from policy/restore_mode.h; a pipeline given kAuto runs as kFull
 // `sequential` is the Partial Offload baseline's restore: one thread, forward order, everything
 // before prefill. `parallel_paths = false` runs the in-memory path to completion before the
 // storage path (Fig. 12's sequential bars).
@@ -36,7 +38,7 @@
 
 namespace mz {
 
-enum class Overlap { kNone, kAllocReload, kReloadPrefill, kFull };
+enum class Overlap { kNone, kAllocReload, kReloadPrefill, kFull, kAuto };
 const char* OverlapName(Overlap o);
 bool ParseOverlap(const std::string& s, Overlap* o);
 

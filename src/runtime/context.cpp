@@ -334,9 +334,68 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
     req.attend_compressed_below = first_write;
   }
   MZ_RETURN_IF_ERROR(RunRestore(units_.get(), req));
+  const uint64_t tc = model_->env()->NowNs();
   MZ_RETURN_IF_ERROR(ComputeLocked(tokens, n, all_logits));
+  if (!all_logits) NoteComputeLocked(n, model_->env()->NowNs() - tc);
   history_.insert(history_.end(), tokens, tokens + n);
   return Status::Ok();
+}
+
+Status Context::TryReleaseComputeBuffers(uint64_t* freed) {
+  *freed = 0;
+  std::unique_lock<std::mutex> lk(mu_, std::try_to_lock);
+  if (!lk.owns_lock()) return Status::Busy("a call holds the context: its compute buffers stay");
+  if (opts_.batcher || !fwd_) return Status::Ok();  // the batcher's buffers, or none made yet
+  *freed = fwd_->ReleaseComputeBuffers();
+  compute_buffer_bytes_.store(0);
+  return Status::Ok();
+}
+
+void Context::NoteComputeLocked(int n, uint64_t ns) {
+  if (n < 2 || ns == 0) return;  // one-token steps cost more per token than a prompt
+  const double s = double(ns) * 1e-9 / n, old = compute_s_per_token_.load();
+  compute_s_per_token_.store(old > 0 ? 0.5 * old + 0.5 * s : s);
+}
+
+RestoreCosts Context::RestoreModeCosts(int n, const PipelineOptions& po) {
+  ForegroundLock lk(this);
+  return RestoreModeCostsLocked(n, po);
+}
+
+RestoreCosts Context::RestoreModeCostsLocked(int n, const PipelineOptions& po) {
+  RestoreCosts c;
+  std::vector<int> cpus;
+  c.cores = model_->env()->GetThreadAffinity(&cpus).ok() && !cpus.empty() ? int(cpus.size()) : 1;
+  c.compute_threads = opts_.batcher ? opts_.batcher->options().n_threads : opts_.n_threads;
+  c.io_workers = po.io_threads;
+  c.decode_workers = po.decode_threads;
+  c.compute_s = compute_s_per_token_.load() * n;
+  const MemoryReport r = units_->Report();
+  const DeviceProfile& p = profile_;
+  const uint64_t layer = model_->unit(0).region_bytes, chunk = kv_->geometry().chunk_bytes();
+  const double mib = 1.0 / 1048576.0;
+  // Page-cache reads are CPU work in the reading thread; the profile measured them on two threads.
+  auto mapped_s = [&](uint64_t bytes, uint64_t piece) { return double(bytes) / (p.MappedReadBps(piece) / 2); };
+  if (model_->file_backed()) {
+    c.restore_cpu_s += mapped_s(r.weights_dropped, layer);
+  } else {
+    c.restore_wait_s += double(r.weights_dropped) / p.ReadBps(4u << 20) / std::max(1, po.io_threads);
+    c.restore_cpu_s += double(r.weights_dropped) * mib * p.alloc_s_per_MiB;
+  }
+  if (units_->KvStorageMapped()) {
+    c.restore_cpu_s += mapped_s(r.kv_storage_raw, chunk);
+  } else {
+    c.restore_wait_s += double(r.kv_storage_raw) / p.ReadBps(chunk) / std::max(1, po.io_threads);
+    c.restore_cpu_s += double(r.kv_storage_raw) * mib * p.alloc_s_per_MiB;
+  }
+  // Compressed chunks: read in place by attention (their loads from storage only wait), or decoded.
+  const bool in_place = po.attend_compressed && opts_.attend_compressed && units_->codec_readable_in_place();
+  c.restore_wait_s += double(r.kv_storage_compressed) / p.ReadBps(chunk) / std::max(1, po.io_threads);
+  if (!in_place) {
+    const uint64_t raw = r.kv_storage_compressed_raw + r.kv_mem_compressed_raw;
+    c.restore_cpu_s += double(raw) / p.DecodeBps(opts_.kv_codec) + double(raw) * mib * p.alloc_s_per_MiB;
+  }
+  return c;
 }
 
 Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, const std::function<Status(int)>& wait,
@@ -348,6 +407,7 @@ Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, con
     Status st = fwd->Decode(tokens, n, all_logits, &logits_);
     if (wait_s) *wait_s = fwd->timing().wait_s;
     fwd->set_wait(nullptr);
+    compute_buffer_bytes_.store(fwd->compute_buffer_bytes());
     return st;
   }
   Batcher::Request r;
@@ -465,11 +525,32 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
     }
     return Status::Ok();
   }
+  // The one place a restore-mode plan is applied (kAuto): overlap or serial, workers, threads.
+  RestoreModePlan plan;
+  const bool auto_mode = po.overlap == Overlap::kAuto;
+  if (auto_mode) {
+    const RestoreCosts costs = RestoreModeCostsLocked(n, po);
+    plan = PlanRestoreMode(costs);
+    pipe_opts.overlap = plan.overlap ? Overlap::kFull : Overlap::kNone;
+    pipe_opts.io_threads = plan.io_workers;
+    pipe_opts.decode_threads = plan.decode_workers;
+    if (stats) stats->mode_costs = costs;
+  }
+  if (stats) {
+    stats->overlap = pipe_opts.overlap;
+    stats->auto_mode = auto_mode;
+    stats->mode_plan = plan;
+  }
   RestorePipeline pipe(units_.get(), int(model_->hparams().n_layer), pipe_opts);
   Status st = pipe.Start();
   const int full = opts_.batcher ? opts_.batcher->options().n_threads : opts_.n_threads;
-  // Restoration threads that run ahead of compute (restore_nice granted) need no core kept free.
-  const int during = pipe.done() || pipe.restore_priority_raised() ? full : std::max(1, full - 1);
+  // Restoration threads that run ahead of compute (restore_nice granted) need no core kept free;
+  // a kAuto plan says how many compute keeps while restoration runs.
+  const int during = pipe.done() || pipe.restore_priority_raised() ? full
+                     : auto_mode                                  ? std::max(1, std::min(full, plan.compute_threads_during))
+                                                                  : std::max(1, full - 1);
+  const bool restored_before_compute = pipe.done();
+  const uint64_t tc = model_->env()->NowNs();
   double wait = 0;
   if (opts_.batcher) {
     // Alone in the batcher while it restores (front layers first, overlapped with this prefill);
@@ -493,6 +574,8 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
     fwd->set_n_threads(full);
   }
   const uint64_t t1 = model_->env()->NowNs();
+  // Compute that never waited for a unit measures the prefill rate the restore-mode plan uses.
+  if (st.ok() && restored_before_compute) NoteComputeLocked(n, t1 - tc);
   Status fin = pipe.Finish();
   if (st.ok() && !fin.ok()) st = fin;
   if (!st.ok()) {

@@ -18,6 +18,7 @@
 #include "memory/unit_table.h"
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
+#include "policy/restore_mode.h"
 #include "restore/restore_pipeline.h"
 #include "policy/hybrid_swap.h"
 #include "model/model.h"
@@ -40,6 +41,12 @@ struct RestoreGenerateStats {
   // ContextOptions::reconcile_min_missing is set (else 0).
   uint64_t counted_resident_at_start = 0, kernel_missing_at_start = 0;
   ReconcileStats reconciled;  // what Reconcile moved to evicted before the pipeline planned
+  // The overlap the call ran (PipelineOptions::overlap, or what kAuto chose) and, for kAuto, the
+  // plan (policy/restore_mode.h) with its inputs.
+  Overlap overlap = Overlap::kFull;
+  bool auto_mode = false;
+  RestoreCosts mode_costs;
+  RestoreModePlan mode_plan;
 };
 
 struct ContextOptions {
@@ -172,6 +179,21 @@ class Context {
                     EvictScope scope = EvictScope::kDefault);
   // The policy's input for the current state (pure data; for tests and tools).
   PolicyInput MakePolicyInput(uint64_t bytes);
+  // What restoring the evicted units now and computing n tokens would cost (policy/restore_mode.h):
+  // restoration estimated from the units' states and the device profile, compute from this
+  // context's measured prefill rate (0 until a prompt of two or more tokens was computed with every
+  // unit resident), the cores from the calling thread's affinity (Env; 1 if unreadable). po gives
+  // the workers asked for. REQUIRES: mu_ held (RestoreModeCostsLocked) / not held.
+  RestoreCosts RestoreModeCosts(int n, const PipelineOptions& po);
+  // Bytes of this context's own compute buffers as of the end of its last call (0 with a batcher:
+  // the buffers are the batcher's). Lock-free.
+  uint64_t compute_buffer_bytes() const { return compute_buffer_bytes_.load(); }
+  // Frees this context's own compute buffers (an idle model's: Pool::EvictIdleModel); its next call
+  // allocates them again. *freed: the bytes. kBusy (nothing freed) while a call holds the context;
+  // with a batcher, nothing to free.
+  Status TryReleaseComputeBuffers(uint64_t* freed);
+  // The measured seconds per prompt token (0: none yet); for reports and tests.
+  double compute_s_per_token() const { return compute_s_per_token_.load(); }
   const DeviceProfile& profile() const { return profile_; }
   // Switches the eviction policy for later EvictBytes calls (benchmarks compare policies on one
   // context). REQUIRES: no concurrent EvictBytes.
@@ -193,6 +215,9 @@ class Context {
   // restored in forward order (layer l's compute starts when layer l is resident). Compute uses
   // n_threads - 1 threads while restoration runs (the restore workers take the other core) and all
   // n_threads once it is done (or, with po.full_threads_for_io, once only storage reads remain).
+  // po.overlap == Overlap::kAuto: the overlap, the restoration workers and compute's threads while
+  // restoring come from PlanRestoreMode (policy/restore_mode.h) over RestoreModeCosts; this is the
+  // one place that plan is applied.
   // On failure the context is as before the call (units restored so far
   // stay restored).
   Status RestoreGenerate(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats);
@@ -332,7 +357,13 @@ class Context {
   std::vector<int32_t> history_;
   std::vector<float> logits_;
   std::atomic<bool> cancel_{false};
-  uint64_t decoding_since_ns_ = 1;  // when the last prompt (a call of more than one token) was computed
+  uint64_t decoding_since_ns_ = 1;
+  // Prefill seconds per token, measured on prompts (n >= 2) computed with nothing to restore:
+  // a moving average (the newest call weighs a half). 0: not measured yet.
+  std::atomic<double> compute_s_per_token_{0.0};
+  std::atomic<uint64_t> compute_buffer_bytes_{0};  // fwd_'s, after each call (compute_buffer_bytes)
+  void NoteComputeLocked(int n, uint64_t ns);
+  RestoreCosts RestoreModeCostsLocked(int n, const PipelineOptions& po);  // when the last prompt (a call of more than one token) was computed
   // The compute of a call (REQUIRES mu_): appends tokens to the KV cache and fills logits_, through
   // the batcher when there is one (wait/restoring: the restore pipeline's hooks, see
   // Batcher::Request), else this context's Forward. *wait_s (optional): time compute waited for units.

@@ -218,6 +218,14 @@ Status Forward::Decode(const int32_t* tokens, int n, bool all_logits, std::vecto
 
 uint64_t Forward::compute_buffer_bytes() const { return galloc_ ? ggml_gallocr_get_buffer_size(galloc_, 0) : 0; }
 
+uint64_t Forward::ReleaseComputeBuffers() {
+  const uint64_t bytes = compute_buffer_bytes();
+  if (bytes == 0) return 0;
+  ggml_gallocr_free(galloc_);
+  galloc_ = ggml_gallocr_new(ggml_backend_cpu_buffer_type());  // empty: allocates at the next graph
+  return bytes;
+}
+
 Status Forward::DecodePass(const int32_t* tokens, int n, bool all_logits, std::vector<float>* logits) {
   if (n <= 0) return Status::InvalidArgument("no tokens to decode");
   if (!kv_) return Status::InvalidArgument("Decode: this pass has no KV cache of its own (use Step)");

@@ -107,6 +107,10 @@ class Forward {
   // Host bytes this Forward holds beyond its compute buffers: the graph metadata buffer, made at
   // construction (what a context that never computes on its own saves: Context::forward).
   uint64_t fixed_bytes() const { return meta_buf_.size(); }
+  // Frees the compute buffers; the next graph allocates them again (growing as before, a
+  // reallocation per larger graph). Returns the bytes freed. REQUIRES: nothing computes on this
+  // Forward meanwhile (its owner's lock).
+  uint64_t ReleaseComputeBuffers();
   // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now (they still
   // grow if a larger step comes: all_logits over more rows). kNoMemory when they cannot be
   // allocated (nothing else changed); kInvalidArgument unless 1 <= n_out <= n_tokens.

@@ -69,7 +69,9 @@ struct ModelsArgs {
   std::string out = "results/bench-models";
   std::string systems = "mzcache,unload-load,llama-server,all-in-memory";
   std::string weights = "page-cache";
-  std::string overlap = "full";  // the mzcache systems' restore_generate overlap (mz_restore_params.overlap)  // how the mzcache systems hold weights (mz_model_params.weight_memory)
+  // The mzcache system's restore_generate overlap (mz_restore_params.overlap): auto (the default:
+  // chosen per call from the cores and the measured costs), full or none.
+  std::string overlap = "auto";
 };
 
 struct PoolFree {
@@ -112,6 +114,9 @@ struct Request {
   // waited for units, the reload phase's wall time, bytes from storage.
   double pipe_ttft_s = 0, wait_s = 0, reload_s = 0;
   uint64_t pipe_storage = 0;
+  // The allocation phase's wall time: only a restore that runs before compute has one (overlap
+  // none), so a value > 0 tells which mode the call ran (auto: which one it chose).
+  double alloc_s = 0;
 };
 
 std::vector<mz_token> SeededTokens(uint32_t seed, int n, int32_t n_vocab) {
@@ -142,8 +147,10 @@ class System {
       return 0;
     return double(w.resident) / double(w.total);
   }
-  // restore_generate restores first, then computes (mz_restore_params.overlap none).
-  virtual bool Serial() const { return a_.overlap == "none"; }
+  // restore_generate's mz_restore_params.overlap.
+  virtual int32_t Overlap() const {
+    return a_.overlap == "none" ? MZ_OVERLAP_NONE : a_.overlap == "full" ? MZ_OVERLAP_FULL : MZ_OVERLAP_AUTO;
+  }
   virtual uint64_t Held() {
     uint64_t h = 0;
     for (auto& s : slots_) {
@@ -166,7 +173,7 @@ class System {
     MZ_RETURN_IF_ERROR(Ready(i));
     mz_restore_stats rs{};
     mz_restore_params rp = mz_restore_default_params();
-    rp.overlap = Serial() ? MZ_OVERLAP_NONE : MZ_OVERLAP_FULL;
+    rp.overlap = Overlap();
     MZ_RETURN_IF_ERROR(
         MzStatus(mz_conversation_restore_generate(s.conv.get(), q.data(), int32_t(q.size()), &rp, &rs)));
     mz_token tok = Argmax(s.conv.get(), s.n_vocab);
@@ -174,6 +181,7 @@ class System {
     r->pipe_ttft_s = rs.ttft_s;
     r->wait_s = rs.wait_s;
     r->reload_s = rs.reload_s;
+    r->alloc_s = rs.alloc_s;
     r->pipe_storage = rs.bytes_from_storage;
     r->read_bytes = ProcReadBytes() - rb0;
     r->first = tok;
@@ -246,8 +254,9 @@ class System {
 class MzcacheSystem : public System {
  public:
   using System::System;
-  MzcacheSystem(std::string name, const ModelsArgs& a, bool serial) : System(std::move(name), a), serial_(serial) {}
-  bool Serial() const override { return serial_ || System::Serial(); }
+  // overlap: this system's mz_restore_params.overlap (-1: --overlap's).
+  MzcacheSystem(std::string name, const ModelsArgs& a, int32_t overlap) : System(std::move(name), a), overlap_(overlap) {}
+  int32_t Overlap() const override { return overlap_ >= 0 ? overlap_ : System::Overlap(); }
   Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t budget) override {
     MZ_RETURN_IF_ERROR(CopyModels(sources, root));
     mz_budget_params bp = mz_budget_default_params();
@@ -278,7 +287,7 @@ class MzcacheSystem : public System {
 
  private:
   MzBudget budget_;
-  bool serial_ = false;
+  int32_t overlap_ = -1;
 };
 
 class UnloadLoadSystem : public System {
@@ -487,8 +496,13 @@ int RunModels(const ModelsArgs& a) {
     systems.push_back(std::move(s));
   }
   if (want("mzcache-serial")) {  // the same, its restores not overlapped with the prefill
-    auto s = std::make_unique<MzcacheSystem>("mzcache-serial", a, true);
+    auto s = std::make_unique<MzcacheSystem>("mzcache-serial", a, MZ_OVERLAP_NONE);
     if (Status st = s->Setup(sources, root + "/mzcache-serial", budget); !st.ok()) return Fail(st);
+    systems.push_back(std::move(s));
+  }
+  if (want("mzcache-overlap")) {  // the same, its restores always overlapped with the prefill
+    auto s = std::make_unique<MzcacheSystem>("mzcache-overlap", a, MZ_OVERLAP_FULL);
+    if (Status st = s->Setup(sources, root + "/mzcache-overlap", budget); !st.ok()) return Fail(st);
     systems.push_back(std::move(s));
   }
   if (want("unload-load")) {
@@ -520,9 +534,9 @@ int RunModels(const ModelsArgs& a) {
       Status st = s.Serve(seq[size_t(step)], step, &r);
       if (!st.ok()) return Fail(st.With(s.name() + ", step " + std::to_string(step)));
       if (step == 0) continue;
-      std::fprintf(stderr, "[bench models] step %d/%d %-14s -> %-20s TTFT %.3f s (pipeline %.3f, waited %.3f, reload %.3f), "
-                   "read %.0f MiB, resident %.0f%%, holds %.0f MiB\n",
-                   step, a.steps, r.system.c_str(), r.model.c_str(), r.ttft_s, r.pipe_ttft_s, r.wait_s, r.reload_s,
+      std::fprintf(stderr, "[bench models] step %d/%d %-15s -> %-20s TTFT %.3f s (pipeline %.3f, alloc %.3f, waited %.3f, "
+                   "reload %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB\n",
+                   step, a.steps, r.system.c_str(), r.model.c_str(), r.ttft_s, r.pipe_ttft_s, r.alloc_s, r.wait_s, r.reload_s,
                    double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576);
       reqs.push_back(r);
     }
@@ -551,7 +565,7 @@ int RunModels(const ModelsArgs& a) {
                                {"read_bytes", r.read_bytes}, {"incoming_resident", r.incoming_resident},
                                {"held_after", r.held_after}, {"first_token", r.first},
                                {"pipeline_ttft_s", r.pipe_ttft_s}, {"wait_s", r.wait_s}, {"reload_s", r.reload_s},
-                               {"pipeline_bytes_from_storage", r.pipe_storage}});
+                               {"pipeline_bytes_from_storage", r.pipe_storage}, {"alloc_s", r.alloc_s}});
     ttft[r.system].push_back(r.ttft_s);
     reads[r.system].push_back(double(r.read_bytes));
     if (half[r.step]) ttft_half[r.system].push_back(r.ttft_s);
@@ -576,8 +590,10 @@ int RunModels(const ModelsArgs& a) {
   }
   {
     std::vector<double> pipe, wait, rest;
+    int restored_first = 0;
     for (const auto& r : reqs)
       if (r.system == "mzcache") {
+        restored_first += r.alloc_s > 0;
         pipe.push_back(r.pipe_ttft_s);
         wait.push_back(r.wait_s);
         rest.push_back(r.ttft_s - r.pipe_ttft_s);
@@ -590,6 +606,9 @@ int RunModels(const ModelsArgs& a) {
       doc["mzcache_pipeline_ttft_median_s"] = p.median;
       doc["mzcache_wait_median_s"] = w.median;
       doc["mzcache_after_pipeline_median_s"] = x.median;
+      md += Sprintf("mzcache (--overlap %s) restored before computing in %d of %zu switches (an allocation phase "
+                    "ran), overlapped in the rest.\n", a.overlap.c_str(), restored_first, pipe.size());
+      doc["mzcache_restored_first"] = restored_first;
     }
   }
   const Stats m = Summarize(ttft["mzcache"]), u = Summarize(ttft["unload-load"]), al = Summarize(ttft["all-in-memory"]);
@@ -612,7 +631,7 @@ int RunModels(const ModelsArgs& a) {
         "its process's RSS. llama-server's bytes read are its process's since its start (the switch).\n";
   md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) +
         (a.weights != "page-cache" ? " --weights " + a.weights : std::string()) +
-        (a.overlap != "full" ? " --overlap " + a.overlap : std::string()) +
+        (a.overlap != ModelsArgs().overlap ? " --overlap " + a.overlap : std::string()) +
         (a.systems != ModelsArgs().systems ? " --systems " + a.systems : std::string()) + "`\n";
   // Plots.
   std::string data;
@@ -665,16 +684,17 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
   c->add_option("-t,--threads", a->threads, "threads");
   c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
   c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
-  c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), unload-load, llama-server, "
-                "all-in-memory");
+  c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), "
+                "mzcache-overlap (restores overlapped with the prefill), unload-load, llama-server, all-in-memory");
   c->add_option("--weights", a->weights,
                 "how the mzcache systems hold weights: page-cache (mapped from the file, the default) or anonymous "
                 "(read with direct I/O)")
       ->check(CLI::IsMember({"page-cache", "anonymous"}));
   c->add_option("--overlap", a->overlap,
-                "restore_generate of the mzcache systems: full (restore overlapped with the prefill, the default) or "
-                "none (restore first, then compute: the ablation)")
-      ->check(CLI::IsMember({"full", "none"}));
+                "restore_generate of the mzcache system: auto (overlapped or restore-first, chosen per call from the "
+                "cores and the measured costs: the default), full (restore overlapped with the prefill) or none "
+                "(restore first, then compute)")
+      ->check(CLI::IsMember({"auto", "full", "none"}));
   c->add_option("--dir", a->dir, "scratch folder (model copies, pools)");
   c->add_option("-o,--out", a->out, "folder for bench-models.{md,json} and plots");
   runners.push_back([c, a]() -> int {
