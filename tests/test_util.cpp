@@ -1,9 +1,11 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -52,6 +54,22 @@ std::string ModelPath(const std::string& shape, const std::string& type) {
     std::ofstream(tmp) << kSynthRecipeRevision;
     std::rename(tmp.c_str(), stamp.c_str());
   }
+  // Test processes run in parallel (ctest -j) and may all want the same file: one makes or checks
+  // it at a time (an exclusive lock on path.lock), and the others then find it made. Without the
+  // lock two processes could both make it and the second rename would replace a file the first
+  // process already loaded (its later reads then see "model file changed").
+  const std::string lock_path = path + ".lock";
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) throw std::runtime_error("cannot open " + lock_path);
+  while (::flock(lock_fd, LOCK_EX) != 0)
+    if (errno != EINTR) {
+      ::close(lock_fd);
+      throw std::runtime_error("cannot lock " + lock_path);
+    }
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // closing releases the lock
+  } unlock{lock_fd};
   FileInfo info, stamp_info;
   if (Env::Default()->StatPath(path, &info).ok()) {
     if (Env::Default()->StatPath(stamp, &stamp_info).ok() && info.mtime_ns >= stamp_info.mtime_ns) return path;
