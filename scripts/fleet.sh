@@ -15,13 +15,16 @@
 #   MZ_FLEET_SERVERS servers (default 3)
 #   MZ_FLEET_PORT    the load balancer's port (default 8090; 0: a free one). DIR/lb.port has it.
 #   MZ_FLEET_SERVE_ARGS  more arguments for every server (e.g. "--persist-codec none -c 4096")
+#   MZ_FLEET_REMOTE  1 (default): every server has --remote on the fleet's Redis; 0: no remote tier
+#                    (Redis still runs, unused: the baseline bench/fleet_bench.sh compares with)
 # Files in DIR: lb.port, redis.port, server-I.port / .pid / .log (I = 1..N), redis.pid, nginx.pid,
 # nginx.conf, pool-I/ (each server's --pool-dir), redis/ (its AOF).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CMD=${1:-}
 DIR=${2:-}
-[ -n "$CMD" ] && [ -n "$DIR" ] || { sed -n '2,20p' "$0" >&2; exit 2; }
+case "$CMD" in -h|--help) sed -n '2,22p' "$0"; exit 0 ;; esac
+[ -n "$CMD" ] && [ -n "$DIR" ] || { sed -n '2,22p' "$0" >&2; exit 2; }
 log() { echo "[fleet] $*" >&2; }
 die() { echo "[fleet] error: $*" >&2; exit 1; }
 
@@ -78,10 +81,12 @@ start)
   [ -n "${MZ_MODEL:-}" ] && MODEL_ARGS=(-m "$MZ_MODEL")
   # shellcheck disable=SC2206
   EXTRA=(${MZ_FLEET_SERVE_ARGS:-})
+  REMOTE_ARGS=(--remote "redis://127.0.0.1:$RPORT")
+  [ "${MZ_FLEET_REMOTE:-1}" = 0 ] && REMOTE_ARGS=()
   for i in $(seq "$N"); do
     rm -f "$DIR/server-$i.port"
     "$CLI" serve "${MODEL_ARGS[@]}" --port 0 --port-file "$DIR/server-$i.port" --pool-dir "$DIR/pool-$i" \
-      --remote "redis://127.0.0.1:$RPORT" --no-watch-pressure "${EXTRA[@]}" >>"$DIR/server-$i.log" 2>&1 &
+      "${REMOTE_ARGS[@]}" --no-watch-pressure "${EXTRA[@]}" >>"$DIR/server-$i.log" 2>&1 &
     echo $! >"$DIR/server-$i.pid"
   done
   for i in $(seq "$N"); do
