@@ -17,9 +17,12 @@
 #   kill    --clients clients through nginx for --load-s seconds, the busiest server killed with
 #           kill -9 at --kill-at s: requests failed (the client never retries; nginx does) and tokens
 #           recomputed (prompt - cached) on the turns after the kill against before. Codec q8.
-# Usage: bench/fleet_bench.sh [--out DIR] [--cases return,shared,kill] [--model GGUF] [--cli MZCACHE]
+#   redis   one Redis shard's rate on this machine (an input of docs/fleet.md "On paper"):
+#           redis-benchmark GET and SET of --redis-value-kib values (default 1024: one layer of one
+#           256-token Qwen3-0.6B chunk, uncompressed; what a streamed GETRANGE reads), 2 connections.
+# Usage: bench/fleet_bench.sh [--out DIR] [--cases return,shared,kill,redis] [--model GGUF] [--cli MZCACHE]
 #   [--threads 2] [--fleet-threads 1] [--rounds 3] [--return-tokens 4096] [--return-codec none] [--convs 50]
-#   [--sys-tokens 1536] [--concurrency 3] [--clients 8] [--load-s 120] [--kill-at 60] [--load-sys-tokens 512]
+#   [--sys-tokens 1536] [--concurrency 3] [--clients 8] [--load-s 120] [--kill-at 60] [--load-sys-tokens 512] [--redis-value-kib 1024]
 # --threads: the return case's servers (one runs at a time). --fleet-threads: each of the 3 servers
 # of the shared and kill cases, which compute at once: on a 2-core machine 3 x 2 threads would
 # oversubscribe the cores 3x, and ggml's thread barrier busy-waits (1 thread each: 1.5x).
@@ -29,17 +32,17 @@
 # Needs redis-server, nginx, gnuplot, node and the cached openai package (tests/check_fleet.sh).
 set -euo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
-help() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
-OUT=$R/build/bench-fleet CASES=return,shared,kill MODEL=$HOME/.cache/mzcache/models/qwen3-0.6b-q8_0.gguf
+help() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+OUT=$R/build/bench-fleet CASES=return,shared,kill,redis MODEL=$HOME/.cache/mzcache/models/qwen3-0.6b-q8_0.gguf
 CLI=$R/build/mzcache THREADS=2 FTHREADS=1 ROUNDS=3 RET_TOKENS=4096 RET_CODEC=none CONVS=50 SYS_TOKENS=1536 CONC=3
-CLIENTS=8 LOAD_S=120 KILL_AT=60 LOAD_SYS=512
+CLIENTS=8 LOAD_S=120 KILL_AT=60 LOAD_SYS=512 VALUE_KIB=1024
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) help; exit 0 ;;
     --out) OUT=$2 ;; --cases) CASES=$2 ;; --model) MODEL=$2 ;; --cli) CLI=$2 ;; --threads) THREADS=$2 ;; --fleet-threads) FTHREADS=$2 ;;
     --rounds) ROUNDS=$2 ;; --return-tokens) RET_TOKENS=$2 ;; --return-codec) RET_CODEC=$2 ;;
     --convs) CONVS=$2 ;; --sys-tokens) SYS_TOKENS=$2 ;; --concurrency) CONC=$2 ;; --clients) CLIENTS=$2 ;;
-    --load-s) LOAD_S=$2 ;; --kill-at) KILL_AT=$2 ;; --load-sys-tokens) LOAD_SYS=$2 ;;
+    --load-s) LOAD_S=$2 ;; --kill-at) KILL_AT=$2 ;; --load-sys-tokens) LOAD_SYS=$2 ;; --redis-value-kib) VALUE_KIB=$2 ;;
     *) echo "fleet_bench: unknown option '$1' (--help)" >&2; exit 2 ;;
   esac
   [ $# -ge 2 ] || { echo "fleet_bench: $1 needs a value" >&2; exit 2; }
@@ -216,10 +219,28 @@ case_kill() {
   "$FLEET" stop "$F" 2>>"$RAW/fleet.log"
 }
 
+case_redis() {
+  local port la0 la1 n
+  port=$(free_port) n=$((4096 / (VALUE_KIB > 0 ? VALUE_KIB : 1) * 64 + 64))
+  mkdir -p "$W/redis-bench"
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$W/redis-bench" --save "" --appendonly no --daemonize no >/dev/null 2>&1 &
+  PIDS+=("$!")
+  local rpid=$!
+  for _ in $(seq 100); do redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+  say "redis: GET/SET of $VALUE_KIB KiB values, $n requests each, 2 connections"
+  la0=$(loadavg)
+  redis-benchmark -p "$port" -t set,get -d $((VALUE_KIB * 1024)) -n "$n" -c 2 -r 64 --csv >"$RAW/redis-bench.csv" 2>/dev/null ||
+    die "redis-benchmark failed"
+  la1=$(loadavg)
+  kill "$rpid"; wait "$rpid" 2>/dev/null || true
+  echo "{\"value_kib\": $VALUE_KIB, \"requests\": $n, \"connections\": 2, \"load_before\": $la0, \"load_after\": $la1}" >"$RAW/redis-bench-meta.json"
+  say "redis: $(tr '\n' ' ' <"$RAW/redis-bench.csv")"
+}
+
 say "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); out: $OUT"
 IFS=, read -ra CL <<<"$CASES"
 for c in "${CL[@]}"; do
-  case $c in return) case_return ;; shared) case_shared ;; kill) case_kill ;; *) die "unknown case '$c' (return, shared, kill)" ;; esac
+  case $c in return) case_return ;; shared) case_shared ;; kill) case_kill ;; redis) case_redis ;; *) die "unknown case '$c' (return, shared, kill, redis)" ;; esac
 done
 say "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 "$R/bench/fleet_bench_report.py" "$OUT"

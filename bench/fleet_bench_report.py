@@ -64,20 +64,21 @@ def report_return(raw, out, md, res):
                 md.append(f"\n{names[c]}: TTFT {cases[c]['ttft_s']['median'] / base:.3f}x re-prefill's (medians, same run).")
     md.append("")
     dat = f"{out}/fleet-return.dat"
+    short = {"redis": "Redis (another server)", "local": "local (same server)", "recompute": "re-prefill"}
     with open(dat, "w") as f:
         for i, (c, v) in enumerate(cases.items()):
-            f.write(f'{i} "{names[c]}" {v["ttft_s"]["median"]} {v["ttft_s"]["min"]} {v["ttft_s"]["max"]} '
+            f.write(f'{i} "{short[c]}" {v["ttft_s"]["median"]} {v["ttft_s"]["min"]} {v["ttft_s"]["max"]} '
                     f'{v["request_s"]["median"]} {v["request_s"]["min"]} {v["request_s"]["max"]}\n')
     gnuplot(f"""set terminal pngcairo size 900,500
 set output '{out}/fleet-return.png'
 set title "Returning conversation ({first['prompt_tokens']} tokens): next turn on a fresh server (median, min-max)"
 set ylabel 'seconds'
+set style data histograms
+set style histogram errorbars gap 2 lw 1
 set style fill solid 0.6
-set boxwidth 0.35
 set yrange [0:*]
-set xtics rotate by 0
-plot '{dat}' using ($1-0.2):3:4:5:xtic(2) with boxerrorbars title 'TTFT', \\
-     '' using ($1+0.2):6:7:8 with boxerrorbars title 'request (fetch included)'
+set key top left
+plot '{dat}' using 3:4:5:xtic(2) title 'TTFT', '' using 6:7:8 title 'request (Redis fetch at open included)'
 """)
 
 
@@ -123,6 +124,7 @@ set style data histograms
 set style histogram cluster gap 1
 set style fill solid 0.6
 set yrange [0:*]
+set key outside below
 plot '{dat}' using 3:xtic(2) title 'Redis chunks', '' using 4 title 'Redis manifests', '' using 5 title '3 pool folders'
 """)
 
@@ -199,6 +201,24 @@ unset multiplot
 """)
 
 
+def report_redis(raw, out, md, res):
+    import csv
+    meta = json.load(open(f"{raw}/redis-bench-meta.json"))
+    rows = list(csv.DictReader(open(f"{raw}/redis-bench.csv")))
+    size = meta["value_kib"] * 1024
+    ops = {r["test"]: {"rps": float(r["rps"]), "MB_s": float(r["rps"]) * size / 1e6,
+                       "p50_ms": float(r["p50_latency_ms"]), "p99_ms": float(r["p99_latency_ms"])} for r in rows}
+    res["redis"] = {"meta": meta, "ops": ops}
+    md.append("## One Redis shard's rate (redis-benchmark, loopback)\n")
+    md.append(f"{meta['value_kib']} KiB values, {meta['requests']} requests, {meta['connections']} connections, one redis-server "
+              f"(single-threaded), no persistence. Load average {meta['load_before']:.2f} before, {meta['load_after']:.2f} after.\n")
+    md.append("| command | requests/s | MB/s | p50 ms | p99 ms |")
+    md.append("|---|---|---|---|---|")
+    for k, v in ops.items():
+        md.append(f"| {k} | {v['rps']:.0f} | {v['MB_s']:.0f} | {v['p50_ms']:.3f} | {v['p99_ms']:.3f} |")
+    md.append("")
+
+
 def main():
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
@@ -219,6 +239,8 @@ def main():
         report_shared(raw, out, md, res)
     if os.path.exists(f"{raw}/kill.jsonl"):
         report_kill(raw, out, md, res)
+    if os.path.exists(f"{raw}/redis-bench.csv"):
+        report_redis(raw, out, md, res)
     json.dump(res, open(f"{out}/bench-fleet.json", "w"), indent=1)
     open(f"{out}/bench-fleet.md", "w").write("\n".join(md) + "\n")
 
