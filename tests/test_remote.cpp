@@ -756,11 +756,21 @@ long long DbSize(int port) {
   return got ? std::atoll(buf) : -1;
 }
 
-// Three masters (no replicas), every slot assigned, the cluster's state ok on each node.
-TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
-  NEED_REDIS();
-  if (!RedisCliPresent()) GTEST_SKIP() << "redis-cli is not installed";
-  RedisServer nodes[3];
+// A shell command's output, whitespace trimmed at the end ("" when it cannot run).
+std::string ShellOut(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return "";
+  std::string out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  pclose(f);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+// Three masters (no replicas), every slot assigned, the cluster's state ok on each node: the
+// nodes started in `nodes` (a test's fatal failure when it does not come up).
+void StartCluster(RedisServer (&nodes)[3]) {
   std::string create = "redis-cli --cluster create";
   for (auto& n : nodes) {
     ASSERT_TRUE(n.Start(ClusterPort(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
@@ -779,6 +789,14 @@ TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
     if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_TRUE(ok) << "the cluster did not come up";
+}
+
+TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
+  NEED_REDIS();
+  if (!RedisCliPresent()) GTEST_SKIP() << "redis-cli is not installed";
+  RedisServer nodes[3];
+  StartCluster(nodes);
+  if (HasFatalFailure()) return;
   auto m = LoadModel();
   ASSERT_TRUE(m);
   const std::vector<int32_t> toks = Tokens(0, 5 * T + 20, 11), next = {31, 32, 33};
@@ -812,6 +830,75 @@ TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
   uint64_t keys = 0, bytes = 0;
   ASSERT_TRUE(kv->Census("mz:*", &keys, &bytes).ok());
   EXPECT_EQ(keys, 6u);
+}
+
+// A slot being migrated (resharding in progress): the manifest's slot and a chunk's slot are each
+// MIGRATING on their owner and IMPORTING on another master, and those two keys already moved, so
+// their owners answer ASK. Server B, reading through a third node, follows the ASK (ASKING, then
+// the command, on the node it names) for the manifest and the streamed chunk reads alike, and
+// continues the conversation exactly.
+TEST(RemoteCluster, AskRedirectionDuringAMigrationIsFollowed) {
+  NEED_REDIS();
+  if (!RedisCliPresent()) GTEST_SKIP() << "redis-cli is not installed";
+  RedisServer nodes[3];
+  StartCluster(nodes);
+  if (HasFatalFailure()) return;
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 20, 12), next = {41, 42, 43};
+  Serve(m.get(), Opts(FreshDir("aa"), nodes[0].Url()), "chat-ask", toks);
+  auto cli = [](int port) { return "redis-cli -p " + std::to_string(port) + " "; };
+  // Each node's keys; the manifest and one chunk are the keys to migrate.
+  std::string manifest, chunk;
+  int manifest_node = -1, chunk_node = -1;
+  for (int i = 0; i < 3; ++i) {
+    std::string keys = ShellOut(cli(nodes[i].port()) + "--scan --pattern 'mz:*' 2>/dev/null");
+    size_t pos = 0;
+    while (pos < keys.size()) {
+      size_t e = keys.find('\n', pos);
+      if (e == std::string::npos) e = keys.size();
+      const std::string k = keys.substr(pos, e - pos);
+      pos = e + 1;
+      if (k.find(":m:") != std::string::npos) manifest = k, manifest_node = i;
+      else if (k.find(":k:") != std::string::npos && chunk.empty()) chunk = k, chunk_node = i;
+    }
+  }
+  ASSERT_GE(manifest_node, 0);
+  ASSERT_GE(chunk_node, 0);
+  int migrated = 0;
+  for (auto [key, src] : {std::pair{manifest, manifest_node}, std::pair{chunk, chunk_node}}) {
+    const int dst = (src + 1) % 3;
+    const std::string slot = ShellOut(cli(nodes[src].port()) + "CLUSTER KEYSLOT '" + key + "'");
+    const std::string src_id = ShellOut(cli(nodes[src].port()) + "CLUSTER MYID");
+    const std::string dst_id = ShellOut(cli(nodes[dst].port()) + "CLUSTER MYID");
+    ASSERT_FALSE(slot.empty() || src_id.empty() || dst_id.empty());
+    const std::string state = ShellOut(cli(nodes[src].port()) + "CLUSTER COUNTKEYSINSLOT " + slot);
+    ASSERT_EQ(state, "1") << "slot " << slot << " holds other keys too";
+    ASSERT_EQ(ShellOut(cli(nodes[dst].port()) + "CLUSTER SETSLOT " + slot + " IMPORTING " + src_id), "OK");
+    ASSERT_EQ(ShellOut(cli(nodes[src].port()) + "CLUSTER SETSLOT " + slot + " MIGRATING " + dst_id), "OK");
+    ASSERT_EQ(ShellOut(cli(nodes[src].port()) + "MIGRATE 127.0.0.1 " + std::to_string(nodes[dst].port()) + " '" + key +
+                       "' 0 5000"),
+              "OK");
+    // The source answers ASK for it now (a plain client, no ASKING: the redirection itself).
+    EXPECT_EQ(ShellOut(cli(nodes[src].port()) + "EXISTS '" + key + "' 2>&1").rfind("ASK", 0), 0u) << key;
+    ++migrated;
+  }
+  ASSERT_EQ(migrated, 2);
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("ab"), nodes[2].Url()), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("chat-ask", &c).ok());
+  std::vector<int32_t> hist;
+  ASSERT_TRUE(b->History("chat-ask", &hist).ok());
+  EXPECT_EQ(hist, toks);
+  ASSERT_TRUE(c->Decode(next.data(), int(next.size()), false).ok());
+  EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), toks, next));
+  PoolStats s = b->Stats();
+  EXPECT_EQ(s.remote.manifest_hits, 1u);
+  EXPECT_EQ(s.remote.chunks_fetched, 3u);
+  EXPECT_EQ(s.recomputed, 0u);
+  EXPECT_EQ(s.remote.damaged, 0u);
+  EXPECT_FALSE(s.remote.degraded) << s.remote.last_error;
 }
 
 }  // namespace
