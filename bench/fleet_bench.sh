@@ -32,7 +32,7 @@
 # Needs redis-server, nginx, gnuplot, node and the cached openai package (tests/check_fleet.sh).
 set -euo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
-help() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+help() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
 OUT=$R/build/bench-fleet CASES=return,shared,kill,redis MODEL=$HOME/.cache/mzcache/models/qwen3-0.6b-q8_0.gguf
 CLI=$R/build/mzcache THREADS=2 FTHREADS=1 ROUNDS=3 RET_TOKENS=4096 RET_CODEC=none CONVS=50 SYS_TOKENS=1536 CONC=3
 CLIENTS=8 LOAD_S=120 KILL_AT=60 LOAD_SYS=512 VALUE_KIB=1024

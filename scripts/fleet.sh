@@ -23,8 +23,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CMD=${1:-}
 DIR=${2:-}
-case "$CMD" in -h|--help) sed -n '2,22p' "$0"; exit 0 ;; esac
-[ -n "$CMD" ] && [ -n "$DIR" ] || { sed -n '2,22p' "$0" >&2; exit 2; }
+case "$CMD" in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
+[ -n "$CMD" ] && [ -n "$DIR" ] || { sed -n '2,21p' "$0" >&2; exit 2; }
 log() { echo "[fleet] $*" >&2; }
 die() { echo "[fleet] error: $*" >&2; exit 1; }
 
