@@ -139,6 +139,7 @@ struct Request {
   // The allocation phase's wall time: only a restore that runs before compute has one (overlap
   // none), so a value > 0 tells which mode the call ran (auto: which one it chose).
   double alloc_s = 0;
+  double cpu_s = 0;  // the process's CPU seconds during the restore_generate call (mz_restore_stats.cpu_s)
   // The system's processes' memory after the request (/proc/<pid>/status): RSS, anonymous, file.
   uint64_t rss = 0, rss_anon = 0, rss_file = 0;
 };
@@ -210,6 +211,7 @@ class System {
     r->wait_s = rs.wait_s;
     r->reload_s = rs.reload_s;
     r->alloc_s = rs.alloc_s;
+    r->cpu_s = rs.cpu_s;
     r->pipe_storage = rs.bytes_from_storage;
     r->read_bytes = ProcReadBytes() - rb0;
     r->first = tok;
@@ -567,10 +569,10 @@ int RunModelsWorker(const ModelsArgs& a) {
       const SelfMemory m = SystemMemory(0, sys->ChildPid());
       std::fprintf(out,
                    "result model=%s ttft=%.9g read=%llu resident=%.9g held=%llu first=%d pipe_ttft=%.9g wait=%.9g "
-                   "reload=%.9g storage=%llu alloc=%.9g rss=%llu anon=%llu file=%llu child=%d\n",
+                   "reload=%.9g storage=%llu alloc=%.9g cpu=%.9g rss=%llu anon=%llu file=%llu child=%d\n",
                    r.model.c_str(), r.ttft_s, (unsigned long long)r.read_bytes, r.incoming_resident,
                    (unsigned long long)r.held_after, int(r.first), r.pipe_ttft_s, r.wait_s, r.reload_s,
-                   (unsigned long long)r.pipe_storage, r.alloc_s, (unsigned long long)m.rss,
+                   (unsigned long long)r.pipe_storage, r.alloc_s, r.cpu_s, (unsigned long long)m.rss,
                    (unsigned long long)m.rss_anon, (unsigned long long)m.rss_file, sys->ChildPid());
     } else if (line.rfind("report", 0) == 0) {
       std::fprintf(out, "report %s\n", sys->Report().dump().c_str());
@@ -648,6 +650,7 @@ Status ServeOn(Worker& w, int model, int step, Request* r) {
   r->reload_s = d("reload");
   r->pipe_storage = u("storage");
   r->alloc_s = d("alloc");
+  r->cpu_s = d("cpu");
   r->rss = u("rss");
   r->rss_anon = u("anon");
   r->rss_file = u("file");
@@ -768,9 +771,9 @@ int RunModels(const ModelsArgs& a) {
       if (!st.ok()) return Fail(st.With(w.name + ", step " + std::to_string(step)));
       if (step == 0) continue;
       std::fprintf(stderr, "[bench models] step %d/%d %-15s -> %-20s TTFT %.3f s (pipeline %.3f, alloc %.3f, waited %.3f, "
-                   "reload %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB, RSS %.0f MiB (anon %.0f, file %.0f)\n",
+                   "reload %.3f, cpu %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB, RSS %.0f MiB (anon %.0f, file %.0f)\n",
                    step, a.steps, r.system.c_str(), r.model.c_str(), r.ttft_s, r.pipe_ttft_s, r.alloc_s, r.wait_s, r.reload_s,
-                   double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576,
+                   r.cpu_s, double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576,
                    double(r.rss) / 1048576, double(r.rss_anon) / 1048576, double(r.rss_file) / 1048576);
       reqs.push_back(r);
     }
@@ -805,7 +808,7 @@ int RunModels(const ModelsArgs& a) {
                                {"read_bytes", r.read_bytes}, {"incoming_resident", r.incoming_resident},
                                {"held_after", r.held_after}, {"first_token", r.first},
                                {"pipeline_ttft_s", r.pipe_ttft_s}, {"wait_s", r.wait_s}, {"reload_s", r.reload_s},
-                               {"pipeline_bytes_from_storage", r.pipe_storage}, {"alloc_s", r.alloc_s},
+                               {"pipeline_bytes_from_storage", r.pipe_storage}, {"alloc_s", r.alloc_s}, {"cpu_s", r.cpu_s},
                                {"rss_after", r.rss}, {"rss_anon_after", r.rss_anon}, {"rss_file_after", r.rss_file}});
     ttft[r.system].push_back(r.ttft_s);
     reads[r.system].push_back(double(r.read_bytes));
