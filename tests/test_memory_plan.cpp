@@ -95,6 +95,31 @@ void FakeMachine(FaultEnv* env, uint64_t avail_mib, uint64_t rss_mib, uint64_t a
   env->SetFakeFile("/sys/fs/cgroup/app.slice/test/memory.max", cg_max + "\n");
 }
 
+// Another process's memory (bench models samples its workers' RSS this way), split into anonymous
+// and file-backed pages, through the Env; a process that is gone (no status file) reads false.
+TEST(MemoryPlan, ProcessMemoryIsReadThroughTheEnvWithItsSplit) {
+  FaultEnv env(Env::Default());
+  env.SetFakeFile("/proc/4242/status", "Name:\tw\nVmHWM:\t 3072 kB\nVmRSS:\t 2048 kB\nRssAnon:\t 512 kB\n"
+                                       "RssFile:\t 1536 kB\nRssShmem:\t 0 kB\n");
+  SelfMemory m;
+  ASSERT_TRUE(ReadProcessMemory(&env, 4242, &m));
+  EXPECT_EQ(m.rss, 2048ull << 10);
+  EXPECT_EQ(m.rss_anon, 512ull << 10);
+  EXPECT_EQ(m.rss_file, 1536ull << 10);
+  EXPECT_EQ(m.hwm, 3072ull << 10);
+  env.SetFakeFile("/proc/4243/status", "Name:\tkthread\n");  // no VmRSS: not a user process
+  SelfMemory untouched;
+  untouched.rss = 7;
+  EXPECT_FALSE(ReadProcessMemory(&env, 4243, &untouched));
+  EXPECT_EQ(untouched.rss, 7u);
+  // This process's own, from the kernel: file-backed and anonymous add up to at most the RSS.
+  SelfMemory self;
+  ASSERT_TRUE(ReadProcessMemory(Env::Default(), 0, &self));
+  EXPECT_GT(self.rss, 0u);
+  EXPECT_GT(self.rss_anon, 0u);
+  EXPECT_LE(self.rss_anon + self.rss_file, self.rss);
+}
+
 TEST(MemoryPlan, LimitsAreReadThroughTheEnv) {
   FaultEnv env(Env::Default());
   FakeMachine(&env, 1000, 300, 100, "max");

@@ -134,12 +134,16 @@ MemoryEstimate EstimatePeak(const PlanShape& s, const PlanRequest& r) {
   return e;
 }
 
-bool ReadSelfMemory(Env* env, SelfMemory* out) {
+bool ReadSelfMemory(Env* env, SelfMemory* out) { return ReadProcessMemory(env, 0, out); }
+
+bool ReadProcessMemory(Env* env, int pid, SelfMemory* out) {
   std::string st;
-  if (!env->ReadSmallFile("/proc/self/status", &st).ok()) return false;
+  const std::string path = pid > 0 ? "/proc/" + std::to_string(pid) + "/status" : std::string("/proc/self/status");
+  if (!env->ReadSmallFile(path, &st).ok()) return false;
   SelfMemory m;
   if (!Field(st, "VmRSS", &m.rss)) return false;
   Field(st, "RssAnon", &m.rss_anon);
+  Field(st, "RssFile", &m.rss_file);
   Field(st, "VmHWM", &m.hwm);
   *out = m;
   return true;

@@ -88,11 +88,17 @@ uint64_t ComputeBytes(const PlanShape& s, int n);
 uint64_t EstimateModelOverhead(const PlanShape& s);
 MemoryEstimate EstimatePeak(const PlanShape& s, const PlanRequest& r);
 
-// This process's memory now (/proc/self/status): VmRSS, RssAnon, VmHWM. False if unreadable.
+// A process's memory now (/proc/<pid>/status): VmRSS, RssAnon (anonymous), RssFile (file-backed:
+// page-cache pages it maps, e.g. weights mapped from the model file), VmHWM. Fields the kernel
+// does not report stay 0.
 struct SelfMemory {
-  uint64_t rss = 0, rss_anon = 0, hwm = 0;
+  uint64_t rss = 0, rss_anon = 0, rss_file = 0, hwm = 0;
 };
+// This process's. False if unreadable (*out untouched).
 bool ReadSelfMemory(Env* env, SelfMemory* out);
+// Process pid's (0: this process), through env. False if unreadable (the process has exited, or
+// no VmRSS line: a kernel thread or a zombie); *out untouched then.
+bool ReadProcessMemory(Env* env, int pid, SelfMemory* out);
 
 struct MemoryLimits {
   uint64_t cgroup_limit = 0;   // the process's memory cgroup limit (0: none or unreadable)

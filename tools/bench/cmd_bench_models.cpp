@@ -23,11 +23,23 @@
 // Each system has its own copy of every GGUF (and its own folders), so no system's page cache
 // serves another's reads; dropped weights leave the page cache (the library drops their range),
 // so a restore reads storage, as it does after real pressure.
+// One process per system: the bench re-executes itself as a worker for each system (the hidden
+// `bench models-worker`), and drives the workers step by step over their stdin/stdout, one request
+// at a time, so the systems stay alternated as above and only one computes at any moment. Worker
+// protocol (one line each):
+//   worker -> harness  `ready held=<bytes counted after setup>` once set up,
+//                      `result <fields of a Request>` per `serve`, `report <json>` per `report`,
+//                      `error msg=<text>` instead of any of them (setup or request failed);
+//   harness -> worker  `serve <model index> <step>`, `report`; EOF: unload everything and exit.
+// A sampler thread reads every worker's /proc/<pid>/status (through the Env) every --sample-ms:
+// RSS, anonymous and file-backed (page-cache pages mapped: the weights) over time, per system
+// (llama-server's worker plus the server it runs).
 // Reported per system: TTFT of the request after a switch (median, min-max), bytes read from
-// storage during it (/proc/self/io), the requested model's resident weight share before the
-// request (mzcache), and the memory each system holds after every request (its pools' counted
-// bytes: one process runs the three, so a per-system RSS cannot be read) as a plot.
-// Results: <out>/bench-models.{md,json}, bench-models-ttft.png, bench-models-memory.png.
+// storage during it (the worker's /proc/self/io), the requested model's resident weight share
+// before the request (mzcache), the memory each system's pools count after every request, and
+// RSS over time (RssAnon and RssFile), as plots.
+// Results: <out>/bench-models.{md,json}, bench-models-ttft.png, bench-models-memory.png,
+// bench-models-rss.png (and the plots' .dat files).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -41,15 +53,21 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <atomic>
+#include <mutex>
 #include <thread>
 
+#include "env/env.h"
 #include "mzcache.h"
+#include "runtime/memory_plan.h"  // ReadProcessMemory
 #include "tools/bench/child_process.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/multitask.h"  // ParseFields
 #include "tools/bench/os_memory.h"
 #include "tools/bench/peers_common.h"  // Sprintf
 #include "tools/bench/report.h"
@@ -72,6 +90,10 @@ struct ModelsArgs {
   // The mzcache system's restore_generate overlap (mz_restore_params.overlap): auto (the default:
   // chosen per call from the cores and the measured costs), full or none.
   std::string overlap = "auto";
+  int sample_ms = 100;  // RSS sampling period of the workers
+  // The hidden worker's own: the system it runs, its folder, the shared budget.
+  std::string worker_system, worker_root;
+  uint64_t worker_budget = 0;
 };
 
 struct PoolFree {
@@ -117,6 +139,9 @@ struct Request {
   // The allocation phase's wall time: only a restore that runs before compute has one (overlap
   // none), so a value > 0 tells which mode the call ran (auto: which one it chose).
   double alloc_s = 0;
+  double cpu_s = 0;  // the process's CPU seconds during the restore_generate call (mz_restore_stats.cpu_s)
+  // The system's processes' memory after the request (/proc/<pid>/status): RSS, anonymous, file.
+  uint64_t rss = 0, rss_anon = 0, rss_file = 0;
 };
 
 std::vector<mz_token> SeededTokens(uint32_t seed, int n, int32_t n_vocab) {
@@ -159,6 +184,10 @@ class System {
     }
     return h;
   }
+  // What the system adds to the JSON report ({} for most).
+  virtual nlohmann::json Report() { return nlohmann::json::object(); }
+  // A process the system runs beside its worker (llama-server), 0 if none: its memory is the system's.
+  virtual int ChildPid() const { return 0; }
   // One request to model i: the TTFT (restore_generate of the query, then the first token), then
   // gen-1 more greedy tokens and a commit.
   virtual Status Serve(int i, int step, Request* r) {
@@ -182,6 +211,7 @@ class System {
     r->wait_s = rs.wait_s;
     r->reload_s = rs.reload_s;
     r->alloc_s = rs.alloc_s;
+    r->cpu_s = rs.cpu_s;
     r->pipe_storage = rs.bytes_from_storage;
     r->read_bytes = ProcReadBytes() - rb0;
     r->first = tok;
@@ -274,7 +304,7 @@ class MzcacheSystem : public System {
     mz_budget_report r;
     return mz_budget_get_report(budget_.get(), &r) == MZ_OK ? r.in_memory : 0;
   }
-  nlohmann::json Report() {
+  nlohmann::json Report() override {
     mz_budget_report r;
     mz_budget_get_report(budget_.get(), &r);
     return {{"memory_budget", r.memory_budget},         {"passes", r.passes},
@@ -394,6 +424,7 @@ class LlamaServerSystem : public System {
     return Status::Ok();
   }
   double ResidentShare(int i) override { return current_ == i ? 1.0 : 0.0; }
+  int ChildPid() const override { return pid_ > 0 ? int(pid_) : 0; }
   uint64_t Held() override {
     if (pid_ < 0) return 0;
     uint64_t rss = 0, swap = 0;
@@ -457,65 +488,263 @@ std::vector<std::string> SplitComma(const std::string& s) {
   return out;
 }
 
-// The mean footprint of a model with its conversation (weights, compute buffers, KV): probed once
-// on the all-in-memory system's figures after setup.
-uint64_t MeanFootprint(System& all, size_t n) {
-  return n ? all.Held() / n : 0;
+// The systems --systems names, in the order they alternate (all-in-memory last).
+const char* const kSystemOrder[] = {"mzcache", "mzcache-serial", "mzcache-overlap", "unload-load", "llama-server",
+                                    "all-in-memory"};
+
+// A system by its name; nullptr for an unknown one.
+std::unique_ptr<System> MakeSystem(const std::string& name, const ModelsArgs& a) {
+  if (name == "mzcache") return std::make_unique<MzcacheSystem>(name, a);
+  if (name == "mzcache-serial") return std::make_unique<MzcacheSystem>(name, a, MZ_OVERLAP_NONE);
+  if (name == "mzcache-overlap") return std::make_unique<MzcacheSystem>(name, a, MZ_OVERLAP_FULL);
+  if (name == "unload-load") return std::make_unique<UnloadLoadSystem>(name, a);
+  if (name == "llama-server") return std::make_unique<LlamaServerSystem>(name, a);
+  if (name == "all-in-memory") return std::make_unique<AllInMemorySystem>(name, a);
+  return nullptr;
 }
 
-int RunModels(const ModelsArgs& a) {
-  const auto names = SplitComma(a.models);
-  if (names.size() < 2) return Fail(Status::InvalidArgument("--models needs at least two models"));
-  std::vector<std::string> sources;
-  for (const auto& n : names) {
+Status ResolveSources(const ModelsArgs& a, std::vector<std::string>* names, std::vector<std::string>* sources) {
+  *names = SplitComma(a.models);
+  if (names->size() < 2) return Status::InvalidArgument("--models needs at least two models");
+  for (const auto& n : *names) {
     std::string p;
-    Status st = BenchModelPath(n, a.type, &p);
-    if (!st.ok()) return Fail(st);
-    sources.push_back(p);
+    MZ_RETURN_IF_ERROR(BenchModelPath(n, a.type, &p));
+    sources->push_back(p);
   }
+  return Status::Ok();
+}
+
+// The memory of a process and of the one it runs beside it (child 0: none), summed.
+SelfMemory SystemMemory(int pid, int child) {
+  SelfMemory m, c;
+  ReadProcessMemory(Env::Default(), pid, &m);
+  if (child > 0 && ReadProcessMemory(Env::Default(), child, &c)) {
+    m.rss += c.rss;
+    m.rss_anon += c.rss_anon;
+    m.rss_file += c.rss_file;
+  }
+  return m;
+}
+
+// The hidden `bench models-worker`: one system in its own process, driven by the harness over
+// stdin/stdout (the protocol in the header comment). Its stdout is kept for the protocol alone:
+// everything else this process (or a child it starts) writes to stdout goes to stderr.
+int RunModelsWorker(const ModelsArgs& a) {
+  std::fflush(stdout);
+  const int proto = fcntl(1, F_DUPFD_CLOEXEC, 3);
+  FILE* out = proto >= 0 ? fdopen(proto, "w") : nullptr;
+  if (!out) return Fail(Status::FromErrno(errno, "models-worker: keeping stdout for the protocol"));
+  dup2(2, 1);
+  auto error = [&](const Status& st) {
+    std::string m = st.ToString();
+    std::replace(m.begin(), m.end(), '\n', ' ');
+    std::fprintf(out, "error msg=%s\n", m.c_str());
+    std::fflush(out);
+  };
+  std::vector<std::string> names, sources;
+  std::unique_ptr<System> sys = MakeSystem(a.worker_system, a);
+  Status st = sys ? ResolveSources(a, &names, &sources) : Status::InvalidArgument("unknown system " + a.worker_system);
+  if (st.ok()) st = sys->Setup(sources, a.worker_root, a.worker_budget);
+  if (!st.ok()) {
+    error(st.With(a.worker_system + " setup"));
+    std::fclose(out);
+    return 1;
+  }
+  std::fprintf(out, "ready held=%llu\n", (unsigned long long)sys->Held());
+  std::fflush(out);
+  char* buf = nullptr;
+  size_t cap = 0;
+  ssize_t n;
+  while ((n = getline(&buf, &cap, stdin)) > 0) {
+    const std::string line(buf, size_t(n));
+    int i = 0, step = 0;
+    if (std::sscanf(line.c_str(), "serve %d %d", &i, &step) == 2) {
+      Request r;
+      if (i < 0 || size_t(i) >= sources.size()) st = Status::InvalidArgument("no model " + std::to_string(i));
+      else st = sys->Serve(i, step, &r);
+      if (!st.ok()) {
+        error(st);
+        continue;
+      }
+      const SelfMemory m = SystemMemory(0, sys->ChildPid());
+      std::fprintf(out,
+                   "result model=%s ttft=%.9g read=%llu resident=%.9g held=%llu first=%d pipe_ttft=%.9g wait=%.9g "
+                   "reload=%.9g storage=%llu alloc=%.9g cpu=%.9g rss=%llu anon=%llu file=%llu child=%d\n",
+                   r.model.c_str(), r.ttft_s, (unsigned long long)r.read_bytes, r.incoming_resident,
+                   (unsigned long long)r.held_after, int(r.first), r.pipe_ttft_s, r.wait_s, r.reload_s,
+                   (unsigned long long)r.pipe_storage, r.alloc_s, r.cpu_s, (unsigned long long)m.rss,
+                   (unsigned long long)m.rss_anon, (unsigned long long)m.rss_file, sys->ChildPid());
+    } else if (line.rfind("report", 0) == 0) {
+      std::fprintf(out, "report %s\n", sys->Report().dump().c_str());
+    } else {
+      error(Status::InvalidArgument("unknown request: " + line.substr(0, line.size() - (line.back() == '\n'))));
+    }
+    std::fflush(out);
+  }
+  std::free(buf);
+  sys.reset();  // unloads (persists) every model
+  std::fclose(out);
+  return 0;
+}
+
+// The harness's side of one worker. Thread-safety: c is used by the main thread only; child is
+// written by it and read by the sampler.
+struct Worker {
+  std::string name;
+  PipedChild c;
+  std::atomic<int> child{0};  // the process the worker runs beside it (llama-server), 0 if none
+};
+
+// The worker's next line (without its newline); an `error` line or the worker's end is an error.
+Status NextLine(Worker& w, const std::string& what, std::string* line) {
+  char* buf = nullptr;
+  size_t cap = 0;
+  const ssize_t n = getline(&buf, &cap, w.c.out);
+  *line = n > 0 ? std::string(buf, size_t(n)) : std::string();
+  std::free(buf);
+  while (!line->empty() && (line->back() == '\n' || line->back() == '\r')) line->pop_back();
+  if (n <= 0) return Status::IOError(w.name + " worker ended during " + what + " (its stderr is above)");
+  if (line->rfind("error", 0) == 0) return Status::IOError(w.name + " worker, " + what + ": " + ParseFields(*line)["msg"]);
+  return Status::Ok();
+}
+
+Status Ask(Worker& w, const std::string& cmd, std::string* reply) {
+  const std::string l = cmd + "\n";
+  if (::write(w.c.in, l.data(), l.size()) != ssize_t(l.size()))  // SIGPIPE is ignored: EPIPE
+    return Status::IOError(w.name + " worker: cannot send '" + cmd + "' (it ended?)");
+  return NextLine(w, "'" + cmd + "'", reply);
+}
+
+// Starts the worker of one system and waits until it is set up; *held: its counted bytes then.
+Status StartWorker(const ModelsArgs& a, const std::string& system, const std::string& root, uint64_t budget,
+                   Worker* w, uint64_t* held) {
+  w->name = system;
+  const std::vector<std::string> argv = {
+      SelfExe(), "bench", "models-worker", "--system", system, "--root", root, "--budget", std::to_string(budget),
+      "--models", a.models, "--type", a.type, "--steps", std::to_string(a.steps), "--history", std::to_string(a.history),
+      "--query", std::to_string(a.query), "--gen", std::to_string(a.gen), "-t", std::to_string(a.threads),
+      "--seed", std::to_string(a.seed), "--weights", a.weights, "--overlap", a.overlap};
+  MZ_RETURN_IF_ERROR(SpawnPiped(argv, &w->c));
+  std::string line;
+  MZ_RETURN_IF_ERROR(NextLine(*w, "setup", &line));
+  *held = std::stoull(ParseFields(line)["held"]);
+  return Status::Ok();
+}
+
+Status ServeOn(Worker& w, int model, int step, Request* r) {
+  std::string line;
+  MZ_RETURN_IF_ERROR(Ask(w, "serve " + std::to_string(model) + " " + std::to_string(step), &line));
+  auto f = ParseFields(line);
+  auto u = [&](const char* k) { return uint64_t(std::strtoull(f[k].c_str(), nullptr, 10)); };
+  auto d = [&](const char* k) { return std::strtod(f[k].c_str(), nullptr); };
+  r->system = w.name;
+  r->model = f["model"];
+  r->step = step;
+  r->ttft_s = d("ttft");
+  r->read_bytes = u("read");
+  r->incoming_resident = d("resident");
+  r->held_after = u("held");
+  r->first = mz_token(std::atoi(f["first"].c_str()));
+  r->pipe_ttft_s = d("pipe_ttft");
+  r->wait_s = d("wait");
+  r->reload_s = d("reload");
+  r->pipe_storage = u("storage");
+  r->alloc_s = d("alloc");
+  r->cpu_s = d("cpu");
+  r->rss = u("rss");
+  r->rss_anon = u("anon");
+  r->rss_file = u("file");
+  w.child = std::atoi(f["child"].c_str());
+  return Status::Ok();
+}
+
+// Samples every worker's memory (and its child's) every period_ms on a thread of its own, from
+// Start to Stop. Thread-safety: Start/Stop/Take from one thread (the harness's main thread).
+class RssSampler {
+ public:
+  struct Sample {
+    double t = 0;  // seconds since Start
+    uint64_t rss = 0, anon = 0, file = 0;
+  };
+  RssSampler(std::vector<Worker*> ws, int period_ms) : ws_(std::move(ws)), period_ms_(std::max(10, period_ms)) {}
+  ~RssSampler() { Stop(); }
+  Status Start() {
+    t0_ = Env::Default()->NowNs();
+    return Env::Default()->StartThread([this] { Loop(); }, &th_);
+  }
+  void Stop() {
+    stop_ = true;
+    if (th_.joinable()) th_.join();
+  }
+  // Per worker (in the order given), its samples.
+  std::vector<std::vector<Sample>> Take() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return samples_;
+  }
+
+ private:
+  void Loop() {
+    Env* env = Env::Default();
+    while (!stop_) {
+      const double t = double(env->NowNs() - t0_) * 1e-9;
+      std::vector<Sample> now;
+      for (Worker* w : ws_) {
+        const SelfMemory m = SystemMemory(w->c.pid, w->child.load());
+        now.push_back({t, m.rss, m.rss_anon, m.rss_file});
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        samples_.resize(ws_.size());
+        for (size_t k = 0; k < now.size(); ++k) samples_[k].push_back(now[k]);
+      }
+      env->SleepNs(uint64_t(period_ms_) * 1000000ull);
+    }
+  }
+  std::vector<Worker*> ws_;
+  int period_ms_;
+  uint64_t t0_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread th_;
+  std::mutex mu_;
+  std::vector<std::vector<Sample>> samples_;
+};
+
+int RunModels(const ModelsArgs& a) {
+  std::vector<std::string> names, sources;
+  if (Status st = ResolveSources(a, &names, &sources); !st.ok()) return Fail(st);
+  const auto wanted = SplitComma(a.systems);
+  for (const auto& n : wanted)
+    if (std::find(std::begin(kSystemOrder), std::end(kSystemOrder), n) == std::end(kSystemOrder))
+      return Fail(Status::InvalidArgument("--systems: unknown system '" + n + "'"));
+  signal(SIGPIPE, SIG_IGN);  // a worker that died is an error of the write to it, not a signal
   const std::string root = a.dir + "/mzcache-bench-models-" + std::to_string(getpid());
   std::filesystem::remove_all(root);
   const double load0 = LoadAvg1();
-  std::fprintf(stderr, "[bench models] %s; load average %.2f; %zu models, %d steps\n", MachineDescription().c_str(),
-               load0, sources.size(), a.steps);
-  // All-in-memory first: its footprint sizes the shared budget.
-  std::vector<std::unique_ptr<System>> systems;
-  auto all = std::make_unique<AllInMemorySystem>("all-in-memory", a);
-  if (Status st = all->Setup(sources, root + "/all", 0); !st.ok()) return Fail(st);
-  const uint64_t mean = MeanFootprint(*all, sources.size());
+  std::fprintf(stderr, "[bench models] %s; load average %.2f; %zu models, %d steps; one worker process per system\n",
+               MachineDescription().c_str(), load0, sources.size(), a.steps);
+  // All-in-memory first: its footprint (weights, compute buffers, KV) sizes the shared budget.
+  std::vector<std::unique_ptr<Worker>> systems;
+  auto all = std::make_unique<Worker>();
+  uint64_t all_held = 0;
+  if (Status st = StartWorker(a, "all-in-memory", root + "/all", 0, all.get(), &all_held); !st.ok()) return Fail(st);
+  const uint64_t mean = all_held / sources.size();
   const uint64_t budget = uint64_t(double(mean) * a.budget_models);
   std::fprintf(stderr, "[bench models] mean footprint %.0f MiB; shared budget %.0f MiB (%.2f models)\n",
                double(mean) / 1048576, double(budget) / 1048576, a.budget_models);
-  const auto wanted = SplitComma(a.systems);
   auto want = [&](const std::string& n) { return std::find(wanted.begin(), wanted.end(), n) != wanted.end(); };
-  MzcacheSystem* mz = nullptr;
-  if (want("mzcache")) {
-    auto s = std::make_unique<MzcacheSystem>("mzcache", a);
-    if (Status st = s->Setup(sources, root + "/mzcache", budget); !st.ok()) return Fail(st);
-    mz = s.get();
-    systems.push_back(std::move(s));
-  }
-  if (want("mzcache-serial")) {  // the same, its restores not overlapped with the prefill
-    auto s = std::make_unique<MzcacheSystem>("mzcache-serial", a, MZ_OVERLAP_NONE);
-    if (Status st = s->Setup(sources, root + "/mzcache-serial", budget); !st.ok()) return Fail(st);
-    systems.push_back(std::move(s));
-  }
-  if (want("mzcache-overlap")) {  // the same, its restores always overlapped with the prefill
-    auto s = std::make_unique<MzcacheSystem>("mzcache-overlap", a, MZ_OVERLAP_FULL);
-    if (Status st = s->Setup(sources, root + "/mzcache-overlap", budget); !st.ok()) return Fail(st);
-    systems.push_back(std::move(s));
-  }
-  if (want("unload-load")) {
-    auto s = std::make_unique<UnloadLoadSystem>("unload-load", a);
-    if (Status st = s->Setup(sources, root + "/unload", budget); !st.ok()) return Fail(st);
-    systems.push_back(std::move(s));
-  }
-  if (want("llama-server")) {
-    auto s = std::make_unique<LlamaServerSystem>("llama-server", a);
-    if (Status st = s->Setup(sources, root + "/llama", budget); !st.ok()) return Fail(st);
-    systems.push_back(std::move(s));
+  const std::map<std::string, std::string> folder = {{"mzcache", "/mzcache"}, {"mzcache-serial", "/mzcache-serial"},
+                                                     {"mzcache-overlap", "/mzcache-overlap"}, {"unload-load", "/unload"},
+                                                     {"llama-server", "/llama"}};
+  for (const char* n : kSystemOrder) {
+    if (std::string(n) == "all-in-memory" || !want(n)) continue;
+    auto w = std::make_unique<Worker>();
+    uint64_t held = 0;
+    if (Status st = StartWorker(a, n, root + folder.at(n), budget, w.get(), &held); !st.ok()) return Fail(st);
+    systems.push_back(std::move(w));
   }
   if (want("all-in-memory")) systems.push_back(std::move(all));
+  else ReapPiped(all->c, false);  // EOF: it unloads and exits
+  auto name_of = [&](size_t k) -> const std::string& { return systems[k]->name; };
   // The sequence: every request to another model than the last.
   std::mt19937 rng{a.seed};
   std::vector<int> seq;
@@ -525,22 +754,32 @@ int RunModels(const ModelsArgs& a) {
     int next = int(rng() % uint32_t(sources.size() - 1));
     cur = next >= cur ? next + 1 : next;
   }
+  std::vector<Worker*> ws;
+  for (auto& w : systems) ws.push_back(w.get());
+  RssSampler sampler(ws, a.sample_ms);
+  if (Status st = sampler.Start(); !st.ok()) return Fail(st.With("starting the RSS sampler"));
+  std::vector<std::pair<int, double>> step_starts;  // (step, seconds since the sampler's start)
+  const double ts0 = NowSeconds();
   // Step 0 makes each system's first model current (not a switch: not reported).
   std::vector<Request> reqs;
   for (int step = 0; step <= a.steps; ++step) {
+    step_starts.push_back({step, NowSeconds() - ts0});
     for (size_t k = 0; k < systems.size(); ++k) {
-      System& s = *systems[(size_t(step) + k) % systems.size()];
+      Worker& w = *systems[(size_t(step) + k) % systems.size()];
       Request r;
-      Status st = s.Serve(seq[size_t(step)], step, &r);
-      if (!st.ok()) return Fail(st.With(s.name() + ", step " + std::to_string(step)));
+      Status st = ServeOn(w, seq[size_t(step)], step, &r);
+      if (!st.ok()) return Fail(st.With(w.name + ", step " + std::to_string(step)));
       if (step == 0) continue;
       std::fprintf(stderr, "[bench models] step %d/%d %-15s -> %-20s TTFT %.3f s (pipeline %.3f, alloc %.3f, waited %.3f, "
-                   "reload %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB\n",
+                   "reload %.3f, cpu %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB, RSS %.0f MiB (anon %.0f, file %.0f)\n",
                    step, a.steps, r.system.c_str(), r.model.c_str(), r.ttft_s, r.pipe_ttft_s, r.alloc_s, r.wait_s, r.reload_s,
-                   double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576);
+                   r.cpu_s, double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576,
+                   double(r.rss) / 1048576, double(r.rss_anon) / 1048576, double(r.rss_file) / 1048576);
       reqs.push_back(r);
     }
   }
+  sampler.Stop();
+  const auto samples = sampler.Take();
   const double load1 = LoadAvg1();
   // Report.
   nlohmann::json doc;
@@ -552,7 +791,11 @@ int RunModels(const ModelsArgs& a) {
                  {"seed", a.seed}};
   doc["mean_footprint_bytes"] = mean;
   doc["budget_bytes"] = budget;
-  if (mz) doc["mzcache_budget"] = mz->Report();
+  for (auto& w : systems)
+    if (w->name == "mzcache") {
+      std::string line;
+      if (Ask(*w, "report", &line).ok() && line.size() > 7) doc["mzcache_budget"] = nlohmann::json::parse(line.substr(7), nullptr, false);
+    }
   std::map<std::string, std::vector<double>> ttft, ttft_half;
   std::map<std::string, std::vector<double>> reads;
   // Steps where the incoming model had at least half its weights resident under mzcache: the
@@ -565,7 +808,8 @@ int RunModels(const ModelsArgs& a) {
                                {"read_bytes", r.read_bytes}, {"incoming_resident", r.incoming_resident},
                                {"held_after", r.held_after}, {"first_token", r.first},
                                {"pipeline_ttft_s", r.pipe_ttft_s}, {"wait_s", r.wait_s}, {"reload_s", r.reload_s},
-                               {"pipeline_bytes_from_storage", r.pipe_storage}, {"alloc_s", r.alloc_s}});
+                               {"pipeline_bytes_from_storage", r.pipe_storage}, {"alloc_s", r.alloc_s}, {"cpu_s", r.cpu_s},
+                               {"rss_after", r.rss}, {"rss_anon_after", r.rss_anon}, {"rss_file_after", r.rss_file}});
     ttft[r.system].push_back(r.ttft_s);
     reads[r.system].push_back(double(r.read_bytes));
     if (half[r.step]) ttft_half[r.system].push_back(r.ttft_s);
@@ -579,15 +823,34 @@ int RunModels(const ModelsArgs& a) {
   md += "| system | TTFT after a switch, median (min-max) | MiB read from storage per switch, median | "
         "TTFT where mzcache's incoming model was >= 50% resident, median (n) |\n|---|---|---|---|\n";
   for (const auto& s : systems) {
-    const Stats t = Summarize(ttft[s->name()]);
-    const Stats rd = Summarize(reads[s->name()]);
-    const Stats th = Summarize(ttft_half[s->name()]);
-    md += Sprintf("| %s | %.3f s (%.3f-%.3f) | %.0f | %s |\n", s->name().c_str(), t.median, t.min, t.max,
+    const Stats t = Summarize(ttft[s->name]);
+    const Stats rd = Summarize(reads[s->name]);
+    const Stats th = Summarize(ttft_half[s->name]);
+    md += Sprintf("| %s | %.3f s (%.3f-%.3f) | %.0f | %s |\n", s->name.c_str(), t.median, t.min, t.max,
                   rd.median / 1048576, th.n ? Sprintf("%.3f s (%d)", th.median, th.n).c_str() : "-");
-    doc["summary"][s->name()] = {{"ttft_median_s", t.median}, {"ttft_min_s", t.min}, {"ttft_max_s", t.max},
+    doc["summary"][s->name] = {{"ttft_median_s", t.median}, {"ttft_min_s", t.min}, {"ttft_max_s", t.max},
                                  {"read_median_bytes", rd.median}, {"ttft_half_resident_median_s", th.median},
                                  {"ttft_half_resident_n", th.n}};
   }
+  // RSS over the whole sequence, from the sampler (each system's processes, whether computing or idle).
+  md += "\n| system | RSS over the run, median (min-max) MiB | of it anonymous, median MiB | file-backed (mapped page "
+        "cache), median MiB |\n|---|---|---|---|\n";
+  for (size_t k = 0; k < systems.size() && k < samples.size(); ++k) {
+    std::vector<double> rss, anon, file;
+    for (const auto& x : samples[k]) {
+      rss.push_back(double(x.rss) / 1048576);
+      anon.push_back(double(x.anon) / 1048576);
+      file.push_back(double(x.file) / 1048576);
+    }
+    const Stats r = Summarize(rss), an = Summarize(anon), fi = Summarize(file);
+    md += Sprintf("| %s | %.0f (%.0f-%.0f) | %.0f | %.0f |\n", systems[k]->name.c_str(), r.median, r.min, r.max,
+                  an.median, fi.median);
+    doc["rss"][systems[k]->name] = {{"samples", r.n}, {"rss_median_mib", r.median}, {"rss_min_mib", r.min},
+                                    {"rss_max_mib", r.max}, {"anon_median_mib", an.median},
+                                    {"file_median_mib", fi.median}};
+  }
+  doc["rss_sample_ms"] = a.sample_ms;
+  for (const auto& [st, t] : step_starts) doc["step_start_s"].push_back(t);
   {
     std::vector<double> pipe, wait, rest;
     int restored_first = 0;
@@ -626,9 +889,11 @@ int RunModels(const ModelsArgs& a) {
     md += Sprintf("mzcache / all-in-memory over every switch (medians): %.2fx.\n", m.median / al.median);
     doc["ratio_vs_all_in_memory"] = m.median / al.median;
   }
-  md += "\nMemory held is each system's pools' counted bytes after every request (weights, KV, in-memory swap, "
-        "compute buffers): one process runs the mzcache systems, so a per-system RSS cannot be read; llama-server's is "
-        "its process's RSS. llama-server's bytes read are its process's since its start (the switch).\n";
+  md += "\nEach system runs in its own worker process. Memory held is each system's pools' counted bytes after every "
+        "request (weights, KV, in-memory swap, compute buffers; llama-server's: its process's RSS); RSS is sampled every " +
+        std::to_string(a.sample_ms) + " ms from /proc/<pid>/status (VmRSS, RssAnon, RssFile) of each system's worker "
+        "(and llama-server's process), computing or idle. llama-server's bytes read are its process's since its start "
+        "(the switch).\n";
   md += "Command: `mzcache bench models --models " + a.models + " --steps " + std::to_string(a.steps) +
         (a.weights != "page-cache" ? " --weights " + a.weights : std::string()) +
         (a.overlap != ModelsArgs().overlap ? " --overlap " + a.overlap : std::string()) +
@@ -636,9 +901,9 @@ int RunModels(const ModelsArgs& a) {
   // Plots.
   std::string data;
   for (const auto& s : systems) {
-    data += "# " + s->name() + "\n";
+    data += "# " + s->name + "\n";
     for (const auto& r : reqs)
-      if (r.system == s->name())
+      if (r.system == s->name)
         data += Sprintf("%d %.4f %.1f\n", r.step, r.ttft_s, double(r.held_after) / 1048576);
     data += "\n\n";
   }
@@ -654,16 +919,41 @@ int RunModels(const ModelsArgs& a) {
                          "plot ";
   for (size_t k = 0; k < systems.size(); ++k) {
     plot_ttft += Sprintf("%s'bench-models.dat' index %zu using 1:2 with linespoints title '%s'", k ? ", " : "", k,
-                         systems[k]->name().c_str());
+                         systems[k]->name.c_str());
     plot_mem += Sprintf("%s'bench-models.dat' index %zu using 1:3 with linespoints title '%s'", k ? ", " : "", k,
-                        systems[k]->name().c_str());
+                        systems[k]->name.c_str());
   }
   const std::string p1 = PlotPng(a.out, "bench-models-ttft", plot_ttft + "\n");
   const std::string p2 = PlotPng(a.out, "bench-models-memory", plot_mem + "\n");
+  // RSS over time: one block per system (seconds since the first request, RSS, RssAnon, RssFile in MiB).
+  std::string rdat = "# t_s rss_mib anon_mib file_mib; step starts (s):";
+  for (const auto& [st, t] : step_starts) rdat += Sprintf(" %d:%.2f", st, t);
+  rdat += "\n";
+  std::string plot_rss = "set terminal pngcairo size 1000,550\nset output 'bench-models-rss.png'\n"
+                         "set title 'RSS over time per system (solid: RSS; dashed: anonymous; the rest is mapped page cache)'\n"
+                         "set xlabel 'seconds since the first request (systems alternated step by step)'\n"
+                         "set ylabel 'MiB'\nset key outside right\n" +
+                         Sprintf("set arrow from graph 0, first %.1f to graph 1, first %.1f nohead dt 3 lc rgb 'gray'\n",
+                                 double(budget) / 1048576, double(budget) / 1048576) +
+                         "plot ";
+  for (size_t k = 0; k < systems.size() && k < samples.size(); ++k) {
+    rdat += "# " + systems[k]->name + "\n";
+    for (const auto& x : samples[k])
+      rdat += Sprintf("%.3f %.1f %.1f %.1f\n", x.t, double(x.rss) / 1048576, double(x.anon) / 1048576,
+                      double(x.file) / 1048576);
+    rdat += "\n\n";
+    plot_rss += Sprintf("%s'bench-models-rss.dat' index %zu using 1:2 with lines lc %zu lw 2 title '%s', "
+                        "'bench-models-rss.dat' index %zu using 1:3 with lines lc %zu dt 2 title '%s anon'",
+                        k ? ", " : "", k, k + 1, systems[k]->name.c_str(), k, k + 1, systems[k]->name.c_str());
+  }
+  WriteFile(a.out, "bench-models-rss.dat", rdat);
+  const std::string p3 = PlotPng(a.out, "bench-models-rss", plot_rss + "\n");
   if (!p1.empty()) md += "\n![TTFT after a switch](" + p1 + ")\n";
   if (!p2.empty()) md += "![memory held](" + p2 + ")\n";
+  if (!p3.empty()) md += "![RSS over time](" + p3 + ")\n";
   WriteReport(a.out, "bench-models", md, doc);
   std::printf("%s", md.c_str());
+  for (auto& w : systems) ReapPiped(w->c, false);  // EOF: each worker unloads and exits
   systems.clear();
   std::filesystem::remove_all(root);
   return 0;
@@ -673,33 +963,47 @@ int RunModels(const ModelsArgs& a) {
 
 void AddModelsBench(CLI::App* bench, Runners& runners) {
   auto a = std::make_shared<models_bench::ModelsArgs>();
-  auto* c = bench->add_subcommand("models", "several models under one memory budget: TTFT after a switch, mzcache "
-                                            "vs unload-and-load vs all in memory");
-  c->add_option("--models", a->models, "comma-separated shapes or GGUF paths (2 or more)");
-  c->add_option("--type", a->type, "weight type of synthesized shapes");
-  c->add_option("--steps", a->steps, "switches per system");
-  c->add_option("--history", a->history, "tokens of each model's conversation, built at setup");
-  c->add_option("--query", a->query, "tokens of each request's user turn");
-  c->add_option("--gen", a->gen, "tokens generated per request (greedy)");
-  c->add_option("-t,--threads", a->threads, "threads");
-  c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
-  c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
-  c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), "
-                "mzcache-overlap (restores overlapped with the prefill), unload-load, llama-server, all-in-memory");
-  c->add_option("--weights", a->weights,
-                "how the mzcache systems hold weights: page-cache (mapped from the file, the default) or anonymous "
-                "(read with direct I/O)")
-      ->check(CLI::IsMember({"page-cache", "anonymous"}));
-  c->add_option("--overlap", a->overlap,
-                "restore_generate of the mzcache system: auto (overlapped or restore-first, chosen per call from the "
-                "cores and the measured costs: the default), full (restore overlapped with the prefill) or none "
-                "(restore first, then compute)")
-      ->check(CLI::IsMember({"auto", "full", "none"}));
+  auto* c = bench->add_subcommand("models", "several models under one memory budget: TTFT after a switch and RSS over "
+                                            "time, mzcache vs unload-and-load vs all in memory (one process per system)");
+  // The hidden worker (one system in its own process, driven by `bench models`) takes the same options.
+  auto* w = bench->add_subcommand("models-worker", "internal: one system of bench models, driven over stdin/stdout");
+  w->group("");
+  auto common = [a](CLI::App* c) {
+    c->add_option("--models", a->models, "comma-separated shapes or GGUF paths (2 or more)");
+    c->add_option("--type", a->type, "weight type of synthesized shapes");
+    c->add_option("--steps", a->steps, "switches per system");
+    c->add_option("--history", a->history, "tokens of each model's conversation, built at setup");
+    c->add_option("--query", a->query, "tokens of each request's user turn");
+    c->add_option("--gen", a->gen, "tokens generated per request (greedy)");
+    c->add_option("-t,--threads", a->threads, "threads");
+    c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
+    c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
+    c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), "
+                  "mzcache-overlap (restores overlapped with the prefill), unload-load, llama-server, all-in-memory");
+    c->add_option("--weights", a->weights,
+                  "how the mzcache systems hold weights: page-cache (mapped from the file, the default) or anonymous "
+                  "(read with direct I/O)")
+        ->check(CLI::IsMember({"page-cache", "anonymous"}));
+    c->add_option("--overlap", a->overlap,
+                  "restore_generate of the mzcache system: auto (overlapped or restore-first, chosen per call from the "
+                  "cores and the measured costs: the default), full (restore overlapped with the prefill) or none "
+                  "(restore first, then compute)")
+        ->check(CLI::IsMember({"auto", "full", "none"}));
+  };
+  common(c);
+  common(w);
+  w->add_option("--system", a->worker_system, "the system to run")->required();
+  w->add_option("--root", a->worker_root, "its folder")->required();
+  w->add_option("--budget", a->worker_budget, "the shared budget, bytes (the mzcache systems)");
   c->add_option("--dir", a->dir, "scratch folder (model copies, pools)");
-  c->add_option("-o,--out", a->out, "folder for bench-models.{md,json} and plots");
-  runners.push_back([c, a]() -> int {
-    if (!c->parsed()) return -1;
-    return models_bench::RunModels(*a);
+  c->add_option("-o,--out", a->out, "folder for bench-models.{md,json}, the plots (TTFT, memory held, RSS over time) "
+                                    "and their .dat files");
+  c->add_option("--sample-ms", a->sample_ms, "period of the RSS sampling of each system's process, ms")
+      ->check(CLI::Range(10, 60000));
+  runners.push_back([c, w, a]() -> int {
+    if (c->parsed()) return models_bench::RunModels(*a);
+    if (w->parsed()) return models_bench::RunModelsWorker(*a);
+    return -1;
   });
 }
 
