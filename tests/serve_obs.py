@@ -442,7 +442,14 @@ def main():
     expect_400(p, key, f"/slots/{sid}?action=save", None, None, raw="[1]")
     if jreq(p, "GET", f"/v1/conversations/{c2}", key=key)[0]["tokens"] != got["tokens"]:
         fail("a refused slot action changed the conversation")
-    # a busy slot: 409, never waits
+    er, _ = jreq(p, "POST", f"/slots/{sid}?action=erase", key=key)
+    if er["n_erased"] != got["tokens"] or er["mzcache"] != {"conversation": c2, "forgotten": True}:
+        fail(f"erase: {er}")
+    jreq(p, "GET", f"/v1/conversations/{c2}", key=key, expect=404)
+    if jreq(p, "POST", f"/slots/{sid}?action=erase", key=key)[0]["n_erased"] != 0:
+        fail("a second erase erased something")
+    jreq(p, "POST", f"/slots/{sid}?action=save", key=key, expect=404)
+    # a busy slot: 409, never waits (after the erase above: the new turn may take slot sid)
     sc = http.client.HTTPConnection(HOST, p, timeout=120)
     sc.request("POST", "/v1/chat/completions", body=json.dumps(
         {"messages": [{"role": "user", "content": "Count again."}], "max_tokens": 400, "temperature": 1,
@@ -460,13 +467,6 @@ def main():
         fail(f"erase on a busy slot: {st} {out[:200]!r}")
     sr.read()
     sc.close()
-    er, _ = jreq(p, "POST", f"/slots/{sid}?action=erase", key=key)
-    if er["n_erased"] != got["tokens"] or er["mzcache"] != {"conversation": c2, "forgotten": True}:
-        fail(f"erase: {er}")
-    jreq(p, "GET", f"/v1/conversations/{c2}", key=key, expect=404)
-    if jreq(p, "POST", f"/slots/{sid}?action=erase", key=key)[0]["n_erased"] != 0:
-        fail("a second erase erased something")
-    jreq(p, "POST", f"/slots/{sid}?action=save", key=key, expect=404)
     ok(f"/slots actions: save ({sv['n_saved']} tokens, {sv['n_written']} bytes stored), restore after evict "
        f"({rs['n_read']} bytes read), erase (forgotten, then 404); 400s naming action, filename, id_slot; 409 when busy")
 

@@ -398,15 +398,19 @@ void Server::ResourceRoutes() {
   // GET /slots: llama-server's per-slot fields (its server_slot::to_json with metrics), mzcache's
   // own under "mzcache" (the slot's conversation and model); ?fail_on_no_slot=1: 503 when every slot
   // is busy. --no-slots: 501, as llama-server's.
-  http_.Get("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+  const auto slots_off = [this](httplib::Response& res) {  // --no-slots: 501, as llama-server's
+    if (a_.slots) return false;
+    ApiError e;
+    e.http = 501;
+    e.type = "not_supported_error";
+    e.message = "This server does not support slots endpoint. Start it without --no-slots";
+    Error(res, e);
+    return true;
+  };
+  http_.Get("/slots", [this, slots_off](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     ApiError e;
-    if (!a_.slots) {
-      e.http = 501;
-      e.type = "not_supported_error";
-      e.message = "This server does not support slots endpoint. Start it without --no-slots";
-      return Error(res, e);
-    }
+    if (slots_off(res)) return;
     if (req.has_param("fail_on_no_slot") && !req.get_param_value("fail_on_no_slot").empty() &&
         slots_.n_free() == 0) {
       e.http = 503;
@@ -559,15 +563,10 @@ void Server::ResourceRoutes() {
   // own file), restore brings its KV back into RAM ahead of its next turn, erase forgets it (as
   // DELETE /v1/conversations/ID). A busy slot is a 409 (an action never waits for a turn); a slot
   // that never ran a turn has nothing to save or restore (404) and nothing to erase (n_erased 0).
-  http_.Post(R"(/slots/([^/]*))", [this, pool_error](const httplib::Request& req, httplib::Response& res) {
+  http_.Post(R"(/slots/([^/]*))", [this, pool_error, slots_off](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     ApiError e;
-    if (!a_.slots) {
-      e.http = 501;
-      e.type = "not_supported_error";
-      e.message = "This server does not support slots endpoint. Start it without --no-slots";
-      return Error(res, e);
-    }
+    if (slots_off(res)) return;
     const std::string sid = req.matches[1];
     int slot = -1;
     if (!sid.empty() && sid.size() <= 9 && sid.find_first_not_of("0123456789") == std::string::npos) slot = std::stoi(sid);
