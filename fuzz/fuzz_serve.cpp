@@ -45,7 +45,7 @@ void CheckStream(const std::string& input, const std::vector<std::string>& stops
 // input's bytes the constraint allows are taken, then the lowest allowed byte each step; the call
 // must end within MaxChars bytes and read as exactly one call with JSON arguments.
 void CheckConstraint(const std::string& tools_json, const std::string& name, const std::string& input) {
-  const nlohmann::json tools = nlohmann::json::parse(tools_json, nullptr, false);
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(tools_json, nullptr, false);
   for (auto syn : {mz::serve::ToolSyntax::kHermes, mz::serve::ToolSyntax::kLlama3}) {
     mz::serve::ToolCallConstraint k(syn, tools, name);
     std::string taken;
@@ -139,7 +139,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (r.parse_tool_calls && (r.tool_choice == "required" || r.tool_choice == "function"))
       CheckConstraint(r.tools_json, r.tool_choice_name, text);
   }
-  // POST /tokenize and /detokenize bodies (issue 46): refused with a 400 naming a field, or within
+  // POST /tokenize, /detokenize and /slots/ID action bodies (issue 46): refused with a 400 naming a field, or within
   // bounds; the timings object of any figures is JSON.
   {
     mz::serve::TokenizeRequest t;
@@ -159,6 +159,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       for (int32_t id : toks)
         if (id < 0 || id >= kVocab) Fail("a token id out of the vocabulary accepted");
+    }
+    // POST /slots/ID?action=...: any body either passes (no "filename") or is a 400 with a message;
+    // a "filename" is never accepted.
+    for (const char* action : {"save", "restore", "erase", ""}) {
+      mz::serve::SlotAction sa;
+      mz::serve::ApiError e3;
+      if (!mz::serve::ParseSlotAction(action, body, mz::serve::Limits(), &sa, &e3)) {
+        if (e3.http != 400 || e3.message.empty()) Fail("a slot action refusal without a 400 and a message");
+      } else {
+        if (!*action) Fail("a slot action without an action accepted");
+        const auto j = nlohmann::json::parse(body, nullptr, false);
+        if (!j.is_discarded() && j.is_object() && j.contains("filename")) Fail("a slot action naming a file accepted");
+      }
     }
     mz::serve::Timings tm;
     tm.set = true;

@@ -139,9 +139,12 @@ PY
   done
 }
 check_required Qwen3
+node "$HERE/serve_tools.mjs" "http://127.0.0.1:$PORT/v1" "$NPM_DIR" schema || fail "schema-constrained tool calls, Qwen3 (openai client)"
 stop
 start "$LLAMA"
 check_required "Llama 3.2"
+node "$HERE/serve_tools.mjs" "http://127.0.0.1:$PORT/v1" "$NPM_DIR" schema || fail "schema-constrained tool calls, Llama 3.2 (openai client)"
+ok "openai client: an agent's schema (optional keys, nesting, arrays, numbers, null, enums), required and named, streamed and not, on Qwen3 and Llama 3.2"
 ok "curl: a named function on random weights (Qwen3, Llama 3.2), streamed and not: its required keys, typed"
 stop
 

@@ -205,7 +205,10 @@ def main():
         fail(f"/slots with --no-slots: {st} {out[:200]!r}")
     if jreq(a.port, "GET", "/props")[0]["endpoint_slots"] is not False:
         fail("/props endpoint_slots with --no-slots")
-    ok("--no-slots: /slots 501 (as llama-server's), /props endpoint_slots false")
+    st, out, _ = request(a.port, "POST", "/slots/0?action=save")
+    if st != 501:
+        fail(f"POST /slots/0?action=save with --no-slots: {st} {out[:200]!r}")
+    ok("--no-slots: /slots and its actions 501 (as llama-server's), /props endpoint_slots false")
     a.stop()
 
     # --- key files that must not start
@@ -399,6 +402,73 @@ def main():
        f"busy with {busy[0]['next_token'][0]['n_decoded']} tokens decoded")
     sr.read()
     sc.close()
+
+    # --- /slots actions (POST /slots/ID?action=save|restore|erase) on the streamed turn's slot and
+    # conversation: save persists it now, restore brings its KV back after an evict, erase forgets it.
+    sid, c2 = busy[0]["id"], busy[0]["mzcache"]["conversation"]
+    for _ in range(100):
+        if not jreq(p, "GET", "/slots", key=key)[0][sid]["is_processing"]:
+            break
+        time.sleep(0.05)
+    st, _, _ = request(p, "POST", f"/slots/{sid}?action=save")
+    if st != 401:
+        fail(f"slot action without the key: {st}")
+    sv, _ = jreq(p, "POST", f"/slots/{sid}?action=save", key=key)
+    got = jreq(p, "GET", f"/v1/conversations/{c2}", key=key)[0]
+    if (sv["id_slot"] != sid or sv["filename"] != c2 or sv["n_saved"] <= 0 or sv["n_saved"] != got["stored_tokens"] or
+            sv["n_saved"] != got["tokens"] or sv["n_written"] != got["stored_bytes"] or "save_ms" not in sv["timings"]):
+        fail(f"save: {sv} (conversation {got})")
+    ev, _ = jreq(p, "POST", f"/v1/conversations/{c2}/evict", key=key)
+    rs, _ = jreq(p, "POST", f"/slots/{sid}?action=restore", key=key, raw="{}")
+    if (ev["bytes"]["resident"] != 0 or rs["n_restored"] != got["tokens"] or rs["n_read"] <= 0 or
+            rs["mzcache"]["bytes"]["resident"] <= 0 or "restore_ms" not in rs["timings"]):
+        fail(f"restore after evict: {rs} (evict {ev})")
+    fresh = [x["id"] for x in jreq(p, "GET", "/slots", key=key)[0] if "id_task" not in x]
+    if fresh:
+        e404 = request(p, "POST", f"/slots/{fresh[0]}?action=save", key=key)
+        if e404[0] != 404:
+            fail(f"save on a slot that never ran: {e404[0]} {e404[1][:200]!r}")
+        if jreq(p, "POST", f"/slots/{fresh[0]}?action=erase", key=key)[0]["n_erased"] != 0:
+            fail("erase on a slot that never ran erased something")
+    # bad input: a 400 naming the field; a file is never named by a request
+    for path, body, param in ((f"/slots/{sid}", None, "action"), (f"/slots/{sid}?action=load", None, "action"),
+                              (f"/slots/{sid}?action=save", {"filename": "x.bin"}, "filename"),
+                              (f"/slots/{sid}?action=restore", {"filename": "../../etc/passwd"}, "filename"),
+                              ("/slots/8?action=save", None, "id_slot"), ("/slots/-1?action=save", None, "id_slot"),
+                              ("/slots/x?action=erase", None, "id_slot"),
+                              ("/slots/99999999999?action=erase", None, "id_slot")):
+        expect_400(p, key, path, body, param)
+    expect_400(p, key, f"/slots/{sid}?action=save", None, None, raw="not json")
+    expect_400(p, key, f"/slots/{sid}?action=save", None, None, raw="[1]")
+    if jreq(p, "GET", f"/v1/conversations/{c2}", key=key)[0]["tokens"] != got["tokens"]:
+        fail("a refused slot action changed the conversation")
+    er, _ = jreq(p, "POST", f"/slots/{sid}?action=erase", key=key)
+    if er["n_erased"] != got["tokens"] or er["mzcache"] != {"conversation": c2, "forgotten": True}:
+        fail(f"erase: {er}")
+    jreq(p, "GET", f"/v1/conversations/{c2}", key=key, expect=404)
+    if jreq(p, "POST", f"/slots/{sid}?action=erase", key=key)[0]["n_erased"] != 0:
+        fail("a second erase erased something")
+    jreq(p, "POST", f"/slots/{sid}?action=save", key=key, expect=404)
+    # a busy slot: 409, never waits (after the erase above: the new turn may take slot sid)
+    sc = http.client.HTTPConnection(HOST, p, timeout=120)
+    sc.request("POST", "/v1/chat/completions", body=json.dumps(
+        {"messages": [{"role": "user", "content": "Count again."}], "max_tokens": 400, "temperature": 1,
+         "stream": True, "seed": 4}), headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    sr = sc.getresponse()
+    st, out = 0, b""
+    for _ in range(60):  # the turn may end between the look and the action: look again
+        sr.readline()
+        bs = [x for x in jreq(p, "GET", "/slots", key=key)[0] if x["is_processing"]]
+        if bs:
+            st, out, _ = request(p, "POST", f"/slots/{bs[0]['id']}?action=erase", key=key)
+            if st == 409:
+                break
+    if st != 409:
+        fail(f"erase on a busy slot: {st} {out[:200]!r}")
+    sr.read()
+    sc.close()
+    ok(f"/slots actions: save ({sv['n_saved']} tokens, {sv['n_written']} bytes stored), restore after evict "
+       f"({rs['n_read']} bytes read), erase (forgotten, then 404); 400s naming action, filename, id_slot; 409 when busy")
 
     # --- conversations as resources
     r, _ = jreq(p, "GET", "/v1/conversations", key=key)

@@ -63,6 +63,87 @@ if (mode === 'required') {
   process.exit(0);
 }
 
+// --- mode "schema" (random weights, no script): an agent's schema (optional keys, nested objects,
+// arrays of strings and of objects, numbers, integers, booleans, null, enums of strings, a nullable
+// string) under tool_choice "required" and named, streamed and not: every call's arguments must be
+// valid for it (validate() below: this test's own reading of docs/server.md's rules); then the call
+// and a tool result go back and the conversation continues.
+if (mode === 'schema') {
+  const edit = { type: 'function', function: { name: 'edit_file', description: 'Edit a file',
+    parameters: { type: 'object', properties: {
+      path: { type: 'string', minLength: 1, maxLength: 24 },
+      scale: { type: 'number' },
+      mode: { type: 'string', enum: ['append', 'overwrite'] },
+      tags: { type: 'array', items: { type: 'string', maxLength: 8 }, maxItems: 3 },
+      edits: { type: 'array', minItems: 1, maxItems: 2, items: { type: 'object', properties: {
+        line: { type: 'integer' }, text: { type: ['string', 'null'], maxLength: 16 }, done: { type: 'boolean' } },
+        required: ['line'] } },
+      opts: { type: 'object', properties: { dry: { type: 'boolean' }, level: { type: 'null' } } } },
+      required: ['path', 'edits'] } } };
+  const schemaTools = [edit, tools[0]];
+  const validate = (v, s, at) => {
+    if (s.enum) { if (!s.enum.includes(v)) throw new Error(`${at}: ${JSON.stringify(v)} not in enum`); return; }
+    if (Array.isArray(s.type)) {
+      const errs = [];
+      for (const t of s.type) { try { validate(v, { ...s, type: t }, at); return; } catch (e) { errs.push(e.message); } }
+      throw new Error(errs.join('; '));
+    }
+    const type = s.type ?? 'string';
+    const ok = {
+      string: () => typeof v === 'string' && [...v].length <= (s.maxLength ?? 128) && [...v].length >= (s.minLength ?? 0) && !v.includes('<'),
+      integer: () => Number.isInteger(v), number: () => typeof v === 'number', boolean: () => typeof v === 'boolean',
+      null: () => v === null,
+      array: () => Array.isArray(v) && v.length <= (s.maxItems ?? 8) && v.length >= (s.minItems ?? 0),
+      object: () => v !== null && typeof v === 'object' && !Array.isArray(v),
+    }[type];
+    if (!ok || !ok()) throw new Error(`${at}: ${JSON.stringify(v)} is not a valid ${type}`);
+    if (type === 'array') v.forEach((x, i) => validate(x, s.items, `${at}[${i}]`));
+    if (type === 'object') {
+      for (const k of s.required ?? []) if (!(k in v)) throw new Error(`${at}: required key ${k} missing`);
+      for (const [k, x] of Object.entries(v)) {
+        if (!(s.properties ?? {})[k]) throw new Error(`${at}: key ${k} not in the schema`);
+        validate(x, s.properties[k], `${at}.${k}`);
+      }
+    }
+  };
+  const checkValid = (c, what) => {
+    const t = schemaTools.find((x) => x.function.name === c?.function?.name);
+    let err = t ? null : 'not an offered tool';
+    if (t) { try { validate(JSON.parse(c.function.arguments), t.function.parameters, 'arguments'); } catch (e) { err = e.message; } }
+    check(err === null, `${what}: ${c?.function?.name}(${c?.function?.arguments}) valid for its schema${err ? ': ' + err : ''}`);
+  };
+  const seen = new Set();
+  for (const seed of [1, 2, 3, 4, 5, 6]) {
+    const stream = seed % 2 === 0;
+    const tool_choice = seed <= 4 ? { type: 'function', function: { name: 'edit_file' } } : 'required';
+    const msgs = [{ role: 'user', content: 'Fix the file.' }];
+    let call;
+    if (stream) {
+      const s = await streamed(msgs, { tools: schemaTools, tool_choice, seed, temperature: 1 });
+      check(s.finish === 'tool_calls' && s.calls.length === 1, `schema seed ${seed} streamed: one call (${s.finish})`);
+      call = s.calls[0];
+    } else {
+      const r = await client.chat.completions.create({ model, messages: msgs, tools: schemaTools, tool_choice, seed, temperature: 1 });
+      check(r.choices[0].finish_reason === 'tool_calls' && r.choices[0].message.tool_calls?.length === 1,
+        `schema seed ${seed}: one call (${r.choices[0].finish_reason})`);
+      call = r.choices[0].message.tool_calls?.[0];
+    }
+    checkValid(call, `schema seed ${seed}${stream ? ' streamed' : ''}`);
+    if (call?.function?.name === 'edit_file') for (const k of Object.keys(JSON.parse(call.function.arguments))) seen.add(k);
+    if (seed === 1) {  // the agent loop goes on: the call and its result back, then an answer
+      msgs.push({ role: 'assistant', content: null, tool_calls: [call] });
+      msgs.push({ role: 'tool', tool_call_id: call.id, content: '{"ok": true}' });
+      const r2 = await client.chat.completions.create({ model, messages: msgs, tools: schemaTools, max_tokens: 4 });
+      check(r2.usage.prompt_tokens_details.cached_tokens > 0,
+        `after the constrained call the conversation continues (${r2.usage.prompt_tokens_details.cached_tokens} cached)`);
+    }
+  }
+  check(seen.has('path') && seen.has('edits'), `the required keys appear (${[...seen]})`);
+  if (failed) { console.error(`${failed} check(s) failed`); process.exit(1); }
+  console.log('all schema-constrained tool checks passed');
+  process.exit(0);
+}
+
 // --- non-streamed flow
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
 const r1 = await client.chat.completions.create({ model, messages, tools });

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -400,6 +401,32 @@ TEST(ServeApi, TokenizeAndDetokenizeBodies) {
   }
   EXPECT_EQ(PieceJson("ok"), "ok");
   EXPECT_EQ(PieceJson("\xe4"), nlohmann::json::array({0xe4}));
+}
+
+// POST /slots/ID?action=...: the three actions, an empty or object body; a filename (llama-server's
+// file for save/restore) is refused naming it, whatever it says; anything else is a 400 too.
+TEST(ServeApi, SlotActionBodies) {
+  SlotAction a;
+  ApiError e;
+  EXPECT_TRUE(ParseSlotAction("save", "", Limits(), &a, &e));
+  EXPECT_EQ(a, SlotAction::kSave);
+  EXPECT_TRUE(ParseSlotAction("restore", " \n", Limits(), &a, &e));
+  EXPECT_EQ(a, SlotAction::kRestore);
+  EXPECT_TRUE(ParseSlotAction("erase", "{}", Limits(), &a, &e));
+  EXPECT_EQ(a, SlotAction::kErase);
+  EXPECT_TRUE(ParseSlotAction("save", R"({"other":1})", Limits(), &a, &e));
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {"", "", "action"}, {"load", "", "action"}, {"SAVE", "", "action"},
+      {"save", R"({"filename":"slot0.bin"})", "filename"}, {"restore", R"({"filename":"../../x"})", "filename"},
+      {"erase", R"({"filename":null})", "filename"}, {"save", "not json", ""}, {"save", "[]", ""},
+      {"save", std::string(100, '[') + std::string(100, ']'), ""}};
+  for (const auto& [action, body, param] : bad) {
+    ApiError err;
+    EXPECT_FALSE(ParseSlotAction(action, body, Limits(), &a, &err)) << action << " " << body;
+    EXPECT_EQ(err.http, 400) << body;
+    EXPECT_EQ(err.param, param) << action << " " << body << ": " << err.message;
+    EXPECT_FALSE(err.message.empty());
+  }
 }
 
 TEST(ServeApi, TimingsAsLlamaServer) {

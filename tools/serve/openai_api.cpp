@@ -466,6 +466,23 @@ bool ParseDetokenize(const std::string& body, const Limits& limits, int32_t n_vo
   return true;
 }
 
+bool ParseSlotAction(const std::string& action, const std::string& body, const Limits& limits, SlotAction* out,
+                     ApiError* err) {
+  if (action == "save") *out = SlotAction::kSave;
+  else if (action == "restore") *out = SlotAction::kRestore;
+  else if (action == "erase") *out = SlotAction::kErase;
+  else return Fail(err, "'action' must be save, restore or erase (?action=...)", "action");
+  if (body.find_first_not_of(" \t\r\n") == std::string::npos) return true;
+  json j;
+  if (!ObjectBody(body, limits, &j, err)) return false;
+  if (j.contains("filename"))
+    return Fail(err,
+                "'filename' is not accepted: no request names a file. A slot's conversation is saved to and restored "
+                "from the pool's own file (its conversation id); send the action without 'filename'",
+                "filename");
+  return true;
+}
+
 json PieceJson(const std::string& piece) {
   if (SanitizeUtf8(piece) == piece) return piece;
   return Bytes(piece);

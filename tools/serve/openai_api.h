@@ -137,6 +137,14 @@ bool ParseTokenize(const std::string& body, const Limits& limits, TokenizeReques
 // POST /detokenize: {"tokens": [ids]}, every id an integer in [0, n_vocab).
 bool ParseDetokenize(const std::string& body, const Limits& limits, int32_t n_vocab, std::vector<int32_t>* out,
                      ApiError* err);
+// POST /slots/{id}?action=A (llama-server's slot actions, mapped onto the pool: resources.cpp and
+// docs/server.md "/slots actions"). action: the query's value ("save", "restore" or "erase"; else a
+// 400 with param "action"); body: empty, or a JSON object whose only field llama-server defines,
+// "filename", is refused (400, param "filename": no request names a file; the pool's own file of the
+// slot's conversation is used). Other fields are ignored, as llama-server ignores them.
+enum class SlotAction { kSave, kRestore, kErase };
+bool ParseSlotAction(const std::string& action, const std::string& body, const Limits& limits, SlotAction* out,
+                     ApiError* err);
 // A piece as /tokenize's with_pieces gives it: a string if valid UTF-8, else its bytes.
 nlohmann::json PieceJson(const std::string& piece);
 

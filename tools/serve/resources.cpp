@@ -5,6 +5,7 @@
 // reaches the library through the public C API only.
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -397,15 +398,19 @@ void Server::ResourceRoutes() {
   // GET /slots: llama-server's per-slot fields (its server_slot::to_json with metrics), mzcache's
   // own under "mzcache" (the slot's conversation and model); ?fail_on_no_slot=1: 503 when every slot
   // is busy. --no-slots: 501, as llama-server's.
-  http_.Get("/slots", [this](const httplib::Request& req, httplib::Response& res) {
+  const auto slots_off = [this](httplib::Response& res) {  // --no-slots: 501, as llama-server's
+    if (a_.slots) return false;
+    ApiError e;
+    e.http = 501;
+    e.type = "not_supported_error";
+    e.message = "This server does not support slots endpoint. Start it without --no-slots";
+    Error(res, e);
+    return true;
+  };
+  http_.Get("/slots", [this, slots_off](const httplib::Request& req, httplib::Response& res) {
     if (!Authorized(req, res)) return;
     ApiError e;
-    if (!a_.slots) {
-      e.http = 501;
-      e.type = "not_supported_error";
-      e.message = "This server does not support slots endpoint. Start it without --no-slots";
-      return Error(res, e);
-    }
+    if (slots_off(res)) return;
     if (req.has_param("fail_on_no_slot") && !req.get_param_value("fail_on_no_slot").empty() &&
         slots_.n_free() == 0) {
       e.http = 503;
@@ -532,9 +537,7 @@ void Server::ResourceRoutes() {
     const std::string id = req.matches[1];
     if (bad_id(id, res)) return;
     serve::ServedModel* m = models_.OwnerOf(id);
-    if (int st = m ? mz_pool_delete(m->pool, id.c_str()) : MZ_ERR_INVALID_ARG; st != MZ_OK) return pool_error(st, id, res);
-    m->router.Forget(id);
-    std::remove(TurnMarkPath(*m, id).c_str());
+    if (int st = m ? Forget(m, id) : MZ_ERR_INVALID_ARG; st != MZ_OK) return pool_error(st, id, res);
     JsonBody(res, {{"id", id}, {"object", "conversation"}, {"deleted", true}});
   });
   http_.Post(R"(/v1/conversations/([^/]*)/(evict|restore))",
@@ -555,6 +558,79 @@ void Server::ResourceRoutes() {
                out[evict ? "freed" : "restored"] = moved;
                JsonBody(res, out);
              });
+  // POST /slots/{id}?action=save|restore|erase: llama-server's slot actions on the conversation the
+  // slot ran last (docs/server.md "/slots actions"): save persists it now (mz_pool_flush: the pool's
+  // own file), restore brings its KV back into RAM ahead of its next turn, erase forgets it (as
+  // DELETE /v1/conversations/ID). A busy slot is a 409 (an action never waits for a turn); a slot
+  // that never ran a turn has nothing to save or restore (404) and nothing to erase (n_erased 0).
+  http_.Post(R"(/slots/([^/]*))", [this, pool_error, slots_off](const httplib::Request& req, httplib::Response& res) {
+    if (!Authorized(req, res)) return;
+    ApiError e;
+    if (slots_off(res)) return;
+    const std::string sid = req.matches[1];
+    int slot = -1;
+    if (!sid.empty() && sid.size() <= 9 && sid.find_first_not_of("0123456789") == std::string::npos) slot = std::stoi(sid);
+    if (slot < 0 || slot >= slots_.size()) {
+      e.message = "'" + serve::SanitizeUtf8(sid.substr(0, 64)) + "' is not a slot id (0 to " +
+                  std::to_string(slots_.size() - 1) + ")";
+      e.param = "id_slot";
+      return Error(res, e);
+    }
+    serve::SlotAction action;
+    if (!serve::ParseSlotAction(req.get_param_value("action"), req.body, limits_, &action, &e)) return Error(res, e);
+    const serve::SlotView v = slots_.Snapshot()[size_t(slot)];
+    if (v.is_processing) {
+      e.http = 409;
+      e.message = "slot " + sid + " is processing a turn; try again when it ends";
+      return Error(res, e);
+    }
+    const std::string& id = v.task.conversation;
+    serve::ServedModel* m = id.empty() ? nullptr : models_.OwnerOf(id);
+    if (action == serve::SlotAction::kErase) {
+      mz_conversation_report r{};
+      bool forgotten = false;  // false: nothing held (never ran, or already forgotten)
+      if (m && mz_pool_conversation_report(m->pool, id.c_str(), &r) == MZ_OK) {
+        if (int st = Forget(m, id); st != MZ_OK) return pool_error(st, id, res);
+        forgotten = true;
+      }
+      return JsonBody(res, {{"id_slot", slot}, {"n_erased", forgotten ? r.n_tokens : 0},
+                            {"mzcache", {{"conversation", id}, {"forgotten", forgotten}}}});
+    }
+    if (!m) {
+      e.http = 404;
+      e.code = "not_found";
+      e.message = id.empty() ? "slot " + sid + " has not run a turn: no conversation to " + req.get_param_value("action")
+                             : "slot " + sid + "'s conversation '" + id + "' is no longer held (forgotten)";
+      return Error(res, e);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t moved = 0;
+    const int st = action == serve::SlotAction::kSave ? mz_pool_flush(m->pool)
+                                                      : mz_pool_restore_conversation(m->pool, id.c_str(), &moved);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (st != MZ_OK) return pool_error(st, id, res);
+    mz_conversation_report r;
+    if (int s2 = mz_pool_conversation_report(m->pool, id.c_str(), &r); s2 != MZ_OK) return pool_error(s2, id, res);
+    json out = {{"id_slot", slot}, {"filename", id}};
+    if (action == serve::SlotAction::kSave) {
+      out["n_saved"] = r.stored_tokens;
+      out["n_written"] = r.stored_bytes;
+      out["timings"] = {{"save_ms", ms}};
+    } else {
+      out["n_restored"] = r.n_tokens;
+      out["n_read"] = moved;
+      out["timings"] = {{"restore_ms", ms}};
+    }
+    out["mzcache"] = ConversationJson(r, m->id);
+    JsonBody(res, out);
+  });
+}
+
+int Server::Forget(serve::ServedModel* m, const std::string& id) {
+  if (int st = mz_pool_delete(m->pool, id.c_str()); st != MZ_OK) return st;
+  m->router.Forget(id);
+  std::remove(TurnMarkPath(*m, id).c_str());
+  return MZ_OK;
 }
 
 }  // namespace mz::cli::serve_app

@@ -329,7 +329,7 @@ serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
   // (tools/serve/tool_constraint.h); tools_json holds the tools offered (only the named one).
   std::optional<serve::ToolCallConstraint> constraint;
   if (job.req.parse_tool_calls && (job.req.tool_choice == "required" || job.req.tool_choice == "function")) {
-    constraint.emplace(job.m->tool_syntax, nlohmann::json::parse(job.req.tools_json, nullptr, false),
+    constraint.emplace(job.m->tool_syntax, nlohmann::ordered_json::parse(job.req.tools_json, nullptr, false),
                        job.req.tool_choice_name);
     tp.constraint = &*constraint;
   }

@@ -118,6 +118,10 @@ class Server {
   void ResourceRoutes();
   std::string MetricsText();
   nlohmann::json ConversationJson(const mz_conversation_report& r, const std::string& model);
+  // Forgets conversation id of m: the pool's memory, swap and stored file (mz_pool_delete), the
+  // router's history and the turn mark. The pool's status (MZ_ERR_INVALID_ARG: unknown, MZ_ERR_BUSY:
+  // a turn runs on it); nothing is changed unless the pool deleted it.
+  int Forget(serve::ServedModel* m, const std::string& id);
   // After a turn: the metrics and the response's timings (llama-server's "timings" object).
   void RecordTurn(const serve::TurnResult& t, int prompt_n, int cache_n, serve::Timings* timings);
 
