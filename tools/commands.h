@@ -34,6 +34,7 @@ void AddKvTypeBench(CLI::App* bench, Runners& runners);     // bench kv-type (q8
 void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
 void AddPoolBench(CLI::App* bench, Runners& runners);       // bench pool
 void AddModelsBench(CLI::App* bench, Runners& runners);     // bench models
+void AddFieldNotesBench(CLI::App* bench, Runners& runners); // bench field-notes (tools/bench/cmd_bench_field_notes.cpp)
 void AddBatchBench(CLI::App* bench, Runners& runners);      // bench batch (tools/bench/cmd_bench_batch.cpp)
 void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)
 void AddSustainedBench(CLI::App* bench, Runners& runners);  // bench sustained (tools/bench/cmd_bench_sustained.cpp)
