@@ -13,7 +13,11 @@
 #        left in RAM), then a turn that restores what was given back;
 #   chat --conversation NAME started and resumed from the pool's folder, `conversations` (table,
 #        --json) and `conversations rm` (an unknown name refused);
-#   plan --recommend: the residency table's 8B rows name a failure and its reason per phone tier.
+#   plan --recommend: the residency table's 8B rows name a failure and its reason per phone tier;
+#   --weights (issue 49): on a tiny Q4_0 model (made here), run --weights repacked holds every layer
+#        in anonymous memory (the repacked form) and the default keeps them mapped from the file, chat
+#        --weights repacked shows it in /memory units, serve and bench models take the option, and a
+#        value that is not a form is refused.
 # Usage: tests/check_cli.sh MZCACHE MODEL_DIR   (MODEL_DIR/tiny-qwen3-q8_0.gguf; as cli_on_test_model.sh,
 # $MZ_TEST_MODEL_DIR_OVERRIDE wins when set)
 set -uo pipefail
@@ -139,6 +143,34 @@ expect_json "plan --recommend: Llama-3.1-8B Q4_K_M on an 8 GB phone is killed at
   '[(r["repack"], r["tiers"][1]["failure"]) for r in j["residency"] if r["model"] == "Llama-3.1-8B" and r["quant"] == "q4_k_m"] == [(True, "killed at load"), (False, "thrash")] and all(c["why"] for r in j["residency"] for c in r["tiers"])'
 "$cli" plan --recommend --ram-gib 8 --read-mbps 800 --shapes qwen3-0.6b --quants q8_0 >"$out" 2>&1
 expect "plan --recommend: the residency table's 8B rows" '^\| Qwen3-8B \| q3_k_m \| [0-9.]+ \| repacked \(default\) \| \*\*killed on return\*\*'
+
+# --weights: the switch reaches the model (the residency report's backing of each layer's unit, read
+# through mz_unit_info), on a Q4_0 model (AVX2 and NEON have a repacked Q4_0 kernel; Q8_0 has none
+# on AVX2, so the q8_0 test model would stay in the file form either way).
+q4=$work/tiny-q4_0.gguf
+if "$cli" make-model --shape tiny-qwen3 --type q4_0 -o "$q4" >"$out" 2>&1; then
+  "$cli" run -m "$q4" --swap "$work/swap4" -p "hi" -n 2 --weights repacked --residency-json "$work/rep.json" >"$out" 2>&1
+  expect_json "run --weights repacked: every layer is anonymous (repacked), the base unit stays mapped" "$work/rep.json" \
+    'all(u["backing"] == "anonymous" for u in j["units"] if u["kind"] == "weights" and u["layer"] >= 0) and [u["backing"] for u in j["units"] if u["unit"] == "weights[base]"] == ["model-file"]'
+  "$cli" run -m "$q4" --swap "$work/swap4" -p "hi" -n 2 --weights file --residency-json "$work/file.json" >"$out" 2>&1
+  expect_json "run --weights file: every layer mapped from the model file" "$work/file.json" \
+    'all(u["backing"] == "model-file" for u in j["units"] if u["kind"] == "weights")'
+  printf '/memory units\n' | "$cli" chat -m "$q4" --swap "$work/swap5" -n 2 --weights repacked >"$out" 2>&1
+  expect "chat --weights repacked: /memory units shows the layers anonymous" 'weights\[0\] +resident +anonymous'
+  "$cli" run -m "$q4" -p "hi" -n 2 --weights bogus >"$out" 2>&1
+  rc=$?
+  if [ $rc != 0 ] && grep -qE -- '--weights: bogus not in \{page-cache,file,anonymous,repacked\}' "$out"; then
+    echo "ok   run --weights bogus is refused (exit $rc)"
+  else
+    echo "FAIL run --weights bogus: exit $rc"; sed 's/^/  | /' "$out"; fail=1
+  fi
+  "$cli" serve --help >"$out" 2>&1
+  expect "serve --help: --weights" '--weights'
+  "$cli" bench models --help >"$out" 2>&1
+  expect "bench models --help: --weights" '--weights'
+else
+  echo "FAIL make-model tiny-qwen3 q4_0"; sed 's/^/  | /' "$out"; fail=1
+fi
 
 "$cli" run --help >"$out" 2>&1
 expect "run --help" '--kv-type'

@@ -14,12 +14,13 @@ void AddRunCommands(CLI::App& app, Runners& runners);    // run, chat
 void AddConversationCommands(CLI::App& app, Runners& runners);  // conversations [rm NAME]
 // chat --conversation NAME: a named conversation of the pool in dir (tools/cli/cmd_conversations.cpp).
 int RunConversationChat(const std::string& model, const std::string& dir, const std::string& id, int threads, int n_ctx,
-                        int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed);
+                        int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed,
+                        const std::string& weights = "page-cache");
 // chat -m A -m B: several models sharing one memory budget, /model NAME between turns, conversation
 // id ("" = "chat") in each model's pool, <dir>/<name>/ (tools/cli/cmd_conversations.cpp).
 int RunModelsChat(const std::vector<std::string>& models, const std::string& dir, const std::string& id, int threads,
                   int n_ctx, int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p,
-                  uint32_t seed);
+                  uint32_t seed, const std::string& weights = "page-cache");  // weights: --weights (tools/weights_option.h)
 void AddBenchCommands(CLI::App& app, Runners& runners);  // bench speed, bench ttft
 void AddProfileCommands(CLI::App& app, Runners& runners);  // profile
 void AddPlanCommands(CLI::App& app, Runners& runners);     // plan [--recommend] (tools/cli/cmd_plan.cpp)
@@ -33,6 +34,7 @@ void AddKvTypeBench(CLI::App* bench, Runners& runners);     // bench kv-type (q8
 void AddFootprintBench(CLI::App* bench, Runners& runners);  // bench footprint
 void AddPoolBench(CLI::App* bench, Runners& runners);       // bench pool
 void AddModelsBench(CLI::App* bench, Runners& runners);     // bench models
+void AddFieldNotesBench(CLI::App* bench, Runners& runners); // bench field-notes (tools/bench/cmd_bench_field_notes.cpp)
 void AddBatchBench(CLI::App* bench, Runners& runners);      // bench batch (tools/bench/cmd_bench_batch.cpp)
 void AddPaperBench(CLI::App* bench, Runners& runners);      // bench paper (runs the parts above)
 void AddSustainedBench(CLI::App* bench, Runners& runners);  // bench sustained (tools/bench/cmd_bench_sustained.cpp)

@@ -428,6 +428,7 @@ void AddBenchCommands(CLI::App& app, Runners& runners) {
   AddEvictBench(bench, runners);
   AddPoolBench(bench, runners);
   AddModelsBench(bench, runners);
+  AddFieldNotesBench(bench, runners);
   AddBatchBench(bench, runners);
   AddPeersBench(bench, runners);
   AddAccuracyBench(bench, runners);

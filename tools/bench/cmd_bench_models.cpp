@@ -73,6 +73,7 @@
 #include "tools/bench/report.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "tools/weights_option.h"
 
 namespace mz::cli {
 namespace models_bench {  // named: unity batches share anonymous namespaces
@@ -244,8 +245,7 @@ class System {
   }
   Status Load(Slot& s, mz_budget* budget) {
     mz_model* m = nullptr;
-    mz_model_params mp = mz_model_default_params();
-    mp.weight_memory = a_.weights == "anonymous" ? MZ_WEIGHTS_ANONYMOUS : MZ_WEIGHTS_PAGE_CACHE;
+    const mz_model_params mp = ModelParamsFor(a_.weights);
     MZ_RETURN_IF_ERROR(MzStatus(mz_model_load(s.path.c_str(), &mp, &m)));
     s.model.reset(m);
     mz_model_info info;
@@ -980,10 +980,7 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
     c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
     c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), "
                   "mzcache-overlap (restores overlapped with the prefill), unload-load, llama-server, all-in-memory");
-    c->add_option("--weights", a->weights,
-                  "how the mzcache systems hold weights: page-cache (mapped from the file, the default) or anonymous "
-                  "(read with direct I/O)")
-        ->check(CLI::IsMember({"page-cache", "anonymous"}));
+    AddWeightsOption(c, &a->weights);  // how the mzcache systems hold weights
     c->add_option("--overlap", a->overlap,
                   "restore_generate of the mzcache system: auto (overlapped or restore-first, chosen per call from the "
                   "cores and the measured costs: the default), full (restore overlapped with the prefill) or none "

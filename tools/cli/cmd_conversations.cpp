@@ -22,6 +22,7 @@
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "tools/serve/models.h"
+#include "tools/weights_option.h"
 
 namespace mz::cli {
 namespace {
@@ -88,6 +89,7 @@ struct PoolArgs {
   int threads = 2, n_ctx = 8192, n_predict = 128;
   uint64_t memory_budget_mib = 0;
   std::string persist_codec = "q8";
+  std::string weights = "page-cache";  // --weights (tools/weights_option.h)
 };
 
 struct Handles {
@@ -105,7 +107,8 @@ int OpenPool(PoolArgs& a, Handles* h) {
     if (!st.ok()) return Fail(st);
   }
   if (a.dir.empty()) a.dir = DefaultDir();
-  if (int rc = mz_model_load(a.model.c_str(), nullptr, &h->model)) return CFail("loading the model", rc);
+  const mz_model_params mp = ModelParamsFor(a.weights);
+  if (int rc = mz_model_load(a.model.c_str(), &mp, &h->model)) return CFail("loading the model", rc);
   mz_context_params cp = mz_context_default_params();
   cp.n_ctx = uint32_t(a.n_ctx);
   cp.n_threads = a.threads;
@@ -284,6 +287,7 @@ int ModelsChat(const std::vector<std::string>& paths, PoolArgs& a, const std::st
   }
   if (a.dir.empty()) a.dir = DefaultDir();
   serve::ModelSet set;
+  set.set_model_params(ModelParamsFor(a.weights));
   if (int rc = set.ShareBudget(a.memory_budget_mib << 20)) return CFail("creating the shared memory budget", rc);
   mz_context_params cp = mz_context_default_params();
   cp.n_ctx = uint32_t(a.n_ctx);
@@ -424,8 +428,10 @@ void AddConversationCommands(CLI::App& app, Runners& runners) {
 }
 
 int RunConversationChat(const std::string& model, const std::string& dir, const std::string& id, int threads, int n_ctx,
-                        int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed) {
+                        int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p, uint32_t seed,
+                        const std::string& weights) {
   PoolArgs a;
+  a.weights = weights;
   a.model = model;
   a.dir = dir;
   a.threads = threads;
@@ -437,8 +443,9 @@ int RunConversationChat(const std::string& model, const std::string& dir, const 
 
 int RunModelsChat(const std::vector<std::string>& models, const std::string& dir, const std::string& id, int threads,
                   int n_ctx, int n_predict, uint64_t memory_budget_mib, float temp, int top_k, float top_p,
-                  uint32_t seed) {
+                  uint32_t seed, const std::string& weights) {
   PoolArgs a;
+  a.weights = weights;
   a.dir = dir;
   a.threads = threads;
   a.n_ctx = n_ctx;

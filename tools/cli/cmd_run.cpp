@@ -18,6 +18,7 @@
 #include "tools/cli/trim_cli.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "tools/weights_option.h"
 
 namespace mz::cli {
 namespace {
@@ -47,6 +48,7 @@ struct GenArgs {
   std::string cpus;  // kernel CPU list to pin compute threads to ("" = default)
   std::string ctx_text = "8192";  // --ctx: tokens, or "auto" (n_ctx resolved once the model is known)
   bool no_memory_check = false;
+  std::string weights = "page-cache";  // --weights (tools/weights_option.h)
   std::string residency_json;  // run: the residency report written there after generating
   SustainedArgs sus;  // --sustained and its caps (tools/cli/sustained_cli.h)
 };
@@ -95,6 +97,7 @@ void AddGenOptions(CLI::App* c, GenArgs& a, bool several = false) {
   c->add_option("--kv-codec", a.kv_codec, "codec for compressed KV when evicting (q8, q4, cachegen, none, lz4, zstd)");
   c->add_option("--swap", a.swap_path, "storage swap file path (default in $TMPDIR or /var/tmp)");
   AddSustainedOptions(c, a.sus);
+  AddWeightsOption(c, &a.weights);
   c->add_option("--kv-type", a.kv_type, "resident KV format: f16, or q8_0 (q8 rows written live, about half the KV memory)")
       ->check(CLI::IsMember({"f16", "q8_0"}));
 }
@@ -227,7 +230,8 @@ int Open(GenArgs& a, Session* s) {
   if (!st.ok()) return Fail(st);
   if (a.n_ctx == 0 && AutoContext(a) != MZ_OK) return 1;
   const double t0 = Now();
-  int rc = mz_model_load(a.model.c_str(), nullptr, &s->model);
+  const mz_model_params mp = ModelParamsFor(a.weights);
+  int rc = mz_model_load(a.model.c_str(), &mp, &s->model);
   if (rc != MZ_OK) return CFail("loading " + a.model, rc);
   mz_model_info info{};
   mz_model_get_info(s->model, &info);
@@ -696,7 +700,7 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
                                      "conversation in its pool: --pool-dir, --conversation)");
       if (!st.ok()) return Fail(st);
       return RunModelsChat(ca->models, cv->dir, cv->name, ca->threads, ca->n_ctx, ca->n_predict, cv->budget_mib,
-                           ca->temp, ca->top_k, ca->top_p, ca->seed);
+                           ca->temp, ca->top_k, ca->top_p, ca->seed, ca->weights);
     }
     if (ca->models.size() == 1) ca->model = ca->models[0];
     if (!cv->name.empty()) {
@@ -706,7 +710,7 @@ void AddRunCommands(CLI::App& app, Runners& runners) {
     }
     if (!cv->name.empty())
       return RunConversationChat(ca->model, cv->dir, cv->name, ca->threads, ca->n_ctx, ca->n_predict, cv->budget_mib,
-                                 ca->temp, ca->top_k, ca->top_p, ca->seed);
+                                 ca->temp, ca->top_k, ca->top_p, ca->seed, ca->weights);
     return RunChat(*ca, *pa);
   });
 }

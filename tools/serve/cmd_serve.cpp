@@ -30,6 +30,7 @@
 
 #include "tools/commands.h"
 #include "tools/serve/server.h"
+#include "tools/weights_option.h"
 
 namespace mz::cli {
 
@@ -45,6 +46,7 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
                 "GGUF to serve; repeat for several models sharing --memory-budget, each named by its file's stem "
                 "and picked by a request's \"model\" (default: the synthesized Qwen3-0.6B)");
   c->add_option("--models-dir", a->models_dir, "serve every .gguf file of this folder too (as -m for each)");
+  AddWeightsOption(c, &a->weights);
   c->add_option("--host", a->host, "address to bind (default 127.0.0.1; another needs an API key)");
   c->add_option("--port", a->port, "port (default 8080; 0: any free port, printed)");
   c->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (default: $MZ_API_KEY; none on loopback)");

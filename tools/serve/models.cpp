@@ -69,7 +69,7 @@ int ModelSet::Add(ModelSpec spec, const std::string& dir, mz_pool_params pp,
                   std::function<bool(const std::string&)> routable, ServedModel** out, std::string* what) {
   auto m = std::make_unique<ServedModel>(std::move(spec), std::move(routable));
   m->dir = dir;
-  if (int rc = mz_model_load(m->path.c_str(), nullptr, &m->model)) {
+  if (int rc = mz_model_load(m->path.c_str(), &model_params_, &m->model)) {
     *what = "loading " + m->path;
     return rc;
   }

@@ -63,6 +63,9 @@ class ModelSet {
   // With several models: the budget every pool added afterwards shares (memory_budget bytes; 0:
   // none, only pressure and trims take). Call once, before the first Add. MZ_OK or the status.
   int ShareBudget(uint64_t memory_budget);
+  // How Add loads every model (mz_model_load's params: --weights, tools/weights_option.h); default
+  // mz_model_default_params(). Call before Add.
+  void set_model_params(const mz_model_params& p) { model_params_ = p; }
   mz_budget* budget() const { return budget_; }
   bool shared() const { return budget_ != nullptr; }
 
@@ -91,6 +94,7 @@ class ModelSet {
  private:
   std::vector<std::unique_ptr<ServedModel>> models_;
   mz_budget* budget_ = nullptr;
+  mz_model_params model_params_ = mz_model_default_params();
 };
 
 }  // namespace mz::serve

@@ -22,6 +22,7 @@
 #include "tools/common.h"
 #include "tools/bench/os_memory.h"
 #include "tools/serve/text_stream.h"
+#include "tools/weights_option.h"
 
 namespace mz::cli::serve_app {
 
@@ -744,6 +745,7 @@ int Server::Load() {
     specs_.push_back(d);
   }
   const bool several = specs_.size() > 1;
+  models_.set_model_params(ModelParamsFor(a_.weights));
   if (several) {  // one budget for every model's pool (tools/serve/models.h)
     if (int rc = models_.ShareBudget(a_.memory_budget_mib << 20)) return CFail("creating the shared memory budget", rc);
   }

@@ -59,6 +59,7 @@ struct ServeArgs {
   bool metrics = true;
   bool slots = true;  // GET /slots (--no-slots: off, as llama-server's)
   std::string api_key_file, cors;
+  std::string weights = "page-cache";  // --weights: how every model holds its weights (tools/weights_option.h)
   // A fleet's remote tier (docs/fleet.md): redis://[user@]host:port; its password from a file.
   std::string remote, remote_password_file;
   int remote_timeout_ms = 2000;
