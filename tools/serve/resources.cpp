@@ -534,7 +534,6 @@ void Server::ResourceRoutes() {
     serve::ServedModel* m = models_.OwnerOf(id);
     if (int st = m ? mz_pool_delete(m->pool, id.c_str()) : MZ_ERR_INVALID_ARG; st != MZ_OK) return pool_error(st, id, res);
     m->router.Forget(id);
-    std::remove(TurnMarkPath(*m, id).c_str());
     JsonBody(res, {{"id", id}, {"object", "conversation"}, {"deleted", true}});
   });
   http_.Post(R"(/v1/conversations/([^/]*)/(evict|restore))",
