@@ -6,8 +6,12 @@
 //   node bench/batch_race.mjs --mzcache build/mzcache --llama-server PATH -m MODEL.gguf --openai DIR
 //        [--streams 1,2,4,8] [--history-tokens 512] [--max-tokens 128] [--reps 2] [--threads 2]
 //        [--ctx-per-seq 1024] [--kv q8_0|f16] [--long-prompt-tokens 0] [--systems mzcache,llama]
-//        [--text FILE] [-o DIR]
+//        [--text FILE] [--api chat|completions] [-o DIR]
 //
+// --api completions sends the same text to /v1/completions (no chat template, no reply parsing on
+// either side: llama-server's chat parser fails some random-weight replies, e.g. one cut inside a
+// UTF-8 character, and fails the request). Long prefills (4k-token histories, 8 streams on 2 cores)
+// exceed Node's fetch (undici) default 300 s headers and body timeouts: they are turned off here.
 // Systems (alternated within every rep, A B A B ..., the first one alternating between reps), each
 // started fresh for every (rep, streams level), so nothing is cached between levels:
 //   mzcache  `mzcache serve --port 0 --port-file F --pool-dir <fresh> --ctx C --no-watch-pressure
@@ -40,7 +44,7 @@ import path from 'node:path';
 
 function args() {
   const a = { streams: [1, 2, 4, 8], historyTokens: 512, maxTokens: 128, reps: 2, threads: 2, ctxPerSeq: 0,
-              kv: 'f16', longPromptTokens: 0, o: 'results/batch-race' };
+              kv: 'f16', longPromptTokens: 0, api: 'chat', o: 'results/batch-race' };
   const v = process.argv.slice(2);
   for (let i = 0; i < v.length; i++) {
     const k = v[i], next = () => {
@@ -64,6 +68,7 @@ function args() {
     else if (k === '--long-prompt-tokens') a.longPromptTokens = +next();
     else if (k === '--systems') a.systems = next().split(',');
     else if (k === '--text') a.text = next();
+    else if (k === '--api') a.api = next();
     else if (k === '-o') a.o = next();
     else { console.error(`unknown option ${k} (--help)`); process.exit(2); }
   }
@@ -74,6 +79,7 @@ function args() {
   if (!a.systems.includes('mzcache')) a.mzcache ??= '-';
   for (const k of ['mzcache', 'llama', 'model', 'openai']) if (!a[k]) bad(`--${k === 'llama' ? 'llama-server' : k} is required`);
   if (!['f16', 'q8_0'].includes(a.kv)) bad('--kv is f16 or q8_0');
+  if (!['chat', 'completions'].includes(a.api)) bad('--api is chat or completions');
   if (!a.streams.length || a.streams.some(n => !Number.isInteger(n) || n < 1 || n > 64)) bad('--streams: integers in 1..64');
   for (const k of ['historyTokens', 'maxTokens', 'reps', 'threads']) if (!(Number.isInteger(a[k]) && a[k] >= 1)) bad(`bad ${k}`);
   if (!(Number.isInteger(a.longPromptTokens) && a.longPromptTokens >= 0)) bad('bad --long-prompt-tokens');
@@ -88,6 +94,8 @@ function args() {
 }
 function roundUp(x, m) { return Math.ceil(x / m) * m; }
 const A = args();
+const API = A.api;
+await relaxFetchTimeouts();
 const require = createRequire(import.meta.url);
 const mod = await import(pathToFileURL(require.resolve('openai', { paths: [A.openai] })).href);
 const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
@@ -223,18 +231,32 @@ function rssSampler(pid) {
 }
 
 // ---- one streamed request ----
+// API (chat or completions) is A.api, set at start.
+// Node's fetch (undici) gives up on a response whose headers or next body bytes take more than
+// 300 s: a long prefill behind other streams' prompts does. Its global dispatcher is replaced by
+// one of the same class without those timeouts (Node exposes no Agent constructor of its own).
+async function relaxFetchTimeouts() {
+  const sym = Symbol.for('undici.globalDispatcher.1');
+  if (!globalThis[sym]) { try { await fetch('http://127.0.0.1:9/'); } catch { /* only to make the dispatcher */ } }
+  const d = globalThis[sym];
+  if (!d) { console.error('[batch] warning: could not lift fetch timeouts (300 s)'); return; }
+  globalThis[sym] = new d.constructor({ headersTimeout: 0, bodyTimeout: 0 });
+}
 // Times in seconds from `base` (the level's start).
 async function stream(s, i, content, maxTokens, base, onFirst) {
   const client = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 1800000 });
   const t0 = performance.now();
   const rec = { client: i, start_s: (t0 - base) / 1000, ttft_s: NaN, chunk_s: [], end_s: NaN,
                 completion_tokens: null, prompt_tokens: null, content_chunks: 0, finish_reason: null, chars: 0 };
-  const req = { model: 'm', messages: [{ role: 'user', content }], max_tokens: maxTokens, temperature: 0.8, seed: i,
+  const req = { model: 'm', max_tokens: maxTokens, temperature: 0.8, seed: i,
                 stream: true, stream_options: { include_usage: true }, ignore_eos: true };
-  const st = await client.chat.completions.create(req);
+  const chat = API !== 'completions';
+  if (chat) req.messages = [{ role: 'user', content }];
+  else req.prompt = content;
+  const st = chat ? await client.chat.completions.create(req) : await client.completions.create(req);
   for await (const ch of st) {
     const c = ch.choices?.[0];
-    const d = c?.delta?.content;
+    const d = chat ? c?.delta?.content : c?.text;
     if (typeof d === 'string' && d.length > 0) {
       const now = performance.now();
       if (Number.isNaN(rec.ttft_s)) { rec.ttft_s = (now - t0) / 1000; onFirst?.(); }

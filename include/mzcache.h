@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 16
+#define MZ_VERSION_MINOR 17
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -205,6 +205,14 @@ const float* mz_get_logits(mz_context* ctx, int32_t i);
 int32_t mz_context_n_tokens(const mz_context* ctx);
 /* Forgets tokens from position n_keep on (n_keep = 0 clears the conversation). */
 int mz_context_truncate(mz_context* ctx, int32_t n_keep);
+/* The turn mark (since 0.17): where the last turn's prompt ended in the context's tokens, set by
+ * the app (a chat server: the start of the last reply, which tells a client's resent history that
+ * continues the conversation from one that edits its last reply). Saved and loaded with the
+ * session file (mz_session_save / load) and with a pool's stored files. A truncate before it, or
+ * a load of a file without one, clears it. set: MZ_ERR_INVALID_ARG unless 0 <= n <= n_tokens.
+ * get: the mark, or -1 when none (or ctx is NULL). */
+int mz_context_set_turn_mark(mz_context* ctx, int32_t n);
+int32_t mz_context_turn_mark(const mz_context* ctx);
 
 /* Changes the context's compute threads between calls (since 0.7): n_threads threads from the
  * next mz_decode / mz_restore_generate on, pinned one per CPU to the first n_threads of
@@ -902,6 +910,11 @@ const float* mz_conversation_logits(mz_conversation* conv, int32_t i);
 mz_token mz_conversation_sample(mz_conversation* conv, mz_sampler* s, int32_t i);
 int32_t mz_conversation_n_tokens(mz_conversation* conv);
 int mz_conversation_truncate(mz_conversation* conv, int32_t n_keep);
+/* Since 0.17: the conversation's turn mark (see mz_context_set_turn_mark), set during a turn
+ * before its commit: persisted with the conversation (and its remote copy), so that after a
+ * restart, or on another server of a fleet, mz_pool_conversation_turn_mark gives it back.
+ * MZ_ERR_INVALID_ARG unless 0 <= n <= its tokens, or once it is closed or deleted. */
+int mz_conversation_set_turn_mark(mz_conversation* conv, int32_t n);
 /* The end of a turn: the conversation is persisted (in the background with write_behind). Since
  * 0.13 it also ends the turn for the budget: a conversation is in use (spared by the budget pass
  * while two or more are) from a restore_generate or a one-token decode until its commit, or until
@@ -953,6 +966,10 @@ int mz_pool_get_report(mz_pool* pool, struct mz_pool_report* out);
  * cannot be read; opening it would report the same). A server that receives whole histories
  * (OpenAI's chat API) uses it to find the conversation a request continues. */
 int32_t mz_pool_conversation_tokens(mz_pool* pool, const char* id, mz_token* out, int32_t cap);
+/* Since 0.17: conversation id's turn mark into *out (-1: none), an open conversation's or its
+ * stored file's (read when the pool opened or last wrote it: no file is read here). MZ_OK;
+ * MZ_ERR_INVALID_ARG (NULL argument, no such conversation), MZ_ERR_BUSY (a call runs on it). */
+int mz_pool_conversation_turn_mark(mz_pool* pool, const char* id, int32_t* out);
 /* Shared prefix chunks (since 0.10): a full chunk (256 tokens, all layers) that several
  * conversations start with is held once in the pool's store, reference-counted, borrowed by each
  * of them and freed when the last one lets it go (truncated before it, closed, deleted). Since

@@ -308,6 +308,46 @@ TEST(Pool, RestartFindsConversationsAndSharesFromStorage) {
   EXPECT_EQ(Last(ca->logits(0), nv), a_next);
 }
 
+// The turn mark is the pool's: persisted with the conversation's file at its commit, given back
+// after a restart without loading the conversation, and kept when a later turn's cut is after it.
+TEST(Pool, TurnMarkIsPersistedWithTheConversationAndKnownAfterARestart) {
+  auto m = LoadModel();
+  const std::string dir = FreshDir("turnmark");
+  const auto a = Tokens(0, 300, 7);
+  {
+    std::unique_ptr<Pool> pool;
+    ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+    std::shared_ptr<Conversation> ca;
+    ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+    ASSERT_TRUE(ca->Decode(a.data(), 250, false).ok());
+    int mark = 0;
+    ASSERT_TRUE(pool->TurnMark("a", &mark).ok());
+    EXPECT_EQ(mark, -1);
+    EXPECT_EQ(ca->SetTurnMark(251).code(), Status::kInvalidArgument);
+    ASSERT_TRUE(ca->SetTurnMark(250).ok());
+    ASSERT_TRUE(ca->Decode(a.data() + 250, 50, false).ok());  // the reply
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(pool->Flush().ok());
+    ASSERT_TRUE(pool->TurnMark("a", &mark).ok());
+    EXPECT_EQ(mark, 250);
+    EXPECT_EQ(pool->TurnMark("nobody", &mark).code(), Status::kInvalidArgument);
+  }
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), Opts(dir), &pool).ok());
+  int mark = 0;
+  ASSERT_TRUE(pool->TurnMark("a", &mark).ok());  // from the stored file, not loaded
+  EXPECT_EQ(mark, 250);
+  EXPECT_FALSE(pool->List()[0].open);
+  std::shared_ptr<Conversation> ca;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(ca->Truncate(260).ok());  // a regenerated reply: the mark stays
+  ASSERT_TRUE(pool->TurnMark("a", &mark).ok());
+  EXPECT_EQ(mark, 250);
+  ASSERT_TRUE(ca->Truncate(100).ok());  // an edit before it: cleared
+  ASSERT_TRUE(pool->TurnMark("a", &mark).ok());
+  EXPECT_EQ(mark, -1);
+}
+
 // After a restart a stored conversation is not read at open: its file is its storage tier, and
 // the first call restores it (bytes_from_storage) with the result of a conversation that never left
 // memory (lossless codec: exact). The ablation (stored_as_storage = false) reads the file whole at

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <thread>
@@ -204,22 +206,51 @@ std::vector<int32_t> Cat(std::vector<int32_t> a, const std::vector<int32_t>& b) 
   return a;
 }
 
+// The pool's side of the router (histories and turn marks), as the server reads them.
+struct FakePool {
+  std::map<std::string, std::pair<std::vector<int32_t>, int>> convs;
+  std::mutex mu;
+  int lookups = 0;
+  Router::Lookup Lookup() {
+    return [this](const std::string& id, std::vector<int32_t>* h, int* mark) {
+      std::lock_guard<std::mutex> lk(mu);
+      ++lookups;
+      auto it = convs.find(id);
+      if (it == convs.end()) return false;
+      *h = it->second.first;
+      *mark = it->second.second;
+      return true;
+    };
+  }
+  // A turn ended: the pool holds its new history and mark; the router's claim ends.
+  void Turn(Router& r, const std::string& id, std::vector<int32_t> history, int mark) {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      convs[id] = {std::move(history), mark};
+    }
+    r.Release(id);
+  }
+};
+
 TEST(ServeRouter, ContinuesTheConversationWhoseHistoryTheRequestResends) {
-  Router r;
+  FakePool pool;
+  Router r(pool.Lookup());
   const auto sys = Seq(1000, 50), q1 = Seq(2000, 10), reply = Seq(3000, 20), q2 = Seq(4000, 8);
   Router::Claim c = r.Acquire(Cat(sys, q1), "A");
   EXPECT_TRUE(c.is_new);
-  r.Release("A", Cat(Cat(sys, q1), reply), int(sys.size() + q1.size()));
+  pool.Turn(r, "A", Cat(Cat(sys, q1), reply), int(sys.size() + q1.size()));
   // Turn 2 resends the reply: all of it is kept.
   c = r.Acquire(Cat(Cat(Cat(sys, q1), reply), q2), "B");
   EXPECT_FALSE(c.is_new);
   EXPECT_EQ(c.id, "A");
   EXPECT_EQ(c.keep, int(sys.size() + q1.size() + reply.size()));
-  r.Release("A", Cat(Cat(Cat(sys, q1), reply), q2), 88);
+  EXPECT_EQ(c.expected, Cat(Cat(sys, q1), reply));
+  pool.Turn(r, "A", Cat(Cat(Cat(sys, q1), reply), q2), 88);
   // A client that re-tokenized the reply differently: kept up to where they differ (past the prompt).
-  Router r2;
+  FakePool pool2;
+  Router r2(pool2.Lookup());
   r2.Acquire(Cat(sys, q1), "A");
-  r2.Release("A", Cat(Cat(sys, q1), reply), 60);
+  pool2.Turn(r2, "A", Cat(Cat(sys, q1), reply), 60);
   auto other_reply = reply;
   other_reply[5] = 7;
   c = r2.Acquire(Cat(Cat(Cat(sys, q1), other_reply), q2), "B");
@@ -228,16 +259,17 @@ TEST(ServeRouter, ContinuesTheConversationWhoseHistoryTheRequestResends) {
 }
 
 TEST(ServeRouter, AHistoryThatDivergesEarlierForksInsteadOfCutting) {
-  Router r;
+  FakePool pool;
+  Router r(pool.Lookup());
   const auto sys = Seq(1000, 50);
   r.Acquire(Cat(sys, Seq(2000, 10)), "A");
-  r.Release("A", Cat(Cat(sys, Seq(2000, 10)), Seq(3000, 20)), 60);
+  pool.Turn(r, "A", Cat(Cat(sys, Seq(2000, 10)), Seq(3000, 20)), 60);
   // Another user with the same system prompt: a new conversation (the pool shares the prefix
   // chunks); A keeps its whole history.
   Router::Claim c = r.Acquire(Cat(sys, Seq(5000, 10)), "B");
   EXPECT_TRUE(c.is_new);
   EXPECT_EQ(c.id, "B");
-  r.Release("B", Cat(sys, Seq(5000, 12)), 60);
+  pool.Turn(r, "B", Cat(sys, Seq(5000, 12)), 60);
   // An edit of A's first question forks too.
   auto edited = Cat(sys, Seq(2000, 10));
   edited[55] = 1;
@@ -250,9 +282,10 @@ TEST(ServeRouter, AHistoryThatDivergesEarlierForksInsteadOfCutting) {
 }
 
 TEST(ServeRouter, AConversationInUseIsNeverShared) {
-  Router r;
+  FakePool pool;
+  Router r(pool.Lookup());
   r.Acquire(Seq(1, 10), "A");
-  r.Release("A", Seq(1, 30), 10);
+  pool.Turn(r, "A", Seq(1, 30), 10);
   Router::Claim a = r.Acquire(Seq(1, 40), "X");
   EXPECT_EQ(a.id, "A");
   Router::Claim b = r.Acquire(Seq(1, 40), "Y");  // the same history while A generates: a fork
@@ -274,9 +307,10 @@ TEST(ServeRouter, AConversationInUseIsNeverShared) {
 }
 
 TEST(ServeRouter, AResendWaitsForAConversationBeingReleasedInsteadOfForking) {
-  Router r;
+  FakePool pool;
+  Router r(pool.Lookup());
   r.Acquire(Seq(1, 10), "A");
-  r.Release("A", Seq(1, 30), 10);
+  pool.Turn(r, "A", Seq(1, 30), 10);
   Router::Claim a = r.Acquire(Seq(1, 40), "X");  // a turn on A; its client goes away
   ASSERT_EQ(a.id, "A");
   Router::Wait wait;
@@ -286,7 +320,7 @@ TEST(ServeRouter, AResendWaitsForAConversationBeingReleasedInsteadOfForking) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     r.Releasing("A");  // its write failed
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    r.Release("A", Seq(1, 45), 40);  // the cancelled turn committed
+    pool.Turn(r, "A", Seq(1, 45), 40);  // the cancelled turn committed
   });
   const auto t0 = std::chrono::steady_clock::now();
   Router::Claim b = r.Acquire(Seq(1, 40), "Y", wait);  // the same history again, at once
@@ -311,30 +345,54 @@ TEST(ServeRouter, AResendWaitsForAConversationBeingReleasedInsteadOfForking) {
 }
 
 TEST(ServeRouter, NamedConversationsAreReachedByNameOnly) {
-  Router r([](const std::string& id) { return id.rfind("c-", 0) == 0; });
+  FakePool pool;
+  Router r(pool.Lookup(), [](const std::string& id) { return id.rfind("c-", 0) == 0; });
   std::string why;
   Router::Claim c;
   ASSERT_TRUE(r.AcquireId("mine", Seq(1, 10), &c, &why));
   EXPECT_TRUE(c.is_new);
-  r.Release("mine", Seq(1, 20), 10);
+  pool.Turn(r, "mine", Seq(1, 20), 10);
   c = r.Acquire(Seq(1, 30), "c-1");  // mine's history, but mine was named: not routed there
   EXPECT_EQ(c.id, "c-1");
-  r.Release("c-1", Seq(1, 31), 30);
+  pool.Turn(r, "c-1", Seq(1, 31), 30);
   c = r.Acquire(Seq(1, 40), "c-2");
   EXPECT_EQ(c.id, "c-1");
   EXPECT_EQ(c.keep, 31);
 }
 
-TEST(ServeRouter, AfterARestartWithoutTurnMarksOnlyWholeExtensionsContinue) {
-  Router r;
-  r.Put("A", Seq(1, 30), /*prompt_end=*/30);
+TEST(ServeRouter, WithoutATurnMarkOnlyWholeExtensionsContinue) {
+  FakePool pool;
+  Router r(pool.Lookup());
+  pool.convs["A"] = {Seq(1, 30), -1};  // stored before turn marks were the pool's
+  r.Put("A");
   Router::Claim c = r.Acquire(Cat(Seq(1, 25), Seq(100, 5)), "B");  // diverges inside A's history
   EXPECT_TRUE(c.is_new);
   c = r.Acquire(Cat(Seq(1, 30), Seq(100, 5)), "C");
   EXPECT_EQ(c.id, "A");
   EXPECT_EQ(c.keep, 30);
-  r.Put("E", Seq(1, 10), 99);  // a mark past the history is clamped to it
-  EXPECT_EQ(r.PromptEnd("E"), 10);
+  pool.convs["E"] = {Seq(1, 10), 99};  // a mark past the history counts as its end
+  r.Put("E");
+  c = r.Acquire(Cat(Seq(1, 10), Seq(7, 3)), "F");
+  EXPECT_EQ(c.id, "E");
+}
+
+TEST(ServeRouter, KeepsNoHistoryOfItsOwnTheNextRequestSeesThePoolsChange) {
+  // The pool is the one owner: a history changed behind the router (a truncate, a conversation
+  // cut by another path) is what the next request is matched against.
+  FakePool pool;
+  Router r(pool.Lookup());
+  r.Acquire(Seq(1, 10), "A");
+  pool.Turn(r, "A", Seq(1, 30), 10);
+  pool.convs["A"] = {Seq(1, 12), 10};  // the pool now holds less
+  Router::Claim c = r.Acquire(Seq(1, 40), "B");
+  EXPECT_EQ(c.id, "A");
+  EXPECT_EQ(c.keep, 12);
+  EXPECT_EQ(c.expected, Seq(1, 12));
+  r.Release("A");
+  pool.convs.erase("A");  // unreadable (gone from the pool): not matched
+  c = r.Acquire(Seq(1, 40), "G");
+  EXPECT_EQ(c.id, "G");
+  EXPECT_GT(pool.lookups, 0);
 }
 
 TEST(ServeMetrics, RendersTheTextFormat) {

@@ -294,5 +294,56 @@ TEST(SessionFile, Version1IgnoresItsReservedField) {
   EXPECT_EQ(Continue(*b.ctx, toks), Continue(*a.ctx, toks));
 }
 
+TEST(SessionFile, TheTurnMarkIsSavedLoadedAndCheckedAndATruncateBeforeItClearsIt) {
+  const std::string path = test::ModelPath("tiny-qwen3");
+  Rig a = Make(path);
+  const auto toks = Tokens(path);
+  ASSERT_TRUE(a.ctx->Decode(toks.data(), kPrompt, false).ok());
+  EXPECT_EQ(a.ctx->turn_mark(), -1);
+  EXPECT_EQ(a.ctx->SetTurnMark(kPrompt + 1).code(), Status::kInvalidArgument);
+  EXPECT_EQ(a.ctx->SetTurnMark(-1).code(), Status::kInvalidArgument);
+  ASSERT_TRUE(a.ctx->SetTurnMark(280).ok());
+  const std::string sess = test::TempDir() + "/mark.sess", plain = test::TempDir() + "/nomark.sess";
+  ASSERT_TRUE(SaveSession(*a.ctx, sess, "q8").ok());
+  std::unique_ptr<SessionReader> r;
+  ASSERT_TRUE(SessionReader::Open(*a.model, 64, sess, &r).ok());
+  EXPECT_EQ(r->turn_mark(), 280);
+  Rig b = Make(path);
+  ASSERT_TRUE(LoadSession(*b.ctx, sess).ok());
+  EXPECT_EQ(b.ctx->turn_mark(), 280);
+  Rig c = Make(path);
+  ASSERT_TRUE(OpenSessionAsStorage(*c.ctx, sess).ok());
+  EXPECT_EQ(c.ctx->turn_mark(), 280);
+  // A cut after the mark keeps it; one before it clears it.
+  b.ctx->Truncate(290);
+  EXPECT_EQ(b.ctx->turn_mark(), 280);
+  b.ctx->Truncate(200);
+  EXPECT_EQ(b.ctx->turn_mark(), -1);
+  // A file without a mark (as every file before 0.17): none, and loading it clears the context's.
+  ASSERT_TRUE(SaveSession(*b.ctx, plain, "q8").ok());
+  ASSERT_TRUE(SessionReader::Open(*a.model, 64, plain, &r).ok());
+  EXPECT_EQ(r->turn_mark(), -1);
+  ASSERT_TRUE(LoadSession(*a.ctx, plain).ok());
+  EXPECT_EQ(a.ctx->turn_mark(), -1);
+  // A flipped bit in the extension (magic "MZSEXT01" at 512, mark at 520, checksum at 528) is
+  // corruption, as in the header itself: the context is left as it was.
+  std::ifstream in(sess, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(bytes.substr(512, 8), "MZSEXT01");
+  for (size_t off : {size_t(520), size_t(530)}) {
+    std::string bad = bytes;
+    bad[off] = char(bad[off] ^ 0x10);
+    const std::string p = test::TempDir() + "/badmark.sess";
+    {
+      std::ofstream out(p, std::ios::binary | std::ios::trunc);
+      out.write(bad.data(), std::streamsize(bad.size()));
+    }
+    Status st = LoadSession(*a.ctx, p);
+    EXPECT_EQ(st.code(), Status::kCorruption) << off;
+    EXPECT_NE(st.message().find("extension"), std::string::npos) << st.ToString();
+    EXPECT_EQ(int(a.ctx->history().size()), 200);
+  }
+}
+
 }  // namespace
 }  // namespace mz

@@ -92,6 +92,15 @@ int mz_context_truncate(mz_context* ctx, int32_t n_keep) {
   });
 }
 
+int mz_context_set_turn_mark(mz_context* ctx, int32_t n) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!ctx) return mz::Status::InvalidArgument("null context");
+    return ctx->ctx->SetTurnMark(n);
+  });
+}
+
+int32_t mz_context_turn_mark(const mz_context* ctx) { return ctx ? int32_t(ctx->ctx->turn_mark()) : -1; }
+
 int mz_context_set_threads(mz_context* ctx, int32_t n_threads, const int32_t* cpus, int32_t n_cpus) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!ctx) return mz::Status::InvalidArgument("null context");

@@ -238,6 +238,13 @@ int mz_conversation_truncate(mz_conversation* conv, int32_t n_keep) {
   });
 }
 
+int mz_conversation_set_turn_mark(mz_conversation* conv, int32_t n) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv) return mz::Status::InvalidArgument("null conversation");
+    return conv->conv->SetTurnMark(n);
+  });
+}
+
 int mz_conversation_commit(mz_conversation* conv) {
   return Guard(__func__, [&]() -> mz::Status {
     if (!conv) return mz::Status::InvalidArgument("null conversation");
@@ -455,6 +462,16 @@ int32_t mz_pool_conversation_tokens(mz_pool* pool, const char* id, mz_token* out
     return mz::Status::Ok();
   });
   return rc == MZ_OK ? n : rc;
+}
+
+int mz_pool_conversation_turn_mark(mz_pool* pool, const char* id, int32_t* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !id || !out) return mz::Status::InvalidArgument("bad pool, id or out");
+    int m = -1;
+    MZ_RETURN_IF_ERROR(pool->pool->TurnMark(id, &m));
+    *out = m;
+    return mz::Status::Ok();
+  });
 }
 
 int32_t mz_pool_damaged(mz_pool* pool, int32_t i, char* buf, int32_t cap) {

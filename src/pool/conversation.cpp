@@ -422,6 +422,16 @@ Status Conversation::Commit() {
   return pool_->Persist(self);
 }
 
+Status Conversation::SetTurnMark(int n) {
+  std::unique_lock<std::mutex> use = LockForUse();
+  if (closed_) return Status::InvalidArgument("conversation '" + id_ + "' was closed or deleted");
+  MZ_RETURN_IF_ERROR(EnsureOpenLocked());
+  if (ctx_->turn_mark() == n) return Status::Ok();
+  MZ_RETURN_IF_ERROR(ctx_->SetTurnMark(n));
+  version_++;  // persisted again (the mark is part of the stored file)
+  return Status::Ok();
+}
+
 int Conversation::n_tokens() {
   std::unique_lock<std::mutex> use = LockForUse();
   if (ctx_) return int(ctx_->history().size());

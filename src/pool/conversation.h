@@ -33,6 +33,11 @@ class Conversation {
   // loses at most the turn in flight (a failed write ends the wait: it is counted, retried).
   Status Commit();
   int n_tokens();
+  // Where the last turn's prompt ended (Context::turn_mark): set by the app during a turn, before
+  // its Commit, and persisted with the conversation's stored file (and its remote copy), so it
+  // survives a restart and reaches another server of a fleet. kInvalidArgument once closed or
+  // deleted, or unless 0 <= n <= n_tokens(). The conversation is changed (persisted again).
+  Status SetTurnMark(int n);
   // Logits row of the last Decode/RestoreGenerate (nullptr if none or out of range); valid until
   // the next call on this conversation.
   const float* logits(int row);
@@ -108,6 +113,10 @@ class Conversation {
   std::string stored_path_;            // session file ("" if never stored)
   uint64_t stored_bytes_ = 0;
   int stored_tokens_ = 0;
+  int stored_turn_mark_ = -1;          // the stored file's turn mark (-1: none)
+  // The stored file's tokens, kept from its last read or write so that a server matching requests
+  // (Pool::History) reads no file (4 bytes a token; not counted in the memory budget).
+  std::vector<int32_t> stored_history_;
   MemoryReport last_report_;           // last known (a busy context is not waited for)
   bool dirty_queued_ = false;
   // Under the pool's files_mu_: the chunk files its stored file names (its first chunks' hashes).

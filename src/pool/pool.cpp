@@ -112,6 +112,8 @@ Status Pool::Init() {
       c->stored_path_ = path;
       c->stored_bytes_ = r->file_bytes();
       c->stored_tokens_ = int(r->tokens().size());
+      c->stored_turn_mark_ = r->turn_mark();
+      c->stored_history_ = r->tokens();
       c->last_use_unix_ms_ = uint64_t(fi.mtime_ns / 1000000);
       if (r->n_external() > 0) {  // the chunk files it names
         std::vector<uint64_t> ext =
@@ -330,6 +332,8 @@ Status Pool::Close(const std::string& id) {
     fresh->stored_path_ = c->stored_path_;
     fresh->stored_bytes_ = c->stored_bytes_;
     fresh->stored_tokens_ = c->stored_tokens_;
+    fresh->stored_turn_mark_ = c->stored_turn_mark_;
+    fresh->stored_history_ = c->stored_history_;
     fresh->last_use_unix_ms_ = c->last_use_unix_ms_.load();
     fresh->shared_chunks_ = c->shared_chunks_;
     {

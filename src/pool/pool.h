@@ -325,6 +325,10 @@ class Pool {
   // after it); kCorruption / kIOError: its stored file could not be read (it is not marked
   // damaged here: the next open reports it).
   Status History(const std::string& id, std::vector<int32_t>* out);
+  // Conversation id's turn mark (Conversation::SetTurnMark), -1 if none: an open one's, or its
+  // stored file's (known since the pool opened or last wrote it: no file is read). Errors as
+  // History (kBusy while a call runs on it).
+  Status TurnMark(const std::string& id, int* out);
   std::vector<DamagedFile> Damaged();
   Model* model() const { return model_; }
   const PoolOptions& options() const { return opts_; }

@@ -135,6 +135,8 @@ Status Pool::FetchRemoteConversation(const std::string& id) {
   c->stored_path_ = path;
   c->stored_bytes_ = r->file_bytes();
   c->stored_tokens_ = int(r->tokens().size());
+  c->stored_turn_mark_ = r->turn_mark();
+  c->stored_history_ = r->tokens();
   c->last_use_unix_ms_ = env->WallClockMs();
   {
     std::lock_guard<std::mutex> fl(files_mu_);

@@ -152,14 +152,36 @@ Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     path = c->stored_path_;
-  }
-  if (path.empty()) {
-    out->clear();
-    return Status::Ok();
+    if (path.empty() || int(c->stored_history_.size()) == c->stored_tokens_) {  // kept: no file read
+      *out = path.empty() ? std::vector<int32_t>() : c->stored_history_;
+      return Status::Ok();
+    }
   }
   std::unique_ptr<SessionReader> r;
   MZ_RETURN_IF_ERROR(SessionReader::Open(*model_, opts_.context.kv_chunk_tokens, path, &r));
   *out = r->tokens();
+  std::lock_guard<std::mutex> lk(mu_);
+  if (c->stored_path_ == path) c->stored_history_ = r->tokens();
+  return Status::Ok();
+}
+
+Status Pool::TurnMark(const std::string& id, int* out) {
+  std::shared_ptr<Conversation> c;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = convs_.find(id);
+    if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
+    c = it->second;
+  }
+  std::unique_lock<std::mutex> use(c->use_mu_, std::try_to_lock);
+  if (!use.owns_lock()) return Status::Busy("conversation '" + id + "' is in use");
+  if (c->closed_) return Status::InvalidArgument("conversation '" + id + "' was closed or deleted");
+  if (c->ctx_) {
+    *out = c->ctx_->turn_mark();
+    return Status::Ok();
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  *out = c->stored_path_.empty() ? -1 : c->stored_turn_mark_;
   return Status::Ok();
 }
 

@@ -82,6 +82,9 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
         if (k > 0 && AcquireChunkFiles(*c->ctx_, h, k).ok()) ext.assign(h.begin(), h.begin() + k);
       }
       SessionInfo info;
+      // What the file holds besides the KV (under use_mu_: they cannot change during the save).
+      const int turn_mark = c->ctx_->turn_mark();
+      std::vector<int32_t> saved_tokens = c->ctx_->history();
       st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()), between);
       if (st.code() == Status::kCorruption && !info.replaced && c->ctx_->SharedPrefixChunks() > 0) {
         // A shared chunk it borrows is lost (found damaged when read for this save): computed
@@ -120,6 +123,8 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
         c->stored_path_ = path;
         c->stored_bytes_ = info.file_bytes;
         c->stored_tokens_ = info.n_tokens;
+        c->stored_turn_mark_ = turn_mark <= info.n_tokens ? turn_mark : -1;
+        c->stored_history_ = std::move(saved_tokens);
       }
       if (st.ok()) {
         c->persisted_version_ = c->version_.load();

@@ -299,7 +299,7 @@ Status RemoteTier::WriteOne(const std::string& id, const std::string& path) {
   std::string man;
   MZ_RETURN_IF_ERROR(BuildSessionBytes(fp_, g_, r->codec_id(), toks.data(), n, F,
                                        [&](int l, int c, std::string* p, int* enc) { return r->ReadPayload(l, c, p, enc); },
-                                       &man));
+                                       &man, r->turn_mark()));
   const std::string mk = ManifestKey(id);
   const std::string mv = Wrap(kManifest, mk, man);
   MZ_RETURN_IF_ERROR(kv_->Put(mk, mv, opts_.ttl_s, false));

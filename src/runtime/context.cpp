@@ -228,6 +228,7 @@ Status Context::ImportKv(int n_tokens, const std::function<void(int, int, uint16
     history_ = *tokens;
   else
     history_.assign(size_t(n_tokens), 0);
+  turn_mark_ = -1;
   logits_.clear();
   Status st = units_->ReplaceKv(n_tokens, std::move(chunks));
   if (!st.ok()) history_.clear();
@@ -251,6 +252,7 @@ Status Context::BorrowShared(const int32_t* expect, int n_chunks, const std::sha
   if (history_.empty()) {
     MZ_RETURN_IF_ERROR(units_->AdoptShared(n_tok, store, refs));
     history_.assign(expect, expect + n_tok);
+    turn_mark_ = -1;
     logits_.clear();
     return Status::Ok();
   }
@@ -437,6 +439,15 @@ const float* Context::logits(int row) const {
   return logits_.data() + size_t(row) * model_->hparams().n_vocab;
 }
 
+Status Context::SetTurnMark(int n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (n < 0 || n > int(history_.size()))
+    return Status::InvalidArgument("turn mark " + std::to_string(n) + " outside the history (" +
+                                   std::to_string(history_.size()) + " tokens)");
+  turn_mark_ = n;
+  return Status::Ok();
+}
+
 void Context::Truncate(int n_keep) {
   std::lock_guard<std::mutex> lk(mu_);
   if (n_keep < 0) n_keep = 0;
@@ -450,6 +461,7 @@ void Context::Truncate(int n_keep) {
     if (any && !units_->Unshare(n_keep / T).ok()) n_keep = n_keep / T * T;
   }
   history_.resize(size_t(n_keep));
+  if (turn_mark_ > n_keep) turn_mark_ = -1;
   units_->ForgetChunksFrom(kv_->n_chunks_for(n_keep));
   // Rows from n_keep on will be written again: a chunk mapped from the swap that holds them is no
   // longer a copy of its extent once they are.

@@ -316,6 +316,15 @@ class Context {
   // Whether the own Forward was made (any thread).
   bool has_own_forward() const { return own_forward_made_.load(); }
   const std::vector<int32_t>& history() const { return history_; }
+  // The turn mark: where the last turn's prompt ended in history() (an app's mark: a chat server
+  // tells a client's resent history that continues the conversation from one that edits its last
+  // reply), or -1: none. Saved and loaded with the session (SaveSession / LoadSession /
+  // OpenSessionAsStorage), so it survives a restart and travels with a pool's stored files. Any
+  // cut of the history before it (Truncate, ImportKv, a fresh BorrowShared) clears it. Any thread.
+  int turn_mark() const { return turn_mark_.load(); }
+  // Sets the turn mark. kInvalidArgument unless 0 <= n <= history().size(). Takes the context's
+  // lock (not during one of its calls).
+  Status SetTurnMark(int n);
   const ContextOptions& options() const { return opts_; }
 
  private:
@@ -355,6 +364,7 @@ class Context {
     Context* c_;
   };
   std::vector<int32_t> history_;
+  std::atomic<int> turn_mark_{-1};  // written under mu_ (see turn_mark())
   std::vector<float> logits_;
   std::atomic<bool> cancel_{false};
   uint64_t decoding_since_ns_ = 1;

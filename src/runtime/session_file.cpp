@@ -44,7 +44,29 @@ struct ChunkRecord {
   uint64_t offset, size, hash;
   uint32_t enc_tokens, reserved;
 };
+// The header's extension (since 0.17), at kExtOffset inside the header block, which earlier
+// writers left zero: a file without it (magic absent) has no turn mark. Its own checksum, so the
+// header's stays what version-1/2 readers check.
+struct HeaderExt {
+  char magic[8];      // kExtMagic
+  int32_t turn_mark;  // where the last turn's prompt ended (0..n_tokens), or -1: none
+  uint32_t reserved;  // 0
+  uint64_t hash;      // xxh64 of the bytes above
+};
 #pragma pack(pop)
+constexpr size_t kExtOffset = 512;
+constexpr char kExtMagic[8] = {'M', 'Z', 'S', 'E', 'X', 'T', '0', '1'};
+static_assert(sizeof(Header) <= kExtOffset, "the header extension follows the header");
+
+// Writes the extension into a header block (a turn mark of -1 writes none: the block stays zero).
+void PutHeaderExt(uint8_t* block, int turn_mark) {
+  if (turn_mark < 0) return;
+  HeaderExt e{};
+  std::memcpy(e.magic, kExtMagic, 8);
+  e.turn_mark = turn_mark;
+  e.hash = XXH64(&e, offsetof(HeaderExt, hash), 0);
+  std::memcpy(block + kExtOffset, &e, sizeof e);
+}
 
 struct Aligned {
   explicit Aligned(size_t n) : n(AlignUp(std::max<size_t>(n, 1), kDirectIoAlign)) {
@@ -60,6 +82,9 @@ namespace {
 using session_format::Aligned;
 using session_format::ChunkRecord;
 using session_format::Header;
+using session_format::kExtMagic;
+using session_format::kExtOffset;
+using session_format::PutHeaderExt;
 
 // The header of a session file of n_tokens tokens (its first n_external chunks named, not held):
 // the geometry, codec and model, and where the index and the data start. One writer of it for
@@ -91,7 +116,7 @@ Header MakeHeader(uint64_t model_hash, const KvGeometry& g, uint32_t codec_id, i
 // the folder); on error the temporary file is removed and path is untouched, except when only the
 // folder's fsync failed: then the new file is at path (info->replaced).
 Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, const std::string& path, KvCodec& codec,
-                        const int32_t* tokens, int n_tokens, int n_external,
+                        const int32_t* tokens, int n_tokens, int n_external, int turn_mark,
                         const std::function<Status(int, int, uint16_t*)>& read, SessionInfo* info,
                         std::vector<SharedChunkStore::FilePlace>* places = nullptr,
                         const std::function<void()>& between = nullptr) {
@@ -152,6 +177,7 @@ Status WriteSessionFile(Env* env, uint64_t model_hash, const KvGeometry& g, cons
   Aligned hb(kHeaderBytes);
   h.header_hash = XXH64(&h, offsetof(Header, header_hash), 0);
   std::memcpy(hb.p, &h, sizeof h);
+  PutHeaderExt(hb.p, turn_mark <= n_tokens ? turn_mark : -1);
   st = f->Write(hb.p, kHeaderBytes, 0);
   if (st.ok()) st = f->Sync();
   if (!st.ok()) return fail(st);
@@ -188,7 +214,7 @@ Status SaveSession(Context& ctx, const std::string& path, const std::string& cod
   if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
   return WriteSessionFile(
       ctx.model_->env(), ctx.model_->identity().header_hash, g, path, *codec, ctx.history_.data(),
-      int(ctx.history_.size()), n_external,
+      int(ctx.history_.size()), n_external, ctx.turn_mark(),
       [&](int l, int c, uint16_t* dst) { return ctx.units_->ReadChunk(l, c, dst); }, info, nullptr, between);
 }
 
@@ -199,7 +225,7 @@ Status SaveChunkFile(const Model& model, const KvGeometry& g, const std::string&
   auto codec = MakeKvCodecFor(g.kv_type, codec_name);
   if (!codec) return Status::InvalidArgument("unknown KV codec '" + codec_name + "'");
   return WriteSessionFile(
-      model.env(), model.identity().header_hash, g, path, *codec, tokens, g.chunk_tokens, 0,
+      model.env(), model.identity().header_hash, g, path, *codec, tokens, g.chunk_tokens, 0, /*turn_mark=*/-1,
       [&](int l, int, uint16_t* dst) { return read(l, dst); }, info, places);
 }
 
@@ -261,6 +287,15 @@ Status SessionReader::Open(const Model& model, int chunk_tokens, const std::stri
   if (h.version == kVersion) h.n_external = 0;
   if (h.version == kVersionExternal && h.n_external == 0) return m.Bad("version 2 without external chunks");
   if (h.model_hash != model.identity().header_hash) return m.Bad("saved with a different model");
+  {
+    session_format::HeaderExt e;
+    std::memcpy(&e, hb.p + kExtOffset, sizeof e);
+    if (std::memcmp(e.magic, kExtMagic, 8) == 0) {
+      if (XXH64(&e, offsetof(session_format::HeaderExt, hash), 0) != e.hash) return m.Bad("header extension checksum mismatch");
+      if (e.turn_mark < 0 || uint32_t(e.turn_mark) > h.n_tokens) return m.Bad("turn mark beyond the tokens");
+      r->turn_mark_ = e.turn_mark;
+    }
+  }
   const KvGeometry& g = m.g;
   if (int(h.n_layer) != g.n_layer || int(h.n_kv_head) != g.n_kv_head || int(h.head_dim) != g.head_dim ||
       int(h.chunk_tokens) != g.chunk_tokens)
@@ -356,7 +391,8 @@ Status SessionReader::ReadPayload(int l, int c, std::string* out, int* enc_token
 
 Status BuildSessionBytes(uint64_t model_hash, const KvGeometry& g, uint32_t codec_id, const int32_t* tokens,
                          int n_tokens, int n_external,
-                         const std::function<Status(int, int, std::string*, int*)>& payload, std::string* out) {
+                         const std::function<Status(int, int, std::string*, int*)>& payload, std::string* out,
+                         int turn_mark) {
   const int T = g.chunk_tokens;
   if (T <= 0 || n_tokens < 0 || n_external < 0 || int64_t(n_external) * T > n_tokens)
     return Status::InvalidArgument("session bytes: " + std::to_string(n_external) + " external chunks, only " +
@@ -386,6 +422,7 @@ Status BuildSessionBytes(uint64_t model_hash, const KvGeometry& g, uint32_t code
   h.header_hash = XXH64(&h, offsetof(Header, header_hash), 0);
   out->assign(size_t(h.data_offset), '\0');
   std::memcpy(&(*out)[0], &h, sizeof h);
+  PutHeaderExt(reinterpret_cast<uint8_t*>(&(*out)[0]), turn_mark <= n_tokens ? turn_mark : -1);
   char* idx = &(*out)[kHeaderBytes];
   if (n_tokens > 0) std::memcpy(idx, tokens, size_t(n_tokens) * 4);
   if (!recs.empty()) std::memcpy(idx + size_t(n_tokens) * 4, recs.data(), recs.size() * sizeof(ChunkRecord));
@@ -467,6 +504,7 @@ Status OpenSessionAsStorage(Context& ctx, const std::string& path, SessionInfo* 
   // AdoptStored takes the references in every case.
   MZ_RETURN_IF_ERROR(ctx.units_->AdoptStored(path, n_tokens, chunks, prefix).With("opening session " + path));
   ctx.history_ = reader->tokens();
+  ctx.turn_mark_ = reader->turn_mark();
   ctx.logits_.clear();
   Describe(*reader, info);
   return Status::Ok();
@@ -508,6 +546,7 @@ Status LoadSession(Context& ctx, const std::string& path, SessionInfo* info, con
   // Commit: replace the conversation (the unit table takes the chunks, freeing them on failure).
   MZ_RETURN_IF_ERROR(ctx.units_->ReplaceKv(n_tokens, std::move(chunks)));
   ctx.history_ = reader->tokens();
+  ctx.turn_mark_ = reader->turn_mark();
   ctx.logits_.clear();
   Describe(*reader, info);
   return Status::Ok();

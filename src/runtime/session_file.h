@@ -11,6 +11,10 @@
 //   index      n_tokens x i32 tokens, then n_layer x n_chunks records {u64 offset, u64 size,
 //              u64 xxh64, u32 enc_tokens, u32 reserved}, then u64 xxh64 of the index
 //   data       chunk payloads, each at a 4096-aligned offset (direct-I/O friendly)
+//   Since 0.17 the header block holds, at offset 512 (zero in older files), an extension: magic
+//   "MZSEXT01", i32 turn mark (where the last turn's prompt ended, 0..n_tokens: Context::turn_mark),
+//   u32 reserved, u64 xxh64 of those 16 bytes. Absent: no mark (-1). Readers before 0.17 ignore it;
+//   a bad extension checksum or a mark beyond the tokens is kCorruption.
 // Version 2 (a pool's conversation whose first n_external chunks are a shared prefix): those chunks'
 //   records are all zero and their payloads live in chunk files (SaveChunkFile), named by the chained
 //   hash of the file's own tokens (pool/chunk_hash.h); version 1 readers refuse it. A chunk file is a
@@ -86,6 +90,8 @@ class SessionReader {
   static Status Open(const Model& model, int chunk_tokens, const std::string& path,
                      std::unique_ptr<SessionReader>* out, KvType kv_type = KvType::kF16);
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  // The saved context's turn mark (Context::turn_mark; 0..tokens().size()), or -1: none saved.
+  int turn_mark() const { return turn_mark_; }
   int n_chunks() const { return n_chunks_; }
   // Leading chunks stored in chunk files (version 2; 0 in version 1): ReadChunk refuses them
   // (kInvalidArgument) and ChunkPlace gives zeros.
@@ -113,6 +119,7 @@ class SessionReader {
   std::vector<int32_t> tokens_;
   int n_chunks_ = 0;
   int n_external_ = 0;
+  int turn_mark_ = -1;
   uint64_t file_bytes_ = 0;
 };
 // The bytes of a session file (the layout SaveSession writes, checksums included) built from
@@ -120,12 +127,14 @@ class SessionReader {
 // c >= n_external, payload(l, c, &bytes, &enc_tokens) (SessionReader::ReadPayload of another file
 // with the same codec and geometry). Written to a file, SessionReader opens it. n_external > 0
 // makes a version-2 file naming its first n_external full chunks (their chunk files hold them).
+// turn_mark (0..n_tokens, else none) is written in the header's extension, as SaveSession does.
 // In memory: meant for one chunk or one conversation's tail (a pool's remote blobs). Errors:
 // kInvalidArgument (more external chunks than full ones, a payload of the wrong size), or
 // payload's own error.
 Status BuildSessionBytes(uint64_t model_hash, const KvGeometry& g, uint32_t codec_id, const int32_t* tokens,
                          int n_tokens, int n_external,
-                         const std::function<Status(int, int, std::string*, int*)>& payload, std::string* out);
+                         const std::function<Status(int, int, std::string*, int*)>& payload, std::string* out,
+                         int turn_mark = -1);
 
 // A version-2 session's external chunks (its first r.n_external() chunks, full, every layer) as
 // references of a store of shared chunks: *store, and refs[l * n_external + c], one new reference

@@ -2,9 +2,11 @@
 #include "tools/serve/models.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <system_error>
+#include <thread>
 
 namespace mz::serve {
 
@@ -103,10 +105,36 @@ ServedModel* ModelSet::Resolve(const std::string& requested) {
   return Find(requested);
 }
 
+int ReadConversation(mz_pool* pool, const std::string& id, std::vector<mz_token>* history, int* turn_mark) {
+  for (int attempt = 0;; ++attempt) {
+    int st = MZ_OK;
+    const int32_t n = mz_pool_conversation_tokens(pool, id.c_str(), nullptr, 0);
+    if (n >= 0) {
+      history->resize(size_t(n));
+      const int32_t got = n > 0 ? mz_pool_conversation_tokens(pool, id.c_str(), history->data(), n) : 0;
+      if (got >= 0 && got != n) continue;  // it changed between the two calls: ask again
+      st = got < 0 ? got : MZ_OK;
+      if (st == MZ_OK) {
+        int32_t mark = -1;
+        st = turn_mark ? mz_pool_conversation_turn_mark(pool, id.c_str(), &mark) : MZ_OK;
+        if (st == MZ_OK) {
+          if (turn_mark) *turn_mark = mark;
+          return MZ_OK;
+        }
+      }
+    } else {
+      st = n;
+    }
+    if (st != MZ_ERR_BUSY) return st;
+    if (attempt >= 1000) return MZ_ERR_BUSY;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 ServedModel* ModelSet::OwnerOf(const std::string& id) {
   for (auto& m : models_) {
     mz_conversation_report r;
-    if (m->router.PromptEnd(id) >= 0 || mz_pool_conversation_report(m->pool, id.c_str(), &r) == MZ_OK) return m.get();
+    if (m->router.Knows(id) || mz_pool_conversation_report(m->pool, id.c_str(), &r) == MZ_OK) return m.get();
   }
   return nullptr;
 }

@@ -38,10 +38,21 @@ struct ModelSpec {
 bool ListModels(const std::vector<std::string>& paths, const std::string& models_dir, std::vector<ModelSpec>* out,
                 std::string* why);
 
-// One model served: its handles and its router.
+// Conversation id's history and turn mark (-1: none) as pool holds them, waiting (up to 10 s) while
+// the pool's own threads hold it (a write-behind persisting it, a restore-ahead slice): MZ_OK, or
+// the pool's error.
+int ReadConversation(mz_pool* pool, const std::string& id, std::vector<mz_token>* history, int* turn_mark);
+
+// One model served: its handles and its router (which reads its pool's histories and turn marks).
 struct ServedModel {
   ServedModel(ModelSpec s, std::function<bool(const std::string&)> routable)
-      : name(std::move(s.name)), path(std::move(s.path)), id(name), router(std::move(routable)) {}
+      : name(std::move(s.name)),
+        path(std::move(s.path)),
+        id(name),
+        router([this](const std::string& cid, std::vector<int32_t>* h, int* mark) {
+                 return pool && ReadConversation(pool, cid, h, mark) == MZ_OK;
+               },
+               std::move(routable)) {}
   std::string name, path;
   std::string id;    // the id reported in responses (the name, or the server's --alias with one model)
   std::string dir;   // its pool's folder

@@ -629,7 +629,6 @@ void Server::ResourceRoutes() {
 int Server::Forget(serve::ServedModel* m, const std::string& id) {
   if (int st = mz_pool_delete(m->pool, id.c_str()); st != MZ_OK) return st;
   m->router.Forget(id);
-  std::remove(TurnMarkPath(*m, id).c_str());
   return MZ_OK;
 }
 

@@ -16,87 +16,114 @@ int Keep(size_t common, const std::vector<int32_t>& prompt) {
 }
 }  // namespace
 
-void Router::Put(const std::string& id, std::vector<int32_t> history, int prompt_end) {
+void Router::Put(const std::string& id) {
   std::lock_guard<std::mutex> lk(mu_);
-  Entry& e = entries_[id];
-  e.prompt_end = std::clamp(prompt_end, 0, int(history.size()));
-  e.history = std::move(history);
+  entries_[id];
 }
 
 Router::Claim Router::Acquire(const std::vector<int32_t>& prompt, const std::string& new_id) {
   return Acquire(prompt, new_id, Wait());
 }
 
+namespace {
+bool StartsWith(const std::vector<int32_t>& v, const std::vector<int32_t>& prefix) {
+  return !prefix.empty() && v.size() >= prefix.size() && std::equal(prefix.begin(), prefix.end(), v.begin());
+}
+}  // namespace
+
 Router::Claim Router::Acquire(const std::vector<int32_t>& prompt, const std::string& new_id, Wait wait) {
-  std::unique_lock<std::mutex> lk(mu_);
   const auto start = std::chrono::steady_clock::now();
-  Claim best;
-  size_t best_common = 0;
-  bool found = false;
+  std::unique_lock<std::mutex> lk(mu_);
   for (;;) {
-    bool claimed_busy = false, claimed_releasing = false;  // a claimed conversation it continues
+    // The candidates and the claims the prompt continues, under the lock; the pool's histories
+    // read without it.
+    std::vector<std::string> candidates;
+    bool claimed_busy = false, claimed_releasing = false;
     for (auto& [id, e] : entries_) {
       if (e.damaged || (routable_ && !routable_(id))) continue;
-      const size_t common = CommonPrefix(e.history, prompt);
-      if (common < size_t(e.prompt_end)) continue;  // it diverges before its last reply: not this one
       if (e.busy) {
-        // A conversation with no history yet (a first turn running) is no one's to wait for.
-        if (!e.history.empty()) (e.releasing ? claimed_releasing : claimed_busy) = true;
+        if (!e.claim_new && StartsWith(prompt, e.claim_prompt)) (e.releasing ? claimed_releasing : claimed_busy) = true;
         continue;
       }
+      candidates.push_back(id);
+    }
+    lk.unlock();
+    Claim best;
+    size_t best_common = 0;
+    bool found = false;
+    std::vector<int32_t> history;
+    for (const std::string& id : candidates) {
+      int mark = -1;
+      if (!lookup_ || !lookup_(id, &history, &mark)) continue;
+      const size_t common = CommonPrefix(history, prompt);
+      const size_t end = mark < 0 ? history.size() : std::min(size_t(mark), history.size());
+      if (common < end) continue;  // it diverges before its last reply: not this one
       if (!found || common > best_common) {
         found = true;
         best_common = common;
         best.id = id;
+        best.expected = history;
       }
     }
-    if (found || (!claimed_busy && !claimed_releasing)) break;
+    lk.lock();
+    if (found) {
+      auto it = entries_.find(best.id);
+      if (it == entries_.end() || it->second.busy || it->second.damaged) continue;  // changed while we looked: match again
+      Entry& e = it->second;
+      best.keep = Keep(best_common, prompt);
+      e.busy = true;
+      e.claim_new = false;
+      e.claim_prompt = prompt;
+      return best;
+    }
     const auto now = std::chrono::steady_clock::now();
     const auto until = start + wait.busy + (claimed_releasing ? wait.releasing : std::chrono::milliseconds(0));
-    if (now >= until) break;
+    if ((!claimed_busy && !claimed_releasing) || now >= until) break;
     freed_.wait_until(lk, until);
   }
-  if (found) {
-    best.keep = Keep(best_common, prompt);
-    entries_[best.id].busy = true;
-    best.expected = entries_[best.id].history;
-    return best;
-  }
-  best.id = new_id;
-  best.is_new = true;
+  Claim fresh;
+  fresh.id = new_id;
+  fresh.is_new = true;
   Entry& e = entries_[new_id];
   e = Entry();
   e.busy = true;
-  return best;
+  e.claim_new = true;
+  e.claim_prompt = prompt;
+  return fresh;
 }
 
 bool Router::AcquireId(const std::string& id, const std::vector<int32_t>& prompt, Claim* out, std::string* why) {
-  std::lock_guard<std::mutex> lk(mu_);
-  auto it = entries_.find(id);
-  if (it != entries_.end() && it->second.busy) {
-    *why = "conversation '" + id + "' is in use by another request";
-    return false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = entries_.find(id);
+    if (it != entries_.end() && it->second.busy) {
+      *why = "conversation '" + id + "' is in use by another request";
+      return false;
+    }
+    if (it != entries_.end() && it->second.damaged) {
+      *why = "conversation '" + id + "' is damaged (an earlier request failed on it)";
+      return false;
+    }
+    out->id = id;
+    out->is_new = it == entries_.end();
+    Entry& e = entries_[id];
+    e.busy = true;
+    e.claim_new = out->is_new;
+    e.claim_prompt = prompt;
   }
-  if (it != entries_.end() && it->second.damaged) {
-    *why = "conversation '" + id + "' is damaged (an earlier request failed on it)";
-    return false;
-  }
-  out->id = id;
-  out->is_new = it == entries_.end();
-  Entry& e = entries_[id];
-  out->keep = Keep(CommonPrefix(e.history, prompt), prompt);
-  out->expected = e.history;
-  e.busy = true;
+  out->expected.clear();
+  int mark = -1;
+  if (!out->is_new && lookup_ && !lookup_(id, &out->expected, &mark)) out->expected.clear();
+  out->keep = Keep(CommonPrefix(out->expected, prompt), prompt);
   return true;
 }
 
-void Router::Release(const std::string& id, std::vector<int32_t> history, int prompt_end) {
+void Router::Release(const std::string& id) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     Entry& e = entries_[id];
-    e.prompt_end = std::clamp(prompt_end, 0, int(history.size()));
-    e.history = std::move(history);
-    e.busy = e.releasing = false;
+    e.busy = e.releasing = e.claim_new = false;
+    e.claim_prompt.clear();
   }
   freed_.notify_all();
 }
@@ -106,7 +133,8 @@ void Router::Abandon(const std::string& id, bool damaged) {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = entries_.find(id);
     if (it == entries_.end()) return;
-    it->second.busy = it->second.releasing = false;
+    it->second.busy = it->second.releasing = it->second.claim_new = false;
+    it->second.claim_prompt.clear();
     if (damaged) it->second.damaged = true;
   }
   freed_.notify_all();
@@ -135,10 +163,9 @@ size_t Router::size() {
   return entries_.size();
 }
 
-int Router::PromptEnd(const std::string& id) {
+bool Router::Knows(const std::string& id) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = entries_.find(id);
-  return it == entries_.end() ? -1 : it->second.prompt_end;
+  return entries_.count(id) > 0;
 }
 
 }  // namespace mz::serve

@@ -113,7 +113,6 @@ void Server::Routes() {
       return Error(res, e);
     }
     m->router.Forget(id);
-    std::remove(TurnMarkPath(*m, id).c_str());
     json_body(res, {{"id", id}, {"deleted", true}});
   });
   http_.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {

@@ -262,7 +262,6 @@ std::shared_ptr<Server::Job> Server::Claim(serve::ServedModel& m, const ChatRequ
   if (st == MZ_OK && !job->claim.is_new && r.conversation.empty() && !history.empty() && history != job->claim.expected) {
     std::fprintf(stderr, "[serve] conversation %s changed behind the router (%zu tokens, %zu expected): forking\n",
                  job->claim.id.c_str(), history.size(), job->claim.expected.size());
-    router_.Put(job->claim.id, history, int(history.size()));
     router_.Abandon(job->claim.id, false);
     mz_conversation_release(job->conv);
     job->conv = nullptr;
@@ -281,24 +280,9 @@ std::shared_ptr<Server::Job> Server::Claim(serve::ServedModel& m, const ChatRequ
   return job;
 }
 
-// The pool's history of conversation id, waiting (up to 10 s) while the pool's own threads hold
-// it (a write-behind persisting it, a restore-ahead slice): MZ_OK, or the pool's error.
+// The pool's history of conversation id (serve::ReadConversation, without its turn mark).
 int Server::History(serve::ServedModel& m, const std::string& id, std::vector<mz_token>* out) {
-  mz_pool* const pool_ = m.pool;
-  for (int attempt = 0;; ++attempt) {
-    const int32_t n = mz_pool_conversation_tokens(pool_, id.c_str(), nullptr, 0);
-    if (n >= 0) {
-      out->resize(size_t(n));
-      const int32_t got = n > 0 ? mz_pool_conversation_tokens(pool_, id.c_str(), out->data(), n) : 0;
-      if (got == n) return MZ_OK;
-      if (got >= 0) continue;  // it changed between the two calls: ask again
-      if (got != MZ_ERR_BUSY) return got;
-    } else if (n != MZ_ERR_BUSY) {
-      return n;
-    }
-    if (attempt >= 1000) return MZ_ERR_BUSY;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  return serve::ReadConversation(m.pool, id, out, nullptr);
 }
 
 serve::TurnResult Server::Turn(Job& job, const serve::EmitFn& emit) {
@@ -371,21 +355,7 @@ void Server::FinishJob(Job& job, bool damaged, const std::vector<mz_token>& hist
     job.m->router.Abandon(job.claim.id, true);
     return;
   }
-  job.m->router.Release(job.claim.id, history, int(job.prompt.size()));
-  WriteTurnMark(*job.m, job.claim.id, int(job.prompt.size()));
-}
-
-// <dir>/serve/<id>.turn: where the conversation's last prompt ended, so that after a restart the
-// router still tells a continuation from a fork. Written crash-safely (temporary name, rename); a
-// missing or stale mark only makes the router stricter (it forks instead of cutting a reply).
-void Server::WriteTurnMark(const serve::ServedModel& m, const std::string& id, int prompt_end) {
-  const std::string path = TurnMarkPath(m, id), tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << prompt_end << "\n";
-    if (!f) return;
-  }
-  std::rename(tmp.c_str(), path.c_str());
+  job.m->router.Release(job.claim.id);
 }
 
 void Server::Completions(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -786,22 +756,18 @@ int Server::Load() {
     char buf[1024];
     for (int32_t i = 0; mz_pool_damaged(m->pool, i, buf, sizeof buf) >= 0; ++i)
       std::fprintf(stderr, "[serve] warning: damaged, skipped: %s\n", buf);
-    // The router learns every stored conversation's history (header and index reads only).
+    // The router learns every stored conversation's id: their histories and turn marks stay the
+    // pool's (read when a request is matched). Servers before 0.17 kept turn marks in
+    // <dir>/serve/<id>.turn: such a conversation has no mark in the pool until its next turn (only
+    // a request extending its whole history continues it meanwhile: stricter, never wrong), and
+    // the old file is removed.
     std::vector<mz_conversation_report> all(size_t(std::max(0, mz_pool_list(m->pool, nullptr, 0))));
     const int32_t n = mz_pool_list(m->pool, all.data(), int32_t(all.size()));
     for (int32_t i = 0; i < std::min<int32_t>(n, int32_t(all.size())); ++i) {
       const std::string id = all[size_t(i)].id;
-      std::vector<mz_token> h;
-      if (History(*m, id, &h) != MZ_OK) {
-        std::fprintf(stderr, "[serve] warning: conversation %s of %s unreadable (%s): not routed to\n", id.c_str(),
-                     m->name.c_str(), mz_last_error());
-        continue;
-      }
-      const int k = int(h.size());
-      int prompt_end = k;  // without a mark: only a request extending the whole history continues it
-      std::ifstream f(TurnMarkPath(*m, id));
-      if (f && !(f >> prompt_end)) prompt_end = k;
-      m->router.Put(id, std::move(h), prompt_end);
+      std::error_code ec;
+      std::filesystem::remove(m->dir + "/serve/" + id + ".turn", ec);
+      m->router.Put(id);
     }
     n_conversations += m->router.size();
   }

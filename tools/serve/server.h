@@ -104,10 +104,6 @@ class Server {
   serve::TurnResult Turn(Job& job, const serve::EmitFn& emit);
   void FinishJob(Job& job, bool damaged, const std::vector<mz_token>& history);
   int History(serve::ServedModel& m, const std::string& id, std::vector<mz_token>* out);
-  static std::string TurnMarkPath(const serve::ServedModel& m, const std::string& id) {
-    return m.dir + "/serve/" + id + ".turn";
-  }
-  void WriteTurnMark(const serve::ServedModel& m, const std::string& id, int prompt_end);
   nlohmann::json PoolJson();
   nlohmann::json ModelsJson();  // each model's weights by tier, in use, conversations; the shared budget
   // The pressure watcher's on_action (mz_pressure_params): records the action in activity_.

@@ -114,6 +114,12 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     return Failed(r, st);
   const Clock::time_point t1 = Clock::now();
   r.prompt_s = std::chrono::duration<double>(t1 - t0).count();
+  // The turn mark (where this turn's prompt ends) is the pool's, persisted with this turn's commit:
+  // after a restart, or on another server of a fleet, a resent history is matched against it.
+  if (int st = mz_conversation_set_turn_mark(conv, int32_t(prompt.size())); st != MZ_OK) {
+    mz_conversation_commit(conv);
+    return Failed(r, st);
+  }
 
   r.history = prompt;
   std::vector<mz_token> script;
