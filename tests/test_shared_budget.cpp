@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "pool/pool.h"
+#include "core/sync_point.h"
 #include "pool/shared_budget.h"
 #include "runtime/context.h"
 #include "test_util.h"
@@ -201,6 +202,72 @@ TEST(SharedBudget, IdleModelGivesBackFirstAndReturnsExactly) {
   ConversationReport rb;
   ASSERT_TRUE(pb->Report("talk", &rb).ok());
   EXPECT_EQ(rb.kv_resident, 0u);
+}
+
+// Room first (issue 45): when A comes back after B, the idle B gives back for what A's call will
+// restore (A's weights given back, its KV) before the restore starts, so the counted bytes stay
+// within the budget during the call, not only after it (a switch never holds both models).
+TEST(SharedBudget, SwitchMakesRoomBeforeTheRestore) {
+  const std::string dir = FreshDir("room");
+  auto a = Load("tiny-qwen3");
+  auto bm = Load("tiny-llama");
+  const uint64_t wa = WeightBytes(*a), wb = WeightBytes(*bm);
+  auto probe = std::make_shared<SharedBudget>(0);
+  uint64_t extra_a = 0, extra_b = 0;
+  {
+    std::unique_ptr<Pool> pp;
+    ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/probe-a", probe), &pp).ok());
+    extra_a = pp->Stats().in_memory - wa;
+  }
+  {
+    std::unique_ptr<Pool> pp;
+    ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/probe-b", probe), &pp).ok());
+    extra_b = pp->Stats().in_memory - wb;
+  }
+  // About one model and a half: A whole and B's base unit fit, both whole do not.
+  const uint64_t layer = a->unit(0).region_bytes;
+  auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
+  std::unique_ptr<Pool> pa, pb;
+  ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
+  ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
+  const auto ta = Tokens(300, 5), tb = Tokens(300, 6);
+  std::shared_ptr<Conversation> ca, cb;
+  ASSERT_TRUE(pa->OpenConversation("talk", &ca).ok());
+  ASSERT_TRUE(ca->Decode(ta.data(), 250, false).ok());
+  ASSERT_TRUE(ca->Commit().ok());
+  ASSERT_TRUE(pb->OpenConversation("talk", &cb).ok());
+  ASSERT_TRUE(cb->Decode(tb.data(), int(tb.size()), false).ok());
+  ASSERT_TRUE(cb->Commit().ok());
+  ASSERT_LE(budget->InMemory(), budget->memory_budget());
+  const uint64_t dropped_a = DroppedWeights(*a);
+  ASSERT_GT(dropped_a, 0u) << "B's call gave back A's weights (the switch to come restores them)";
+  ASSERT_EQ(DroppedWeights(*bm), 0u);
+  const uint64_t room_before = budget->Stats().room_passes;
+
+  // At the start of A's restore (on A's calling thread: nothing of A is busy), what the budget
+  // counts plus A's weights to come (a lower bound of what the restore brings) fits the budget.
+  std::atomic<bool> armed{true};
+  bool seen = false;
+  uint64_t counted = 0;
+  SyncPoints::SetCallback("conversation:before_restore", [&](int) {
+    if (!armed.exchange(false)) return;
+    seen = true;
+    counted = budget->InMemory();
+  });
+  RestoreGenerateStats rs;
+  Status st = ca->RestoreGenerate(ta.data() + 250, 50, PipelineOptions(), &rs);
+  SyncPoints::ClearAll();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_TRUE(seen);
+  EXPECT_LE(counted + dropped_a, budget->memory_budget())
+      << "B gave back for A's restore before it started (counted " << counted << ", incoming >= " << dropped_a << ")";
+  EXPECT_GT(budget->Stats().room_passes, room_before);
+  ExpectBackToFront(*bm, "B");
+  EXPECT_EQ(DroppedWeights(*a), 0u) << "A's weights all back";
+  // Exact, and within the budget after the call too.
+  EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", ta, {250}));
+  ASSERT_TRUE(ca->Commit().ok());
+  EXPECT_LE(budget->InMemory(), budget->memory_budget());
 }
 
 // Pressure on one pool (its watch, onTrimMemory) is applied across every model: the least

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/sync_point.h"
 #include "pool/chunk_hash.h"
 #include "runtime/session_file.h"
 
@@ -289,6 +290,12 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     } running{running_};
     running_ = true;
     MZ_RETURN_IF_ERROR(EnsureOpenLocked());
+    // Several models under one budget: room first. What this call will restore (its model's
+    // weights given back, its KV) is counted before the restore, and the idle models give back
+    // for it now, so that a switch never holds both models; the pass after the call settles what
+    // the call grew. Its error is not the call's (that pass reports the budget's).
+    (void)pool_->MakeRoomForCall(*this);
+    MZ_SYNC_POINT("conversation:before_restore", 0);  // tests: room made, nothing restored yet
     int before = 0;
     for (bool computed_again = false;;) {
       int consumed = 0;

@@ -381,6 +381,11 @@ class Pool {
   // tokens are unchanged since the last call: only the full chunks past them are hashed again.
   void ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens);
   Status EnforceBudget();
+  // In a shared budget, before c's call restores (REQUIRES c's use lock, c open): the room pass
+  // (SharedBudget::MakeRoom) for what the call will bring back: this model's weight units not
+  // resident and c's KV chunks not resident (raw bytes; its last known figures if its report is
+  // busy). Without a shared budget: nothing. Errors: the room pass's (the call goes on).
+  Status MakeRoomForCall(Conversation& c);
   // The pool's LLM memory (every weight unit but the base one, plus every open conversation's KV)
   // and how much of it is in RAM: the amount policy's inputs. Never waits: a busy conversation
   // counts with its last known figures, weights being moved as resident. Returns true when every

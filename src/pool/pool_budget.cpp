@@ -115,6 +115,21 @@ Status Pool::EvictOwn(uint64_t bytes, bool pressure, uint64_t* freed) {
   return ApplyEviction(bytes, EvictionMode{/*budget=*/!pressure, false, false}, freed);
 }
 
+Status Pool::MakeRoomForCall(Conversation& c) {
+  if (!group_ || !in_group_ || !c.ctx_) return Status::Ok();
+  uint64_t incoming = 0;
+  for (int u = 0; u < model_->n_units(); ++u)
+    if (!model_->unit(u).resident()) incoming += model_->unit(u).region_bytes;
+  MemoryReport r;
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // last_report_ is written under mu_ (MeasureInMemory)
+    r = c.last_report_;
+  }
+  (void)TryReportShared(*c.ctx_, &r);  // busy: the last known figures
+  if (r.kv_total > r.kv_resident) incoming += r.kv_total - r.kv_resident;
+  return group_->MakeRoom(incoming);
+}
+
 Status Pool::EnforceBudget() {
   if (group_) return in_group_ ? group_->Enforce() : Status::Ok();
   if (opts_.memory_budget == 0) return Status::Ok();

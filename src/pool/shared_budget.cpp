@@ -63,6 +63,23 @@ Status SharedBudget::Enforce() {
   return st;
 }
 
+Status SharedBudget::MakeRoom(uint64_t incoming) {
+  if (memory_budget_ == 0 || incoming == 0) return Status::Ok();
+  std::lock_guard<std::mutex> pass(pass_mu_);  // measured after a pass under way has given back
+  const uint64_t want = InMemory() + incoming;
+  if (want <= memory_budget_) return Status::Ok();
+  uint64_t freed = 0;
+  Status st = EvictAcross(want - memory_budget_, /*pressure=*/false, &freed, /*idle_models_only=*/true);
+  if (freed > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.passes++;
+    stats_.bytes_evicted += freed;
+    stats_.room_passes++;
+    stats_.room_bytes += freed;
+  }
+  return st;
+}
+
 Status SharedBudget::Evict(uint64_t bytes, uint64_t* freed) {
   std::lock_guard<std::mutex> pass(pass_mu_);
   uint64_t f = 0;
@@ -109,7 +126,7 @@ Status SharedBudget::OnPressure(const PressureEvent& ev, uint64_t* freed) {
   return st;
 }
 
-Status SharedBudget::EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed) {
+Status SharedBudget::EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed, bool idle_models_only) {
   *freed = 0;
   struct Member {
     Pool* pool;
@@ -148,7 +165,7 @@ Status SharedBudget::EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed)
   }
   // 3. Models in use, each in its own pool's order (idle models with nothing left give nothing).
   for (const Member& m : order) {
-    if (total >= bytes) break;
+    if (total >= bytes || idle_models_only) break;
     if (!m.in_use) continue;
     uint64_t f = 0;
     note(m.pool->EvictOwn(bytes - total, pressure, &f));

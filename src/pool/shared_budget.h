@@ -10,7 +10,8 @@
 // measures them together and decides which pool gives back what.
 //
 // Order, whenever the pools together hold more than the budget (after a generation call on any of
-// them: the budget pass; or for pressure, onTrimMemory and Evict: the bytes they ask for):
+// them: the budget pass; before a call's restore, counting what it will bring back: the room pass,
+// steps 1 and 2 only; or for pressure, onTrimMemory and Evict: the bytes they ask for):
 //   1. idle models' conversations, least recently used model first, each conversation out whole
 //      (an idle model: no conversation of it in use or computing: Conversation::InUse), then,
 //      with batching off, their compute buffers (counted in the budget; allocated again by their
@@ -56,6 +57,9 @@ struct SharedBudgetStats {
   // Budget passes that gave back something, and their bytes; by step of the order above.
   uint64_t passes = 0, bytes_evicted = 0;
   uint64_t idle_model_kv_bytes = 0, idle_model_weight_bytes = 0, active_model_bytes = 0;
+  // Room passes (MakeRoom, before a call's restore) that gave back something, and their bytes
+  // (counted in passes and bytes_evicted too).
+  uint64_t room_passes = 0, room_bytes = 0;
   // Pressure events and onTrimMemory calls applied across the pools, and what they gave back.
   uint64_t pressure_events = 0, pressure_bytes = 0;
   uint64_t evict_calls = 0, evict_bytes = 0;  // Evict (mz_budget_evict)
@@ -76,6 +80,13 @@ class SharedBudget {
   // the order above, sparing what a budget pass spares in a single pool (a conversation mid-turn
   // when two or more are, the weights while any conversation of that model computes).
   Status Enforce();
+  // The room pass, before a call restores: incoming is what the call will bring back (its model's
+  // evicted weight units and its conversation's evicted KV). Gives back what the pools' RAM now
+  // plus incoming would hold above the budget, from idle models only (steps 1 and 2 of the order
+  // above): never a model in use, so never the calling model's units nor a conversation in use.
+  // What it cannot free there stays over until the budget pass after the call. Waits for a pass
+  // under way (a pass never waits for a call, so the caller may hold its conversation).
+  Status MakeRoom(uint64_t incoming);
   // Gives back at least bytes (or all it can) across the pools in the order above, taking what
   // a pressure eviction takes (conversations in use too, but never what is computing). *freed
   // (optional). Counted as evict_calls.
@@ -94,7 +105,8 @@ class SharedBudget {
   void Add(Pool* p);
   void Remove(Pool* p);
   // The pass itself: pressure false spares what a budget pass spares. REQUIRES pass_mu_.
-  Status EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed);
+  // idle_models_only: steps 1 and 2 only (the room pass).
+  Status EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed, bool idle_models_only = false);
 
   const uint64_t memory_budget_;
   std::mutex mu_;  // guards pools_, stats_ and amount_
