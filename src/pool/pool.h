@@ -329,6 +329,8 @@ class Pool {
   // stored file's (known since the pool opened or last wrote it: no file is read). Errors as
   // History (kBusy while a call runs on it).
   Status TurnMark(const std::string& id, int* out);
+  // Conversation id with its use lock taken without waiting (History, TurnMark's common part).
+  Status ForRead(const std::string& id, std::shared_ptr<Conversation>* out, std::unique_lock<std::mutex>* use);
   std::vector<DamagedFile> Damaged();
   Model* model() const { return model_; }
   const PoolOptions& options() const { return opts_; }

@@ -133,7 +133,9 @@ std::vector<ConversationReport> Pool::List() {
   return out;
 }
 
-Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
+// Conversation id with its use lock taken without waiting (History, TurnMark): kInvalidArgument
+// (unknown, closed or deleted), kBusy (a call runs on it).
+Status Pool::ForRead(const std::string& id, std::shared_ptr<Conversation>* out, std::unique_lock<std::mutex>* use) {
   std::shared_ptr<Conversation> c;
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -141,9 +143,18 @@ Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
     if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
     c = it->second;
   }
-  std::unique_lock<std::mutex> use(c->use_mu_, std::try_to_lock);
-  if (!use.owns_lock()) return Status::Busy("conversation '" + id + "' is in use");
+  std::unique_lock<std::mutex> u(c->use_mu_, std::try_to_lock);
+  if (!u.owns_lock()) return Status::Busy("conversation '" + id + "' is in use");
   if (c->closed_) return Status::InvalidArgument("conversation '" + id + "' was closed or deleted");
+  *out = std::move(c);
+  *use = std::move(u);
+  return Status::Ok();
+}
+
+Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
+  std::shared_ptr<Conversation> c;
+  std::unique_lock<std::mutex> use;
+  MZ_RETURN_IF_ERROR(ForRead(id, &c, &use));
   if (c->ctx_) {
     *out = c->ctx_->history();
     return Status::Ok();
@@ -167,15 +178,8 @@ Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
 
 Status Pool::TurnMark(const std::string& id, int* out) {
   std::shared_ptr<Conversation> c;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = convs_.find(id);
-    if (it == convs_.end()) return Status::InvalidArgument("no conversation '" + id + "'");
-    c = it->second;
-  }
-  std::unique_lock<std::mutex> use(c->use_mu_, std::try_to_lock);
-  if (!use.owns_lock()) return Status::Busy("conversation '" + id + "' is in use");
-  if (c->closed_) return Status::InvalidArgument("conversation '" + id + "' was closed or deleted");
+  std::unique_lock<std::mutex> use;
+  MZ_RETURN_IF_ERROR(ForRead(id, &c, &use));
   if (c->ctx_) {
     *out = c->ctx_->turn_mark();
     return Status::Ok();

@@ -13,6 +13,10 @@
 #pragma once
 #include <sys/types.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <string>
@@ -21,6 +25,33 @@
 #include "core/status.h"
 
 namespace mz::cli {
+
+// The children a harness must kill on every exit path, SIGINT/SIGTERM included: a fixed table of
+// atomics, so a signal handler may read it (KillAndReapAll). Add and Remove from one thread each
+// at a time per child; a full table drops the pid (it is then not killed by the handler).
+template <size_t N>
+struct ChildRegistry {
+  std::atomic<pid_t> pids[N];
+  void Add(pid_t p) {
+    for (auto& c : pids) {
+      pid_t z = 0;
+      if (c.compare_exchange_strong(z, p)) return;
+    }
+  }
+  void Remove(pid_t p) {
+    for (auto& c : pids) {
+      pid_t x = p;
+      if (c.compare_exchange_strong(x, 0)) return;
+    }
+  }
+  // SIGKILL to every child registered, then waits for each (async-signal-safe calls only).
+  void KillAndReapAll() {
+    for (auto& c : pids)
+      if (pid_t q = c.load(); q > 0) kill(q, SIGKILL);
+    for (auto& c : pids)
+      if (pid_t q = c.load(); q > 0) waitpid(q, nullptr, 0);
+  }
+};
 
 constexpr int kKeepOomScore = INT_MIN;  // oom_score_adj: leave the child's as inherited
 

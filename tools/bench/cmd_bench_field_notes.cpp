@@ -77,25 +77,12 @@ struct Args {
 };
 
 // ---- cleanup on every exit path, SIGINT/SIGTERM included ------------------------------------
-std::atomic<pid_t> g_kids[16];
+ChildRegistry<16> g_kids;
 char g_cg[512];
-void Track(pid_t p) {
-  for (auto& c : g_kids) {
-    pid_t z = 0;
-    if (c.compare_exchange_strong(z, p)) return;
-  }
-}
-void Untrack(pid_t p) {
-  for (auto& c : g_kids) {
-    pid_t x = p;
-    if (c.compare_exchange_strong(x, 0)) return;
-  }
-}
+void Track(pid_t p) { g_kids.Add(p); }
+void Untrack(pid_t p) { g_kids.Remove(p); }
 void OnSignal(int sig) {
-  for (auto& c : g_kids)
-    if (pid_t p = c.load(); p > 0) kill(p, SIGKILL);
-  for (auto& c : g_kids)
-    if (pid_t p = c.load(); p > 0) waitpid(p, nullptr, 0);
+  g_kids.KillAndReapAll();
   if (g_cg[0])
     for (int i = 0; i < 50 && rmdir(g_cg) != 0 && errno == EBUSY; ++i) usleep(20000);
   _exit(128 + sig);

@@ -33,6 +33,7 @@
 #include "runtime/tokenizer.h"
 #include "runtime/session_file.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/child_process.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 #include "tools/bench/multitask.h"
@@ -169,36 +170,19 @@ struct ModeResult {
 // ---- cleanup on every exit path, including SIGINT/SIGTERM -------------------------------------
 // The handler is not async-signal-safe in the strict sense (it runs system() for swapoff): the
 // process is about to exit and only these side effects matter, as in bench ttft.
-std::atomic<pid_t> g_children[64];
+ChildRegistry<64> g_children;
 char g_cgroup[512];
 char g_files[4][512];
 std::atomic<bool> g_zram_created{false};
 
-void RegisterChild(pid_t p) {
-  for (auto& c : g_children) {
-    pid_t z = 0;
-    if (c.compare_exchange_strong(z, p)) return;
-  }
-}
-void UnregisterChild(pid_t p) {
-  for (auto& c : g_children) {
-    pid_t x = p;
-    if (c.compare_exchange_strong(x, 0)) return;
-  }
-}
+void RegisterChild(pid_t p) { g_children.Add(p); }
+void UnregisterChild(pid_t p) { g_children.Remove(p); }
 void SetCleanupPath(char* slot, const std::string& s) {
   std::snprintf(slot, 512, "%s", s.c_str());
 }
 
 void OnMultitaskSignal(int sig) {
-  for (auto& c : g_children) {
-    const pid_t p = c.load();
-    if (p > 0) kill(p, SIGKILL);
-  }
-  for (auto& c : g_children) {
-    const pid_t p = c.load();
-    if (p > 0) waitpid(p, nullptr, 0);
-  }
+  g_children.KillAndReapAll();
   if (g_cgroup[0]) {
     for (int i = 0; i < 50 && rmdir(g_cgroup) != 0 && errno == EBUSY; ++i) usleep(20000);
   }
