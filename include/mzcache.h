@@ -692,6 +692,11 @@ struct mz_profile_params {
    * O_DIRECT: figures then include the page cache). NULL: nothing reported. */
   void (*report)(const char* text, void* user);
   void* user; /* passed to progress and report */
+  /* since 0.17: the remote tier's store (redis://[user[:password]@]host:port[/db], as
+   * mz_pool_params' remote_url) whose read rate and time to first byte the profile measures (a few
+   * chunk-sized values written, read back in one pipeline and removed). NULL or "" (default): not
+   * measured, reported so (the pool then learns the rate at run time). */
+  const char* remote_url;
 };
 struct mz_profile_params mz_profile_default_params(void);
 /* Profiles this device with the KV of the model at model_path (loaded, a 512-token prefill of
@@ -699,8 +704,11 @@ struct mz_profile_params mz_profile_default_params(void);
  * (JSON, replaced whole). params NULL: defaults. Returns MZ_OK; MZ_ERR_INVALID_ARG (NULL path, a
  * bad params struct or value); the model's load error (MZ_ERR_IO, MZ_ERR_CORRUPT,
  * MZ_ERR_UNSUPPORTED); MZ_ERR_IO or MZ_ERR_NO_SPACE (the read-test file could not be written or
- * read in dir, or out_path could not be written); MZ_ERR_NO_MEMORY (the allocation test could not
- * map memory). out_path is replaced crash-safely (written beside it, synced, renamed): on an error
+ * read in dir, or out_path could not be written, or the remote_url store could not be reached: it
+ * is measured first, nothing is written then); MZ_ERR_UNSUPPORTED (a rediss:// remote_url, or no
+ * Redis client built in); MZ_ERR_INVALID_ARG (a remote_url that is not such a URL);
+ * MZ_ERR_CORRUPT (a value read back from remote_url differed); MZ_ERR_NO_MEMORY (the allocation
+ * test could not map memory). out_path is replaced crash-safely (written beside it, synced, renamed): on an error
  * or a crash it keeps its previous content; the read-test file is removed on every path. */
 int mz_profile_device(const char* model_path, const struct mz_profile_params* params, const char* out_path);
 

@@ -10,6 +10,7 @@
 
 #include "model/synth.h"
 #include "policy/hybrid_swap.h"
+#include "policy/remote_fetch.h"
 #include "policy/tier_failure.h"
 #include "test_util.h"
 
@@ -260,7 +261,72 @@ TEST(DeviceProfile, SavesAndLoadsTheInPlaceFigureAndRejectsBadOnes) {
   std::remove(path.c_str());
 }
 
-// A profile whose figures would make unit times NaN, negative or infinite is refused by name, not
+// The remote tier's measured rate is saved and loaded; a profile written before it was measured
+// (no such fields) loads with 0 (not measured); implausible figures are refused by name.
+TEST(DeviceProfile, RemoteRateRoundTripsAndOlderProfilesLoadWithoutIt) {
+  const std::string path = test::TempDir() + "/profile-remote.json";
+  DeviceProfile p = DeviceProfile::Default();
+  p.remote_read_Bps = 2.5e8;
+  p.remote_first_byte_s = 3e-4;
+  ASSERT_TRUE(p.Save(path).ok());
+  DeviceProfile q;
+  ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
+  EXPECT_EQ(q.remote_read_Bps, p.remote_read_Bps);
+  EXPECT_EQ(q.remote_first_byte_s, p.remote_first_byte_s);
+  {
+    std::ofstream f(path);  // an older profile: no remote fields
+    f << R"({"decode_Bps": {"q8": 1e9}, "read_Bps": [{"request_bytes": 4096, "Bps": 1e9}]})";
+  }
+  q.remote_read_Bps = 7;
+  ASSERT_TRUE(DeviceProfile::Load(path, &q).ok());
+  EXPECT_EQ(q.remote_read_Bps, 0.0);
+  EXPECT_EQ(q.remote_first_byte_s, 0.0);
+  for (const char* bad : {R"("remote_read_Bps": 0.5)", R"("remote_read_Bps": -3)", R"("remote_first_byte_s": -1)",
+                          R"("remote_first_byte_s": 1e9)", R"("remote_read_Bps": "fast")"}) {
+    {
+      std::ofstream f(path);
+      f << R"({"decode_Bps": {"q8": 1e9}, "read_Bps": [{"request_bytes": 4096, "Bps": 1e9}], )" << bad << "}";
+    }
+    Status st = DeviceProfile::Load(path, &q);
+    EXPECT_EQ(st.code(), Status::kCorruption) << bad;
+  }
+  std::remove(path.c_str());
+}
+
+// Fetch vs compute again: the two expected times decide; fetching wins ties; a rate unknown (0,
+// negative, NaN) or nothing to compute falls back to fetching.
+TEST(RemoteFetchPolicy, FetchesWhenFasterComputesWhenSlowerAndFetchesWhenUnknown) {
+  RemoteFetchInput in;
+  in.bytes = 1000;
+  in.tokens = 10;
+  in.remote_Bps = 100;            // 10 s to fetch
+  in.compute_s_per_token = 2.0;   // 20 s to compute
+  RemoteFetchPlan p = PlanRemoteFetch(in);
+  EXPECT_TRUE(p.fetch);
+  EXPECT_DOUBLE_EQ(p.fetch_s, 10.0);
+  EXPECT_DOUBLE_EQ(p.compute_s, 20.0);
+  in.first_byte_s = 15.0;         // the latency tips it: 25 s > 20 s
+  p = PlanRemoteFetch(in);
+  EXPECT_FALSE(p.fetch);
+  EXPECT_DOUBLE_EQ(p.fetch_s, 25.0);
+  in.first_byte_s = 10.0;         // equal: fetched
+  EXPECT_TRUE(PlanRemoteFetch(in).fetch);
+  in.first_byte_s = 0;
+  in.remote_Bps = 10;             // a slow link: 100 s > 20 s
+  EXPECT_FALSE(PlanRemoteFetch(in).fetch);
+  for (double r : {0.0, -1.0, std::nan("")}) {
+    RemoteFetchInput u = in;
+    u.remote_Bps = r;
+    EXPECT_TRUE(PlanRemoteFetch(u).fetch) << r;
+    u = in;
+    u.compute_s_per_token = r;
+    EXPECT_TRUE(PlanRemoteFetch(u).fetch) << r;
+  }
+  RemoteFetchInput none = in;
+  none.tokens = 0;
+  EXPECT_TRUE(PlanRemoteFetch(none).fetch);
+}
+
 // planned with: a zero ratio, zero/negative mapped-read rates, a non-positive thread count.
 TEST(DeviceProfile, LoadRejectsFiguresThatBreakTheUnitTimes) {
   const std::string path = test::TempDir() + "/profile-bad.json";

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "policy/profiler.h"
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
 #include "pool/remote_kv.h"
@@ -314,6 +315,75 @@ TEST(RemoteTier, NewConversationFindsItsPrefixByChainHash) {
   EXPECT_EQ(s.remote.prefix_chunks, 2u);
   const std::vector<int32_t> first(q.begin(), q.begin() + 2 * T), rest(q.begin() + 2 * T, q.end());
   EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), first, rest));
+}
+
+// The fetch-or-compute plan (policy/remote_fetch.h) applied by RemotePrefix: with the device
+// profile's remote rate at the slowest plausible figure (1 B/s) and a measured prefill rate (a
+// warm-up conversation on the same pool), the prefix is computed again, counted, and the answer is
+// the same; with a rate no prefill can beat, it is fetched.
+TEST(RemoteTier, PrefixOnASlowLinkIsComputedAgainAndCounted) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> a = Tokens(2 * T, 2 * T + 40, 1);
+  Serve(m.get(), Opts(FreshDir("a9"), redis.Url()), "a", a);
+  std::vector<int32_t> q(a.begin(), a.begin() + 2 * T);
+  for (int i = 0; i < 30; ++i) q.push_back(300 + i);
+  std::vector<int32_t> warm;
+  std::mt19937 rng{99};
+  for (int i = 0; i < 40; ++i) warm.push_back(int32_t(100 + rng() % 2000));
+  for (const bool slow : {true, false}) {
+    const std::string dir = FreshDir(slow ? "b9s" : "b9f");
+    std::filesystem::create_directories(dir);
+    DeviceProfile prof = DeviceProfile::Default();
+    prof.remote_read_Bps = slow ? 1.0 : 1e300;
+    PoolOptions o = Opts(dir, redis.Url());
+    o.context.profile_path = dir + "-profile.json";
+    ASSERT_TRUE(prof.Save(o.context.profile_path).ok());
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &b).ok());
+    std::shared_ptr<Conversation> w, c;
+    // Ids of this round: the last round's pool may have written its own to Redis when it closed.
+    const std::string round = slow ? "-slow" : "-fast";
+    ASSERT_TRUE(b->OpenConversation("w" + round, &w).ok());
+    ASSERT_TRUE(w->Decode(warm.data(), int(warm.size()), false).ok());  // measures the prefill rate
+    ASSERT_TRUE(b->OpenConversation("q" + round, &c).ok());
+    ASSERT_TRUE(c->Decode(q.data(), int(q.size()), false).ok());
+    const PoolStats s = b->Stats();
+    EXPECT_EQ(s.remote.fetches_skipped_slower, slow ? 1u : 0u) << slow;
+    EXPECT_EQ(s.remote.chunks_skipped_slower, slow ? 2u : 0u) << slow;
+    EXPECT_EQ(s.remote.prefix_chunks, slow ? 0u : 2u) << slow;
+    EXPECT_EQ(s.prefix_chunks_reused, slow ? 0u : 2u) << slow;
+    const std::vector<int32_t> first(q.begin(), q.begin() + 2 * T), rest(q.begin() + 2 * T, q.end());
+    EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), first, rest)) << slow;
+    std::filesystem::remove(o.context.profile_path);
+  }
+}
+
+// `mzcache profile --remote`'s measurement (ProfileRemote): a rate and a first byte come out, the
+// values are read back as written and removed after; an unreachable store is an error.
+TEST(RemoteTier, ProfileMeasuresTheRateAndRemovesItsValues) {
+  NEED_REDIS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto kv = redis.Client();
+  ASSERT_TRUE(kv);
+  DeviceProfile p;
+  std::string note;
+  Status st = ProfileRemote(Env::Default(), kv.get(), 64 << 10, 3, 2, &p, [&](const std::string& t) { note += t; });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(p.remote_read_Bps, 1.0);
+  EXPECT_GT(p.remote_first_byte_s, 0.0);
+  EXPECT_NE(note.find("Remote tier"), std::string::npos) << note;
+  uint64_t keys = 1, bytes = 1;
+  ASSERT_TRUE(kv->Census("mz:profile:*", &keys, &bytes).ok());
+  EXPECT_EQ(keys, 0u);
+  redis.Stop();
+  DeviceProfile q;
+  EXPECT_FALSE(ProfileRemote(Env::Default(), kv.get(), 1024, 1, 1, &q, nullptr).ok());
+  EXPECT_EQ(q.remote_read_Bps, 0.0);
 }
 
 TEST(RemoteTier, DamagedOrEvictedValuesAreComputedAgainNeverUsed) {

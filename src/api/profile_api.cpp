@@ -20,6 +20,7 @@
 #include "env/cpu_topology.h"
 #include "model/model.h"
 #include "policy/profiler.h"
+#include "pool/remote_kv.h"
 #include "pressure/manual_source.h"
 #include "pressure/monitor.h"
 #include "runtime/chat_render.h"
@@ -73,6 +74,7 @@ mz_profile_params mz_profile_default_params(void) {
   p.progress = nullptr;
   p.report = nullptr;
   p.user = nullptr;
+  p.remote_url = nullptr;
   return p;
 }
 
@@ -85,6 +87,14 @@ int mz_profile_device(const char* model_path, const mz_profile_params* params, c
     if (p.threads <= 0 || p.threads > 256) return mz::Status::InvalidArgument("threads out of range");
     if (p.dir && !*p.dir) return mz::Status::InvalidArgument("dir is empty (NULL means /var/tmp)");
     mz::Env* env = mz::Env::Default();
+    // The remote tier's store first (seconds), so that a store that cannot be reached fails before
+    // the long measurements.
+    std::unique_ptr<mz::RemoteKv> store;
+    if (p.remote_url && *p.remote_url) {
+      mz::RedisOptions ro;
+      MZ_RETURN_IF_ERROR(mz::ParseRemoteUrl(p.remote_url, &ro.url));
+      MZ_RETURN_IF_ERROR(mz::OpenRedisKv(ro, &store));
+    }
     std::unique_ptr<mz::Model> model;
     MZ_RETURN_IF_ERROR(mz::Model::Load(env, model_path, mz::ModelOptions(), &model));
     std::unique_ptr<mz::Tokenizer> tok;
@@ -101,8 +111,21 @@ int mz_profile_device(const char* model_path, const mz_profile_params* params, c
     if (p.progress)
       o.progress = [&p](const std::string& step, int done, int total) { p.progress(step.c_str(), done, total, p.user); };
     if (p.report) o.report = [&p](const std::string& text) { p.report(text.c_str(), p.user); };
+    mz::DeviceProfile remote;
+    if (store) {
+      // Values of a realistic chunk's size: one chunk of every layer at the q8 ratio (the tier's
+      // default codec), as the tier stores them.
+      const uint64_t chunk = uint64_t(kv.chunks.empty() ? 0 : kv.chunks[0].size() * 2) * uint64_t(kv.shape.n_layer);
+      const uint64_t value = std::max<uint64_t>(1, uint64_t(double(chunk) * mz::DeviceProfile::Default().Ratio("q8")));
+      MZ_RETURN_IF_ERROR(mz::ProfileRemote(env, store.get(), value, p.quick ? 4 : 8, p.quick ? 3 : 10, &remote, o.report));
+    } else if (o.report) {
+      o.report("\nRemote tier: not measured (no remote URL: `mzcache profile --remote redis://host:port`); a pool "
+               "with a remote tier learns its rate at run time (RemoteTierStats: bytes_fetched / fetch_s)\n");
+    }
     mz::DeviceProfile prof;
     MZ_RETURN_IF_ERROR(mz::ProfileDevice(env, kv, pm, o, &prof));
+    prof.remote_read_Bps = remote.remote_read_Bps;
+    prof.remote_first_byte_s = remote.remote_first_byte_s;
     return prof.Save(out_path);
   });
 }

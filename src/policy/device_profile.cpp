@@ -39,6 +39,7 @@ constexpr double kMinRatio = 1e-3, kMaxRatio = 4.0;     // encoded / raw
 constexpr double kMaxAllocSPerMiB = 1.0;                // 1 s per MiB
 constexpr double kMaxAttendSPerMiB = 1.0;               // |attend_in_place_s_per_MiB|
 constexpr int kMaxThreads = 1024;
+constexpr double kMaxFirstByteS = 60.0;                 // remote_first_byte_s
 
 // A (request bytes, bytes/s) table from JSON; every entry must have a positive size and rate.
 Status TableFromJson(const nlohmann::json& j, const std::string& what, std::vector<std::pair<uint64_t, double>>* out) {
@@ -104,6 +105,8 @@ Status DeviceProfile::Save(const std::string& path, Env* env) const {
   j["attend_in_place_s_per_MiB"] = attend_in_place_s_per_MiB;
   j["repack_Bps"] = repack_Bps;
   j["threads"] = threads;
+  j["remote_read_Bps"] = remote_read_Bps;
+  j["remote_first_byte_s"] = remote_first_byte_s;
   // Crash-safe and all-or-nothing: written whole and synced to path.tmp, renamed over path, the
   // folder synced. On any failure path keeps its previous content (a context reads it at creation:
   // a partial profile would refuse every later context) and path.tmp is removed.
@@ -156,6 +159,13 @@ Status DeviceProfile::Load(const std::string& path, DeviceProfile* out, Env* env
       return Status::Corruption("profile " + path + ": threads must be an integer in [1, 1024]");
     p.threads = j.value("threads", 1);
     if (p.threads < 1 || p.threads > kMaxThreads) return Status::Corruption("profile " + path + ": threads must be in [1, 1024]");
+    // Absent from profiles written before it was measured (or without --remote): 0, learned at run time.
+    p.remote_read_Bps = j.value("remote_read_Bps", 0.0);
+    if (!(p.remote_read_Bps == 0 || p.remote_read_Bps >= kMinBps) || !std::isfinite(p.remote_read_Bps))
+      return Status::Corruption("profile " + path + ": remote_read_Bps must be 0 (not measured) or a finite number >= 1");
+    p.remote_first_byte_s = j.value("remote_first_byte_s", 0.0);
+    if (!(p.remote_first_byte_s >= 0 && p.remote_first_byte_s <= kMaxFirstByteS))
+      return Status::Corruption("profile " + path + ": remote_first_byte_s must be a number in [0, 60]");
     for (auto& [k, v] : p.encode_Bps)
       if (!(v >= kMinBps) || !std::isfinite(v)) return Status::Corruption("profile " + path + ": encode throughput of " + k + " must be >= 1 B/s");
     for (auto& [k, v] : p.decode_Bps)

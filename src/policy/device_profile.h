@@ -42,6 +42,12 @@ struct DeviceProfile {
   // written before it was measured (the repack is then not costed).
   std::map<std::string, double> repack_Bps;
   int threads = 1;                             // threads the decode path uses in restoration
+  // The remote tier (pool/remote_tier.h, Redis) as `mzcache profile --remote URL` measured it:
+  // pipelined reads of chunk-sized values, bytes/s of payload, and the time to the first reply of
+  // one small read (seconds). 0 = not measured (profiles written before it, or without --remote):
+  // the pool then learns the rate at run time from RemoteTierStats (bytes_fetched / fetch_s).
+  double remote_read_Bps = 0.0;
+  double remote_first_byte_s = 0.0;
 
   // Read throughput for requests of `bytes` (interpolated; the peak measured rate above the largest size).
   double ReadBps(uint64_t bytes) const;
@@ -57,8 +63,8 @@ struct DeviceProfile {
   // (created or truncated, not atomic) / ReadSmallFile. Failure: kIOError naming the path (and the
   // OS error); Load also kCorruption naming the bad field, *out then unchanged. Load accepts only
   // plausible values (every throughput >= 1 B/s and finite, ratios in [0.001, 4], alloc_s_per_MiB
-  // in [0, 1], |attend_in_place_s_per_MiB| <= 1, threads in [1, 1024]), so that the unit times
-  // derived from a loaded profile are finite.
+  // in [0, 1], |attend_in_place_s_per_MiB| <= 1, threads in [1, 1024],
+  // remote_first_byte_s in [0, 60]), so that the unit times derived from a loaded profile are finite.
   // Writes the profile as JSON crash-safely (path.tmp, sync, rename, folder sync): on failure path
   // keeps its previous content and the error keeps its code (kNoSpace for a full disk).
   Status Save(const std::string& path, Env* env = nullptr) const;

@@ -20,6 +20,7 @@
 #include "store/kv_codec.h"
 
 namespace mz {
+class RemoteKv;
 
 // Real KV to measure the codecs on: full raw fp16 chunks ([K block | V block], each
 // shape.block_elems() halves) of a context prefilled with real text, 2 per layer in layer order
@@ -65,6 +66,18 @@ struct ProfileModel {
 // is removed on every path. *out is only complete on success.
 Status ProfileDevice(Env* env, const KvSample& kv, const ProfileModel& model, const ProfileOptions& o,
                      DeviceProfile* out);
+
+// The remote tier's read rate (pool/remote_tier.h) into out->remote_read_Bps and
+// out->remote_first_byte_s: writes `values` values of value_bytes each (random bytes, keys
+// "mz:profile:<n>:{<i>}" with a 10-minute TTL, so a crash leaves nothing for long) through kv, then
+// reads them back in one pipeline (GET, as the tier fetches a prefix's chunks), reps times: the
+// rate is the best repetition's bytes / seconds; the first byte is the best of reps one-byte
+// GETRANGEs of one value (a round trip). The values are removed after, on every path (best effort).
+// Timed with env->NowNs. Errors: kInvalidArgument (values < 1, value_bytes < 1, reps < 1), the
+// store's (kIOError: unreachable), kCorruption (a value read back differs from the one written).
+// report (may be empty) receives the figures as a markdown note.
+Status ProfileRemote(Env* env, RemoteKv* kv, uint64_t value_bytes, int values, int reps, DeviceProfile* out,
+                     const std::function<void(const std::string&)>& report);
 
 // "CPU model, N cores, M GiB RAM, OS release" from /proc/cpuinfo, /proc/meminfo and
 // /proc/sys/kernel/{ostype,osrelease} (Env::ReadSmallFile, so a FaultEnv can fake them); "unknown

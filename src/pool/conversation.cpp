@@ -173,7 +173,14 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   // (a chunk file's bytes each) and fill the store instead.
   std::vector<std::unique_ptr<SessionReader>> remote_readers;
   if (pool_->remote_ && depth < int(h.size())) {
-    const int k = pool_->RemotePrefix(h, tokens, depth, ctx_->kv().geometry().kv_type, &remote_readers);
+    // A chunk's stored bytes before any was fetched: every layer's KV at the stored codec's ratio.
+    const KvGeometry& g = ctx_->kv().geometry();
+    const std::string codec = pool_->opts_.persist_codec.empty() ? "q8" : pool_->opts_.persist_codec;
+    const uint64_t est = uint64_t(double(g.f16_chunk_bytes()) * double(g.n_layer) * ctx_->profile().Ratio(codec));
+    const double s_per_token =
+        ctx_->compute_s_per_token() > 0 ? ctx_->compute_s_per_token() : pool_->prefill_s_per_token_.load();
+    const int k = pool_->RemotePrefix(h, tokens, depth, g.kv_type, ctx_->profile(), s_per_token, est,
+                                      &remote_readers);
     if (k > depth) {
       depth = k;
       src_ctx.reset();
@@ -307,7 +314,12 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
         if (pipeline && !all_logits) return ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);
         return ctx_->Decode(tokens + consumed, n - consumed, all_logits);
       });
-      if (st.ok()) break;
+      if (st.ok()) {
+        // The pool's latest measured prefill rate: a new conversation's context has none yet when
+        // it decides whether to fetch a remote prefix (RemotePrefix).
+        if (ctx_->compute_s_per_token() > 0) pool_->prefill_s_per_token_.store(ctx_->compute_s_per_token());
+        break;
+      }
       if (was_empty && consumed > 0) {
         ctx_->Truncate(0);
         shared_chunks_ = 0;

@@ -448,8 +448,16 @@ class Pool {
   Status FetchRemoteConversation(const std::string& id);
   // The longest run of tokens' full chunks (chain hashes h, at most h.size()) the remote tier
   // holds, if longer than local_depth: fetched and verified, one open reader per chunk (a chunk
-  // file's bytes each) into *readers, the run's length returned (0: none longer, or a chunk failed).
+  // file's bytes each) into *readers, the run's length returned (0: none longer, a chunk failed,
+  // or not fetched). Fetched only when policy/remote_fetch.h plans it (applied here, the one place):
+  // the chunks' bytes (the average fetched chunk's, else est_chunk_bytes) at profile's
+  // remote_read_Bps (+ remote_first_byte_s), or, not measured, at the rate learned from
+  // RemoteTierStats (bytes_fetched / fetch_s, latency included), against the tokens beyond
+  // local_depth at compute_s_per_token (the context's measured prefill rate, else the pool's latest,
+  // prefill_s_per_token_). A prefix not fetched
+  // as slower is counted (RemoteTierStats::fetches_skipped_slower) and 0 returned.
   int RemotePrefix(const std::vector<uint64_t>& h, const int32_t* tokens, int local_depth, KvType kv_type,
+                   const DeviceProfile& profile, double compute_s_per_token, uint64_t est_chunk_bytes,
                    std::vector<std::unique_ptr<SessionReader>>* readers);
   // After a persist of c wrote its stored file: the remote tier's write-behind takes it.
   void QueueRemoteWrite(const std::string& id, const std::string& path);
@@ -457,6 +465,9 @@ class Pool {
   Model* model_;
   PoolOptions opts_;
   std::unique_ptr<RemoteTier> remote_;
+  // The latest measured prefill seconds per token of any of its conversations' contexts (0: none
+  // yet): a new conversation's context has no rate of its own when RemotePrefix plans.
+  std::atomic<double> prefill_s_per_token_{0};
   std::mutex remote_fetch_mu_;
   std::mutex mu_;  // guards convs_, index_, damaged_, stats_ and the Conversation fields marked so
   std::map<std::string, std::shared_ptr<Conversation>> convs_;

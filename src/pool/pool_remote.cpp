@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "policy/remote_fetch.h"
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
 #include "env/env.h"
@@ -149,10 +150,31 @@ Status Pool::FetchRemoteConversation(const std::string& id) {
 }
 
 int Pool::RemotePrefix(const std::vector<uint64_t>& h, const int32_t* tokens, int local_depth, KvType kv_type,
+                       const DeviceProfile& profile, double compute_s_per_token, uint64_t est_chunk_bytes,
                        std::vector<std::unique_ptr<SessionReader>>* readers) {
   readers->clear();
   const int k = remote_->LongestPrefix(h);
   if (k <= local_depth) return 0;
+  // Fetch, or compute the tokens beyond local_depth again: planned by the pure policy, applied here.
+  {
+    const RemoteTierStats rs = remote_->Stats();
+    RemoteFetchInput in;
+    const uint64_t chunk_bytes = rs.chunks_fetched > 0 ? rs.bytes_fetched / rs.chunks_fetched : est_chunk_bytes;
+    in.bytes = chunk_bytes * uint64_t(k);
+    in.tokens = (k - local_depth) * opts_.context.kv_chunk_tokens;
+    in.compute_s_per_token = compute_s_per_token;
+    if (profile.remote_read_Bps > 0) {
+      in.remote_Bps = profile.remote_read_Bps;
+      in.first_byte_s = profile.remote_first_byte_s;
+    } else if (rs.fetch_s > 0 && rs.bytes_fetched > 0) {
+      in.remote_Bps = double(rs.bytes_fetched) / rs.fetch_s;  // learned: round trips included
+    }
+    const RemoteFetchPlan plan = PlanRemoteFetch(in);
+    if (!plan.fetch) {
+      remote_->CountSkippedSlower(uint64_t(k - local_depth));
+      return 0;
+    }
+  }
   std::vector<std::string> blobs;
   remote_->FetchChunks(std::vector<uint64_t>(h.begin(), h.begin() + k), &blobs);
   Env* env = model_->env();

@@ -549,6 +549,12 @@ void RemoteTier::CountPrefix(uint64_t chunks) {
   stats_.prefix_chunks += chunks;
 }
 
+void RemoteTier::CountSkippedSlower(uint64_t chunks) {
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.fetches_skipped_slower++;
+  stats_.chunks_skipped_slower += chunks;
+}
+
 RemoteTierStats RemoteTier::Stats() {
   const int streaming = Streaming();
   std::lock_guard<std::mutex> lk(mu_);

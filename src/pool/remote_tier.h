@@ -90,6 +90,9 @@ struct RemoteTierStats {
   uint64_t prefix_chunks = 0;    // chunks found by chain hash for a new conversation
   int streaming = 0;             // chunks being streamed in now (StreamChunks), whole ones not counted
   double fetch_s = 0;            // time spent fetching (bytes_fetched / fetch_s: the tier's rate)
+  // Prefixes found by chain hash and not fetched: computing their tokens again was expected to be
+  // faster (policy/remote_fetch.h; Pool::RemotePrefix), and the chunks that were not fetched.
+  uint64_t fetches_skipped_slower = 0, chunks_skipped_slower = 0;
 };
 
 class RemoteTier {
@@ -163,6 +166,7 @@ class RemoteTier {
   int LongestPrefix(const std::vector<uint64_t>& hashes);
   void CountDamaged(uint64_t n = 1);
   void CountPrefix(uint64_t chunks);
+  void CountSkippedSlower(uint64_t chunks);  // one prefix of chunks not fetched (slower than computing)
 
   RemoteTierStats Stats();
   RemoteKv* store() const { return kv_.get(); }

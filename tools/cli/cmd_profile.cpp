@@ -19,6 +19,7 @@ struct ProfileArgs {
   int file_mib = 512;
   int threads = 2;
   bool quick = false;
+  std::string remote;
 };
 
 void PrintReport(const char* text, void*) { std::fputs(text, stdout); }
@@ -41,6 +42,9 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
   p->add_flag("--quick", a->quick,
               "small and fast (seconds; noisier figures): fewer repetitions, smaller tests, a 16 MiB read test "
               "file unless --file-mib is given");
+  p->add_option("--remote", a->remote,
+                 "redis://[user[:password]@]host:port[/db]: also measure the remote tier's read rate (a few "
+                 "chunk-sized values written, read back and removed); without it not measured");
   runners.push_back([p, a]() -> int {
     if (!p->parsed()) return -1;
     if (a->model.empty()) {
@@ -53,6 +57,7 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
     pp.file_mib = uint32_t(a->quick && p->count("--file-mib") == 0 ? 16 : a->file_mib);
     pp.threads = a->threads;
     pp.quick = a->quick;
+    pp.remote_url = a->remote.empty() ? nullptr : a->remote.c_str();
     pp.progress = PrintProgress;
     pp.report = PrintReport;
     const int rc = mz_profile_device(a->model.c_str(), &pp, a->out.c_str());
