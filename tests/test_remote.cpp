@@ -25,7 +25,7 @@
 #include "policy/profiler.h"
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
-#include "pool/remote_kv.h"
+#include "store/remote_kv.h"
 #include "pool/remote_tier.h"
 #include "runtime/context.h"
 #include "runtime/session_file.h"

@@ -20,7 +20,7 @@
 #include "env/cpu_topology.h"
 #include "model/model.h"
 #include "policy/profiler.h"
-#include "pool/remote_kv.h"
+#include "store/remote_kv.h"
 #include "pressure/manual_source.h"
 #include "pressure/monitor.h"
 #include "runtime/chat_render.h"

@@ -17,7 +17,7 @@
 #include "ggml.h"
 #include "kernels/attention.h"
 #include "model/repack.h"
-#include "pool/remote_kv.h"
+#include "store/remote_kv.h"
 
 namespace mz {
 

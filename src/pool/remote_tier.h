@@ -1,5 +1,5 @@
 // RemoteTier: a pool's fourth tier (after memory, compressed memory and local storage), in a
-// key-value store shared by a fleet of servers (Redis: pool/remote_kv.h), so that any server
+// key-value store shared by a fleet of servers (Redis: store/remote_kv.h), so that any server
 // continues any conversation and a shared prefix is stored once for the whole fleet.
 //
 // Key layout (fp: the model's fingerprint, FileIdentity::header_hash, 16 hex digits; codec: the
@@ -54,7 +54,7 @@
 #include "env/env.h"
 #include "memory/kv_cache.h"
 #include "memory/shared_chunks.h"
-#include "pool/remote_kv.h"
+#include "store/remote_kv.h"
 
 namespace mz {
 

@@ -1,4 +1,4 @@
-#include "pool/remote_kv.h"
+#include "store/remote_kv.h"
 
 #include <algorithm>
 #include <atomic>
