@@ -118,8 +118,13 @@ Status Pool::EvictOwn(uint64_t bytes, bool pressure, uint64_t* freed) {
 Status Pool::MakeRoomForCall(Conversation& c) {
   if (!group_ || !in_group_ || !c.ctx_) return Status::Ok();
   uint64_t incoming = 0;
-  for (int u = 0; u < model_->n_units(); ++u)
-    if (!model_->unit(u).resident()) incoming += model_->unit(u).region_bytes;
+  {
+    // Weight units move under the weights lock held exclusively (EvictWeightsOnly, restores):
+    // read their states under it shared (TSan found the unlocked read).
+    std::shared_lock<std::shared_mutex> wl(weights_mu_);
+    for (int u = 0; u < model_->n_units(); ++u)
+      if (!model_->unit(u).resident()) incoming += model_->unit(u).region_bytes;
+  }
   MemoryReport r;
   {
     std::lock_guard<std::mutex> lk(mu_);  // last_report_ is written under mu_ (MeasureInMemory)
