@@ -100,14 +100,6 @@ uint64_t MajorFaults(pid_t pid) {  // /proc/PID/stat field 12 (majflt); 0 if unr
   return 0;
 }
 
-uint64_t CgroupOomKills(const std::string& cg) {  // memory.oom_control's oom_kill (kernel >= 4.13)
-  std::ifstream f(cg + "/memory.oom_control");
-  std::string k;
-  uint64_t v = 0;
-  while (f >> k >> v)
-    if (k == "oom_kill") return v;
-  return 0;
-}
 
 struct Sample {
   double t;  // seconds since the system's process started

@@ -273,14 +273,6 @@ class Sampler {
   std::vector<Sample> samples_;
 };
 
-uint64_t OomKills(const std::string& cg) {
-  std::ifstream f(cg + "/memory.oom_control");
-  std::string k;
-  uint64_t v = 0;
-  while (f >> k >> v)
-    if (k == "oom_kill") return v;
-  return 0;
-}
 
 
 // The long context (n tokens of real text, the same text and session file as bench ttft) and the
@@ -639,7 +631,7 @@ class MultitaskBench {
       const RoundPlan& p = plan_[size_t(r)];
       rr.n_apps = int(p.apps.size());
       for (auto& ap : p.apps) rr.app_mib += ap.mib;
-      const uint64_t oom0 = OomKills(cg_);
+      const uint64_t oom0 = CgroupOomKills(cg_);
       worker_->TakeActions();  // anything before the round (e.g. after the last query) is not this round's
       const double tr = NowSeconds();
       round_t0_ = tr;
@@ -760,7 +752,7 @@ class MultitaskBench {
         rr.resident_remaining = std::stod(res["remaining"]);
       }
       DrainActions(&rr);
-      rr.oom_kills = OomKills(cg_) - oom0;
+      rr.oom_kills = CgroupOomKills(cg_) - oom0;
       std::fprintf(stderr, "  %s round %2d/%d: apps %5d MiB (%d), LLM %s, TTFT %.3f s%s, context %s%s\n", m.name.c_str(),
                    rr.round, int(plan_.size()), rr.app_mib, rr.n_apps,
                    rr.killed ? "KILLED" : "survived", rr.ttft,

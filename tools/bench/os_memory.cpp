@@ -197,4 +197,13 @@ uint64_t ProcReadBytes(int pid) {
   return 0;
 }
 
+uint64_t CgroupOomKills(const std::string& cg) {
+  std::ifstream f(cg + "/memory.oom_control");
+  std::string k;
+  uint64_t v = 0;
+  while (f >> k >> v)
+    if (k == "oom_kill") return v;
+  return 0;
+}
+
 }  // namespace mz::cli

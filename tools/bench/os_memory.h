@@ -66,4 +66,8 @@ void DropTreeCache(const std::string& dir);
 // unreadable.
 uint64_t ProcReadBytes(int pid = 0);
 
+// OOM kills in memory cgroup v1 folder cg (memory.oom_control's oom_kill, kernel >= 4.13); 0 if
+// unreadable.
+uint64_t CgroupOomKills(const std::string& cg);
+
 }  // namespace mz::cli
