@@ -7,6 +7,7 @@
 //        [--streams 1,2,4,8] [--history-tokens 512] [--max-tokens 128] [--reps 2] [--threads 2]
 //        [--ctx-per-seq 1024] [--kv q8_0|f16] [--long-prompt-tokens 0] [--systems mzcache,llama]
 //        [--text FILE] [--api chat|completions|native] [-o DIR]
+//   node bench/batch_race.mjs --check-native --llama-server PATH -m MODEL.gguf [-o DIR]
 //
 // --api completions sends the same text to /v1/completions (no chat template on either side).
 // --api native: mzcache as with completions (the `openai` client on /v1/completions); llama-server
@@ -25,7 +26,9 @@
 // stream carries the raw text anyway. mzcache does no such parsing. The native stream's tokens:
 // content = first chunk with text; completion tokens = the final chunk's tokens_predicted (what
 // /v1 reports as usage.completion_tokens), prompt tokens = its tokens_evaluated; finish reason
-// from stop_type (limit = length). Long prefills (4k-token histories, 8 streams on 2 cores)
+// from stop_type (limit = length). --check-native shows both halves on the given llama-server (a
+// reply forced to hold invalid UTF-8 fails without the grammar and streams whole with it; nothing
+// timed) and exits 0 when they hold (ctest batch_race_native runs it and a tiny race). Long prefills (4k-token histories, 8 streams on 2 cores)
 // exceed Node's fetch (undici) default 300 s headers and body timeouts: they are turned off here.
 // Systems (alternated within every rep, A B A B ..., the first one alternating between reps), each
 // started fresh for every (rep, streams level), so nothing is cached between levels:
@@ -85,6 +88,7 @@ function args() {
     else if (k === '--text') a.text = next();
     else if (k === '--api') a.api = next();
     else if (k === '-o') a.o = next();
+    else if (k === '--check-native') a.checkNative = true;
     else { console.error(`unknown option ${k} (--help)`); process.exit(2); }
   }
   a.systems ??= ['mzcache', 'llama'];
@@ -92,6 +96,7 @@ function args() {
   for (const s of a.systems) if (s !== 'mzcache' && s !== 'llama') bad(`unknown system ${s}: mzcache or llama`);
   if (!a.systems.includes('llama')) a.llama ??= '-';
   if (!a.systems.includes('mzcache')) a.mzcache ??= '-';
+  if (a.checkNative) { a.mzcache ??= '-'; a.openai ??= '-'; }
   for (const k of ['mzcache', 'llama', 'model', 'openai']) if (!a[k]) bad(`--${k === 'llama' ? 'llama-server' : k} is required`);
   if (!['f16', 'q8_0'].includes(a.kv)) bad('--kv is f16 or q8_0');
   if (!['chat', 'completions', 'native'].includes(a.api)) bad('--api is chat, completions or native');
@@ -112,8 +117,8 @@ const A = args();
 const API = A.api;
 await relaxFetchTimeouts();
 const require = createRequire(import.meta.url);
-const mod = await import(pathToFileURL(require.resolve('openai', { paths: [A.openai] })).href);
-const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
+const mod = A.checkNative ? null : await import(pathToFileURL(require.resolve('openai', { paths: [A.openai] })).href);
+const OpenAI = mod && (mod.OpenAI ?? mod.default?.OpenAI ?? mod.default);
 const log = (...m) => console.error('[batch]', ...m);
 const sleep = ms => new Promise(r => setTimeout(r, ms));
 const sleepUnref = ms => new Promise(r => setTimeout(r, ms).unref());  // a timeout that does not keep the process alive
@@ -356,6 +361,50 @@ function levelStats(recs) {
     stopped_early: recs.filter(r => r.finish_reason && r.finish_reason !== 'length').length,
     usage_reported: recs.every(r => r.usage_reported),
   };
+}
+
+// ---- --check-native: the reason for --api native, checked on this llama-server ----
+// One llama-server (1 slot, 2 threads); a token whose text ends inside a UTF-8 character (found
+// through /tokenize with_pieces: its piece comes back as bytes) and the token " a" get logit_bias
+// +100, sampled at temperature 4 with no top-k/top-p/min-p, so a reply of 12 tokens mixes them and
+// may hold a started character followed by " a" (invalid UTF-8). For seeds 1..40 until one fails:
+// the request without `chat_parser` must fail with an error event, then the same request (same
+// seed, so the same tokens) with NO_PARSE must stream to its final event with all 12 tokens.
+async function checkNative() {
+  fs.mkdirSync(path.join(A.o, 'logs'), { recursive: true });
+  const s = await startServer('llama', 1, 512, 'check-native');
+  try {
+    await waitReady(s);
+    const post = async (route, body) => (await fetch(`http://127.0.0.1:${s.port}${route}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) })).json();
+    const pieces = (await post('/tokenize', { content: '뷁 햏 쀍 𝔸 a', with_pieces: true })).tokens;
+    const lead = b => b >= 0xc2 && b <= 0xf4;
+    const cut = pieces.find(t => Array.isArray(t.piece) && lead(t.piece[t.piece.length - 1]));
+    const a = pieces.find(t => t.piece === ' a');
+    if (!cut || !a) throw new Error(`no token ending inside a character or no " a" in ${JSON.stringify(pieces)}`);
+    const req = seed => ({ prompt: 'The king said', n_predict: 12, temperature: 4, top_k: 0, top_p: 1, min_p: 0, seed,
+                           stream: true, ignore_eos: true, logit_bias: [[cut.id, 100], [a.id, 100]] });
+    const run = async body => {
+      let last = null;
+      try { for await (const ch of nativeCompletion(s.port, body)) last = ch; } catch (e) { return { error: e.message }; }
+      return { tokens: last?.tokens_predicted };
+    };
+    for (let seed = 1; seed <= 40; seed++) {
+      const plain = await run(req(seed));
+      if (!plain.error) continue;
+      const fixed = await run({ ...req(seed), chat_parser: NO_PARSE });
+      console.log(`seed ${seed} (tokens ${cut.id} ${JSON.stringify(cut.piece)} and ${a.id} " a"): without chat_parser: ${plain.error}`);
+      console.log(`seed ${seed} with the epsilon chat_parser: ${fixed.error ?? `${fixed.tokens} tokens streamed to the final event`}`);
+      if (fixed.error || fixed.tokens !== 12) throw new Error('the epsilon chat_parser did not let the reply through');
+      return;
+    }
+    throw new Error('no seed in 1..40 made llama-server fail without chat_parser: --api native may no longer need its grammar');
+  } finally { await stopServer(s); }
+}
+if (A.checkNative) {
+  try { await checkNative(); } catch (e) { await fail(e); }
+  console.log('check-native: ok');
+  process.exit(0);
 }
 
 // ---- the race ----
