@@ -620,7 +620,7 @@ else {
   const xt = A.streams.map(n => `"${n}" ${n}`).join(', ');
   const plots = col => systems.map((sys, i) => `'${datFile}' index ${i} using 1:${col}:${col + 1}:${col + 2} with yerrorlines lw 2 pt 7 title '${sys}'`).join(', ');
   try {
-    execFileSync('gnuplot', ['-e', `set terminal pngcairo size 1000,480; set output '${path.join(A.o, 'race.png')}';
+    execFileSync('gnuplot', ['-e', `set terminal pngcairo size 1000,480 noenhanced; set output '${path.join(A.o, 'race.png')}';
 set multiplot layout 1,2 title 'mzcache serve vs llama-server: concurrent streams (${machine.cpu.replace(/'/g, '')}, ${A.threads} threads, KV ${A.kv})';
 set logscale x 2; set xtics (${xt}); set xrange [${Math.min(...A.streams) / 1.3}:${Math.max(...A.streams) * 1.3}]; set yrange [0:*];
 set grid; set key below horizontal; set xlabel 'concurrent streams';
