@@ -6,11 +6,29 @@
 //   node bench/batch_race.mjs --mzcache build/mzcache --llama-server PATH -m MODEL.gguf --openai DIR
 //        [--streams 1,2,4,8] [--history-tokens 512] [--max-tokens 128] [--reps 2] [--threads 2]
 //        [--ctx-per-seq 1024] [--kv q8_0|f16] [--long-prompt-tokens 0] [--systems mzcache,llama]
-//        [--text FILE] [--api chat|completions] [-o DIR]
+//        [--text FILE] [--api chat|completions|native] [-o DIR]
+//   node bench/batch_race.mjs --check-native --llama-server PATH -m MODEL.gguf [-o DIR]
 //
-// --api completions sends the same text to /v1/completions (no chat template, no reply parsing on
-// either side: llama-server's chat parser fails some random-weight replies, e.g. one cut inside a
-// UTF-8 character, and fails the request). Long prefills (4k-token histories, 8 streams on 2 cores)
+// --api completions sends the same text to /v1/completions (no chat template on either side).
+// --api native: mzcache as with completions (the `openai` client on /v1/completions); llama-server
+// through plain fetch on its own streamed `POST /completion` (prompt = the same text, n_predict =
+// --max-tokens, temperature 0.8, seed i, ignore_eos; the server's default samplers either way) with
+// `chat_parser` set to a PEG grammar that accepts anything (one epsilon parser). Why: llama-server
+// (pinned source, tools/server) runs its chat reply parser on every completion task, whatever the
+// endpoint (/v1/chat/completions, /v1/completions and /completion alike: server_response_reader
+// updates each result's task_result_state, which calls common_chat_parse on the text so far), and
+// the default content-only grammar fails on text that is not valid UTF-8, which random-weight
+// models produce (a byte token that starts a character followed by one that does not continue it):
+// the request then ends with "The model produced output that does not match the expected
+// Content-only format" (its log: "common_chat_peg_parse: unparsed Content-only output"). The
+// `chat_parser` request field (the serialized grammar the chat endpoint hands to its tasks) replaces
+// that grammar for the request; an epsilon grammar parses nothing and never fails, and the native
+// stream carries the raw text anyway. mzcache does no such parsing. The native stream's tokens:
+// content = first chunk with text; completion tokens = the final chunk's tokens_predicted (what
+// /v1 reports as usage.completion_tokens), prompt tokens = its tokens_evaluated; finish reason
+// from stop_type (limit = length). --check-native shows both halves on the given llama-server (a
+// reply forced to hold invalid UTF-8 fails without the grammar and streams whole with it; nothing
+// timed) and exits 0 when they hold (ctest batch_race_native runs it and a tiny race). Long prefills (4k-token histories, 8 streams on 2 cores)
 // exceed Node's fetch (undici) default 300 s headers and body timeouts: they are turned off here.
 // Systems (alternated within every rep, A B A B ..., the first one alternating between reps), each
 // started fresh for every (rep, streams level), so nothing is cached between levels:
@@ -70,6 +88,7 @@ function args() {
     else if (k === '--text') a.text = next();
     else if (k === '--api') a.api = next();
     else if (k === '-o') a.o = next();
+    else if (k === '--check-native') a.checkNative = true;
     else { console.error(`unknown option ${k} (--help)`); process.exit(2); }
   }
   a.systems ??= ['mzcache', 'llama'];
@@ -77,9 +96,10 @@ function args() {
   for (const s of a.systems) if (s !== 'mzcache' && s !== 'llama') bad(`unknown system ${s}: mzcache or llama`);
   if (!a.systems.includes('llama')) a.llama ??= '-';
   if (!a.systems.includes('mzcache')) a.mzcache ??= '-';
+  if (a.checkNative) { a.mzcache ??= '-'; a.openai ??= '-'; }
   for (const k of ['mzcache', 'llama', 'model', 'openai']) if (!a[k]) bad(`--${k === 'llama' ? 'llama-server' : k} is required`);
   if (!['f16', 'q8_0'].includes(a.kv)) bad('--kv is f16 or q8_0');
-  if (!['chat', 'completions'].includes(a.api)) bad('--api is chat or completions');
+  if (!['chat', 'completions', 'native'].includes(a.api)) bad('--api is chat, completions or native');
   if (!a.streams.length || a.streams.some(n => !Number.isInteger(n) || n < 1 || n > 64)) bad('--streams: integers in 1..64');
   for (const k of ['historyTokens', 'maxTokens', 'reps', 'threads']) if (!(Number.isInteger(a[k]) && a[k] >= 1)) bad(`bad ${k}`);
   if (!(Number.isInteger(a.longPromptTokens) && a.longPromptTokens >= 0)) bad('bad --long-prompt-tokens');
@@ -97,8 +117,8 @@ const A = args();
 const API = A.api;
 await relaxFetchTimeouts();
 const require = createRequire(import.meta.url);
-const mod = await import(pathToFileURL(require.resolve('openai', { paths: [A.openai] })).href);
-const OpenAI = mod.OpenAI ?? mod.default?.OpenAI ?? mod.default;
+const mod = A.checkNative ? null : await import(pathToFileURL(require.resolve('openai', { paths: [A.openai] })).href);
+const OpenAI = mod && (mod.OpenAI ?? mod.default?.OpenAI ?? mod.default);
 const log = (...m) => console.error('[batch]', ...m);
 const sleep = ms => new Promise(r => setTimeout(r, ms));
 const sleepUnref = ms => new Promise(r => setTimeout(r, ms).unref());  // a timeout that does not keep the process alive
@@ -231,7 +251,7 @@ function rssSampler(pid) {
 }
 
 // ---- one streamed request ----
-// API (chat or completions) is A.api, set at start.
+// API (chat, completions or native) is A.api, set at start.
 // Node's fetch (undici) gives up on a response whose headers or next body bytes take more than
 // 300 s: a long prefill behind other streams' prompts does. Its global dispatcher is replaced by
 // one of the same class without those timeouts (Node exposes no Agent constructor of its own).
@@ -242,30 +262,78 @@ async function relaxFetchTimeouts() {
   if (!d) { console.error('[batch] warning: could not lift fetch timeouts (300 s)'); return; }
   globalThis[sym] = new d.constructor({ headersTimeout: 0, bodyTimeout: 0 });
 }
+// llama-server's request field `chat_parser` (a serialized PEG arena, see --api native): one epsilon
+// parser as the root, which matches the empty string and so never fails on any reply.
+const NO_PARSE = JSON.stringify({ parsers: [{ type: 'epsilon' }], rules: {}, root: 0 });
+// llama-server's native streamed completion: POST /completion, server-sent events `data: {json}`
+// (a line `:` alone is a keep-alive ping); yields each event's object; throws on an HTTP error or
+// an `error` event (e.g. a failing reply parse), and when the stream ends without the final
+// `stop: true` event.
+async function* nativeCompletion(port, body) {
+  const r = await fetch(`http://127.0.0.1:${port}/completion`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) });
+  if (!r.ok) throw new Error(`llama-server /completion: HTTP ${r.status}: ${(await r.text()).slice(0, 500)}`);
+  const dec = new TextDecoder();
+  let buf = '', done = false;
+  for await (const bytes of r.body) {
+    buf += dec.decode(bytes, { stream: true });
+    let k;
+    while ((k = buf.indexOf('\n\n')) >= 0) {
+      const ev = buf.slice(0, k);
+      buf = buf.slice(k + 2);
+      for (const line of ev.split('\n')) {
+        if (!line.startsWith('data:')) continue;  // pings (`:`) and other fields
+        const data = line.slice(5).trim();
+        if (data === '[DONE]') continue;
+        const o = JSON.parse(data);
+        if (o.error) throw new Error(`llama-server /completion: ${JSON.stringify(o.error).slice(0, 500)}`);
+        if (o.stop) done = true;
+        yield o;
+      }
+    }
+  }
+  if (!done) throw new Error('llama-server /completion: the stream ended without its final event');
+}
 // Times in seconds from `base` (the level's start).
 async function stream(s, i, content, maxTokens, base, onFirst) {
-  const client = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 1800000 });
   const t0 = performance.now();
   const rec = { client: i, start_s: (t0 - base) / 1000, ttft_s: NaN, chunk_s: [], end_s: NaN,
                 completion_tokens: null, prompt_tokens: null, content_chunks: 0, finish_reason: null, chars: 0 };
-  const req = { model: 'm', max_tokens: maxTokens, temperature: 0.8, seed: i,
-                stream: true, stream_options: { include_usage: true }, ignore_eos: true };
-  const chat = API !== 'completions';
-  if (chat) req.messages = [{ role: 'user', content }];
-  else req.prompt = content;
-  const st = chat ? await client.chat.completions.create(req) : await client.completions.create(req);
-  for await (const ch of st) {
-    const c = ch.choices?.[0];
-    const d = chat ? c?.delta?.content : c?.text;
-    if (typeof d === 'string' && d.length > 0) {
-      const now = performance.now();
-      if (Number.isNaN(rec.ttft_s)) { rec.ttft_s = (now - t0) / 1000; onFirst?.(); }
-      rec.chunk_s.push((now - base) / 1000);
-      rec.content_chunks++;
-      rec.chars += d.length;
+  const onText = d => {
+    if (typeof d !== 'string' || d.length === 0) return;
+    const now = performance.now();
+    if (Number.isNaN(rec.ttft_s)) { rec.ttft_s = (now - t0) / 1000; onFirst?.(); }
+    rec.chunk_s.push((now - base) / 1000);
+    rec.content_chunks++;
+    rec.chars += d.length;
+  };
+  if (API === 'native' && s.sys === 'llama') {
+    rec.api = 'native /completion';
+    for await (const ch of nativeCompletion(s.port, { prompt: content, n_predict: maxTokens, temperature: 0.8, seed: i,
+                                                      stream: true, ignore_eos: true, chat_parser: NO_PARSE })) {
+      onText(ch.content);
+      if (ch.stop) {
+        rec.completion_tokens = ch.tokens_predicted ?? null;
+        rec.prompt_tokens = ch.tokens_evaluated ?? null;
+        rec.finish_reason = ch.stop_type === 'limit' ? 'length' : ch.stop_type === 'none' ? null : 'stop';
+        rec.server_timings = ch.timings;
+      }
     }
-    if (c?.finish_reason) rec.finish_reason = c.finish_reason;
-    if (ch.usage) { rec.completion_tokens = ch.usage.completion_tokens; rec.prompt_tokens = ch.usage.prompt_tokens; }
+  } else {
+    const client = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'x', maxRetries: 0, timeout: 1800000 });
+    const req = { model: 'm', max_tokens: maxTokens, temperature: 0.8, seed: i,
+                  stream: true, stream_options: { include_usage: true }, ignore_eos: true };
+    const chat = API === 'chat';
+    rec.api = chat ? '/v1/chat/completions' : '/v1/completions';
+    if (chat) req.messages = [{ role: 'user', content }];
+    else req.prompt = content;
+    const st = chat ? await client.chat.completions.create(req) : await client.completions.create(req);
+    for await (const ch of st) {
+      const c = ch.choices?.[0];
+      onText(chat ? c?.delta?.content : c?.text);
+      if (c?.finish_reason) rec.finish_reason = c.finish_reason;
+      if (ch.usage) { rec.completion_tokens = ch.usage.completion_tokens; rec.prompt_tokens = ch.usage.prompt_tokens; }
+    }
   }
   rec.end_s = (performance.now() - base) / 1000;
   rec.usage_reported = rec.completion_tokens !== null;
@@ -293,6 +361,50 @@ function levelStats(recs) {
     stopped_early: recs.filter(r => r.finish_reason && r.finish_reason !== 'length').length,
     usage_reported: recs.every(r => r.usage_reported),
   };
+}
+
+// ---- --check-native: the reason for --api native, checked on this llama-server ----
+// One llama-server (1 slot, 2 threads); a token whose text ends inside a UTF-8 character (found
+// through /tokenize with_pieces: its piece comes back as bytes) and the token " a" get logit_bias
+// +100, sampled at temperature 4 with no top-k/top-p/min-p, so a reply of 12 tokens mixes them and
+// may hold a started character followed by " a" (invalid UTF-8). For seeds 1..40 until one fails:
+// the request without `chat_parser` must fail with an error event, then the same request (same
+// seed, so the same tokens) with NO_PARSE must stream to its final event with all 12 tokens.
+async function checkNative() {
+  fs.mkdirSync(path.join(A.o, 'logs'), { recursive: true });
+  const s = await startServer('llama', 1, 512, 'check-native');
+  try {
+    await waitReady(s);
+    const post = async (route, body) => (await fetch(`http://127.0.0.1:${s.port}${route}`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) })).json();
+    const pieces = (await post('/tokenize', { content: '뷁 햏 쀍 𝔸 a', with_pieces: true })).tokens;
+    const lead = b => b >= 0xc2 && b <= 0xf4;
+    const cut = pieces.find(t => Array.isArray(t.piece) && lead(t.piece[t.piece.length - 1]));
+    const a = pieces.find(t => t.piece === ' a');
+    if (!cut || !a) throw new Error(`no token ending inside a character or no " a" in ${JSON.stringify(pieces)}`);
+    const req = seed => ({ prompt: 'The king said', n_predict: 12, temperature: 4, top_k: 0, top_p: 1, min_p: 0, seed,
+                           stream: true, ignore_eos: true, logit_bias: [[cut.id, 100], [a.id, 100]] });
+    const run = async body => {
+      let last = null;
+      try { for await (const ch of nativeCompletion(s.port, body)) last = ch; } catch (e) { return { error: e.message }; }
+      return { tokens: last?.tokens_predicted };
+    };
+    for (let seed = 1; seed <= 40; seed++) {
+      const plain = await run(req(seed));
+      if (!plain.error) continue;
+      const fixed = await run({ ...req(seed), chat_parser: NO_PARSE });
+      console.log(`seed ${seed} (tokens ${cut.id} ${JSON.stringify(cut.piece)} and ${a.id} " a"): without chat_parser: ${plain.error}`);
+      console.log(`seed ${seed} with the epsilon chat_parser: ${fixed.error ?? `${fixed.tokens} tokens streamed to the final event`}`);
+      if (fixed.error || fixed.tokens !== 12) throw new Error('the epsilon chat_parser did not let the reply through');
+      return;
+    }
+    throw new Error('no seed in 1..40 made llama-server fail without chat_parser: --api native may no longer need its grammar');
+  } finally { await stopServer(s); }
+}
+if (A.checkNative) {
+  try { await checkNative(); } catch (e) { await fail(e); }
+  console.log('check-native: ok');
+  process.exit(0);
 }
 
 // ---- the race ----
@@ -459,6 +571,8 @@ let md = `# mzcache serve vs llama-server: concurrent streams (${machine.cpu}, $
 md += `${machine.date}. Model \`${path.basename(A.model)}\`, KV ${A.kv}, ~${A.historyTokens}-token user message per stream ` +
       `(${historyWords} words of ${textSource === 'pseudo-words' ? 'pseudo-English' : path.basename(textSource)}), ` +
       `max_tokens ${A.maxTokens}, temperature 0.8, ${A.reps} reps alternated, fresh server per level, ctx ${A.ctxPerSeq} per stream.\n`;
+md += `API: ${API === 'native' ? 'mzcache /v1/completions through the `openai` client; llama-server its native streamed /completion (plain fetch, ' +
+      'reply parser replaced by a grammar that never fails: see `--help`)' : `/v1/${API === 'chat' ? 'chat/completions' : 'completions'} through the \`openai\` client on both`}.\n`;
 md += `Values: median (min-max) across reps. Aggregate = all completion tokens / (last end - first start); ` +
       `slowest stream = min over streams of (tokens - 1) / (end - first token); TTFT = first streamed content; ` +
       `ITL = gap between content chunks, all streams; RSS = peak VmRSS sampled every 100 ms. ` +
@@ -506,7 +620,7 @@ else {
   const xt = A.streams.map(n => `"${n}" ${n}`).join(', ');
   const plots = col => systems.map((sys, i) => `'${datFile}' index ${i} using 1:${col}:${col + 1}:${col + 2} with yerrorlines lw 2 pt 7 title '${sys}'`).join(', ');
   try {
-    execFileSync('gnuplot', ['-e', `set terminal pngcairo size 1000,480; set output '${path.join(A.o, 'race.png')}';
+    execFileSync('gnuplot', ['-e', `set terminal pngcairo size 1000,480 noenhanced; set output '${path.join(A.o, 'race.png')}';
 set multiplot layout 1,2 title 'mzcache serve vs llama-server: concurrent streams (${machine.cpu.replace(/'/g, '')}, ${A.threads} threads, KV ${A.kv})';
 set logscale x 2; set xtics (${xt}); set xrange [${Math.min(...A.streams) / 1.3}:${Math.max(...A.streams) * 1.3}]; set yrange [0:*];
 set grid; set key below horizontal; set xlabel 'concurrent streams';
