@@ -4,12 +4,15 @@
 # what mzcache is for, measured in this run (a conversation built, memory given back when the
 # system asks, the return's time to first token against recomputing, a kill -9 survived), on one
 # screen and in <cache>/demo/demo.png. Extra arguments go to `mzcache demo` (--quick: under a
-# minute of run time on 2 cores; --help).
+# minute of run time on 2 cores; its options: below).
 #   scripts/demo.sh serve [ARGS]   starts `mzcache serve` on the default model instead (ARGS go to
 #                                  it) and prints the page's URL and a curl line.
 # It builds the shared library too, so that `cmake --install build --prefix P` works right after it
 # (README; ctest demo_then_install checks the targets cover what the install copies).
+#   scripts/demo.sh --help         this text, without building (the demo's own options:
+#                                  build/mzcache demo --help; the server's: build/mzcache serve --help)
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 PREFIX=$(scripts/deps.sh | tail -n 1)
 . scripts/ccache-env.sh

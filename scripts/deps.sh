@@ -13,7 +13,13 @@
 #   MZ_DEPS_BENCH=1  also build llama.cpp's llama-bench (the peer of `bench speed`; likewise not needed
 #                    by the tests: it pulls in llama-common and its HTTP client, 37% of the CPU time
 #                    of the whole dependency build); added incrementally
+# Usage: scripts/deps.sh [--help]   (no other argument: the environment variables above are the knobs)
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "deps.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
+esac
 
 NLC_VERSION=3.21.1
 NLC_SHA256=7a231d6bafa14142a1cbed9893d4ec5bc6041b2a5f5939a623accaab4203c11f

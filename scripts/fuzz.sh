@@ -10,9 +10,15 @@
 #   FUZZ_NICE   nice level of the fuzzers (default 10: the machine is shared)
 #   FUZZ_ARGS   extra libFuzzer flags (e.g. -jobs=2 -workers=2)
 #   FUZZ_PARALLEL  targets run at once (default min(nproc, 2))
+#   scripts/fuzz.sh --help                              this text
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL="gguf session codec profile chat serve"
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  ""|--make-seeds|[0-9]*) ;;
+  *) echo "fuzz.sh: the first argument is the seconds per target, --make-seeds or --help, not '$1'" >&2; exit 2 ;;
+esac
 
 if ! command -v clang++ >/dev/null 2>&1; then
   echo "[fuzz] installing clang"
@@ -34,6 +40,7 @@ if [ "${1:-}" = --make-seeds ]; then
   exit 0
 fi
 SECS=${1:-60}
+[[ "$SECS" =~ ^[0-9]+$ ]] || { echo "fuzz.sh: seconds per target must be a whole number, not '$SECS'" >&2; exit 2; }
 shift || true
 TARGETS=${*:-$ALL}
 

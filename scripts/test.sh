@@ -7,7 +7,13 @@
 #   MZ_FUZZ_SECONDS  seconds per fuzz target (default 45, two targets at a time; 0 skips the stage)
 #   MZ_TEST_QUICK=1  only the normal build (for a fast local loop)
 #   TEST_JOBS        tests run at once by ctest (default: CPUs + 1)
+# Usage: scripts/test.sh [--help]   (no other argument: the environment variables above are the knobs)
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) echo "test.sh: unknown argument $1 (it takes none; see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 # Tests at once: one more than the CPUs (the suites wait on I/O, children and timers part of the

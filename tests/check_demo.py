@@ -47,4 +47,8 @@ check(re_["found_tokens"] == d["reply"]["tokens"] and re_["found_tokens"] > b["t
       "after the restart %d of %d tokens were found" % (re_["found_tokens"], d["reply"]["tokens"]))
 check(re_["ttft_s"] > 0 and re_["units_restored"] > 0, "the restarted app restored and answered")
 check("machine:" in p.stdout and d["machine"], "the screen names the machine")
+# The restart's TTFT is timed after the model load: the line says so (it read "answered after X
+# (model load Y)", with Y above X).
+check("Model loaded again in " in p.stdout and "first token" in p.stdout,
+      "the restart line says the first token is timed after the model load")
 check(d.get("png") == "demo.png" and os.path.getsize(os.path.join(out, "demo.png")) > 1000, "demo.png written")

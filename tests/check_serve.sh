@@ -221,6 +221,15 @@ if [ ! -f "$NPM_DIR/node_modules/openai/package.json" ]; then
 fi
 node "$HERE/serve_openai.mjs" "http://127.0.0.1:$PORT/v1" "$KEY" "$NPM_DIR" || fail "the openai client"
 ok "openai@$OPENAI_VERSION client"
+# docs/server.md's example as a user runs it: examples/openai_chat.mjs copied into a folder of its
+# own beside the client's node_modules, the key in $OPENAI_API_KEY; its second turn continues the first.
+mkdir -p "$W/openai-example" && cp "$HERE/../examples/openai_chat.mjs" "$W/openai-example/"
+ln -sfn "$NPM_DIR/node_modules" "$W/openai-example/node_modules"
+(cd "$W/openai-example" && OPENAI_API_KEY=$KEY node openai_chat.mjs "http://127.0.0.1:$PORT/v1") >"$W/example.txt" 2>&1 \
+  || { cat "$W/example.txt" >&2; fail "examples/openai_chat.mjs"; }
+cached=$(sed -n 's/^second turn: \([0-9]*\) of [0-9]* prompt tokens cached$/\1/p' "$W/example.txt")
+[ "${cached:-0}" -gt 0 ] || { cat "$W/example.txt" >&2; fail "examples/openai_chat.mjs: the second turn did not continue the first"; }
+ok "examples/openai_chat.mjs ($cached prompt tokens cached on its second turn)"
 
 # --- 6. abuse
 python3 "$HERE/serve_abuse.py" "$PORT" "$KEY" "$PID" --connections "${MZ_SERVE_CONNECTIONS:-1000}" || fail "abuse"

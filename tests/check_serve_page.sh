@@ -9,6 +9,10 @@
 # Exit: 0 passed; 1 failed (the failed check on stderr); 77 skipped: chromium is not installed and
 # cannot be (not root, no apt-get, or the install failed): the reason is printed.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+[ $# -ge 3 ] || { echo "usage: $0 MZCACHE_CLI MODEL.gguf WORK_DIR [--screenshot PATH] (--help)" >&2; exit 2; }
 CLI=$1 MODEL=$2 W=$3
 shift 3
 SHOT=()

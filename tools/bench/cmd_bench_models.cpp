@@ -744,7 +744,6 @@ int RunModels(const ModelsArgs& a) {
   }
   if (want("all-in-memory")) systems.push_back(std::move(all));
   else ReapPiped(all->c, false);  // EOF: it unloads and exits
-  auto name_of = [&](size_t k) -> const std::string& { return systems[k]->name; };
   // The sequence: every request to another model than the last.
   std::mt19937 rng{a.seed};
   std::vector<int> seq;
