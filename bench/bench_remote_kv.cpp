@@ -98,9 +98,9 @@ void GetRange(benchmark::State& state) {
   if (!Prepare(state, n, bytes, &keys)) return;
   const uint64_t per = uint64_t(bytes) / kLayers;
   for (auto _ : state) {
+    std::vector<std::string> v;  // as RemoteTier::StreamBatch: one vector for every layer of a restore
     for (int l = 0; l < kLayers; ++l) {
       const std::vector<std::pair<uint64_t, uint64_t>> ranges(keys.size(), {uint64_t(l) * per, per});
-      std::vector<std::string> v;
       const mz::Status st = g_kv->GetRange(keys, ranges, &v);
       if (!st.ok() || v.size() != keys.size() || v.back().size() != per) {
         state.SkipWithError(st.ok() ? "a range came back short" : st.ToString().c_str());

@@ -277,7 +277,6 @@ class RedisKv : public RemoteKv {
 
   Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
                   std::vector<std::string>* values, std::vector<uint64_t>* sizes) override {
-    values->clear();
     if (sizes) sizes->clear();
     std::vector<std::vector<std::string>> cmds;
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -287,7 +286,12 @@ class RedisKv : public RemoteKv {
                         std::to_string(ranges[i].first + ranges[i].second - 1)});
       if (sizes) cmds.push_back({"STRLEN", keys[i]});
     }
-    std::vector<RespReply> r;
+    // The caller's strings lend their buffers to the replies: a caller that passes the same vector
+    // again (the stream, layer after layer) reads into pages it already has.
+    values->resize(keys.size());
+    std::vector<RespReply> r(cmds.size());
+    for (size_t i = 0; i < keys.size(); ++i) r[sizes ? 2 * i : i].bulk.swap((*values)[i]);
+    values->clear();
     MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
     for (size_t i = 0; i < r.size(); ++i) {
       const redisReply* x = R(r[i]);
@@ -525,10 +529,13 @@ class RedisKv : public RemoteKv {
   // cmds sent to node addr in one pipeline, then every reply read (ReadRespReply: bulk strings
   // straight from the socket into their string). A connection error or a malformed reply drops the
   // connection (the next call makes a new one); a server error reply is returned as a reply.
+  // (*out)[i].bulk's buffer, when the caller put one there, is reused for reply i (no new pages).
   Status PipelineAt(const std::string& addr, const std::vector<std::vector<std::string>>& cmds,
                     std::vector<RespReply>* out) {
-    out->clear();
-    if (cmds.empty()) return Status::Ok();
+    if (cmds.empty()) {
+      out->clear();
+      return Status::Ok();
+    }
     redisContext* c = nullptr;
     MZ_RETURN_IF_ERROR(Acquire(addr, &c));
     Status st = Send(c, cmds);
@@ -616,9 +623,10 @@ class RedisKv : public RemoteKv {
   // reply (the slot lives elsewhere: a cluster, or its map changed) reloads the slot map and
   // sends the command to the node it names; an ASK reply (the slot is migrating) sends ASKING
   // then the command to the node it names, once. At most 5 rounds of redirections.
+  // (*out)[i].bulk's buffer, when the caller put one there, is lent to command i's reply.
   Status Pipeline(const std::vector<std::vector<std::string>>& cmds, std::vector<RespReply>* out) {
-    out->clear();
     out->resize(cmds.size());
+    for (auto& x : *out) x.reply.reset();
     std::vector<std::string> to(cmds.size());
     std::vector<bool> ask(cmds.size(), false);
     for (size_t i = 0; i < cmds.size(); ++i) to[i] = Route(cmds[i]);
@@ -636,7 +644,11 @@ class RedisKv : public RemoteKv {
           if (ask[i]) batch.push_back({"ASKING"});
           batch.push_back(cmds[i]);
         }
-        std::vector<RespReply> r;
+        std::vector<RespReply> r(batch.size());
+        for (size_t i = 0, k = 0; i < g.second.size(); ++i, ++k) {
+          if (ask[g.second[i]]) ++k;
+          r[k].bulk.swap((*out)[g.second[i]].bulk);
+        }
         Status st = PipelineAt(g.first, batch, &r);
         if (!st.ok()) {
           out->clear();
