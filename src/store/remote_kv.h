@@ -80,6 +80,8 @@ struct RedisOptions {
 // name any node; the first MOVED reply loads the slot map (CLUSTER SLOTS) and every command is then
 // routed to its key's slot master (one pipeline per node); MOVED reloads the map and resends, ASK
 // resends with ASKING (at most 5 rounds: then kIOError). Connections are pooled per node.
+// Replies are read by ReadRespReply (store/resp_reply.h): values go from the socket straight into
+// their strings; a reply cut short or malformed is kIOError and its connection is dropped.
 Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now = true);
 
 // An in-memory store for tests, with faults: down (every call kIOError), and direct access to the
