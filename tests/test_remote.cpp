@@ -16,7 +16,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -26,6 +28,7 @@
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
 #include "store/remote_kv.h"
+#include "store/resp_reply.h"
 #include "pool/remote_tier.h"
 #include "runtime/context.h"
 #include "runtime/session_file.h"
@@ -970,6 +973,173 @@ TEST(RemoteCluster, AskRedirectionDuringAMigrationIsFollowed) {
   PoolStats s;
   ContinueElsewhere(m.get(), FreshDir("ab"), nodes[2].Url(), "chat-ask", toks, next, 3, &s);
 }
+
+// ---- the pipeline's reply reader (store/resp_reply.h): scripted bytes, no server ----
+#if MZ_HAVE_HIREDIS
+
+// A reply stream, delivered first in a piece of `first` bytes, then in pieces of at most `step`
+// (each read also capped by what the reader asks for); at the end: "closed".
+struct Script {
+  std::string bytes;
+  size_t first = 0, step = 1, at = 0;
+  RespSource Source() {
+    return [this](char* buf, size_t cap, size_t* got) {
+      if (at == bytes.size()) return Status::IOError("closed");
+      size_t n = std::min(cap, bytes.size() - at);
+      n = std::min(n, at == 0 && first > 0 ? first : step);
+      std::memcpy(buf, bytes.data() + at, n);
+      at += n;
+      *got = n;
+      return Status::Ok();
+    };
+  }
+};
+
+struct Reader {
+  redisReader* r = redisReaderCreate();
+  ~Reader() { redisReaderFree(r); }
+};
+
+// What a reply reads as, for comparison: "bulk:<bytes>", or hiredis's type and text or integer.
+std::string Show(const RespReply& x) {
+  if (x.is_bulk()) return "bulk:" + x.bulk;
+  const redisReply* r = x.reply.get();
+  std::string s = "type" + std::to_string(r->type) + ":";
+  if (r->type == REDIS_REPLY_INTEGER) return s + std::to_string(r->integer);
+  if (r->type == REDIS_REPLY_ARRAY) {
+    for (size_t i = 0; i < r->elements; ++i) s += std::string(r->element[i]->str ? r->element[i]->str : "") + ",";
+    return s;
+  }
+  return s + (r->str ? std::string(r->str, size_t(r->len)) : "");
+}
+
+// A pipeline's replies of every kind, with bulks below and above the reader's 64 KiB reads.
+std::vector<std::pair<std::string, std::string>> Replies() {
+  std::string big(70001, '\0'), mid(5000, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = char(i * 131 + 7);
+  for (size_t i = 0; i < mid.size(); ++i) mid[i] = char(i % 251);
+  mid[100] = '\r';  // CRLF inside a payload is data
+  mid[101] = '\n';
+  return {{"+OK\r\n", "type5:OK"},
+          {":42\r\n", "type3:42"},
+          {"$5\r\nhello\r\n", "bulk:hello"},
+          {"$-1\r\n", "type4:"},
+          {"$0\r\n\r\n", "bulk:"},
+          {"-MOVED 3999 127.0.0.1:6381\r\n", "type6:MOVED 3999 127.0.0.1:6381"},
+          {"*2\r\n$1\r\na\r\n$2\r\nbc\r\n", "type2:a,bc,"},
+          {"$" + std::to_string(mid.size()) + "\r\n" + mid + "\r\n", "bulk:" + mid},
+          {"$" + std::to_string(big.size()) + "\r\n" + big + "\r\n", "bulk:" + big},
+          {":-7\r\n", "type3:-7"}};
+}
+
+// Reads every reply of s through one reader; false (with the first difference) when any differs.
+::testing::AssertionResult ReadsAll(Script& s, const std::vector<std::pair<std::string, std::string>>& want) {
+  Reader rd;
+  const RespSource src = s.Source();
+  for (size_t i = 0; i < want.size(); ++i) {
+    RespReply x;
+    const Status st = ReadRespReply(rd.r, src, &x);
+    if (!st.ok()) return ::testing::AssertionFailure() << "reply " << i << ": " << st.ToString();
+    if (Show(x) != want[i].second)
+      return ::testing::AssertionFailure() << "reply " << i << " differs (" << Show(x).substr(0, 40) << ")";
+  }
+  if (s.at != s.bytes.size()) return ::testing::AssertionFailure() << "bytes left unread";
+  if (rd.r->len - rd.r->pos != 0) return ::testing::AssertionFailure() << "bytes left in the reader";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(RespReply, EveryReplyReadsTheSameWhereverTheReadsSplitIt) {
+  const auto want = Replies();
+  Script s;
+  for (const auto& w : want) s.bytes += w.first;
+  // One byte per read: every boundary inside every header, payload and CRLF.
+  s.step = 1;
+  ASSERT_TRUE(ReadsAll(s, want));
+  // A first read ending at each byte of the small replies and of the big bulk's edges (every
+  // 1009th byte inside it), the rest in reads of 3 bytes, then of 64 KiB.
+  const size_t big_at = s.bytes.size() - want.back().first.size() - want[want.size() - 2].first.size();
+  for (size_t step : {size_t(3), size_t(1) << 16})
+    for (size_t k = 1; k <= s.bytes.size(); k += (k < big_at + 64 || k > s.bytes.size() - 64) ? 1 : 1009) {
+      s.at = 0;
+      s.first = k;
+      s.step = step;
+      ASSERT_TRUE(ReadsAll(s, want)) << "first read " << k << " bytes, then " << step;
+    }
+}
+
+TEST(RespReply, MalformedOrCutRepliesAreClearErrorsNeverAValue) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"$abc\r\n", "malformed"},
+      {"$\r\n", "malformed"},
+      {"$-2\r\n", "malformed"},
+      {"$5\rX", "malformed"},
+      {"$123456789012345678\r\n", "malformed"},
+      {"$4294967297\r\nxx", "malformed"},  // above kRespMaxBulk
+      {"$5\r\nhelloXY", "malformed"},       // no CRLF after the payload
+      {"$5\r\nhel", "closed"},              // the connection dropped inside the payload
+      {"$5", "closed"},                       // ... inside the header
+      {"?what\r\n", "malformed"},           // hiredis: protocol error
+      {"*2\r\n:1\r\n", "closed"},         // an array cut short
+  };
+  for (const auto& b : bad)
+    for (size_t step : {size_t(1), size_t(1) << 16}) {
+      Script s;
+      s.bytes = b.first;
+      s.step = step;
+      Reader rd;
+      RespReply x;
+      const Status st = ReadRespReply(rd.r, s.Source(), &x);
+      EXPECT_EQ(st.code(), Status::kIOError) << b.first;
+      EXPECT_NE(st.message().find(b.second), std::string::npos) << b.first << ": " << st.ToString();
+    }
+}
+
+// RedisKv against a real server: values of every size around the reader's reads read back exactly,
+// missing keys as nil, ranges as GETRANGE answers them, and a bad reply (GET of a list) is an error
+// that leaves the connection usable.
+TEST(RespReply, RedisValuesOfEverySizeReadBackExactly) {
+  NEED_REDIS();
+  if (!RedisCliPresent()) GTEST_SKIP() << "redis-cli is not installed";
+  RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  RedisOptions ro;
+  ASSERT_TRUE(ParseRemoteUrl(redis.Url(), &ro.url).ok());
+  std::unique_ptr<RemoteKv> kv;
+  ASSERT_TRUE(OpenRedisKv(ro, &kv).ok());
+  std::vector<std::string> keys, want;
+  for (size_t n : {size_t(0), size_t(1), size_t(13), size_t(65533), size_t(65536), size_t(65539), size_t(3u << 20) + 5}) {
+    std::string v(n, '\0');
+    for (size_t i = 0; i < n; ++i) v[i] = char((i * 7919) >> 3);
+    keys.push_back("mz:test:{" + std::to_string(n) + "}");
+    want.push_back(v);
+    ASSERT_TRUE(kv->Put(keys.back(), v, 60, false).ok());
+  }
+  keys.push_back("mz:test:{missing}");
+  std::vector<std::optional<std::string>> got;
+  ASSERT_TRUE(kv->Get(keys, &got).ok());
+  ASSERT_EQ(got.size(), keys.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(got[i].has_value()) << keys[i];
+    EXPECT_TRUE(*got[i] == want[i]) << keys[i];
+  }
+  EXPECT_FALSE(got.back().has_value());
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (size_t i = 0; i < keys.size(); ++i) ranges.push_back({1, 70000});
+  std::vector<std::string> part;
+  std::vector<uint64_t> sizes;
+  ASSERT_TRUE(kv->GetRange(keys, ranges, &part, &sizes).ok());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(sizes[i], want[i].size());
+    EXPECT_TRUE(part[i] == (want[i].size() > 1 ? want[i].substr(1, 70000) : "")) << keys[i];
+  }
+  ASSERT_EQ(system(("redis-cli -p " + std::to_string(redis.port()) + " RPUSH mz:test:list a >/dev/null 2>&1").c_str()), 0);
+  const Status st = kv->Get({keys[1], "mz:test:list", keys[2]}, &got);
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_NE(st.message().find("WRONGTYPE"), std::string::npos) << st.ToString();
+  ASSERT_TRUE(kv->Get({keys[2]}, &got).ok());
+  EXPECT_TRUE(got[0] && *got[0] == want[2]);
+}
+#endif  // MZ_HAVE_HIREDIS
 
 }  // namespace
 }  // namespace mz

@@ -464,6 +464,7 @@ void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
     j.file.reset();
   };
   const int L = g_.n_layer;
+  std::vector<std::string> v;  // every layer's payloads, its buffers reused layer after layer
   for (int l = 0; l < L; ++l) {
     std::vector<StreamJob*> live;
     std::vector<std::string> keys;
@@ -480,7 +481,6 @@ void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
       std::lock_guard<std::mutex> lk(st_mu_);
       stopping = st_stop_;
     }
-    std::vector<std::string> v;
     const Status st = stopping ? Status::IOError("the remote tier is stopping")
                                : TimedFetch([&] { return kv_->GetRange(keys, ranges, &v); });
     uint64_t bytes = 0, bad = 0;

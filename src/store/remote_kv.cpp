@@ -7,8 +7,14 @@
 #include <map>
 
 #if MZ_HAVE_HIREDIS
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "store/resp_reply.h"
 #endif
 
 namespace mz {
@@ -226,12 +232,26 @@ uint64_t FakeRemoteKv::calls() {
 #if MZ_HAVE_HIREDIS
 namespace {
 
-struct ReplyDeleter {
-  void operator()(redisReply* r) const {
-    if (r) freeReplyObject(r);
+using Reply = RedisReplyPtr;
+
+// A reply that is not a bulk string, as hiredis parsed it (nullptr for a bulk string: its callers
+// check the type, and Bad names it).
+const redisReply* R(const RespReply& x) { return x.reply.get(); }
+
+// Reads the connection's socket (hiredis's, blocking, with its SO_RCVTIMEO): RespSource.
+Status SocketRead(int fd, char* buf, size_t cap, size_t* got) {
+  while (true) {
+    const ssize_t n = ::read(fd, buf, cap);
+    if (n > 0) {
+      *got = size_t(n);
+      return Status::Ok();
+    }
+    if (n == 0) return Status::IOError("the server closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::IOError("timed out waiting for a reply");
+    return Status::IOError(std::string("reading a reply: ") + std::strerror(errno));
   }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+}
 
 class RedisKv : public RemoteKv {
  public:
@@ -245,19 +265,18 @@ class RedisKv : public RemoteKv {
     values->clear();
     std::vector<std::vector<std::string>> cmds;
     for (const auto& k : keys) cmds.push_back({"GET", k});
-    std::vector<Reply> r;
+    std::vector<RespReply> r;
     MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
     for (auto& x : r) {
-      if (x->type == REDIS_REPLY_STRING) values->emplace_back(std::string(x->str, size_t(x->len)));
-      else if (x->type == REDIS_REPLY_NIL) values->emplace_back(std::nullopt);
-      else return Bad("GET", x.get());
+      if (x.is_bulk()) values->emplace_back(std::move(x.bulk));
+      else if (x.reply->type == REDIS_REPLY_NIL) values->emplace_back(std::nullopt);
+      else return Bad("GET", R(x));
     }
     return Status::Ok();
   }
 
   Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
                   std::vector<std::string>* values, std::vector<uint64_t>* sizes) override {
-    values->clear();
     if (sizes) sizes->clear();
     std::vector<std::vector<std::string>> cmds;
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -267,16 +286,21 @@ class RedisKv : public RemoteKv {
                         std::to_string(ranges[i].first + ranges[i].second - 1)});
       if (sizes) cmds.push_back({"STRLEN", keys[i]});
     }
-    std::vector<Reply> r;
+    // The caller's strings lend their buffers to the replies: a caller that passes the same vector
+    // again (the stream, layer after layer) reads into pages it already has.
+    values->resize(keys.size());
+    std::vector<RespReply> r(cmds.size());
+    for (size_t i = 0; i < keys.size(); ++i) r[sizes ? 2 * i : i].bulk.swap((*values)[i]);
+    values->clear();
     MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
     for (size_t i = 0; i < r.size(); ++i) {
-      const redisReply* x = r[i].get();
+      const redisReply* x = R(r[i]);
       if (sizes && i % 2 == 1) {
-        if (x->type != REDIS_REPLY_INTEGER) return Bad("STRLEN", x);
+        if (!x || x->type != REDIS_REPLY_INTEGER) return Bad("STRLEN", x);
         sizes->push_back(uint64_t(x->integer));
       } else {
-        if (x->type != REDIS_REPLY_STRING) return Bad("GETRANGE", x);
-        values->emplace_back(x->str, size_t(x->len));
+        if (x) return Bad("GETRANGE", x);
+        values->push_back(std::move(r[i].bulk));
       }
     }
     return Status::Ok();
@@ -286,11 +310,11 @@ class RedisKv : public RemoteKv {
     out->clear();
     std::vector<std::vector<std::string>> cmds;
     for (const auto& k : keys) cmds.push_back({"EXISTS", k});
-    std::vector<Reply> r;
+    std::vector<RespReply> r;
     MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
     for (auto& x : r) {
-      if (x->type != REDIS_REPLY_INTEGER) return Bad("EXISTS", x.get());
-      out->push_back(x->integer > 0);
+      if (x.is_bulk() || x.reply->type != REDIS_REPLY_INTEGER) return Bad("EXISTS", R(x));
+      out->push_back(x.reply->integer > 0);
     }
     return Status::Ok();
   }
@@ -303,9 +327,10 @@ class RedisKv : public RemoteKv {
       cmd.push_back(std::to_string(ttl_s));
     }
     if (only_if_absent) cmd.push_back("NX");
-    std::vector<Reply> r;
+    std::vector<RespReply> r;
     MZ_RETURN_IF_ERROR(Pipeline({cmd}, &r));
-    const redisReply* x = r[0].get();
+    const redisReply* x = R(r[0]);
+    if (!x) return Bad("SET", x);
     if (x->type == REDIS_REPLY_NIL) {  // NX and the key exists
       if (written) *written = false;
       return Status::Ok();
@@ -322,27 +347,27 @@ class RedisKv : public RemoteKv {
       if (ttl_s > 0) cmds.push_back({"EXPIRE", k, std::to_string(ttl_s)});
       else cmds.push_back({"PERSIST", k});
     }
-    std::vector<Reply> r;
+    std::vector<RespReply> r;
     MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
     for (auto& x : r)
-      if (x->type != REDIS_REPLY_INTEGER) return Bad("EXPIRE", x.get());
+      if (x.is_bulk() || x.reply->type != REDIS_REPLY_INTEGER) return Bad("EXPIRE", R(x));
     return Status::Ok();
   }
 
   Status Remove(const std::vector<std::string>& keys) override {
     std::vector<std::vector<std::string>> cmds;
     for (const auto& k : keys) cmds.push_back({"DEL", k});
-    std::vector<Reply> r;
+    std::vector<RespReply> r;
     MZ_RETURN_IF_ERROR(Pipeline(cmds, &r));
     for (auto& x : r)
-      if (x->type != REDIS_REPLY_INTEGER) return Bad("DEL", x.get());
+      if (x.is_bulk() || x.reply->type != REDIS_REPLY_INTEGER) return Bad("DEL", R(x));
     return Status::Ok();
   }
 
   Status Ping() override {
-    std::vector<Reply> r;
+    std::vector<RespReply> r;
     MZ_RETURN_IF_ERROR(Pipeline({{"PING"}}, &r));
-    if (r[0]->type != REDIS_REPLY_STATUS) return Bad("PING", r[0].get());
+    if (r[0].is_bulk() || r[0].reply->type != REDIS_REPLY_STATUS) return Bad("PING", R(r[0]));
     return Status::Ok();
   }
 
@@ -356,10 +381,10 @@ class RedisKv : public RemoteKv {
   Status CensusAt(const std::string& node, const std::string& pattern, uint64_t* keys, uint64_t* bytes) {
     std::string cursor = "0";
     do {
-      std::vector<Reply> r;
+      std::vector<RespReply> r;
       MZ_RETURN_IF_ERROR(PipelineAt(node, {{"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}}, &r));
-      const redisReply* x = r[0].get();
-      if (x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
+      const redisReply* x = R(r[0]);
+      if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2 || x->element[0]->type != REDIS_REPLY_STRING ||
           x->element[1]->type != REDIS_REPLY_ARRAY)
         return Bad("SCAN", x);
       cursor.assign(x->element[0]->str, size_t(x->element[0]->len));
@@ -368,12 +393,12 @@ class RedisKv : public RemoteKv {
         const redisReply* k = x->element[1]->element[i];
         cmds.push_back({"STRLEN", std::string(k->str, size_t(k->len))});
       }
-      std::vector<Reply> lens;
+      std::vector<RespReply> lens;
       MZ_RETURN_IF_ERROR(Pipeline(cmds, &lens));
       for (auto& l : lens) {
-        if (l->type != REDIS_REPLY_INTEGER) return Bad("STRLEN", l.get());
+        if (l.is_bulk() || l.reply->type != REDIS_REPLY_INTEGER) return Bad("STRLEN", R(l));
         ++*keys;
-        *bytes += uint64_t(l->integer);
+        *bytes += uint64_t(l.reply->integer);
       }
     } while (cursor != "0");
     return Status::Ok();
@@ -384,8 +409,11 @@ class RedisKv : public RemoteKv {
   }
 
  private:
+  // x: nullptr for a bulk string where another reply was expected.
   Status Bad(const char* cmd, const redisReply* x) const {
-    std::string why = x->type == REDIS_REPLY_ERROR ? std::string(x->str, size_t(x->len)) : "unexpected reply type " + std::to_string(x->type);
+    std::string why = !x                              ? std::string("unexpected bulk string reply")
+                      : x->type == REDIS_REPLY_ERROR ? std::string(x->str, size_t(x->len))
+                                                     : "unexpected reply type " + std::to_string(x->type);
     return Status::IOError(Describe() + ": " + cmd + ": " + why);
   }
 
@@ -498,22 +526,27 @@ class RedisKv : public RemoteKv {
     return Status::Ok();
   }
 
-  // cmds sent to node addr in one pipeline, then every reply read. A connection error drops the
+  // cmds sent to node addr in one pipeline, then every reply read (ReadRespReply: bulk strings
+  // straight from the socket into their string). A connection error or a malformed reply drops the
   // connection (the next call makes a new one); a server error reply is returned as a reply.
-  Status PipelineAt(const std::string& addr, const std::vector<std::vector<std::string>>& cmds, std::vector<Reply>* out) {
-    out->clear();
-    if (cmds.empty()) return Status::Ok();
+  // (*out)[i].bulk's buffer, when the caller put one there, is reused for reply i (no new pages).
+  Status PipelineAt(const std::string& addr, const std::vector<std::vector<std::string>>& cmds,
+                    std::vector<RespReply>* out) {
+    if (cmds.empty()) {
+      out->clear();
+      return Status::Ok();
+    }
     redisContext* c = nullptr;
     MZ_RETURN_IF_ERROR(Acquire(addr, &c));
     Status st = Send(c, cmds);
-    for (size_t i = 0; st.ok() && i < cmds.size(); ++i) {
-      void* p = nullptr;
-      if (redisGetReply(c, &p) != REDIS_OK || !p) {
-        st = Status::IOError("redis://" + addr + ": " + (c->err ? c->errstr : "no reply"));
-        break;
-      }
-      out->emplace_back(static_cast<redisReply*>(p));
-    }
+    for (int done = 0; st.ok() && !done;)
+      if (redisBufferWrite(c, &done) != REDIS_OK)
+        st = Status::IOError(std::string("sending: ") + (c->err ? c->errstr : "failed"));
+    const int fd = c->fd;
+    const RespSource src = [fd](char* buf, size_t cap, size_t* got) { return SocketRead(fd, buf, cap, got); };
+    out->resize(cmds.size());
+    for (size_t i = 0; st.ok() && i < cmds.size(); ++i) st = ReadRespReply(c->reader, src, &(*out)[i]);
+    if (!st.ok()) st = st.With("redis://" + addr);
     Return(addr, c, !st.ok());
     if (!st.ok()) out->clear();
     return st;
@@ -560,11 +593,11 @@ class RedisKv : public RemoteKv {
     }
     Status last;
     for (const auto& addr : from) {
-      std::vector<Reply> r;
+      std::vector<RespReply> r;
       last = PipelineAt(addr, {{"CLUSTER", "SLOTS"}}, &r);
       if (!last.ok()) continue;
-      const redisReply* x = r[0].get();
-      if (x->type != REDIS_REPLY_ARRAY) return Bad("CLUSTER SLOTS", x);
+      const redisReply* x = R(r[0]);
+      if (!x || x->type != REDIS_REPLY_ARRAY) return Bad("CLUSTER SLOTS", x);
       std::vector<std::string> map(16384);
       for (size_t i = 0; i < x->elements; ++i) {
         const redisReply* e = x->element[i];
@@ -590,9 +623,10 @@ class RedisKv : public RemoteKv {
   // reply (the slot lives elsewhere: a cluster, or its map changed) reloads the slot map and
   // sends the command to the node it names; an ASK reply (the slot is migrating) sends ASKING
   // then the command to the node it names, once. At most 5 rounds of redirections.
-  Status Pipeline(const std::vector<std::vector<std::string>>& cmds, std::vector<Reply>* out) {
-    out->clear();
+  // (*out)[i].bulk's buffer, when the caller put one there, is lent to command i's reply.
+  Status Pipeline(const std::vector<std::vector<std::string>>& cmds, std::vector<RespReply>* out) {
     out->resize(cmds.size());
+    for (auto& x : *out) x.reply.reset();
     std::vector<std::string> to(cmds.size());
     std::vector<bool> ask(cmds.size(), false);
     for (size_t i = 0; i < cmds.size(); ++i) to[i] = Route(cmds[i]);
@@ -610,7 +644,11 @@ class RedisKv : public RemoteKv {
           if (ask[i]) batch.push_back({"ASKING"});
           batch.push_back(cmds[i]);
         }
-        std::vector<Reply> r;
+        std::vector<RespReply> r(batch.size());
+        for (size_t i = 0, k = 0; i < g.second.size(); ++i, ++k) {
+          if (ask[g.second[i]]) ++k;
+          r[k].bulk.swap((*out)[g.second[i]].bulk);
+        }
         Status st = PipelineAt(g.first, batch, &r);
         if (!st.ok()) {
           out->clear();
@@ -619,10 +657,10 @@ class RedisKv : public RemoteKv {
         size_t k = 0;
         for (size_t i : g.second) {
           if (ask[i]) ++k;  // ASKING's +OK
-          Reply& x = r[k++];
+          RespReply& x = r[k++];
           ask[i] = false;
-          if (x->type == REDIS_REPLY_ERROR && x->len > 4) {
-            const std::string e(x->str, size_t(x->len));
+          if (!x.is_bulk() && x.reply->type == REDIS_REPLY_ERROR && x.reply->len > 4) {
+            const std::string e(x.reply->str, size_t(x.reply->len));
             const bool is_moved = e.rfind("MOVED ", 0) == 0, is_ask = e.rfind("ASK ", 0) == 0;
             if (is_moved || is_ask) {
               const size_t sp = e.rfind(' ');

@@ -33,7 +33,10 @@ class RemoteKv {
   // Byte ranges of values: (*values)[i] the bytes [ranges[i].first, ranges[i].first +
   // ranges[i].second) of keys[i] (GETRANGE): shorter, or empty, when the value is (a missing key
   // reads as empty, as Redis answers). sizes (optional): each whole value's length (STRLEN; 0 for a
-  // missing key), in the same pipeline. Pipelined: one round trip for every key.
+  // missing key), in the same pipeline. Pipelined: one round trip for every key. The strings
+  // *values holds on entry may lend their buffers to the new values (RedisKv does: a caller that
+  // passes the same vector again, as the stream does layer after layer, reads into memory it
+  // already has instead of faulting in new pages).
   virtual Status GetRange(const std::vector<std::string>& keys, const std::vector<std::pair<uint64_t, uint64_t>>& ranges,
                           std::vector<std::string>* values, std::vector<uint64_t>* sizes = nullptr) = 0;
   // Which keys exist, in order. Pipelined.
@@ -77,6 +80,8 @@ struct RedisOptions {
 // name any node; the first MOVED reply loads the slot map (CLUSTER SLOTS) and every command is then
 // routed to its key's slot master (one pipeline per node); MOVED reloads the map and resends, ASK
 // resends with ASKING (at most 5 rounds: then kIOError). Connections are pooled per node.
+// Replies are read by ReadRespReply (store/resp_reply.h): values go from the socket straight into
+// their strings; a reply cut short or malformed is kIOError and its connection is dropped.
 Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now = true);
 
 // An in-memory store for tests, with faults: down (every call kIOError), and direct access to the
