@@ -14,6 +14,7 @@
 
 #include <cstring>
 
+#include "env/socket_read.h"
 #include "store/resp_reply.h"
 #endif
 
@@ -237,21 +238,6 @@ using Reply = RedisReplyPtr;
 // A reply that is not a bulk string, as hiredis parsed it (nullptr for a bulk string: its callers
 // check the type, and Bad names it).
 const redisReply* R(const RespReply& x) { return x.reply.get(); }
-
-// Reads the connection's socket (hiredis's, blocking, with its SO_RCVTIMEO): RespSource.
-Status SocketRead(int fd, char* buf, size_t cap, size_t* got) {
-  while (true) {
-    const ssize_t n = ::read(fd, buf, cap);
-    if (n > 0) {
-      *got = size_t(n);
-      return Status::Ok();
-    }
-    if (n == 0) return Status::IOError("the server closed the connection");
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::IOError("timed out waiting for a reply");
-    return Status::IOError(std::string("reading a reply: ") + std::strerror(errno));
-  }
-}
 
 class RedisKv : public RemoteKv {
  public:
@@ -543,7 +529,7 @@ class RedisKv : public RemoteKv {
       if (redisBufferWrite(c, &done) != REDIS_OK)
         st = Status::IOError(std::string("sending: ") + (c->err ? c->errstr : "failed"));
     const int fd = c->fd;
-    const RespSource src = [fd](char* buf, size_t cap, size_t* got) { return SocketRead(fd, buf, cap, got); };
+    const RespSource src = [fd](char* buf, size_t cap, size_t* got) { return ReadSocket(fd, buf, cap, got); };
     out->resize(cmds.size());
     for (size_t i = 0; st.ok() && i < cmds.size(); ++i) st = ReadRespReply(c->reader, src, &(*out)[i]);
     if (!st.ok()) st = st.With("redis://" + addr);
