@@ -455,6 +455,48 @@ TEST(Pool, FlippedChunkInAStoredFileIsFoundWhenRead) {
   }
 }
 
+// The restore overlapped with the prefill finished (failing on the flipped chunk) before the
+// batcher scheduled the call: the call still gets kCorruption (which makes the server compute the
+// turn again), not an error of compute meeting a chunk that is not there. Written while chasing
+// serve_e2e's one 500 "busy: KV chunk 0 of layer 1 is not resident" on a damaged conversation (session
+// 35); this ordering did not reproduce it (the call got kCorruption before the fix in
+// Context::RestoreGenerate too), so the cause of that failure is still open.
+TEST(Pool, FlippedChunkFoundByAnOverlappedRestoreThatEndedBeforeCompute) {
+  auto m = LoadModel();
+  const std::string dir = FreshDir("flipchunk-overlap");
+  const auto a = Tokens(0, 150, 7);
+  Store(m.get(), Opts(dir), "a", a);
+  {
+    std::fstream f(dir + "/a.mzs", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const std::streamoff size = f.tellg();
+    f.seekp(size - 4096 + 64);  // inside the last chunk's payload
+    char ch = 0x5a;
+    f.write(&ch, 1);
+  }
+  PoolOptions o = Opts(dir);
+  o.stored_as_storage = true;
+  ASSERT_TRUE(o.batch);
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> ca;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  bool seen = false;
+  SyncPoints::SetCallback("context:before_batched_restore_compute", [&](int) {
+    seen = true;
+    // Let the restore workers reach the flipped chunk and end before compute is scheduled.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  });
+  const int32_t next = 5;
+  PipelineOptions po;
+  po.overlap = Overlap::kFull;
+  Status st = ca->RestoreGenerate(&next, 1, po, nullptr);
+  SyncPoints::ClearAll();
+  ASSERT_TRUE(seen);
+  EXPECT_EQ(st.code(), Status::kCorruption) << st.ToString();
+  ASSERT_EQ(pool->Damaged().size(), 1u);
+}
+
 double KlDiv(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
   auto soft = [](const std::vector<float>& l) {
     const float mx = *std::max_element(l.begin(), l.end());

@@ -145,6 +145,13 @@ class RestorePipeline {
   // Joins the workers; returns the first error.
   Status Finish();
   bool done() const { return remaining_.load() == 0; }
+  // Some unit failed to restore (its layer's Wait returns the error). Thread-safe.
+  bool failed() {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (const Status& e : errors_)
+      if (!e.ok()) return true;
+    return false;
+  }
   // The CPU-bound part of the restoration is over: every in-memory (decompression) unit and every
   // unit read through the page cache is restored, and the allocation thread, if any, has populated
   // everything. What may remain are direct-I/O reads, whose workers mostly wait for the disk:

@@ -566,10 +566,14 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   double wait = 0;
   if (opts_.batcher) {
     // Alone in the batcher while it restores (front layers first, overlapped with this prefill);
-    // once every unit is back it batches with whoever arrived meanwhile.
+    // once every unit is back it batches with whoever arrived meanwhile. A restore that failed
+    // keeps it alone with the waits, so the failing layer's Wait returns the restore's error to
+    // this call only (never a step of other conversations failing on a unit that is not there).
+    MZ_SYNC_POINT("context:before_batched_restore_compute", 0);  // tests: let the restore finish first
     if (st.ok())
-      st = ComputeLocked(tokens, n, false, [&](int unit) { return pipe.Wait(unit); }, [&] { return !pipe.done(); },
-                         during, &wait);
+      st = ComputeLocked(
+          tokens, n, false, [&](int unit) { return pipe.Wait(unit); }, [&] { return !pipe.done() || pipe.failed(); },
+          during, &wait);
   } else {
     Forward* fwd = OwnForwardLocked();
     fwd->set_n_threads(during);
@@ -589,7 +593,8 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   // Compute that never waited for a unit measures the prefill rate the restore-mode plan uses.
   if (st.ok() && restored_before_compute) NoteComputeLocked(n, t1 - tc);
   Status fin = pipe.Finish();
-  if (st.ok() && !fin.ok()) st = fin;
+  // The restore's error is the cause when compute found a unit not there (kBusy) after it.
+  if (!fin.ok() && (st.ok() || st.code() == Status::kBusy)) st = fin;
   if (!st.ok()) {
     kv_->Truncate(start);
     return st;
