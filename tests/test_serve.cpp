@@ -281,6 +281,25 @@ TEST(ServeRouter, AHistoryThatDivergesEarlierForksInsteadOfCutting) {
   EXPECT_EQ(c.keep, 59);  // one prompt token is always computed
 }
 
+TEST(ServeRouter, AReplyWhoseFirstTokenMergesWithThePromptsLastContinues) {
+  // Qwen3 through the openai client: the prompt ends "...assistant" "\n", the reply starts "\n";
+  // resent, "\n" + "\n" tokenize as one "\n\n" token, so the history differs from the mark's last
+  // token on. Before this rule every such second turn started a new conversation (0 cached).
+  FakePool pool;
+  Router r(pool.Lookup());
+  const auto prompt = Seq(1000, 16);
+  r.Acquire(prompt, "A");
+  pool.Turn(r, "A", Cat(prompt, Seq(3000, 16)), 16);
+  auto resent = Cat(Seq(1000, 15), Seq(4000, 30));  // token 15 merged with the reply's first
+  Router::Claim c = r.Acquire(resent, "B");
+  EXPECT_EQ(c.id, "A");
+  EXPECT_EQ(c.keep, 15);
+  r.Release("A");
+  // Diverging two tokens before the mark is another conversation.
+  c = r.Acquire(Cat(Seq(1000, 14), Seq(4000, 30)), "C");
+  EXPECT_TRUE(c.is_new);
+}
+
 TEST(ServeRouter, AConversationInUseIsNeverShared) {
   FakePool pool;
   Router r(pool.Lookup());

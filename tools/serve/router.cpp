@@ -57,7 +57,12 @@ Router::Claim Router::Acquire(const std::vector<int32_t>& prompt, const std::str
       if (!lookup_ || !lookup_(id, &history, &mark)) continue;
       const size_t common = CommonPrefix(history, prompt);
       const size_t end = mark < 0 ? history.size() : std::min(size_t(mark), history.size());
-      if (common < end) continue;  // it diverges before its last reply: not this one
+      // The turn's last prompt token may merge with its reply's first when the client's resent
+      // history is tokenized again (Qwen: the prompt's closing "\n" and a reply that starts with
+      // "\n" become one "\n\n" token): a history equal up to the token before its mark is this
+      // conversation (that one token is computed again).
+      const size_t need = mark > 0 && end == size_t(mark) ? end - 1 : end;
+      if (common < need) continue;  // it diverges before its last reply: not this one
       if (!found || common > best_common) {
         found = true;
         best_common = common;
