@@ -420,19 +420,21 @@ TEST(Pool, StoredFileRewrittenWhileItIsTheStorageTier) {
 // A bit flip in a chunk's payload of a stored file: the pool still lists the conversation (its
 // header and index are intact); the first call that reads the chunk fails with kCorruption, never a
 // wrong result, and the file is reported damaged (not deleted). The ablation finds it at open.
+// Stores conversation "a" (150 tokens) in dir and flips one byte inside its last chunk's payload.
+void StoreWithAFlippedLastChunk(Model* m, const std::string& dir) {
+  Store(m, Opts(dir), "a", Tokens(0, 150, 7));
+  std::fstream f(dir + "/a.mzs", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  f.seekp(size - 4096 + 64);  // inside the last chunk's payload
+  char ch = 0x5a;
+  f.write(&ch, 1);
+}
+
 TEST(Pool, FlippedChunkInAStoredFileIsFoundWhenRead) {
   auto m = LoadModel();
   const std::string dir = FreshDir("flipchunk");
-  const auto a = Tokens(0, 150, 7);
-  Store(m.get(), Opts(dir), "a", a);
-  {
-    std::fstream f(dir + "/a.mzs", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(0, std::ios::end);
-    const std::streamoff size = f.tellg();
-    f.seekp(size - 4096 + 64);  // inside the last chunk's payload
-    char ch = 0x5a;
-    f.write(&ch, 1);
-  }
+  StoreWithAFlippedLastChunk(m.get(), dir);
   for (bool lazy : {true, false}) {
     PoolOptions o = Opts(dir);
     o.stored_as_storage = lazy;
@@ -464,16 +466,7 @@ TEST(Pool, FlippedChunkInAStoredFileIsFoundWhenRead) {
 TEST(Pool, FlippedChunkFoundByAnOverlappedRestoreThatEndedBeforeCompute) {
   auto m = LoadModel();
   const std::string dir = FreshDir("flipchunk-overlap");
-  const auto a = Tokens(0, 150, 7);
-  Store(m.get(), Opts(dir), "a", a);
-  {
-    std::fstream f(dir + "/a.mzs", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(0, std::ios::end);
-    const std::streamoff size = f.tellg();
-    f.seekp(size - 4096 + 64);  // inside the last chunk's payload
-    char ch = 0x5a;
-    f.write(&ch, 1);
-  }
+  StoreWithAFlippedLastChunk(m.get(), dir);
   PoolOptions o = Opts(dir);
   o.stored_as_storage = true;
   ASSERT_TRUE(o.batch);
