@@ -76,6 +76,24 @@ struct Args {
   std::string out = "results/bench-field-notes";
 };
 
+// The command line's options that differ from the defaults (besides those the report always
+// names), so that the "Command:" line re-measures the same case.
+std::string CommandExtras(const Args& a) {
+  const Args d;
+  std::string o;
+  if (a.model != d.model) o += " --model " + a.model;
+  if (a.type != d.type) o += " --type " + a.type;
+  if (a.systems != d.systems) o += " --systems " + a.systems;
+  if (a.phone_mib != d.phone_mib) o += " --phone-mib " + std::to_string(a.phone_mib);
+  if (a.floor_mib != d.floor_mib) o += " --floor-mib " + std::to_string(a.floor_mib);
+  if (a.camera_mib != d.camera_mib) o += " --camera-mib " + std::to_string(a.camera_mib);
+  if (a.threads != d.threads) o += " --threads " + std::to_string(a.threads);
+  if (a.ctx != d.ctx) o += " --ctx " + std::to_string(a.ctx);
+  if (a.sample_ms != d.sample_ms) o += Sprintf(" --sample-ms %g", a.sample_ms);
+  if (a.prompt != d.prompt) o += " --prompt '" + a.prompt + "'";
+  return o;
+}
+
 // ---- cleanup on every exit path, SIGINT/SIGTERM included ------------------------------------
 ChildRegistry<16> g_kids;
 char g_cg[512];
@@ -709,7 +727,7 @@ int RunFieldNotes(const Args& a) {
   md += "\nCommand: `mzcache bench field-notes --tokens " + std::to_string(a.tokens) + " --camera-at " +
         std::to_string(a.camera_at) + Sprintf(" --camera-s %.0f --max-run-s %.0f", a.camera_s, a.max_run_s) +
         " --rounds " + std::to_string(a.rounds) + " --sweep-tokens " + std::to_string(a.sweep_tokens) +
-        (a.systems != Args().systems ? " --systems " + a.systems : std::string()) + " -o " + a.out + "`\n";
+        CommandExtras(a) + " -o " + a.out + "`\n";
   WriteReport(a.out, "bench-field-notes", md, doc);
   std::printf("%s", md.c_str());
   return 0;
