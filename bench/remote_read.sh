@@ -41,11 +41,7 @@ mkdir -p "$OUT/raw" "$OUT/redis"
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 TLS_ARGS=()
 if [ "$TLS" = 1 ]; then
-  command -v openssl >/dev/null || die "--tls needs openssl"
-  mkdir -p "$OUT/tls"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=mz-bench \
-    -addext subjectAltName=IP:127.0.0.1 -keyout "$OUT/tls/key.pem" -out "$OUT/tls/cert.pem" >/dev/null 2>&1 ||
-    die "openssl req failed"
+  "$(dirname "$0")/../scripts/loopback-cert.sh" "$OUT/tls" 2 || die "no certificate for --tls"
   TLS_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   TLS_ARGS=(--tls-port "$TLS_PORT" --tls-cert-file "$OUT/tls/cert.pem" --tls-key-file "$OUT/tls/key.pem"
     --tls-ca-cert-file "$OUT/tls/cert.pem" --tls-auth-clients optional)

@@ -80,11 +80,7 @@ start)
   free_port >"$DIR/redis.port"
   rm -f "$DIR/redis-tls.port"
   if [ "${MZ_FLEET_TLS:-0}" = 1 ]; then
-    command -v openssl >/dev/null || die "MZ_FLEET_TLS=1 needs openssl (apt-get install openssl)"
-    mkdir -p "$DIR/tls"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=mz-fleet \
-      -addext subjectAltName=IP:127.0.0.1 -keyout "$DIR/tls/key.pem" -out "$DIR/tls/cert.pem" >/dev/null 2>&1 ||
-      die "openssl req could not make the fleet's certificate"
+    "$HERE/loopback-cert.sh" "$DIR/tls" || die "MZ_FLEET_TLS=1: no certificate for Redis"
     free_port >"$DIR/redis-tls.port"
   fi
   start_redis
