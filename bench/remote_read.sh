@@ -15,7 +15,7 @@
 set -euo pipefail
 OUT=build/bench-remote-read BENCH=build/bench/bench_remote_kv BEFORE="" ROUNDS=3 MIN_TIME=1 TLS=0
 usage() {
-  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   echo "Usage: bench/remote_read.sh [--out DIR] [--bench BIN] [--before BIN] [--tls] [--rounds 3] [--min-time 1]"
   echo "  --min-time: seconds each benchmark runs per round (Google Benchmark's --benchmark_min_time)"
 }
