@@ -28,7 +28,7 @@
 
 namespace mz_bench_remote {
 
-std::string g_url;
+std::string g_url, g_ca_file;
 std::unique_ptr<mz::RemoteKv> g_kv;
 std::string g_error;
 constexpr int kLayers = 28;  // Qwen3-0.6B's, as the fleet bench streams them
@@ -40,6 +40,7 @@ mz::RemoteKv* Kv() {
     return nullptr;
   }
   mz::RedisOptions o;
+  o.ca_file = g_ca_file;
   mz::Status st = mz::ParseRemoteUrl(g_url, &o.url);
   if (st.ok()) st = mz::OpenRedisKv(o, &g_kv);
   if (!st.ok()) g_error = st.ToString();
@@ -142,9 +143,15 @@ int main(int argc, char** argv) {
       mz_bench_remote::g_url = a.substr(9);
       continue;
     }
+    if (a.rfind("--remote-ca-file=", 0) == 0) {
+      mz_bench_remote::g_ca_file = a.substr(17);
+      continue;
+    }
     if (a == "--help" || a == "-h") {
       std::printf(
-          "bench_remote_kv --remote=redis://host:port [Google Benchmark flags]\n"
+          "bench_remote_kv --remote=redis[s]://host:port [--remote-ca-file=PEM] [Google Benchmark flags]\n"
+          "  rediss://: over TLS, the server's certificate checked against --remote-ca-file (default: the\n"
+          "  system's CAs).\n"
           "  RemoteKv's pipelined GET and GETRANGE reads of 20 values (1 MiB, 16 MiB; 28 MiB read as 28\n"
           "  layer ranges), as the pool's remote tier reads them. Writes keys mz:bench:* and removes them.\n"
           "  e.g. --benchmark_repetitions=5 --benchmark_report_aggregates_only=true\n");

@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 17
+#define MZ_VERSION_MINOR 18
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -859,14 +859,24 @@ struct mz_pool_params {
                                    and an empty conversation's first call finds its longest stored
                                    prefix there by chain hash. Redis down: the pool goes on with its
                                    local tiers (mz_pool_remote_report.degraded) and catches up when it
-                                   is back. rediss:// (TLS) is refused (MZ_ERR_UNSUPPORTED: this
-                                   build's hiredis has no TLS). NULL (default): none */
+                                   is back. rediss://... (since 0.18): over TLS 1.2+, the server's
+                                   certificate verified (remote_ca_file) and its name checked
+                                   against the host (MZ_ERR_UNSUPPORTED in a build without
+                                   OpenSSL). NULL (default): none */
   const char* remote_password_file; /* its first line is the password (the URL's user is the ACL
                                    user); NULL: the URL's, if any */
   uint32_t remote_timeout_ms;   /* connect and each reply (default 2000) */
   uint32_t remote_ttl_s;        /* every key's time to live, refreshed by each write and fetch: how
                                    chunks no conversation names any more are reclaimed (default
                                    604800, 7 days) */
+  /* since 0.18: TLS (a rediss:// remote_url only; any of them with redis:// is MZ_ERR_INVALID_ARG).
+     Read at mz_pool_new: an unreadable or bad file is MZ_ERR_INVALID_ARG (or the read's error)
+     naming it. */
+  const char* remote_ca_file;   /* PEM certificate authorities to trust; NULL (default): the
+                                   system's (the file $SSL_CERT_FILE names, else OpenSSL's default) */
+  const char* remote_cert_file; /* PEM client certificate (for Redis's tls-auth-clients), with
+                                   remote_key_file (both or neither); NULL (default): none */
+  const char* remote_key_file;  /* its unencrypted PEM private key; NULL (default): none */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */

@@ -38,7 +38,7 @@ log() { echo "[deps] $*" >&2; }
 APT_PACKAGES="build-essential cmake ninja-build git libgtest-dev libgmock-dev libbenchmark-dev \
  libcli11-dev nlohmann-json3-dev libzstd-dev liblz4-dev liburing-dev libxxhash-dev gnuplot-nox libfmt-dev \
  libspdlog-dev libomp-dev ccache bible-kjv pkg-config binutils libcpp-httplib-dev curl python3-fusepy \
- libhiredis-dev redis-server nginx"
+ libhiredis-dev libssl-dev openssl redis-server nginx"
 
 install_apt() {
   [ "${MZ_SKIP_APT:-0}" = 1 ] && return 0

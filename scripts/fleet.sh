@@ -17,14 +17,17 @@
 #   MZ_FLEET_SERVE_ARGS  more arguments for every server (e.g. "--persist-codec none -c 4096")
 #   MZ_FLEET_REMOTE  1 (default): every server has --remote on the fleet's Redis; 0: no remote tier
 #                    (Redis still runs, unused: the baseline bench/fleet_bench.sh compares with)
+#   MZ_FLEET_TLS     1: the servers reach Redis over TLS (rediss://, its TLS port in DIR/redis-tls.port)
+#                    with a self-signed certificate for 127.0.0.1 made by `openssl req` in DIR/tls/
+#                    (--remote-ca-file); the plain port stays for redis-cli. 0 (default): plain TCP.
 # Files in DIR: lb.port, redis.port, server-I.port / .pid / .log (I = 1..N), redis.pid, nginx.pid,
 # nginx.conf, pool-I/ (each server's --pool-dir), redis/ (its AOF).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CMD=${1:-}
 DIR=${2:-}
-case "$CMD" in -h|--help) sed -n '2,21p' "$0"; exit 0 ;; esac
-[ -n "$CMD" ] && [ -n "$DIR" ] || { sed -n '2,21p' "$0" >&2; exit 2; }
+case "$CMD" in -h|--help) sed -n '2,24p' "$0"; exit 0 ;; esac
+[ -n "$CMD" ] && [ -n "$DIR" ] || { sed -n '2,24p' "$0" >&2; exit 2; }
 log() { echo "[fleet] $*" >&2; }
 die() { echo "[fleet] error: $*" >&2; exit 1; }
 
@@ -45,9 +48,11 @@ stop_all() {
 
 # Redis on DIR/redis.port with its AOF in DIR/redis (a restart finds what it held).
 start_redis() {
-  local port
+  local port tls=()
   port=$(cat "$DIR/redis.port")
-  redis-server --port "$port" --bind 127.0.0.1 --dir "$DIR/redis" --appendonly yes --appendfsync everysec \
+  [ -s "$DIR/redis-tls.port" ] && tls=(--tls-port "$(cat "$DIR/redis-tls.port")" --tls-cert-file "$DIR/tls/cert.pem"
+    --tls-key-file "$DIR/tls/key.pem" --tls-ca-cert-file "$DIR/tls/cert.pem" --tls-auth-clients optional)
+  redis-server --port "$port" "${tls[@]}" --bind 127.0.0.1 --dir "$DIR/redis" --appendonly yes --appendfsync everysec \
     --save "" --maxmemory "${MZ_FLEET_REDIS_MAXMEMORY:-1gb}" --maxmemory-policy allkeys-lru \
     --logfile "$DIR/redis/redis.log" --daemonize no >/dev/null 2>&1 &
   echo $! >"$DIR/redis.pid"
@@ -73,6 +78,11 @@ start)
   # Redis: loopback, AOF on (fsync every second), no RDB snapshots; bounded, LRU (the tier verifies
   # what it reads and computes again what Redis evicted).
   free_port >"$DIR/redis.port"
+  rm -f "$DIR/redis-tls.port"
+  if [ "${MZ_FLEET_TLS:-0}" = 1 ]; then
+    "$HERE/loopback-cert.sh" "$DIR/tls" || die "MZ_FLEET_TLS=1: no certificate for Redis"
+    free_port >"$DIR/redis-tls.port"
+  fi
   start_redis
   RPORT=$(cat "$DIR/redis.port")
   log "redis on 127.0.0.1:$RPORT (AOF in $DIR/redis)"
@@ -82,6 +92,10 @@ start)
   # shellcheck disable=SC2206
   EXTRA=(${MZ_FLEET_SERVE_ARGS:-})
   REMOTE_ARGS=(--remote "redis://127.0.0.1:$RPORT")
+  if [ -s "$DIR/redis-tls.port" ]; then
+    REMOTE_ARGS=(--remote "rediss://127.0.0.1:$(cat "$DIR/redis-tls.port")" --remote-ca-file "$DIR/tls/cert.pem")
+    log "the servers reach redis over TLS on 127.0.0.1:$(cat "$DIR/redis-tls.port")"
+  fi
   [ "${MZ_FLEET_REMOTE:-1}" = 0 ] && REMOTE_ARGS=()
   for i in $(seq "$N"); do
     rm -f "$DIR/server-$i.port"

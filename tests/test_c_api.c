@@ -1421,8 +1421,9 @@ static int check_pool(const char* path) {
     /* left running: mz_pool_free stops it */
   }
   /* The remote tier (0.15): none by default (its report says so; flush_remote is a no-op); a
-   * remote_url without dir, a rediss:// URL (no TLS in hiredis 0.14) and a bad URL are refused; a
-   * 0.13-0.14 struct_size (ending before remote_url) is still accepted. */
+   * remote_url without dir, a rediss:// URL with a CA file that cannot be read, a CA file with a
+   * redis:// URL (0.18) and a bad URL are refused; a 0.13-0.14 struct_size (ending before
+   * remote_url) and a 0.15-0.17 one (ending before remote_ca_file) are still accepted. */
   {
     struct mz_pool_remote_report rr;
     CHECK(mz_pool_get_remote_report(pool, NULL) == MZ_ERR_INVALID_ARG, "remote report without out");
@@ -1438,9 +1439,15 @@ static int check_pool(const char* path) {
     char rdir[300];
     snprintf(rdir, sizeof rdir, "%s-remote", dir);
     rp.dir = rdir;
+    CHECK(rp.remote_ca_file == NULL && rp.remote_cert_file == NULL && rp.remote_key_file == NULL, "TLS defaults");
     rp.remote_url = "rediss://127.0.0.1:6380";
-    CHECK(mz_pool_new(model, &rp, &bad) == MZ_ERR_UNSUPPORTED && !bad && strstr(mz_last_error(), "TLS"),
-          "rediss:// accepted or without a reason: %s", mz_last_error());
+    rp.remote_ca_file = "/nonexistent/mz-ca.pem";
+    CHECK(mz_pool_new(model, &rp, &bad) != MZ_OK && !bad && strstr(mz_last_error(), "mz-ca.pem"),
+          "rediss:// with an unreadable CA file accepted or without its name: %s", mz_last_error());
+    rp.remote_url = "redis://127.0.0.1:6380";
+    CHECK(mz_pool_new(model, &rp, &bad) == MZ_ERR_INVALID_ARG && !bad && strstr(mz_last_error(), "rediss://"),
+          "a CA file with redis:// accepted: %s", mz_last_error());
+    rp.remote_ca_file = NULL;
     rp.remote_url = "http://127.0.0.1:6379";
     CHECK(mz_pool_new(model, &rp, &bad) == MZ_ERR_INVALID_ARG && !bad, "a non-redis URL accepted");
     struct mz_pool_params old = mz_pool_default_params();
@@ -1449,6 +1456,10 @@ static int check_pool(const char* path) {
     mz_pool* p14 = NULL;
     CHECK(mz_pool_new(model, &old, &p14) == MZ_OK && p14, "a 0.14 struct_size refused: %s", mz_last_error());
     mz_pool_free(p14);
+    old.struct_size = (uint32_t)offsetof(struct mz_pool_params, remote_ca_file);
+    mz_pool* p17 = NULL;
+    CHECK(mz_pool_new(model, &old, &p17) == MZ_OK && p17, "a 0.17 struct_size refused: %s", mz_last_error());
+    mz_pool_free(p17);
   }
   CHECK(mz_pool_delete(pool, "a") == MZ_OK && mz_pool_delete(pool, "b") == MZ_OK, "delete: %s", mz_last_error());
   CHECK(mz_pool_list(pool, NULL, 0) == 0, "conversations left after delete");

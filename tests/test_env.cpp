@@ -3,7 +3,11 @@
 // watermark source and the sysfs helpers read only what the Env serves (a fake /proc and cgroup
 // tree), an injected failure comes back as a Status that names what failed, and the cache-directory
 // rule reads MZ_CACHE_DIR / HOME through the Env. No sleeps decide anything here.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <memory>
@@ -324,6 +328,74 @@ TEST(EnvClocks, ProcessCpuTimeAdvancesWithWork) {
   }
   EXPECT_GT(c1, c0);
   EXPECT_GT(c0, 0u);
+}
+
+// A TCP listener of the test on a free loopback port (accepts nothing by itself).
+struct Listener {
+  int fd = -1, port = 0;
+  Listener() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && listen(fd, 4) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+  }
+  ~Listener() { close(fd); }
+};
+
+// Env::ConnectTcp: refused and unresolvable addresses are named errors; a peer that says nothing
+// is a timeout, one that closes is "closed"; bytes written arrive; FaultEnv refuses and breaks.
+TEST(EnvSockets, ConnectReadWriteAndTheirFailuresAreNamed) {
+  Env* env = Env::Default();
+  std::unique_ptr<Socket> s;
+  int refused_port;
+  {
+    Listener gone;
+    refused_port = gone.port;
+  }
+  Status st = env->ConnectTcp("127.0.0.1", refused_port, 1000, &s);
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_NE(st.message().find("refused"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("127.0.0.1:" + std::to_string(refused_port)), std::string::npos) << st.ToString();
+  st = env->ConnectTcp("no-such-host.invalid", 6379, 1000, &s);
+  EXPECT_EQ(st.code(), Status::kIOError) << st.ToString();
+  EXPECT_FALSE(s);
+
+  Listener l;
+  ASSERT_GT(l.port, 0);
+  ASSERT_TRUE(env->ConnectTcp("127.0.0.1", l.port, 200, &s).ok());
+  EXPECT_EQ(s->peer(), "127.0.0.1:" + std::to_string(l.port));
+  const int peer = accept(l.fd, nullptr, nullptr);
+  ASSERT_GE(peer, 0);
+  ASSERT_TRUE(s->WriteAll("ping\n", 5).ok());
+  char buf[16];
+  ASSERT_EQ(read(peer, buf, sizeof buf), 5);
+  size_t got = 0;
+  st = s->ReadSome(buf, sizeof buf, &got);  // the peer says nothing: the receive timeout
+  EXPECT_NE(st.message().find("timed out"), std::string::npos) << st.ToString();
+  ASSERT_EQ(write(peer, "ok", 2), 2);
+  ASSERT_TRUE(s->ReadSome(buf, sizeof buf, &got).ok());
+  EXPECT_EQ(std::string(buf, got), "ok");
+  close(peer);
+  st = s->ReadSome(buf, sizeof buf, &got);
+  EXPECT_NE(st.message().find("closed"), std::string::npos) << st.ToString();
+
+  FaultEnv fenv(env);
+  fenv.fail_connects_after = 1;  // the second connect
+  ASSERT_TRUE(fenv.ConnectTcp("127.0.0.1", l.port, 1000, &s).ok());
+  const int p2 = accept(l.fd, nullptr, nullptr);
+  ASSERT_GE(p2, 0);
+  std::unique_ptr<Socket> s2;
+  EXPECT_NE(fenv.ConnectTcp("127.0.0.1", l.port, 1000, &s2).message().find("injected"), std::string::npos);
+  ASSERT_EQ(write(p2, "abc", 3), 3);
+  fenv.fail_socket_reads_after = 0;
+  EXPECT_NE(s->ReadSome(buf, sizeof buf, &got).message().find("injected"), std::string::npos);
+  ASSERT_TRUE(s->ReadSome(buf, sizeof buf, &got).ok());  // disarmed: the bytes are still there
+  EXPECT_EQ(std::string(buf, got), "abc");
+  close(p2);
 }
 
 }  // namespace

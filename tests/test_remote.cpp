@@ -4,7 +4,10 @@
 // continues the other's conversation exactly, a shared prefix is stored once, a new conversation
 // finds its prefix by chain hash, damaged or evicted values are computed again (never used), and
 // Redis down then back: the pool goes on locally and its write-behind catches up.
-// The envelope and URL checks run without Redis (FakeRemoteKv).
+// The envelope and URL checks run without Redis (FakeRemoteKv). RemoteTls: the same over rediss://
+// (a redis-server with a TLS port and a certificate the test makes with `openssl req`), and each
+// TLS failure (untrusted certificate, another host's, TLS to a plain port and plain to a TLS one)
+// named at open.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -29,6 +32,8 @@
 #include "pool/pool.h"
 #include "store/remote_kv.h"
 #include "store/resp_reply.h"
+#include "store/tls_stream.h"
+#include "env/fault_env.h"
 #include "pool/remote_tier.h"
 #include "runtime/context.h"
 #include "runtime/session_file.h"
@@ -75,10 +80,39 @@ int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// Self-signed certificates for the TLS tests, made by `openssl req` (P-256 keys: quick) in dir:
+// cert/key name 127.0.0.1 (an IP SAN, not "localhost"); other/other_key a second one, trusted by no
+// one. cert also serves as the client certificate (it is its own CA: redis trusts it).
+struct TestCerts {
+  std::string cert, key, other, other_key;
+  bool Make(const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    cert = dir + "/cert.pem", key = dir + "/key.pem", other = dir + "/other.pem", other_key = dir + "/other-key.pem";
+    auto req = [&](const std::string& c, const std::string& k, const std::string& san) {
+      const std::string cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+                              "-subj /CN=mz-test -addext subjectAltName=" + san + " -keyout " + k + " -out " + c +
+                              " >/dev/null 2>&1";
+      return std::system(cmd.c_str()) == 0;
+    };
+    return req(cert, key, "IP:127.0.0.1") && req(other, other_key, "IP:127.0.0.1");
+  }
+};
+
 // A redis-server of this test: loopback, a free port, no persistence, its own folder.
 class RedisServer {
  public:
   ~RedisServer() { Stop(); }
+  // TLS: with certs, the port is a TLS one (the plain port off unless plain_port > 0);
+  // auth_clients is redis's tls-auth-clients ("yes": a client certificate is required).
+  bool StartTls(const TestCerts& certs, const std::string& auth_clients = "optional", int plain_port = 0) {
+    tls_ = true;
+    certs_ = certs;
+    client_cert_ = auth_clients == "yes";
+    tls_port_ = FreePort();
+    return Start(plain_port, {"--port", std::to_string(plain_port), "--tls-port", std::to_string(tls_port_),
+                              "--tls-cert-file", certs.cert, "--tls-key-file", certs.key, "--tls-ca-cert-file",
+                              certs.cert, "--tls-auth-clients", auth_clients});
+  }
   bool Start(int port = 0, const std::vector<std::string>& extra = {}) {
     if (port == 0) port = FreePort();
     port_ = port;
@@ -97,9 +131,7 @@ class RedisServer {
       _exit(127);
     }
     // Ready once it answers PING (a readiness wait, not a timed assertion).
-    RedisOptions ro;
-    ro.url.host = "127.0.0.1";
-    ro.url.port = port_;
+    RedisOptions ro = Options();
     ro.timeout_ms = 500;
     for (int i = 0; i < 500; ++i) {
       std::unique_ptr<RemoteKv> kv;
@@ -116,11 +148,23 @@ class RedisServer {
       pid_ = -1;
     }
   }
-  std::string Url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
-  int port() const { return port_; }
-  std::unique_ptr<RemoteKv> Client() const {
+  std::string Url() const {
+    return tls_ ? "rediss://127.0.0.1:" + std::to_string(tls_port_) : "redis://127.0.0.1:" + std::to_string(port_);
+  }
+  int port() const { return port_; }          // the plain port (unused by a TLS-only server)
+  int tls_port() const { return tls_port_; }  // StartTls
+  // A client's options for Url() (TLS: trusting the certificate, presenting it when required).
+  RedisOptions Options() const {
     RedisOptions ro;
     EXPECT_TRUE(ParseRemoteUrl(Url(), &ro.url).ok());
+    if (tls_) {
+      ro.ca_file = certs_.cert;
+      if (client_cert_) ro.cert_file = certs_.cert, ro.key_file = certs_.key;
+    }
+    return ro;
+  }
+  std::unique_ptr<RemoteKv> Client() const {
+    RedisOptions ro = Options();
     std::unique_ptr<RemoteKv> kv;
     EXPECT_TRUE(OpenRedisKv(ro, &kv).ok());
     return kv;
@@ -130,6 +174,9 @@ class RedisServer {
   pid_t pid_ = -1;
   int port_ = 0;
   std::string dir_;
+  bool tls_ = false, client_cert_ = false;
+  int tls_port_ = 0;
+  TestCerts certs_;
 };
 
 bool HaveHiredis() {
@@ -205,9 +252,13 @@ TEST(RemoteUrl, ParsesAndRefusesWhatItCannotDo) {
   EXPECT_EQ(u.db, 2);
   ASSERT_TRUE(ParseRemoteUrl("redis://host", &u).ok());
   EXPECT_EQ(u.port, 6379);
-  Status tls = ParseRemoteUrl("rediss://host:6380", &u);
-  EXPECT_EQ(tls.code(), Status::kUnsupported);
-  EXPECT_NE(tls.message().find("TLS"), std::string::npos) << tls.message();
+  EXPECT_FALSE(u.tls);
+  ASSERT_TRUE(ParseRemoteUrl("rediss://mz:pw@host:6380/1", &u).ok());
+  EXPECT_TRUE(u.tls);
+  EXPECT_EQ(u.host, "host");
+  EXPECT_EQ(u.port, 6380);
+  EXPECT_EQ(u.db, 1);
+  EXPECT_EQ(ParseRemoteUrl("redisss://host", &u).code(), Status::kInvalidArgument);
   EXPECT_EQ(ParseRemoteUrl("http://host", &u).code(), Status::kInvalidArgument);
   EXPECT_EQ(ParseRemoteUrl("redis://host:0", &u).code(), Status::kInvalidArgument);
   EXPECT_EQ(ParseRemoteUrl("redis://host:99999", &u).code(), Status::kInvalidArgument);
@@ -537,7 +588,7 @@ TEST(RemoteTier, AclUserWithThePasswordFromAFile) {
   EXPECT_EQ(c->n_tokens(), 0);  // not fetched: a new conversation
 }
 
-TEST(RemoteTier, UnreadablePasswordFileAndTlsFailTheOpen) {
+TEST(RemoteTier, UnreadablePasswordOrCaFileFailTheOpen) {
   auto m = LoadModel();
   ASSERT_TRUE(m);
   PoolOptions o = Opts(FreshDir("pw"), "redis://mz@127.0.0.1:1");
@@ -547,14 +598,163 @@ TEST(RemoteTier, UnreadablePasswordFileAndTlsFailTheOpen) {
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("password file"), std::string::npos) << st.ToString();
   o.remote.password_file.clear();
-  o.remote.url = "rediss://127.0.0.1:6380";
-  st = Pool::Open(m.get(), o, &p);
-  EXPECT_EQ(st.code(), Status::kUnsupported) << st.ToString();
-  // Down at start is not an error: a degraded tier.
+  // Down at start is not an error: a degraded tier; a TLS file that cannot be read is.
   if (!HaveHiredis()) GTEST_SKIP() << "this build has no hiredis (apt-get install libhiredis-dev)";
+  o.remote.url = "rediss://127.0.0.1:6380";
+  o.remote.ca_file = FreshDir("no-such-ca-file");
+  st = Pool::Open(m.get(), o, &p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("CA file"), std::string::npos) << st.ToString();
+  o.remote.url = "redis://127.0.0.1:1";  // a CA file is for rediss:// only
+  st = Pool::Open(m.get(), o, &p);
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+  o.remote.ca_file.clear();
   o.remote.url = "redis://127.0.0.1:1";
   ASSERT_TRUE(Pool::Open(m.get(), o, &p).ok());
   EXPECT_TRUE(p->Stats().remote.degraded);
+}
+
+bool HaveTls() {
+  std::unique_ptr<TlsClient> c;
+  return TlsClient::Create(Env::Default(), TlsOptions(), &c).code() != Status::kUnsupported;
+}
+
+#define NEED_TLS()                                                                                   \
+  NEED_REDIS();                                                                                      \
+  if (!HaveTls()) GTEST_SKIP() << "this build has no OpenSSL (apt-get install libssl-dev)";        \
+  TestCerts certs;                                                                                   \
+  if (!certs.Make(FreshDir("certs"))) GTEST_SKIP() << "openssl req failed (apt-get install openssl)"
+
+// The status of opening a client on url (PING at once) with these TLS files.
+Status OpenWith(const std::string& url, const std::string& ca, const std::string& cert = "",
+                const std::string& key = "", Env* env = nullptr) {
+  RedisOptions ro;
+  MZ_RETURN_IF_ERROR(ParseRemoteUrl(url, &ro.url));
+  ro.timeout_ms = 1500;
+  ro.ca_file = ca;
+  ro.cert_file = cert;
+  ro.key_file = key;
+  ro.env = env;
+  std::unique_ptr<RemoteKv> kv;
+  return OpenRedisKv(ro, &kv);
+}
+
+bool Has(const Status& st, const std::string& what) { return st.message().find(what) != std::string::npos; }
+
+TEST(RemoteTls, AnotherServerContinuesTheConversationOverTls) {
+  NEED_TLS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.StartTls(certs));  // a TLS port only
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  PoolOptions oa = Opts(FreshDir("tls-a"), redis.Url()), ob = Opts(FreshDir("tls-b"), redis.Url());
+  oa.remote.ca_file = ob.remote.ca_file = certs.cert;
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 20, 31), next = {11, 12, 13};
+  Serve(m.get(), oa, "tls-chat", toks);  // written behind, over TLS
+  uint64_t keys = 0, bytes = 0;
+  ASSERT_TRUE(redis.Client()->Census("mz:*", &keys, &bytes).ok());
+  EXPECT_EQ(keys, 4u);  // its manifest and 3 chunks
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), ob, &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("tls-chat", &c).ok());  // restored over TLS
+  ASSERT_TRUE(c->Decode(next.data(), int(next.size()), false).ok());
+  EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), toks, next));
+  const PoolStats s = b->Stats();
+  EXPECT_EQ(s.remote.address.rfind("rediss://", 0), 0u) << s.remote.address;
+  EXPECT_FALSE(s.remote.degraded) << s.remote.last_error;
+  EXPECT_EQ(s.remote.chunks_fetched, 3u);
+  EXPECT_EQ(s.recomputed, 0u);
+}
+
+TEST(RemoteTls, EachMismatchIsANamedErrorAtOpen) {
+  NEED_TLS();
+  RedisServer redis;
+  const int plain = FreePort();
+  ASSERT_TRUE(redis.StartTls(certs, "optional", plain));  // a TLS port and a plain one
+  const std::string tls_url = "rediss://127.0.0.1:" + std::to_string(redis.tls_port());
+  Status st = OpenWith(tls_url, certs.cert);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = OpenWith(tls_url, certs.other);  // a certificate no CA we trust signed
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_TRUE(Has(st, "certificate verify failed")) << st.ToString();
+  st = OpenWith(tls_url, "");  // the system's CAs do not know it either (or there are none here)
+  EXPECT_TRUE(Has(st, "certificate verify failed") || Has(st, "system's certificate authorities")) << st.ToString();
+  st = OpenWith("rediss://localhost:" + std::to_string(redis.tls_port()), certs.cert);  // it names 127.0.0.1
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_TRUE(Has(st, "does not name localhost")) << st.ToString();
+  st = OpenWith("rediss://127.0.0.1:" + std::to_string(plain), certs.cert);  // TLS to the plain port
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_TRUE(Has(st, "TLS handshake") && Has(st, "plain")) << st.ToString();
+  st = OpenWith("redis://127.0.0.1:" + std::to_string(redis.tls_port()), "");  // plain to the TLS port
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_TRUE(Has(st, "rediss://")) << st.ToString();
+  // In a pool: degraded from the start, the reason in its report; never a wrong value.
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  PoolOptions o = Opts(FreshDir("tls-bad"), tls_url);
+  o.remote.ca_file = certs.other;
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &p).ok());
+  EXPECT_TRUE(p->Stats().remote.degraded);
+  EXPECT_NE(p->Stats().remote.last_error.find("certificate verify failed"), std::string::npos)
+      << p->Stats().remote.last_error;
+}
+
+TEST(RemoteTls, ClientCertificateForTlsAuthClientsAndBadFiles) {
+  NEED_TLS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.StartTls(certs, "yes"));  // a client certificate is required
+  Status st = OpenWith(redis.Url(), certs.cert);
+  EXPECT_FALSE(st.ok()) << "a server that requires a client certificate let us in without one";
+  st = OpenWith(redis.Url(), certs.cert, certs.cert, certs.key);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  st = OpenWith(redis.Url(), certs.cert, certs.other, certs.other_key);  // one the server does not trust
+  EXPECT_FALSE(st.ok());
+  // Bad files: named at open, before any connection.
+  st = OpenWith(redis.Url(), certs.cert, certs.cert, "");
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+  st = OpenWith(redis.Url(), certs.cert, certs.cert, certs.other_key);
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+  EXPECT_TRUE(Has(st, "does not match")) << st.ToString();
+  st = OpenWith(redis.Url(), certs.key);  // a key where the CAs should be
+  EXPECT_EQ(st.code(), Status::kInvalidArgument) << st.ToString();
+  EXPECT_TRUE(Has(st, "no PEM certificate")) << st.ToString();
+  st = OpenWith(redis.Url(), certs.cert + ".missing");
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(Has(st, ".missing")) << st.ToString();
+}
+
+// Faults of the Env's sockets reach TLS connections: a refused connect and a read that fails mid
+// reply are errors, never values; the next call makes a new connection and reads exactly.
+TEST(RemoteTls, SocketFaultsUnderTlsAreErrorsNeverValues) {
+  NEED_TLS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.StartTls(certs));
+  FaultEnv env(Env::Default());
+  env.fail_connects_after = 0;
+  Status st = OpenWith(redis.Url(), certs.cert, "", "", &env);
+  EXPECT_TRUE(Has(st, "injected")) << st.ToString();
+  RedisOptions ro = redis.Options();
+  ro.env = &env;
+  std::unique_ptr<RemoteKv> kv;
+  ASSERT_TRUE(OpenRedisKv(ro, &kv).ok());
+  std::string value(3 << 20, '\0');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = char(i * 2654435761u >> 13);
+  ASSERT_TRUE(kv->Put("mz:tls:v", value, 60, false).ok());
+  const int reads = env.n_socket_reads.load();
+  env.fail_socket_reads_after = 3;  // inside the 3 MiB reply
+  std::vector<std::optional<std::string>> got;
+  st = kv->Get({"mz:tls:v"}, &got);
+  EXPECT_EQ(st.code(), Status::kIOError);
+  EXPECT_TRUE(Has(st, "injected")) << st.ToString();
+  EXPECT_GT(env.n_socket_reads.load(), reads + 3);
+  const int connects = env.n_connects.load();
+  ASSERT_TRUE(kv->Get({"mz:tls:v"}, &got).ok());
+  EXPECT_EQ(env.n_connects.load(), connects + 1);  // the broken connection was dropped
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0]);
+  EXPECT_TRUE(*got[0] == value);
 }
 
 // Through the fault-injecting fake (no Redis): conversations generated on four threads at once while

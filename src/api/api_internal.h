@@ -104,6 +104,7 @@ inline constexpr SizeRange kPoolParamsSizes[] = {
     MZ_VERSION_END(mz_pool_params, read_stored_whole, load_arena_bytes),  // 0.8-0.11
     MZ_VERSION_END(mz_pool_params, write_behind_yield_ms, batch),         // 0.12
     MZ_VERSION_END(mz_pool_params, batch_itl_factor, shared_budget),      // 0.13-0.14
+    MZ_VERSION_END(mz_pool_params, remote_ttl_s, remote_ca_file),         // 0.15-0.17
 };
 #undef MZ_ONLY_VERSION
 #undef MZ_VERSION_END

@@ -65,6 +65,9 @@ mz_pool_params mz_pool_default_params(void) {
   p.remote_password_file = nullptr;
   p.remote_timeout_ms = 2000;
   p.remote_ttl_s = 7u * 24u * 3600u;
+  p.remote_ca_file = nullptr;
+  p.remote_cert_file = nullptr;
+  p.remote_key_file = nullptr;
   return p;
 }
 
@@ -108,6 +111,9 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
       o.remote.password_file = p.remote_password_file ? p.remote_password_file : "";
       o.remote.timeout_ms = p.remote_timeout_ms;
       o.remote.ttl_s = p.remote_ttl_s;
+      o.remote.ca_file = p.remote_ca_file ? p.remote_ca_file : "";
+      o.remote.cert_file = p.remote_cert_file ? p.remote_cert_file : "";
+      o.remote.key_file = p.remote_key_file ? p.remote_key_file : "";
     }
     auto h = std::make_unique<mz_pool>();
     h->model = model;

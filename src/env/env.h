@@ -1,6 +1,7 @@
 // Env: the one seam between mzcache and the operating system (files, anonymous memory, threads,
-// clocks, small kernel interface files (procfs, sysfs, cgroupfs), environment variables, and the
-// wake-up handles the pressure sources wait on (eventfd, poll)).
+// clocks, small kernel interface files (procfs, sysfs, cgroupfs), environment variables, the
+// wake-up handles the pressure sources wait on (eventfd, poll), and TCP connections (the remote
+// tier's Redis)).
 // Everything that touches the OS goes through an Env so tests can inject faults and fake kernel
 // files (see FaultEnv) and count I/O. src/env/ is the only place that calls the OS directly
 // (tests/check_os_calls.sh checks it). Thread-safety: Env and File methods are safe for concurrent
@@ -105,6 +106,24 @@ struct PollEntry {
   // Out: what Poll saw on this handle.
   bool ready = false;     // the awaited event is there
   bool error = false;     // POLLERR / POLLHUP / POLLNVAL (e.g. the cgroup of a PSI trigger was removed)
+};
+
+// A connected TCP stream (Env::ConnectTcp). Owns its descriptor (the destructor closes it). Every
+// wait is bounded by the timeout it was connected with (SO_RCVTIMEO, SO_SNDTIMEO): a peer that
+// stops answering is an error, never a hang. Thread-safety: one caller at a time (a connection
+// pool hands a socket to one thread).
+class Socket {
+ public:
+  virtual ~Socket() = default;
+  // Sends all n bytes (EINTR retried). kIOError naming the cause: the send timeout expired, the
+  // peer reset or closed the connection (EPIPE: no SIGPIPE is raised), the OS error.
+  virtual Status WriteAll(const void* buf, size_t n) = 0;
+  // One read of at most cap (> 0) bytes: *got >= 1 on success. kIOError naming the cause: "the
+  // server closed the connection" (end of stream), "timed out waiting for a reply" (the receive
+  // timeout), the OS error. *got is 0 on error.
+  virtual Status ReadSome(void* buf, size_t cap, size_t* got) = 0;
+  // "host:port" as connected to (messages).
+  virtual const std::string& peer() const = 0;
 };
 
 enum class OpenMode {
@@ -243,6 +262,14 @@ class Env {
   // Failure: the OS error of poll(2) (every entry's ready / error false).
   virtual Status Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) = 0;
 
+  // ---- Network ----
+  // A TCP connection to host:port: host is a name (resolved with getaddrinfo; every address it
+  // gives is tried in turn) or an IPv4/IPv6 literal. Each connect waits at most timeout_ms (> 0),
+  // and so does every later read and write of the socket; TCP_NODELAY is set (pipelined requests
+  // go out at once). Failure: kIOError naming host:port and the cause (the name does not resolve,
+  // connection refused, timed out), *out empty.
+  virtual Status ConnectTcp(const std::string& host, int port, uint32_t timeout_ms, std::unique_ptr<Socket>* out) = 0;
+
   // The process-wide POSIX Env. Never freed. Created on first use, which also applies the
   // MZ_VERBOSE setting (non-empty and not "0": everything ggml and llama.cpp log reaches stderr) to
   // the library logger (core/ggml_log.h).
@@ -299,6 +326,9 @@ class EnvWrapper : public Env {
   }
   Status Poll(PollEntry* e, int n, int timeout_ms, int* n_ready) override {
     return target_->Poll(e, n, timeout_ms, n_ready);
+  }
+  Status ConnectTcp(const std::string& host, int port, uint32_t timeout_ms, std::unique_ptr<Socket>* out) override {
+    return target_->ConnectTcp(host, port, timeout_ms, out);
   }
   Env* target() const { return target_; }
 

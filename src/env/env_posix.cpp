@@ -26,6 +26,7 @@
 
 #include "core/ggml_log.h"
 #include "env/env.h"
+#include "env/tcp_socket.h"
 
 namespace mz {
 namespace {
@@ -521,6 +522,9 @@ class PosixEnv final : public Env {
       *n_ready += entries[i].ready || entries[i].error;
     }
     return Status::Ok();
+  }
+  Status ConnectTcp(const std::string& host, int port, uint32_t timeout_ms, std::unique_ptr<Socket>* out) override {
+    return ConnectTcpPosix(host, port, timeout_ms, out);
   }
   size_t PageSize() override {
     const long n = ::sysconf(_SC_PAGESIZE);

@@ -355,4 +355,36 @@ Status FaultEnv::Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) {
   return target()->Poll(entries, n, timeout_ms, n_ready);
 }
 
+namespace fault_env {
+// A socket whose reads count against the FaultEnv that made it (which outlives its sockets).
+class FaultSocket final : public Socket {
+ public:
+  FaultSocket(FaultEnv* env, std::unique_ptr<Socket> s) : env_(env), s_(std::move(s)) {}
+  Status WriteAll(const void* buf, size_t n) override { return s_->WriteAll(buf, n); }
+  Status ReadSome(void* buf, size_t cap, size_t* got) override {
+    *got = 0;
+    ++env_->n_socket_reads;
+    if (FaultEnv::Fire(env_->fail_socket_reads_after))
+      return Status::IOError("reading a reply: Connection reset by peer (injected)");
+    return s_->ReadSome(buf, cap, got);
+  }
+  const std::string& peer() const override { return s_->peer(); }
+
+ private:
+  FaultEnv* env_;
+  std::unique_ptr<Socket> s_;
+};
+}  // namespace fault_env
+
+Status FaultEnv::ConnectTcp(const std::string& host, int port, uint32_t timeout_ms, std::unique_ptr<Socket>* out) {
+  out->reset();
+  ++n_connects;
+  if (Fire(fail_connects_after))
+    return Status::IOError("connecting to " + host + ":" + std::to_string(port) + ": Connection refused (injected)");
+  std::unique_ptr<Socket> s;
+  MZ_RETURN_IF_ERROR(target()->ConnectTcp(host, port, timeout_ms, &s));
+  out->reset(new fault_env::FaultSocket(this, std::move(s)));
+  return Status::Ok();
+}
+
 }  // namespace mz

@@ -49,6 +49,11 @@ class FaultEnv : public EnvWrapper {
   std::atomic<int64_t> fail_sync_dirs_after{-1};     // >= 0: SyncDir fails with EIO after this many more
   std::atomic<int64_t> fail_removes_after{-1};       // >= 0: Remove fails with EIO after this many more
   std::atomic<int> n_small_reads{0}, n_small_writes{0};
+  // TCP (ConnectTcp; path_filter does not apply). Countdowns that disarm once fired, as the
+  // wake-up ones: one connection refused, one connection that breaks.
+  std::atomic<int64_t> fail_connects_after{-1};      // >= 0: ConnectTcp fails (connection refused) after this many more
+  std::atomic<int64_t> fail_socket_reads_after{-1};  // >= 0: after this many more socket reads (any socket it made), one fails (reset)
+  std::atomic<int> n_connects{0}, n_socket_reads{0};
 
   // Fake files: ReadSmallFile returns `content`, StatPath reports its size, CheckAccess succeeds,
   // WriteSmallFile replaces it (a kernel file: the last command written). Fake files never fail
@@ -135,6 +140,8 @@ class FaultEnv : public EnvWrapper {
   Status NewEventCounter(std::unique_ptr<WaitHandle>* out) override;
   Status OpenNotifyFile(const std::string& path, bool write, std::unique_ptr<WaitHandle>* out) override;
   Status Poll(PollEntry* entries, int n, int timeout_ms, int* n_ready) override;
+  // Its sockets count their reads (n_socket_reads) and fail one when fail_socket_reads_after fires.
+  Status ConnectTcp(const std::string& host, int port, uint32_t timeout_ms, std::unique_ptr<Socket>* out) override;
 
   // True (and disarms) when a countdown reaches zero.
   static bool Fire(std::atomic<int64_t>& countdown);

@@ -64,6 +64,10 @@ Status RemoteTier::Open(const Model& model, int chunk_tokens, const std::string&
     }
     ro.timeout_ms = opts.timeout_ms;
     ro.max_connections = opts.connections;
+    ro.env = model.env();
+    ro.ca_file = opts.ca_file;
+    ro.cert_file = opts.cert_file;
+    ro.key_file = opts.key_file;
     std::unique_ptr<RemoteKv> kv;
     MZ_RETURN_IF_ERROR(OpenRedisKv(ro, &kv, /*check_now=*/false));
     t->kv_ = std::move(kv);

@@ -62,9 +62,13 @@ class Model;
 class SessionReader;
 
 struct RemoteTierOptions {
-  // redis://[user[:password]@]host:port[/db]; empty: no remote tier. rediss:// is refused (no TLS in
-  // hiredis 0.14).
+  // redis://[user[:password]@]host:port[/db], or rediss://... (TLS: store/tls_stream.h); empty: no
+  // remote tier.
   std::string url;
+  // rediss:// only: the CAs to trust (PEM; empty: the system's), and a client certificate and its
+  // key (PEM, both or neither) for a Redis with tls-auth-clients. Read at Open (through the
+  // model's Env): an unreadable or bad file fails it, as a CA file with a redis:// URL does.
+  std::string ca_file, cert_file, key_file;
   // A file holding the password (its first line; the URL's user is the ACL user). Read at Open:
   // an unreadable file fails it.
   std::string password_file;
@@ -100,7 +104,9 @@ class RemoteTier {
   enum Kind : uint32_t { kChunk = 1, kManifest = 2 };
   // chunk_path(hash): where the pool keeps that chunk's local chunk file (a stored file's named
   // chunks are read from there). The store is not contacted here: a store down at start makes a
-  // degraded tier, not an error. Errors: a bad URL, rediss://, an unreadable password file.
+  // degraded tier, not an error. Errors: a bad URL, an unreadable password file, an unreadable or
+  // bad TLS file (ca_file, cert_file, key_file), a TLS file with a redis:// URL, rediss:// in a
+  // build without OpenSSL (kUnsupported).
   static Status Open(const Model& model, int chunk_tokens, const std::string& codec,
                      const RemoteTierOptions& opts, std::function<std::string(uint64_t)> chunk_path,
                      std::unique_ptr<RemoteTier>* out);

@@ -7,15 +7,13 @@
 #include <map>
 
 #if MZ_HAVE_HIREDIS
-#include <errno.h>
 #include <hiredis/hiredis.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include <cstring>
 
-#include "env/socket_read.h"
+#include "env/env.h"
 #include "store/resp_reply.h"
+#include "store/tls_stream.h"
 #endif
 
 namespace mz {
@@ -56,13 +54,10 @@ Status ParseRemoteUrl(const std::string& url_in, RemoteUrl* out) {
   *out = RemoteUrl();
   const std::string& url = url_in;
   const std::string shown = Redacted(url_in);
-  if (url.rfind("rediss://", 0) == 0)
-    return Status::Unsupported("remote " + url.substr(0, 9) +
-                               "...: TLS (rediss://) is not supported: this build's hiredis (Debian's 0.14) has "
-                               "no TLS; use redis:// on a trusted network or a TLS tunnel (stunnel, spiped) to it");
-  const std::string scheme = "redis://";
+  out->tls = url.rfind("rediss://", 0) == 0;
+  const std::string scheme = out->tls ? "rediss://" : "redis://";
   if (url.rfind(scheme, 0) != 0)
-    return Status::InvalidArgument("remote '" + shown + "': expected redis://[user[:password]@]host:port[/db]");
+    return Status::InvalidArgument("remote '" + shown + "': expected redis[s]://[user[:password]@]host:port[/db]");
   std::string rest = url.substr(scheme.size());
   const size_t at = rest.rfind('@');
   if (at != std::string::npos) {
@@ -233,19 +228,14 @@ uint64_t FakeRemoteKv::calls() {
 #if MZ_HAVE_HIREDIS
 namespace {
 
-using Reply = RedisReplyPtr;
-
 // A reply that is not a bulk string, as hiredis parsed it (nullptr for a bulk string: its callers
 // check the type, and Bad names it).
 const redisReply* R(const RespReply& x) { return x.reply.get(); }
 
 class RedisKv : public RemoteKv {
  public:
-  explicit RedisKv(const RedisOptions& o) : o_(o) {}
-  ~RedisKv() override {
-    for (auto& n : nodes_)
-      for (redisContext* c : n.second.idle) redisFree(c);
-  }
+  RedisKv(const RedisOptions& o, std::unique_ptr<TlsClient> tls)
+      : o_(o), env_(o.env ? o.env : Env::Default()), tls_(std::move(tls)) {}
 
   Status Get(const std::vector<std::string>& keys, std::vector<std::optional<std::string>>* values) override {
     values->clear();
@@ -391,7 +381,7 @@ class RedisKv : public RemoteKv {
   }
 
   std::string Describe() const override {
-    return "redis://" + o_.url.host + ":" + std::to_string(o_.url.port) + (o_.url.db ? "/" + std::to_string(o_.url.db) : "");
+    return Scheme() + o_.url.host + ":" + std::to_string(o_.url.port) + (o_.url.db ? "/" + std::to_string(o_.url.db) : "");
   }
 
  private:
@@ -403,11 +393,24 @@ class RedisKv : public RemoteKv {
     return Status::IOError(Describe() + ": " + cmd + ": " + why);
   }
 
+  const char* Scheme() const { return o_.url.tls ? "rediss://" : "redis://"; }
+
   // ---- connections: a pool per node ("host:port"; one node unless the store is a cluster) ----
+  // One connection: its socket (the Env's, under TLS for rediss://) and hiredis's reader of its
+  // replies. Used by one thread at a time (Acquire .. Return).
+  struct Conn {
+    std::unique_ptr<Socket> sock;
+    redisReader* reader = nullptr;
+    std::string out;    // the pipeline being sent (its buffer reused while small)
+    bool fresh = true;  // no reply read yet: a failure then may be a plain / TLS mismatch
+    ~Conn() {
+      if (reader) redisReaderFree(reader);
+    }
+  };
   struct Node {
     std::string host;
     int port = 0;
-    std::vector<redisContext*> idle;
+    std::vector<std::unique_ptr<Conn>> idle;
     int open = 0;
   };
   static std::string Addr(const std::string& host, int port) { return host + ":" + std::to_string(port); }
@@ -423,7 +426,7 @@ class RedisKv : public RemoteKv {
   }
 
   // A connection to addr: an idle one, else a new one (AUTH, SELECT), else waits for one to come back.
-  Status Acquire(const std::string& addr, redisContext** out) {
+  Status Acquire(const std::string& addr, std::unique_ptr<Conn>* out) {
     std::string host;
     int port;
     {
@@ -434,7 +437,7 @@ class RedisKv : public RemoteKv {
       });
       Node& n = NodeLocked(addr);
       if (!n.idle.empty()) {
-        *out = n.idle.back();
+        *out = std::move(n.idle.back());
         n.idle.pop_back();
         return Status::Ok();
       }
@@ -451,89 +454,98 @@ class RedisKv : public RemoteKv {
     return st;
   }
 
-  void Return(const std::string& addr, redisContext* c, bool broken) {
+  void Return(const std::string& addr, std::unique_ptr<Conn> c, bool broken) {
     std::lock_guard<std::mutex> lk(mu_);
     Node& n = NodeLocked(addr);
     if (broken) {
-      redisFree(c);
+      c.reset();
       n.open--;
     } else {
-      n.idle.push_back(c);
+      n.idle.push_back(std::move(c));
     }
     cv_.notify_all();
   }
 
-  Status Connect(const std::string& host, int port, redisContext** out) {
-    timeval tv{time_t(o_.timeout_ms / 1000), suseconds_t((o_.timeout_ms % 1000) * 1000)};
-    redisContext* c = redisConnectWithTimeout(host.c_str(), port, tv);
-    const std::string where = "redis://" + Addr(host, port);
-    if (!c) return Status::NoMemory("a Redis connection");
-    if (c->err) {
-      Status st = Status::IOError("connecting to " + where + ": " + c->errstr);
-      redisFree(c);
-      return st;
-    }
-    redisSetTimeout(c, tv);
-    auto command = [&](const std::vector<std::string>& args, const std::string& what) -> Status {
-      Reply r;
-      MZ_RETURN_IF_ERROR(Send(c, {args}));
-      void* p = nullptr;
-      if (redisGetReply(c, &p) != REDIS_OK)
-        return Status::IOError(where + ": " + what + ": " + (c->err ? c->errstr : "no reply"));
-      r.reset(static_cast<redisReply*>(p));
-      if (r->type == REDIS_REPLY_ERROR) return Status::IOError(where + ": " + what + ": " + std::string(r->str, size_t(r->len)));
-      return Status::Ok();
-    };
-    Status st;
+  // A new connection: TCP through the Env (TLS over it for rediss://), then AUTH and SELECT.
+  Status Connect(const std::string& host, int port, std::unique_ptr<Conn>* out) {
+    const std::string where = Scheme() + Addr(host, port);
+    auto c = std::make_unique<Conn>();
+    c->reader = redisReaderCreate();
+    if (!c->reader) return Status::NoMemory("a Redis reply reader");
+    if (tls_) MZ_RETURN_IF_ERROR(tls_->Connect(host, port, o_.timeout_ms, &c->sock));
+    else MZ_RETURN_IF_ERROR(env_->ConnectTcp(host, port, o_.timeout_ms, &c->sock));
+    std::vector<std::vector<std::string>> setup;
+    std::vector<const char*> what;
     if (!o_.url.password.empty()) {
-      st = o_.url.user.empty() ? command({"AUTH", o_.url.password}, "AUTH")
-                               : command({"AUTH", o_.url.user, o_.url.password}, "AUTH");
+      setup.push_back(o_.url.user.empty() ? std::vector<std::string>{"AUTH", o_.url.password}
+                                          : std::vector<std::string>{"AUTH", o_.url.user, o_.url.password});
+      what.push_back("AUTH");
     }
-    if (st.ok() && o_.url.db != 0) st = command({"SELECT", std::to_string(o_.url.db)}, "SELECT");
-    if (!st.ok()) {
-      redisFree(c);
-      return st;
+    if (o_.url.db != 0) {
+      setup.push_back({"SELECT", std::to_string(o_.url.db)});
+      what.push_back("SELECT");
     }
-    *out = c;
+    std::vector<RespReply> r;
+    MZ_RETURN_IF_ERROR(Exchange(c.get(), setup, &r).With(where));
+    for (size_t i = 0; i < r.size(); ++i)
+      if (!r[i].is_bulk() && r[i].reply->type == REDIS_REPLY_ERROR)
+        return Status::IOError(where + ": " + what[i] + ": " + std::string(r[i].reply->str, size_t(r[i].reply->len)));
+    *out = std::move(c);
     return Status::Ok();
   }
 
-  static Status Send(redisContext* c, const std::vector<std::vector<std::string>>& cmds) {
+  // cmds in one write (formatted by hiredis), then their replies read in order (ReadRespReply:
+  // bulk strings straight from the socket, or TLS's decrypted stream, into their string). A
+  // server error reply is returned as a reply. Errors: the socket's (the connection is then out
+  // of step: the caller drops it). A plain connection whose first reply fails (closed, or bytes
+  // that are not RESP: a TLS server's alert) says that the port may be a TLS one.
+  Status Exchange(Conn* c, const std::vector<std::vector<std::string>>& cmds, std::vector<RespReply>* out) {
+    out->resize(cmds.size());
+    if (cmds.empty()) return Status::Ok();
+    c->out.clear();
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
     for (const auto& cmd : cmds) {
-      std::vector<const char*> argv;
-      std::vector<size_t> lens;
+      argv.clear();
+      lens.clear();
       for (const auto& a : cmd) {
         argv.push_back(a.data());
         lens.push_back(a.size());
       }
-      if (redisAppendCommandArgv(c, int(argv.size()), argv.data(), lens.data()) != REDIS_OK)
-        return Status::IOError(std::string("queueing a Redis command: ") + c->errstr);
+      char* buf = nullptr;
+      const int len = redisFormatCommandArgv(&buf, int(argv.size()), argv.data(), lens.data());
+      if (len < 0 || !buf) return Status::NoMemory("a Redis command");
+      c->out.append(buf, size_t(len));
+      redisFreeCommand(buf);
     }
-    return Status::Ok();
+    Status st = c->sock->WriteAll(c->out.data(), c->out.size());
+    if (c->out.capacity() > (1u << 20)) std::string().swap(c->out);  // a large PUT's copy is not kept
+    Socket* sock = c->sock.get();
+    const RespSource src = [sock](char* buf, size_t cap, size_t* got) { return sock->ReadSome(buf, cap, got); };
+    for (size_t i = 0; st.ok() && i < cmds.size(); ++i) {
+      st = ReadRespReply(c->reader, src, &(*out)[i]);
+      if (!st.ok() && c->fresh && !o_.url.tls)
+        st = Status::IOError(st.message() + " (is it a TLS port? then use rediss://)");
+      c->fresh = false;
+    }
+    return st;
   }
 
-  // cmds sent to node addr in one pipeline, then every reply read (ReadRespReply: bulk strings
-  // straight from the socket into their string). A connection error or a malformed reply drops the
-  // connection (the next call makes a new one); a server error reply is returned as a reply.
-  // (*out)[i].bulk's buffer, when the caller put one there, is reused for reply i (no new pages).
+  // cmds sent to node addr in one pipeline, then every reply read (Exchange). A connection error
+  // or a malformed reply drops the connection (the next call makes a new one); a server error
+  // reply is returned as a reply. (*out)[i].bulk's buffer, when the caller put one there, is
+  // reused for reply i (no new pages).
   Status PipelineAt(const std::string& addr, const std::vector<std::vector<std::string>>& cmds,
                     std::vector<RespReply>* out) {
     if (cmds.empty()) {
       out->clear();
       return Status::Ok();
     }
-    redisContext* c = nullptr;
+    std::unique_ptr<Conn> c;
     MZ_RETURN_IF_ERROR(Acquire(addr, &c));
-    Status st = Send(c, cmds);
-    for (int done = 0; st.ok() && !done;)
-      if (redisBufferWrite(c, &done) != REDIS_OK)
-        st = Status::IOError(std::string("sending: ") + (c->err ? c->errstr : "failed"));
-    const int fd = c->fd;
-    const RespSource src = [fd](char* buf, size_t cap, size_t* got) { return ReadSocket(fd, buf, cap, got); };
-    out->resize(cmds.size());
-    for (size_t i = 0; st.ok() && i < cmds.size(); ++i) st = ReadRespReply(c->reader, src, &(*out)[i]);
-    if (!st.ok()) st = st.With("redis://" + addr);
-    Return(addr, c, !st.ok());
+    Status st = Exchange(c.get(), cmds, out);
+    if (!st.ok()) st = st.With(Scheme() + addr);
+    Return(addr, std::move(c), !st.ok());
     if (!st.ok()) out->clear();
     return st;
   }
@@ -677,6 +689,8 @@ class RedisKv : public RemoteKv {
   }
 
   RedisOptions o_;
+  Env* env_;
+  std::unique_ptr<TlsClient> tls_;  // rediss:// only
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, Node> nodes_;
@@ -688,7 +702,17 @@ class RedisKv : public RemoteKv {
 }  // namespace
 
 Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now) {
-  auto kv = std::make_unique<RedisKv>(opts);
+  std::unique_ptr<TlsClient> tls;
+  if (opts.url.tls) {
+    TlsOptions to;
+    to.ca_file = opts.ca_file;
+    to.cert_file = opts.cert_file;
+    to.key_file = opts.key_file;
+    MZ_RETURN_IF_ERROR(TlsClient::Create(opts.env ? opts.env : Env::Default(), to, &tls));
+  } else if (!opts.ca_file.empty() || !opts.cert_file.empty() || !opts.key_file.empty()) {
+    return Status::InvalidArgument("a CA, certificate or key file is for TLS: the remote's URL must then be rediss://");
+  }
+  auto kv = std::make_unique<RedisKv>(opts, std::move(tls));
   if (check_now) MZ_RETURN_IF_ERROR(kv->Ping());
   *out = std::move(kv);
   return Status::Ok();

@@ -53,13 +53,14 @@ class RemoteKv {
   // Keys matching a glob pattern and the bytes of their values (tests and reports; SCAN, never
   // KEYS, on a real server). Not for the hot path.
   virtual Status Census(const std::string& pattern, uint64_t* keys, uint64_t* bytes) = 0;
-  virtual std::string Describe() const = 0;  // "redis://host:port" (never the password)
+  virtual std::string Describe() const = 0;  // "redis://host:port" or "rediss://..." (never the password)
 };
 
-// A remote store's address: redis://[user[:password]@]host:port[/db]. rediss:// (TLS) is refused
-// with kUnsupported naming why (Debian's hiredis 0.14 has no TLS). kInvalidArgument for anything
-// else that is not such a URL.
+// A remote store's address: redis://[user[:password]@]host:port[/db], or rediss://... for TLS
+// (store/tls_stream.h). kInvalidArgument for anything that is not such a URL (the password is
+// never shown in the message).
 struct RemoteUrl {
+  bool tls = false;  // rediss://
   std::string host;
   int port = 6379;
   int db = 0;
@@ -69,19 +70,32 @@ Status ParseRemoteUrl(const std::string& url, RemoteUrl* out);
 
 struct RedisOptions {
   RemoteUrl url;
-  uint32_t timeout_ms = 2000;  // connect and every reply
+  uint32_t timeout_ms = 2000;  // connect (and TLS handshake) and every reply
   int max_connections = 4;     // the pool's connections at most (idle ones are reused)
+  Env* env = nullptr;          // the sockets' Env (outlives the store); nullptr: Env::Default()
+  // TLS (url.tls): the CAs to trust (PEM; empty: the system's store) and an optional client
+  // certificate and key (PEM, both or neither) for a server with tls-auth-clients. Read at open.
+  std::string ca_file, cert_file, key_file;
 };
 
-// Connects through hiredis (Debian's libhiredis, 0.14). Open checks the server at once (PING,
-// after AUTH and SELECT): kIOError naming the address when it cannot be reached, kUnsupported
-// when the library was built without hiredis. A connection that fails mid-call is dropped and a
+// A Redis client: the connections are the Env's TCP sockets (env/env.h ConnectTcp), under TLS 1.2+
+// for rediss:// (store/tls_stream.h: the certificate verified against ca_file or the system's CAs,
+// its name checked against the URL's host); hiredis (Debian's libhiredis 0.14, which has no TLS)
+// only formats the commands (redisFormatCommandArgv) and parses the replies (its redisReader).
+// Open reads the TLS files at once (an unreadable or bad file: kInvalidArgument naming it;
+// kUnsupported for rediss:// in a build without OpenSSL, or any URL in a build without hiredis)
+// and, with check_now, checks the server (PING, after AUTH and SELECT): kIOError naming the
+// address when it cannot be reached, its certificate fails verification or names another host,
+// TLS meets a plain port or a plain connection meets a TLS port (each message says which; every
+// wait bounded by timeout_ms: never a hang). A connection that fails mid-call is dropped and a
 // new one made by the next call: the server may restart in between. Redis Cluster: the URL may
 // name any node; the first MOVED reply loads the slot map (CLUSTER SLOTS) and every command is then
 // routed to its key's slot master (one pipeline per node); MOVED reloads the map and resends, ASK
-// resends with ASKING (at most 5 rounds: then kIOError). Connections are pooled per node.
-// Replies are read by ReadRespReply (store/resp_reply.h): values go from the socket straight into
-// their strings; a reply cut short or malformed is kIOError and its connection is dropped.
+// resends with ASKING (at most 5 rounds: then kIOError). Connections are pooled per node (under
+// TLS, each node's certificate must name the address the slot map gives for it).
+// Replies are read by ReadRespReply (store/resp_reply.h): values go from the socket (or from TLS's
+// decrypted stream) straight into their strings; a reply cut short or malformed is kIOError and
+// its connection is dropped.
 Status OpenRedisKv(const RedisOptions& opts, std::unique_ptr<RemoteKv>* out, bool check_now = true);
 
 // An in-memory store for tests, with faults: down (every call kIOError), and direct access to the

@@ -35,7 +35,8 @@ struct RespReply {
 };
 
 // Reads at most cap (>= 1) bytes into buf, at least 1: *got >= 1 on success; an error otherwise
-// (kIOError: closed by the peer, timed out, reset). RedisKv's reads the connection's socket.
+// (kIOError: closed by the peer, timed out, reset). RedisKv's reads its connection's Env socket
+// (Socket::ReadSome: plain TCP, or TLS's decrypted stream, store/tls_stream.h).
 using RespSource = std::function<Status(char* buf, size_t cap, size_t* got)>;
 
 // Bulk lengths above this are refused as malformed (Redis's own limit, proto-max-bulk-len, is

@@ -95,10 +95,16 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
                 "Jinja chat template for requests with tools (default: the GGUF's tokenizer.chat_template)");
   c->add_option("--remote", a->remote,
                 "redis://[user@]host:port: a fleet's remote tier (docs/fleet.md): conversations and shared chunks "
-                "in Redis, so any server of the fleet continues any conversation (rediss:// is refused: no TLS "
-                "in this hiredis)");
+                "in Redis, so any server of the fleet continues any conversation (rediss://: over TLS, the "
+                "server's certificate verified and its name checked against host)");
   c->add_option("--remote-password-file", a->remote_password_file,
                 "the Redis password (its first line; the URL's user is the ACL user)");
+  c->add_option("--remote-ca-file", a->remote_ca_file,
+                "rediss:// only: PEM certificate authorities to trust (default: the system's)");
+  c->add_option("--remote-cert-file", a->remote_cert_file,
+                "rediss:// only: a PEM client certificate, for a Redis with tls-auth-clients (with --remote-key-file)");
+  c->add_option("--remote-key-file", a->remote_key_file,
+                "rediss:// only: the client certificate's unencrypted PEM private key (with --remote-cert-file)");
   c->add_option("--remote-timeout", a->remote_timeout_ms, "milliseconds to connect to Redis and for each reply (default 2000)")
       ->check(CLI::Range(1, 600000));
   // TEST HOOK, hidden from --help (group ""): tools/serve/scripted_replies.h.

@@ -737,6 +737,10 @@ int Server::Load() {
     pp.remote_url = a_.remote.c_str();
     pp.remote_password_file = a_.remote_password_file.empty() ? nullptr : a_.remote_password_file.c_str();
     pp.remote_timeout_ms = uint32_t(a_.remote_timeout_ms);
+    auto file = [](const std::string& f) { return f.empty() ? nullptr : f.c_str(); };
+    pp.remote_ca_file = file(a_.remote_ca_file);
+    pp.remote_cert_file = file(a_.remote_cert_file);
+    pp.remote_key_file = file(a_.remote_key_file);
   }
   size_t n_conversations = 0;
   for (const serve::ModelSpec& spec : specs_) {

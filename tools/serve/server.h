@@ -62,6 +62,7 @@ struct ServeArgs {
   std::string weights = "page-cache";  // --weights: how every model holds its weights (tools/weights_option.h)
   // A fleet's remote tier (docs/fleet.md): redis://[user@]host:port; its password from a file.
   std::string remote, remote_password_file;
+  std::string remote_ca_file, remote_cert_file, remote_key_file;  // rediss:// only (TLS)
   int remote_timeout_ms = 2000;
 };
 
