@@ -216,6 +216,11 @@ class Model {
   void DropUnit(int u, bool drop_cached = true);
   Model() = default;
   Status Parse(gguf_context* g, uint64_t file_size);
+  // A fresh region for unit u loaded the `mode` way (Env::MapAnon, region_bytes; nullptr if refused).
+  // kPageCache: placed so that its address and the file offsets it maps are congruent modulo 2 MiB
+  // (the first run's; later runs of a unit with several may not be), so the populate reads the
+  // 2 MiB-aligned interior in 2 MiB folios mapped by PMD entries (Env::PopulateMapped).
+  void* MapRegion(const WeightUnit& u, WeightMemory mode) const;
   // f: the open model file (kAnonymous only; nullptr otherwise).
   Status LoadUnitFrom(File* f, WeightUnit& unit, void* region, WeightMemory mode);
   // Fills region (unit.region_bytes, from Env::MapAnon) with unit's file image the `mode` way. On
