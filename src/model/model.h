@@ -6,8 +6,10 @@
 // file's own layout (no repacking). The region is handed to ggml with
 // ggml_backend_cpu_buffer_from_ptr. What backs the region (WeightMemory):
 //   kPageCache (default)  the runs are mapped read-only from the model file and populated from the
-//                         page cache when the unit is loaded (windowed readahead, every page
-//                         mapped: compute takes no fault); dropping the unit unmaps it
+//                         page cache when the unit is loaded (every page mapped: compute takes
+//                         no fault; the 2 MiB-aligned interior in 2 MiB folios mapped by PMD
+//                         entries, the edges in 4 KiB pages by windowed readahead: MapRegion,
+//                         Env::PopulateMapped); dropping the unit unmaps it
 //                         and drops its file range from the page cache, so the memory goes back to
 //                         the OS. No anonymous memory is zeroed on reload (measured: 0.03 vs 0.24
 //                         CPU-seconds per 544 MiB reloaded, docs/design.md "Weights in the page
