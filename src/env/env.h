@@ -167,7 +167,17 @@ class Env {
   // path names it in messages and fault filters; its device sets the readahead piece). Failure (an
   // I/O error: kIOError): pages already read stay cached and mapped; the caller unmaps them (and
   // may DropCached them).
-  virtual Status PopulateMapped(File* f, void* p, size_t bytes) = 0;
+  // file_off: the offset in f that p maps, or kPopulateSmallPages. When p and file_off are
+  // congruent modulo 2 MiB (kPmdBytes), the 2 MiB-aligned interior of the range is read in
+  // 2 MiB folios the kernel maps with one PMD entry each (MADV_HUGEPAGE on that part of the
+  // mapping): far less CPU to read, and far fewer page-table entries to walk for the first time
+  // (under a hypervisor that shadows page tables each first walk of a 4 KiB entry is an exit,
+  // docs/design.md "Weights in 2 MiB folios"). The unaligned head and tail are read first, the
+  // 4 KiB way, so no large folio is ever mapped by 4 KiB entries (which that hypervisor makes
+  // ~10x slower to read after any TLB flush). kPopulateSmallPages: the whole range the 4 KiB way.
+  static constexpr uint64_t kPopulateSmallPages = ~uint64_t(0);
+  static constexpr size_t kPmdBytes = size_t(2) << 20;
+  virtual Status PopulateMapped(File* f, void* p, size_t bytes, uint64_t file_off) = 0;
   // Asks the kernel to drop [off, off+len) of f from the page cache (POSIX_FADV_DONTNEED), so the
   // memory of file-backed pages nobody maps any more goes back to the OS now. Pages some mapping
   // still holds (another unit's boundary page, another process) stay. Errors: a bad handle (or
@@ -293,7 +303,7 @@ class EnvWrapper : public Env {
     return target_->MapFileAt(f, off, len, at, writable);
   }
   void Unmap(void* p, size_t n) override { target_->Unmap(p, n); }
-  Status PopulateMapped(File* f, void* p, size_t n) override { return target_->PopulateMapped(f, p, n); }
+  Status PopulateMapped(File* f, void* p, size_t n, uint64_t off) override { return target_->PopulateMapped(f, p, n, off); }
   Status DropCached(File* f, uint64_t off, uint64_t len) override { return target_->DropCached(f, off, len); }
   Status CachedBytes(File* f, uint64_t off, uint64_t len, uint64_t* out) override {
     return target_->CachedBytes(f, off, len, out);

@@ -251,7 +251,36 @@ class PosixEnv final : public Env {
     if (p == MAP_FAILED) return Status::FromErrno(errno, "mmap " + f->path());
     return Status::Ok();
   }
-  Status PopulateMapped(File* f, void* p, size_t bytes) override {
+  Status PopulateMapped(File* f, void* p, size_t bytes, uint64_t file_off) override {
+    char* c = static_cast<char*>(p);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if (file_off == kPopulateSmallPages || a % kPmdBytes != file_off % kPmdBytes) return PopulateSmall(f, c, bytes);
+    const size_t head = std::min(bytes, size_t(AlignUp(a, kPmdBytes) - a));
+    const size_t mid = AlignDown(bytes - head, kPmdBytes);
+    const size_t tail = bytes - head - mid;
+    if (mid == 0) return PopulateSmall(f, c, bytes);
+    // The edges first, in 4 KiB folios: the 2 MiB blocks they lie in are shared with the
+    // neighbouring unit, so a 2 MiB folio there could only be mapped by 4 KiB entries.
+    if (head > 0) MZ_RETURN_IF_ERROR(PopulateSmall(f, c, head));
+    if (tail > 0) MZ_RETURN_IF_ERROR(PopulateSmall(f, c + head + mid, tail));
+    // The interior: a fault on a MADV_HUGEPAGE file mapping reads its aligned 2 MiB block as one
+    // folio (and, without MADV_RANDOM, the next one ahead), which the kernel maps with one PMD
+    // entry. The last kRandomTail bytes are MADV_RANDOM: no readahead is left in flight past the
+    // range when the call returns (what readahead reaches past it lands in the tail's block, whose
+    // 4 KiB pages are already cached, or in at most that much of the next unit).
+    char* m = c + head;
+    constexpr size_t kRandomTail = 2 * kPmdBytes;
+    const size_t seq = mid > kRandomTail ? mid - kRandomTail : 0;
+    if (::madvise(m, mid, MADV_HUGEPAGE) != 0) return PopulateSmall(f, m, mid);  // no THP: the 4 KiB way
+    if (seq > 0) {
+      (void)::madvise(m, seq, MADV_NORMAL);
+      MZ_RETURN_IF_ERROR(PopulateRead(f->path(), m, seq));
+    }
+    (void)::madvise(m + seq, mid - seq, MADV_RANDOM);
+    return PopulateRead(f->path(), m + seq, mid - seq);
+  }
+  // PopulateMapped the 4 KiB way: windowed readahead, every page mapped.
+  Status PopulateSmall(File* f, char* c, size_t bytes) {
     const std::string& path = f->path();
     // Readahead is queued one 4 MiB window ahead of the window being waited for, not for the whole
     // range at once: a deep queue of readahead delays every other read behind it (the pipeline's
@@ -260,7 +289,6 @@ class PosixEnv final : public Env {
     // is advised in pieces of that size.
     constexpr size_t kWindow = size_t(4) << 20;
     const size_t piece = std::min(kWindow, ReadaheadLimit(f->native_handle()));
-    char* c = static_cast<char*>(p);
     // No readahead from page faults on this mapping: only the windows advised below are read, so
     // nothing beyond the range is still being read into the page cache after the call returns
     // (such pages would escape a DropCached of a neighbouring range that is dropped meanwhile).

@@ -125,7 +125,7 @@ void FaultEnv::Unmap(void* p, size_t bytes) {
   target()->Unmap(p, bytes);
 }
 
-Status FaultEnv::PopulateMapped(File* f, void* p, size_t bytes) {
+Status FaultEnv::PopulateMapped(File* f, void* p, size_t bytes, uint64_t file_off) {
   const std::string& path = f->path();
   bool flip = false;
   if (path_filter.empty() || path.find(path_filter) != std::string::npos) {
@@ -141,7 +141,7 @@ Status FaultEnv::PopulateMapped(File* f, void* p, size_t bytes) {
              Fire(flip_bit_read_after);
     }
   }
-  Status st = target()->PopulateMapped(f, p, bytes);
+  Status st = target()->PopulateMapped(f, p, bytes, file_off);
   if (st.ok() && flip) static_cast<unsigned char*>(p)[0] ^= 0x10;
   return st;
 }

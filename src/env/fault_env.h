@@ -88,7 +88,7 @@ class FaultEnv : public EnvWrapper {
   // cut short would; the pages stay as they were). When
   // flip_bit_read_after fires on a writable mapping (MapFileAt), one bit of its first byte is
   // flipped in the process's private copy of the page, as a read from a failing disk would give.
-  Status PopulateMapped(File* f, void* p, size_t bytes) override;
+  Status PopulateMapped(File* f, void* p, size_t bytes, uint64_t file_off) override;
   Status SetThreadNice(int nice) override {
     ++nice_calls;
     if (refuse_nice.load()) return Status::Unsupported("setpriority: Permission denied (injected)");

@@ -401,7 +401,7 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
     SwapFile* const sf = file_for(s.ext);
     File* file = sf->file();
     Status st = env->MapFileAt(file, s.ext.off, raw, mem, true);
-    if (st.ok()) st = env->PopulateMapped(file, mem, raw);
+    if (st.ok()) st = env->PopulateMapped(file, mem, raw, Env::kPopulateSmallPages);
     if (st.ok()) st = sf->Verify(s.ext, mem);
     if (!st.ok()) {
       env->Unmap(mem, raw);

@@ -302,7 +302,7 @@ Status Model::FillFileForm(File* f, const WeightUnit& u, void* region, WeightMem
       const uint64_t len = std::min<uint64_t>(r.len, AlignUp(identity_.size - r.file_off, kDirectIoAlign));
       char* at = static_cast<char*>(region) + r.region_off;
       Status st = env_->MapFileAt(file_.get(), r.file_off, len, at, false);
-      if (st.ok() && mode == WeightMemory::kPageCache) st = env_->PopulateMapped(file_.get(), at, len);
+      if (st.ok() && mode == WeightMemory::kPageCache) st = env_->PopulateMapped(file_.get(), at, len, r.file_off);
       if (!st.ok()) {
         env_->Unmap(region, u.region_bytes);
         if (mode == WeightMemory::kPageCache) DropRuns(u);
@@ -350,12 +350,30 @@ Status Model::BindRepacked(WeightUnit& u, void* packed, const void* staging) {
   return Status::Ok();
 }
 
+void* Model::MapRegion(const WeightUnit& u, WeightMemory mode) const {
+  constexpr size_t kPmd = Env::kPmdBytes;
+  // Only the page-cache form gains (2 MiB folios mapped by PMD entries, Env::PopulateMapped), and
+  // only a unit with 2 MiB of file to map.
+  if (mode != WeightMemory::kPageCache || u.runs.empty() || u.region_bytes < 2 * kPmd) return env_->MapAnon(u.region_bytes);
+  // Reserve 2 MiB more, keep the part whose start is congruent with the first run's file offset
+  // modulo 2 MiB, give back the rest (the region stays exactly region_bytes, as DropUnit unmaps it).
+  char* raw = static_cast<char*>(env_->MapAnon(u.region_bytes + kPmd));
+  if (!raw) return env_->MapAnon(u.region_bytes);
+  const uintptr_t want = uintptr_t((u.runs[0].file_off - u.runs[0].region_off) % kPmd);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(raw);
+  char* at = raw + ((want + kPmd - a % kPmd) % kPmd);
+  if (at > raw) env_->Unmap(raw, size_t(at - raw));
+  const size_t after = size_t(raw + u.region_bytes + kPmd - (at + u.region_bytes));
+  if (after > 0) env_->Unmap(at + u.region_bytes, after);
+  return at;
+}
+
 Status Model::LoadUnitFrom(File* f, WeightUnit& u, void* region, WeightMemory mode) {
   if (u.resident()) {
     if (region) env_->Unmap(region, u.region_bytes);
     return Status::Ok();
   }
-  if (!region) region = env_->MapAnon(u.region_bytes);
+  if (!region) region = MapRegion(u, mode);
   if (!region) return Status::NoMemory("mapping " + std::to_string(u.region_bytes) + " bytes for weight unit " +
                                        std::to_string(u.index));
   if (opts_.repack && u.n_repack > 0) {

@@ -6,8 +6,10 @@
 // file's own layout (no repacking). The region is handed to ggml with
 // ggml_backend_cpu_buffer_from_ptr. What backs the region (WeightMemory):
 //   kPageCache (default)  the runs are mapped read-only from the model file and populated from the
-//                         page cache when the unit is loaded (windowed readahead, every page
-//                         mapped: compute takes no fault); dropping the unit unmaps it
+//                         page cache when the unit is loaded (every page mapped: compute takes
+//                         no fault; the 2 MiB-aligned interior in 2 MiB folios mapped by PMD
+//                         entries, the edges in 4 KiB pages by windowed readahead: MapRegion,
+//                         Env::PopulateMapped); dropping the unit unmaps it
 //                         and drops its file range from the page cache, so the memory goes back to
 //                         the OS. No anonymous memory is zeroed on reload (measured: 0.03 vs 0.24
 //                         CPU-seconds per 544 MiB reloaded, docs/design.md "Weights in the page
@@ -216,6 +218,11 @@ class Model {
   void DropUnit(int u, bool drop_cached = true);
   Model() = default;
   Status Parse(gguf_context* g, uint64_t file_size);
+  // A fresh region for unit u loaded the `mode` way (Env::MapAnon, region_bytes; nullptr if refused).
+  // kPageCache: placed so that its address and the file offsets it maps are congruent modulo 2 MiB
+  // (the first run's; later runs of a unit with several may not be), so the populate reads the
+  // 2 MiB-aligned interior in 2 MiB folios mapped by PMD entries (Env::PopulateMapped).
+  void* MapRegion(const WeightUnit& u, WeightMemory mode) const;
   // f: the open model file (kAnonymous only; nullptr otherwise).
   Status LoadUnitFrom(File* f, WeightUnit& unit, void* region, WeightMemory mode);
   // Fills region (unit.region_bytes, from Env::MapAnon) with unit's file image the `mode` way. On

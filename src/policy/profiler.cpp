@@ -171,7 +171,7 @@ double MeasureMappedRead(Env* env, const std::string& path, size_t bytes, size_t
     RunOnThreads(env, 2, [&](int) {
       for (size_t off; (off = next.fetch_add(piece)) < bytes && !failed;) {
         const size_t n = std::min(piece, bytes - off);
-        if (!env->MapFileAt(f, off, n, region + off, false).ok() || !env->PopulateMapped(f, region + off, n).ok())
+        if (!env->MapFileAt(f, off, n, region + off, false).ok() || !env->PopulateMapped(f, region + off, n, Env::kPopulateSmallPages).ok())
           failed = true;
       }
     });
