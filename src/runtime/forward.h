@@ -120,8 +120,9 @@ class Forward {
   // reallocation per larger graph). Returns the bytes freed. REQUIRES: nothing computes on this
   // Forward meanwhile (its owner's lock).
   uint64_t ReleaseComputeBuffers();
-  // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now (they still
-  // grow if a larger step comes: all_logits over more rows). kNoMemory when they cannot be
+  // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now, computed
+  // either way (its layer-by-layer graphs and, when it fits, its one graph; they still grow if a
+  // larger step comes: all_logits over more rows). kNoMemory when they cannot be
   // allocated (nothing else changed); kInvalidArgument unless 1 <= n_out <= n_tokens.
   Status ReserveCompute(int n_tokens, int n_out);
 
