@@ -573,8 +573,9 @@ TEST(ForwardGraphs, OneGraphStepEqualsLayerByLayer) {
         ASSERT_EQ(kv_one[i]->n_tokens(), kv_layered[i]->n_tokens());
         ASSERT_EQ(a.logits[i].size(), size_t(rows[k][i]) * nv) << "sequence " << i;
         ASSERT_EQ(b.logits[i].size(), a.logits[i].size()) << "sequence " << i;
-        EXPECT_EQ(std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)), 0)
-            << "sequence " << i << ": the two ways differ";
+        if (!a.logits[i].empty())  // (memcmp of no rows: null pointers, which UBSan rejects)
+          EXPECT_EQ(std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)), 0)
+              << "sequence " << i << ": the two ways differ";
       }
     }
   }
