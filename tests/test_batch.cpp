@@ -2,8 +2,9 @@
 // logits in a batch against the same conversation computed alone (B = 1, 2, 4, 8; mixed lengths;
 // KV partly compressed q8 read in place, borrowed shared prefix chunks, a conversation just
 // restored), a prompt sliced among others' decodes, a sequence cancelled mid-batch, conversations
-// joining and leaving with Evict running (TSan: label concurrency), and the budget pass sparing
-// every conversation mid-reply.
+// joining and leaving with Evict running (TSan: label concurrency), the budget pass sparing
+// every conversation mid-reply, and a step in one graph against the same step layer by layer (the
+// way a step runs while a restore is pending).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,6 +22,11 @@
 #include "test_util.h"
 
 namespace mz {
+// Drops a weight unit the way a pool's table would (the model's units are unit state).
+struct ModelTestPeer {
+  static void DropUnit(Model& m, int u) { m.DropUnit(u); }
+  static Status LoadUnit(Model& m, int u) { return m.LoadUnit(u); }
+};
 namespace {
 
 constexpr int T = 64;  // chunk tokens (tiny model)
@@ -490,6 +496,185 @@ TEST(Batch, PooledContextsMakeNoForwardOfTheirOwn) {
   RecordProperty("forward_construct_us", std::to_string(ns / 1000));
   std::printf("a Forward not made per pooled context: %llu bytes of graph metadata, %.1f us to make (loaded machine)\n",
               static_cast<unsigned long long>(f.fixed_bytes()), double(ns) / 1000.0);
+}
+
+// --- One graph per step, or layer by layer (runtime/forward.h) ---
+
+// Caches of the tiny model, T-token chunks, f16 or q8 rows.
+std::vector<std::unique_ptr<KvCache>> Caches(const Model& m, int n, KvType type) {
+  KvGeometry g;
+  g.n_layer = int(m.hparams().n_layer);
+  g.n_kv_head = int(m.hparams().n_head_kv);
+  g.head_dim = int(m.hparams().head_dim);
+  g.chunk_tokens = T;
+  g.kv_type = type;
+  std::vector<std::unique_ptr<KvCache>> v;
+  for (int i = 0; i < n; ++i) v.push_back(std::make_unique<KvCache>(Env::Default(), g, 1024));
+  return v;
+}
+
+// One Step over three sequences of mixed lengths on fwd; units[] records the wait hook's calls.
+struct StepRun {
+  Forward* fwd;
+  std::vector<std::unique_ptr<KvCache>>* kv;
+  std::vector<std::vector<float>> logits = std::vector<std::vector<float>>(3);
+  Status Run(const std::vector<std::vector<int32_t>>& toks, const std::vector<int>& n_logits) {
+    std::vector<Forward::Seq> seqs(3);
+    for (size_t i = 0; i < 3; ++i) {
+      KvCache* c = (*kv)[i].get();
+      Status st = c->Reserve(c->n_tokens() + int(toks[i].size()));
+      if (!st.ok()) return st;
+      logits[i].clear();
+      seqs[i] = Forward::Seq{c, toks[i].data(), int(toks[i].size()), n_logits[i], &logits[i]};
+    }
+    return fwd->Step(seqs.data(), 3);
+  }
+};
+
+// The same steps computed as one graph (no wait hook) and layer by layer (a wait hook that lets
+// every unit through, as the restore pipeline's does once a unit is in): the logits are equal bit
+// for bit at every step, with prompts of mixed lengths (all logits, the last row, none), decodes
+// over the KV each way stored, and f16 and q8 KV rows. Also: the one-graph step computes one graph,
+// the other n_layer + 2 with the hook called before each (base, layers in order, base).
+TEST(ForwardGraphs, OneGraphStepEqualsLayerByLayer) {
+  auto m = LoadModel();
+  const int L = int(m->hparams().n_layer);
+  const size_t nv = m->hparams().n_vocab;
+  ForwardOptions fo;
+  for (KvType type : {KvType::kF16, KvType::kQ8}) {
+    SCOPED_TRACE(type == KvType::kQ8 ? "q8 KV" : "f16 KV");
+    auto kv_one = Caches(*m, 3, type), kv_layered = Caches(*m, 3, type);
+    Forward one(m.get(), nullptr, fo), layered(m.get(), nullptr, fo);
+    ASSERT_TRUE(one.whole_step_fits());
+    std::vector<int> units;
+    layered.set_wait([&](int u) {
+      units.push_back(u);
+      return Status::Ok();
+    });
+    StepRun a{&one, &kv_one}, b{&layered, &kv_layered};
+    // Prompts (70 tokens: every row; 130: the last; 20: none), then two decode steps, one of them
+    // with no logits at all, then one more decode.
+    const std::vector<std::vector<std::vector<int32_t>>> steps = {
+        {Tokens(0, 70, 1), Tokens(0, 130, 2), Tokens(0, 20, 3)}, {{11}, {12}, {13}}, {{21}, {22}, {23}}, {{31}, {32}, {33}}};
+    const std::vector<std::vector<int>> rows = {{70, 1, 0}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}};
+    for (size_t k = 0; k < steps.size(); ++k) {
+      SCOPED_TRACE("step " + std::to_string(k));
+      units.clear();
+      ASSERT_TRUE(a.Run(steps[k], rows[k]).ok());
+      ASSERT_TRUE(b.Run(steps[k], rows[k]).ok());
+      const bool head = rows[k][0] + rows[k][1] + rows[k][2] > 0;
+      EXPECT_EQ(one.timing().graphs, 1) << "no restore pending: one graph";
+      EXPECT_EQ(layered.timing().graphs, L + 1 + (head ? 1 : 0)) << "a wait hook: a graph per layer";
+      std::vector<int> want = {m->base_unit()};
+      for (int l = 0; l < L; ++l) want.push_back(l);
+      if (head) want.push_back(m->base_unit());
+      EXPECT_EQ(units, want) << "the hook is asked before each graph, front layers first";
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_EQ(kv_one[i]->n_tokens(), kv_layered[i]->n_tokens());
+        ASSERT_EQ(a.logits[i].size(), size_t(rows[k][i]) * nv) << "sequence " << i;
+        ASSERT_EQ(b.logits[i].size(), a.logits[i].size()) << "sequence " << i;
+        if (!a.logits[i].empty())  // (memcmp of no rows: null pointers, which UBSan rejects)
+          EXPECT_EQ(std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)), 0)
+              << "sequence " << i << ": the two ways differ";
+      }
+    }
+  }
+}
+
+// A one-graph step checks every unit before computing anything: a dropped layer unit fails the
+// step with kBusy, nothing computed (no graph), every sequence's KV length as before; with the unit
+// back the same step succeeds.
+TEST(ForwardGraphs, OneGraphStepChecksEveryUnitFirst) {
+  auto m = LoadModel();
+  const int L = int(m->hparams().n_layer);
+  ASSERT_GE(L, 2);
+  auto kv = Caches(*m, 3, KvType::kF16);
+  Forward f(m.get(), nullptr, ForwardOptions());
+  StepRun r{&f, &kv};
+  ASSERT_TRUE(r.Run({Tokens(0, 30, 1), Tokens(0, 40, 2), Tokens(0, 50, 3)}, {1, 1, 1}).ok());
+  ModelTestPeer::DropUnit(*m, L - 1);
+  Status st = r.Run({{5}, {6}, {7}}, {1, 1, 1});
+  EXPECT_EQ(st.code(), Status::kBusy) << st.ToString();
+  EXPECT_EQ(f.timing().graphs, 0) << "nothing computed before the missing unit was found";
+  EXPECT_EQ(kv[0]->n_tokens(), 30);
+  EXPECT_EQ(kv[1]->n_tokens(), 40);
+  EXPECT_EQ(kv[2]->n_tokens(), 50);
+  ASSERT_TRUE(ModelTestPeer::LoadUnit(*m, L - 1).ok());
+  ASSERT_TRUE(r.Run({{5}, {6}, {7}}, {1, 1, 1}).ok());
+  EXPECT_EQ(f.timing().graphs, 1);
+}
+
+// A request still restoring (Request::restoring, a wait hook) runs alone, layer by layer, its hook
+// asked before each layer; the decodes queued beside it run in the next step, as one graph. Each
+// gets the logits it has computed without the batcher (the restoring one bit for bit: it ran
+// alone; the others within the batch tolerance, KL <= 1e-4 and the same greedy choice).
+TEST(ForwardGraphs, RestorePendingMidBatchTakesTheLayerPath) {
+  auto m = LoadModel();
+  const int L = int(m->hparams().n_layer);
+  const size_t nv = m->hparams().n_vocab;
+  // References: each sequence alone on a Forward of its own.
+  auto kv_ref = Caches(*m, 3, KvType::kF16);
+  auto kv = Caches(*m, 3, KvType::kF16);
+  const std::vector<std::vector<int32_t>> hist = {Tokens(0, 90, 1), Tokens(0, 60, 2), Tokens(0, 75, 3)};
+  Forward ref(m.get(), nullptr, ForwardOptions());
+  std::vector<std::vector<float>> want(3);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(kv_ref[i]->Reserve(int(hist[i].size()) + 1).ok());
+    ASSERT_TRUE(kv[i]->Reserve(int(hist[i].size())).ok());
+    Forward::Seq s{kv_ref[i].get(), hist[i].data(), int(hist[i].size()), 0, nullptr};
+    ASSERT_TRUE(ref.Step(&s, 1).ok());
+    Forward::Seq h{kv[i].get(), hist[i].data(), int(hist[i].size()), 0, nullptr};
+    ASSERT_TRUE(ref.Step(&h, 1).ok());
+    const int32_t next = int32_t(400 + i);
+    Forward::Seq d{kv_ref[i].get(), &next, 1, 1, &want[i]};
+    ASSERT_TRUE(ref.Step(&d, 1).ok());
+  }
+  std::shared_ptr<Batcher> b;
+  ASSERT_TRUE(Batcher::Create(m.get(), BatcherOptions(), &b).ok());
+  std::atomic<bool> restored{false};
+  std::vector<int> units;  // the batcher's thread only, read after the request returned
+  std::vector<Batcher::Request> rq(3);
+  std::vector<std::vector<float>> got(3);
+  std::vector<int32_t> next = {400, 401, 402};
+  for (size_t i = 0; i < 3; ++i) {
+    rq[i].kv = kv[i].get();
+    rq[i].tokens = &next[i];
+    rq[i].n = 1;
+    rq[i].logits = &got[i];
+  }
+  rq[0].restoring = [&] { return !restored.load(); };
+  rq[0].wait = [&](int u) {
+    if (!restored.load()) units.push_back(u);
+    if (u == m->base_unit() && units.size() > 1) restored = true;  // the head: everything is in
+    return Status::Ok();
+  };
+  b->Hold(true);
+  std::vector<Status> st(3);
+  std::vector<std::thread> th;
+  for (size_t i = 0; i < 3; ++i) {
+    th.emplace_back([&, i] { st[i] = b->Run(&rq[i]); });
+    while (b->active() < int(i) + 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const BatcherStats s0 = b->Stats();
+  b->Hold(false);
+  for (auto& t : th) t.join();
+  const BatcherStats s1 = b->Stats();
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(st[i].ok()) << i << ": " << st[i].ToString();
+    ASSERT_EQ(got[i].size(), nv);
+    // The restoring request computed alone, as its reference: bit for bit. The two others in one
+    // step of two (the matrix products' kernels may sum a column of two in another order): the
+    // batch tolerance.
+    if (i == 0) EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), nv * sizeof(float)), 0);
+    EXPECT_LE(Kl(want[i].data(), got[i].data(), int(nv)), 1e-4) << "sequence " << i;
+    ExpectSameChoice(want[i].data(), got[i].data(), int(nv), "sequence " + std::to_string(i));
+  }
+  EXPECT_EQ(s1.steps - s0.steps, 2u) << "the restoring request alone, then the two others together";
+  EXPECT_EQ(s1.layered_steps - s0.layered_steps, 1u) << "only the restoring request's step is layer by layer";
+  std::vector<int> order = {m->base_unit()};
+  for (int l = 0; l < L; ++l) order.push_back(l);
+  order.push_back(m->base_unit());
+  EXPECT_EQ(units, order) << "its hook before each graph, front layers first";
 }
 
 }  // namespace

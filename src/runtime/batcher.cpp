@@ -224,6 +224,7 @@ void Batcher::Loop() {
     stats_.steps++;
     stats_.seq_slots += step.size();
     stats_.max_batch = std::max(stats_.max_batch, int(step.size()));
+    if (fwd_->timing().graphs > 1) stats_.layered_steps++;
     for (const Slice& s : step) {
       s.p->r->steps++;
       if (!st.ok()) {

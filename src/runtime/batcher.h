@@ -20,7 +20,8 @@
 //     tokens come first;
 //   - a request still restoring its units (Request::restoring set) runs alone, its wait hook
 //     called before each unit (the restore pipeline: front layers first, overlapped with its own
-//     prefill). Contexts submit such a request only when nothing else runs (Context); a request
+//     prefill): that step is computed layer by layer, every other step as one ggml graph (one
+//     fork/join of the compute threads a step; Forward). Contexts submit such a request only when nothing else runs (Context); a request
 //     arriving meanwhile waits at most until that request's restore is done (the hook reports it),
 //     then joins the following steps.
 //
@@ -74,6 +75,9 @@ struct BatcherStats {
   uint64_t prefill_tokens = 0; // of them, prompt tokens (not a request's last token)
   uint64_t cancelled = 0, failed = 0;
   int max_batch = 0;           // most sequences in one step
+  // Steps computed layer by layer (a request still restoring ran alone, its wait hook before each
+  // layer); every other step is one ggml graph (runtime/forward.h).
+  uint64_t layered_steps = 0;
   uint64_t compute_buffer_bytes = 0;  // the shared pass's compute buffers (grown to the largest step)
 };
 

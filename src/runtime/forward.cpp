@@ -107,6 +107,34 @@ ggml_tensor* Norm(ggml_context* ctx, ggml_tensor* x, ggml_tensor* w, float eps) 
 
 }  // namespace
 
+// File-local helpers of the graph builders (named: unity builds share anonymous namespaces).
+namespace forward_graph {
+
+// The residual stream [E, n] f32 as a graph input or output at `data` (outside the compute buffers).
+ggml_tensor* ActTensor(ggml_context* ctx, void* data, int E, int n) {
+  ggml_tensor* t = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
+  t->data = data;
+  return t;
+}
+
+// kBusy unless, for each slice, every KV chunk layer il reads is readable (resident, or compressed
+// in a form attention reads) and every chunk it writes is resident.
+Status CheckLayerKv(const std::vector<SeqSlice>& slices, int il) {
+  for (const SeqSlice& sl : slices) {
+    KvCache* kv = sl.kv;
+    const int first_write = sl.pos0 / kv->geometry().chunk_tokens;
+    for (int c = 0; c < first_write; ++c)
+      if (!kv->chunk_readable(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
+                                                          std::to_string(il) + " is not in memory");
+    for (int c = first_write; c < kv->n_chunks_for(sl.pos0 + sl.n); ++c)
+      if (!kv->chunk_resident(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
+                                                          std::to_string(il) + " is not resident");
+  }
+  return Status::Ok();
+}
+
+}  // namespace forward_graph
+
 // Under ThreadSanitizer, ggml computes on the calling thread only: its OpenMP fork/join and barriers
 // live in uninstrumented libraries (libgomp, libggml-cpu), so TSan would report every hand-off to
 // our custom ops as a race. Our own threads (restoration workers, swap, codecs) still run
@@ -121,7 +149,14 @@ Forward::Forward(Model* model, KvCache* kv, const ForwardOptions& opts) : model_
   backend_ = ggml_backend_cpu_init();
   ggml_backend_cpu_set_n_threads(backend_, ComputeThreads(opts_.n_threads));
   galloc_ = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
-  meta_buf_.resize(ggml_tensor_overhead() * 4096 + ggml_graph_overhead_custom(4096, false));
+  meta_buf_.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
+}
+
+bool Forward::whole_step_fits() const {
+  // Tensors of a whole step: per layer (BuildLayer) at most kTensorsPerLayer, plus the ids,
+  // positions, embedding and head (a few): each one a tensor of the metadata buffer and at most one
+  // node or leaf of the graph.
+  return int64_t(model_->hparams().n_layer) * kTensorsPerLayer + 32 <= kGraphSize;
 }
 
 Forward::~Forward() {
@@ -194,8 +229,9 @@ Status Forward::Wait(int unit) {
 }
 
 Status Forward::ComputeAndFree(ggml_context* ctx, ggml_tensor* out) {
-  ggml_cgraph* gf = ggml_new_graph(ctx);
+  ggml_cgraph* gf = ggml_new_graph_custom(ctx, kGraphSize, false);
   ggml_build_forward_expand(gf, out);
+  timing_.graphs++;
   Status st = Status::Ok();
   if (!ggml_gallocr_alloc_graph(galloc_, gf)) st = Status::NoMemory("allocating compute buffers");
   else if (ggml_backend_graph_compute(backend_, gf) != GGML_STATUS_SUCCESS) st = Status::Internal("graph compute failed");
@@ -307,15 +343,12 @@ Status Forward::Step(Seq* seqs, int n_seqs) {
   return st;
 }
 
-ggml_tensor* Forward::BuildLayer(ggml_context* ctx, int il, int n, void* od) {
+ggml_tensor* Forward::BuildLayer(ggml_context* ctx, int il, ggml_tensor* x, ggml_tensor* pos, void* od) {
   const HParams& hp = model_->hparams();
-  const int E = int(hp.n_embd), D = int(hp.head_dim), H = int(hp.n_head), HKV = int(hp.n_head_kv);
+  const int D = int(hp.head_dim), H = int(hp.n_head), HKV = int(hp.n_head_kv);
+  const int n = int(x->ne[1]);
   const BaseTensors& B = model_->base();
   const LayerTensors& L = model_->layer(il);
-  ggml_tensor* x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
-  x->data = act_.data();
-  ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-  pos->data = pos_.data();
 
   ggml_tensor* cur = Norm(ctx, x, L.attn_norm, hp.rms_eps);
   ggml_tensor* q = ggml_mul_mat(ctx, L.wq, cur);
@@ -348,17 +381,13 @@ ggml_tensor* Forward::BuildLayer(ggml_context* ctx, int il, int n, void* od) {
   ggml_tensor* up = ggml_mul_mat(ctx, L.ffn_up, cur);
   cur = ggml_swiglu_split(ctx, gate, up);
   cur = ggml_mul_mat(ctx, L.ffn_down, cur);
-  cur = ggml_add(ctx, cur, h);
-  // The residual is written back in place (x read earlier).
-  return ggml_cpy(ctx, cur, x);
+  return ggml_add(ctx, cur, h);
 }
 
-ggml_tensor* Forward::BuildHead(ggml_context* ctx, int n, int n_out, bool tail) {
+ggml_tensor* Forward::BuildHead(ggml_context* ctx, ggml_tensor* act, int n_out, bool tail) {
   const HParams& hp = model_->hparams();
   const BaseTensors& B = model_->base();
-  const int E = int(hp.n_embd);
-  ggml_tensor* act = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
-  act->data = act_.data();
+  const int E = int(hp.n_embd), n = int(act->ne[1]);
   ggml_tensor* x = act;
   if (tail) {  // the last n_out columns (one sequence's rows): a view
     x = ggml_view_2d(ctx, act, E, n_out, act->nb[1], size_t(n - n_out) * act->nb[1]);
@@ -377,26 +406,52 @@ ggml_tensor* Forward::BuildHead(ggml_context* ctx, int n, int n_out, bool tail) 
 }
 
 ggml_tensor* Forward::BuildEmbed(ggml_context* ctx, int n) {
-  const int E = int(model_->hparams().n_embd);
   ggml_tensor* ids = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
   ids->data = ids_.data();
-  ggml_tensor* out = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, E, n);
-  out->data = act_.data();
-  return ggml_cpy(ctx, ggml_get_rows(ctx, model_->base().tok_embd, ids), out);
+  return ggml_get_rows(ctx, model_->base().tok_embd, ids);
+}
+
+ggml_tensor* Forward::BuildWhole(ggml_context* ctx, int n, int n_out, bool tail, void* const* od, bool reserve) {
+  ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+  pos->data = reserve ? static_cast<void*>(&reserve_only_) : static_cast<void*>(pos_.data());
+  ggml_tensor* x = BuildEmbed(ctx, n);
+  for (int il = 0; il < int(model_->hparams().n_layer); ++il) x = BuildLayer(ctx, reserve ? 0 : il, x, pos, od[il]);
+  // No logits asked for (a prompt slice): the last layer's output ends the graph; what the step
+  // keeps is the KV its layers stored.
+  return n_out == 0 ? x : BuildHead(ctx, x, n_out, tail);
 }
 
 Status Forward::ReserveCompute(int n_tokens, int n_out) {
   if (n_tokens < 1 || n_out < 1 || n_out > n_tokens)
     return Status::InvalidArgument("ReserveCompute: " + std::to_string(n_out) + " rows of " + std::to_string(n_tokens) + " tokens");
   // No data is read: the graphs are only measured (their inputs and outputs live outside the
-  // buffers, as in a step).
+  // buffers, as in a step). The three graphs of a step layer by layer, then (when it fits) a whole
+  // step with every layer built from layer 0's tensors (same shapes; a layer whose unit is not
+  // resident has no data and would be measured as if it lived in the buffers).
+  using forward_graph::ActTensor;
+  const int E = int(model_->hparams().n_embd);
+  void* none = &reserve_only_;
   ggml_init_params ip{meta_buf_.size(), meta_buf_.data(), /*no_alloc=*/true};
-  LayerOpData od{nullptr, 0, nullptr, 0, n_tokens, 1.0f};
-  for (int g = 0; g < 3; ++g) {
+  std::vector<LayerOpData> od(model_->hparams().n_layer, LayerOpData{nullptr, 0, nullptr, 0, n_tokens, 1.0f});
+  std::vector<void*> odp(od.size());
+  for (size_t i = 0; i < od.size(); ++i) odp[i] = &od[i];
+  const int graphs = whole_step_fits() ? 4 : 3;
+  for (int g = 0; g < graphs; ++g) {
     ggml_context* ctx = ggml_init(ip);
-    ggml_tensor* out = g == 0 ? BuildEmbed(ctx, n_tokens) : g == 1 ? BuildLayer(ctx, 0, n_tokens, &od)
-                                                                   : BuildHead(ctx, n_tokens, n_out, false);
-    ggml_cgraph* gf = ggml_new_graph(ctx);
+    ggml_tensor* out = nullptr;
+    if (g == 0) {
+      out = ggml_cpy(ctx, BuildEmbed(ctx, n_tokens), ActTensor(ctx, none, E, n_tokens));
+    } else if (g == 1) {
+      ggml_tensor* x = ActTensor(ctx, none, E, n_tokens);
+      ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_tokens);
+      pos->data = none;
+      out = ggml_cpy(ctx, BuildLayer(ctx, 0, x, pos, odp[0]), x);
+    } else if (g == 2) {
+      out = BuildHead(ctx, ActTensor(ctx, none, E, n_tokens), n_out, false);
+    } else {
+      out = BuildWhole(ctx, n_tokens, n_out, false, odp.data(), /*reserve=*/true);
+    }
+    ggml_cgraph* gf = ggml_new_graph_custom(ctx, kGraphSize, false);
     ggml_build_forward_expand(gf, out);
     const bool ok = ggml_gallocr_reserve(galloc_, gf);
     ggml_free(ctx);
@@ -405,15 +460,29 @@ Status Forward::ReserveCompute(int n_tokens, int n_out) {
   return Status::Ok();
 }
 
+void Forward::CopyLogits(const Seq* seqs, int n_seqs) {
+  const size_t nv = model_->hparams().n_vocab;
+  size_t k = 0;  // each sequence's rows, in its order
+  for (int s = 0; s < n_seqs; ++s) {
+    const Seq& q = seqs[s];
+    if (!q.n_logits) continue;
+    const size_t at = q.logits->size(), len = size_t(q.n_logits) * nv;
+    q.logits->resize(at + len);
+    std::memcpy(q.logits->data() + at, out_.data() + k * nv, len * sizeof(float));
+    k += size_t(q.n_logits);
+  }
+}
+
 Status Forward::RunUbatch(const Seq* seqs, int n_seqs) {
   const HParams& hp = model_->hparams();
-  const int E = int(hp.n_embd), D = int(hp.head_dim);
+  const int E = int(hp.n_embd), D = int(hp.head_dim), L = int(hp.n_layer);
   const int base = model_->base_unit();
   int n = 0;
   for (int s = 0; s < n_seqs; ++s) n += seqs[s].n;
-  act_.resize(size_t(n) * E);
   ids_.resize(size_t(n));
   pos_.resize(size_t(n));
+  using forward_graph::ActTensor;
+  using forward_graph::CheckLayerKv;
   std::vector<SeqSlice> slices(static_cast<size_t>(n_seqs));
   std::vector<int> seq_of_row(static_cast<size_t>(n));
   out_rows_.clear();
@@ -427,55 +496,65 @@ Status Forward::RunUbatch(const Seq* seqs, int n_seqs) {
       if (i >= q.n - q.n_logits) out_rows_.push_back(row);
     }
   }
-
+  const int n_out = int(out_rows_.size());
+  const bool tail = n_out > 0 && out_rows_.front() == n - n_out;
+  out_.resize(size_t(n_out) * hp.n_vocab);
+  const float scale = 1.0f / std::sqrt(float(D));
+  std::vector<LayerOpData> od(static_cast<size_t>(L));
+  std::vector<void*> odp(static_cast<size_t>(L));
+  for (int il = 0; il < L; ++il) {
+    od[size_t(il)] = LayerOpData{slices.data(), n_seqs, seq_of_row.data(), il, n, scale};
+    odp[size_t(il)] = &od[size_t(il)];
+  }
   ggml_init_params ip{meta_buf_.size(), meta_buf_.data(), /*no_alloc=*/true};
-
-  // Embedding.
   double t0 = Now(model_->env());
+
+  if (!wait_ && whole_step_fits()) {
+    // No restore pending: every unit and chunk is checked now, and the whole step is one graph
+    // (one fork/join of the compute threads instead of n_layer + 2).
+    MZ_RETURN_IF_ERROR(Wait(base));
+    for (int il = 0; il < L; ++il) {
+      MZ_RETURN_IF_ERROR(Wait(il));
+      MZ_RETURN_IF_ERROR(CheckLayerKv(slices, il));
+    }
+    ggml_context* ctx = ggml_init(ip);
+    ggml_tensor* out = BuildWhole(ctx, n, n_out, tail, odp.data(), /*reserve=*/false);
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, out).With("the step's graph"));
+    timing_.layers_s += Now(model_->env()) - t0;
+    if (n_out > 0) CopyLogits(seqs, n_seqs);
+    return Status::Ok();
+  }
+
+  // Layer by layer: the wait hook runs before each graph (a restore in flight); the residual
+  // stream lives in act_ between the graphs.
+  act_.resize(size_t(n) * E);
   MZ_RETURN_IF_ERROR(Wait(base));
   {
     ggml_context* ctx = ggml_init(ip);
-    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildEmbed(ctx, n)));
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, ggml_cpy(ctx, BuildEmbed(ctx, n), ActTensor(ctx, act_.data(), E, n))));
   }
   double t1 = Now(model_->env());
   timing_.embed_s += t1 - t0;
 
-  const float scale = 1.0f / std::sqrt(float(D));
-  for (int il = 0; il < int(hp.n_layer); ++il) {
+  for (int il = 0; il < L; ++il) {
     MZ_RETURN_IF_ERROR(Wait(il));
-    for (const SeqSlice& sl : slices) {
-      KvCache* kv = sl.kv;
-      const int first_write = sl.pos0 / kv->geometry().chunk_tokens;
-      for (int c = 0; c < first_write; ++c)  // read only: resident, or compressed in a form attention reads
-        if (!kv->chunk_readable(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
-                                                            std::to_string(il) + " is not in memory");
-      for (int c = first_write; c < kv->n_chunks_for(sl.pos0 + sl.n); ++c)
-        if (!kv->chunk_resident(il, c)) return Status::Busy("KV chunk " + std::to_string(c) + " of layer " +
-                                                            std::to_string(il) + " is not resident");
-    }
-    LayerOpData od{slices.data(), n_seqs, seq_of_row.data(), il, n, scale};
+    MZ_RETURN_IF_ERROR(CheckLayerKv(slices, il));
     ggml_context* ctx = ggml_init(ip);
-    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildLayer(ctx, il, n, &od)).With("layer " + std::to_string(il)));
+    ggml_tensor* x = ActTensor(ctx, act_.data(), E, n);
+    ggml_tensor* pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
+    pos->data = pos_.data();
+    // The residual is written back in place (x read earlier).
+    ggml_tensor* out = ggml_cpy(ctx, BuildLayer(ctx, il, x, pos, odp[size_t(il)]), x);
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, out).With("layer " + std::to_string(il)));
   }
   double t2 = Now(model_->env());
   timing_.layers_s += t2 - t1;
 
-  if (!out_rows_.empty()) {
+  if (n_out > 0) {
     MZ_RETURN_IF_ERROR(Wait(base));
-    const int n_out = int(out_rows_.size());
-    out_.resize(size_t(n_out) * hp.n_vocab);
     ggml_context* ctx = ggml_init(ip);
-    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildHead(ctx, n, n_out, out_rows_.front() == n - n_out)));
-    // Each sequence's rows, in its order.
-    size_t k = 0;
-    for (int s = 0; s < n_seqs; ++s) {
-      const Seq& q = seqs[s];
-      if (!q.n_logits) continue;
-      const size_t at = q.logits->size(), len = size_t(q.n_logits) * hp.n_vocab;
-      q.logits->resize(at + len);
-      std::memcpy(q.logits->data() + at, out_.data() + k * hp.n_vocab, len * sizeof(float));
-      k += size_t(q.n_logits);
-    }
+    MZ_RETURN_IF_ERROR(ComputeAndFree(ctx, BuildHead(ctx, ActTensor(ctx, act_.data(), E, n), n_out, tail)));
+    CopyLogits(seqs, n_seqs);
     timing_.head_s += Now(model_->env()) - t2;
   }
   return Status::Ok();

@@ -1,11 +1,18 @@
-// Forward: the transformer forward pass on ggml, computed layer by layer.
+// Forward: the transformer forward pass on ggml, a whole ubatch in one graph, or layer by layer
+// while a restore is in flight.
 //
-// Each ubatch runs as: an embedding graph (needs the base unit), one graph per layer (needs weight
-// unit l and the KV chunks of layer l), then a head graph (base unit). Before each of these the
-// optional `wait` hook is called with the unit index it needs (layer l, or base_unit() for the
-// embedding/head); the hook may block until that unit is resident (the restoration pipeline) or
-// fail, which aborts the pass with the KV cache untouched beyond the layers already computed
-// (the caller truncates it back).
+// With no `wait` hook set (nothing restoring), a ubatch is ONE graph: embedding, every layer, the
+// head, computed by one ggml_backend_graph_compute (one fork/join of the compute threads). Every
+// unit it needs (base and each layer's weights, each layer's KV chunks) is checked before anything
+// is computed: kBusy with the KV cache untouched when one is not in memory.
+// With a `wait` hook (RestoreGenerate: the restore pipeline), a ubatch runs as an embedding graph
+// (needs the base unit), one graph per layer (needs weight unit l and the KV chunks of layer l),
+// then a head graph (base unit). Before each of these the hook is called with the unit index it
+// needs (layer l, or base_unit() for the embedding/head); the hook may block until that unit is
+// resident (the restoration pipeline) or fail, which aborts the pass with the KV cache untouched
+// beyond the layers already computed (the caller truncates it back). Both ways compute the same
+// ops on the same values in the same order: their logits and KV are bit-equal
+// (ForwardGraphs.* in tests/test_batch.cpp).
 //
 // Per-layer graph (shapes in ggml order, n = tokens in the ubatch):
 //   x[E,n] -> rms_norm*attn_norm -> q=Wq.x[+bq] [D,H,n], k=Wk.x[+bk] [D,Hkv,n], v=Wv.x[+bv] [D,Hkv,n]
@@ -45,8 +52,10 @@ struct ForwardOptions {
   int n_ubatch = 512;
 };
 
+// Of the last Decode or Step. A whole-graph ubatch counts all its time in layers_s.
 struct LayerTiming {
   double embed_s = 0, layers_s = 0, head_s = 0, wait_s = 0;
+  int graphs = 0;  // ggml graphs computed: 1 per ubatch in one graph, n_layer + 2 layer by layer
 };
 
 class Forward {
@@ -111,24 +120,36 @@ class Forward {
   // reallocation per larger graph). Returns the bytes freed. REQUIRES: nothing computes on this
   // Forward meanwhile (its owner's lock).
   uint64_t ReleaseComputeBuffers();
-  // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now (they still
-  // grow if a larger step comes: all_logits over more rows). kNoMemory when they cannot be
+  // Sizes the compute buffers for a step of n_tokens tokens with n_out logits rows now, computed
+  // either way (its layer-by-layer graphs and, when it fits, its one graph; they still grow if a
+  // larger step comes: all_logits over more rows). kNoMemory when they cannot be
   // allocated (nothing else changed); kInvalidArgument unless 1 <= n_out <= n_tokens.
   Status ReserveCompute(int n_tokens, int n_out);
 
   const LayerTiming& timing() const { return timing_; }
+  // True when a ubatch of this model fits one graph (the metadata buffer holds kGraphSize tensors;
+  // kTensorsPerLayer per layer): up to ~100 layers. Otherwise every ubatch runs layer by layer.
+  bool whole_step_fits() const;
 
  private:
+  static constexpr int kGraphSize = 4096;       // tensors of the metadata buffer, nodes of a graph
+  static constexpr int kTensorsPerLayer = 40;   // BuildLayer makes at most this many (32 today)
   // One ubatch over seqs (tokens already validated, chunks reserved): KV written at each
   // sequence's positions from its kv->n_tokens(); KV lengths are not changed here.
   Status RunUbatch(const Seq* seqs, int n_seqs);
-  // The three graphs of a ubatch of n columns, each ending in the copy to its output (outside the
-  // compute buffers): token embedding into act_; layer il over act_ in place (od: the custom ops'
-  // LayerOpData); the head of n_out rows of act_ into out_ (tail: the last n_out columns, else the
-  // rows out_rows_ lists).
+  // The graph builders (ggml order shapes; inputs and outputs outside the compute buffers are
+  // tensors whose data the caller set). BuildEmbed: the token embedding of ids_ [E, n]. BuildLayer:
+  // layer il over x [E, n] at positions pos [n] (od: the custom ops' LayerOpData), returns the
+  // layer's output [E, n] (x is only read). BuildHead: the logits of n_out columns of act [E, n]
+  // into out_ (tail: the last n_out columns, else the rows out_rows_ lists). BuildWhole: embedding,
+  // every layer (od[il] each), then the head when n_out > 0 (else the last layer's output);
+  // reserve: every layer from layer 0's tensors and no input data (ReserveCompute).
   ggml_tensor* BuildEmbed(ggml_context* ctx, int n);
-  ggml_tensor* BuildLayer(ggml_context* ctx, int il, int n, void* od);
-  ggml_tensor* BuildHead(ggml_context* ctx, int n, int n_out, bool tail);
+  ggml_tensor* BuildLayer(ggml_context* ctx, int il, ggml_tensor* x, ggml_tensor* pos, void* od);
+  ggml_tensor* BuildHead(ggml_context* ctx, ggml_tensor* act, int n_out, bool tail);
+  ggml_tensor* BuildWhole(ggml_context* ctx, int n, int n_out, bool tail, void* const* od, bool reserve);
+  // Appends each sequence's rows of out_ to its logits, in step order.
+  void CopyLogits(const Seq* seqs, int n_seqs);
   Status Wait(int unit);
   // Builds the graph that ends in `out`, allocates and computes it, then frees ctx (always, also on
   // failure). NoMemory when the compute buffers cannot be allocated, Internal when compute fails.
@@ -148,7 +169,7 @@ class Forward {
   int pool_threads_ = 0;
   std::vector<int> cpus_;  // the pinned CPUs (empty: not pinned)
   std::vector<uint8_t> meta_buf_;
-  std::vector<float> act_;      // residual stream [n][E]
+  std::vector<float> act_;      // residual stream [n][E] between the graphs of a layer-by-layer ubatch
   std::vector<int32_t> pos_;    // positions of the ubatch
   std::vector<int32_t> ids_;
   std::vector<int32_t> out_rows_;  // rows of act_ whose logits the ubatch computes
