@@ -149,31 +149,61 @@ std::set<std::string> Leftovers(int pid) {
   return s;
 }
 
-// The CI run of issue 6 item 5: under one cgroup limit, the process without mzcache eviction is
-// OOM-killed at least once while the mzcache process survives every round with its context intact.
-TEST(MultitaskBench, QuickRunMzcacheSurvivesWhereOsPagingIsKilled) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root (creates a memory cgroup)";
+// Why a bench in a memory cgroup cannot run here, "" when it can: it needs root and a cgroup v1
+// memory controller.
+std::string CgroupBenchUnsupported() {
+  if (geteuid() != 0) return "needs root (creates a memory cgroup)";
   struct stat st;
   if (::stat("/sys/fs/cgroup/memory/memory.limit_in_bytes", &st) != 0 ||
       ::access("/sys/fs/cgroup/memory/cgroup.event_control", W_OK) != 0)
-    GTEST_SKIP() << "no cgroup v1 memory controller at /sys/fs/cgroup/memory";
+    return "no cgroup v1 memory controller at /sys/fs/cgroup/memory";
+  return "";
+}
+
+// One run of the CLI's bench: `prefix` (shell text before the command: variables, a mkdir),
+// then `mzcache <args> -o <out>`, its output in <out>.log; the JSON report <out>/<json_name> if
+// it wrote one (has_doc). rc is std::system's status.
+struct CliBench {
+  int rc = -1;
+  std::string log;
+  bool has_doc = false;
+  nlohmann::json doc;
+};
+CliBench RunCliBench(const std::string& prefix, const std::string& args, const std::string& out,
+                     const std::string& json_name) {
+  CliBench b;
+  const std::string cmd = prefix + "'" MZ_CLI_PATH "' " + args + " -o '" + out + "' > '" + out + ".log' 2>&1";
+  b.rc = std::system(cmd.c_str());
+  std::ifstream logf(out + ".log");
+  std::stringstream log;
+  log << logf.rdbuf();
+  b.log = log.str();
+  std::ifstream jf(out + "/" + json_name);
+  if (jf.good()) {
+    b.doc = nlohmann::json::parse(jf, nullptr, /*allow_exceptions=*/false);
+    b.has_doc = !b.doc.is_discarded();
+  }
+  return b;
+}
+
+// The CI run of issue 6 item 5: under one cgroup limit, the process without mzcache eviction is
+// OOM-killed at least once while the mzcache process survives every round with its context intact.
+TEST(MultitaskBench, QuickRunMzcacheSurvivesWhereOsPagingIsKilled) {
+  if (const std::string why = CgroupBenchUnsupported(); !why.empty()) GTEST_SKIP() << why;
   const std::string model = test::ModelPath("qwen3-0.6b", "q4_0");
   // Contexts (session files) are built once per build tree and reused by later runs.
   const std::string cache = std::string(MZ_TEST_MODEL_DIR) + "/multitask-cache";
   const std::string out = test::TempDir() + "/multitask";
-  const std::string cmd = "mkdir -p '" + cache + "' && MZ_CACHE_DIR='" + cache + "' '" MZ_CLI_PATH
-                          "' bench multitask --quick -m '" + model + "' --modes ospaging,mz25,pool25 -o '" + out +
-                          "' > '" + out + ".log' 2>&1";
-  const int rc = std::system(cmd.c_str());
-  std::ifstream logf(out + ".log");
+  const CliBench b = RunCliBench("mkdir -p '" + cache + "' && MZ_CACHE_DIR='" + cache + "' ",
+                                 "bench multitask --quick -m '" + model + "' --modes ospaging,mz25,pool25", out,
+                                 "multitask.json");
   std::stringstream log;
-  log << logf.rdbuf();
-  ASSERT_TRUE(WIFEXITED(rc)) << log.str();
-  if (WEXITSTATUS(rc) == 77) GTEST_SKIP() << "bench multitask: unsupported here:\n" << log.str();
-  ASSERT_EQ(WEXITSTATUS(rc), 0) << log.str();
-  std::ifstream jf(out + "/multitask.json");
-  ASSERT_TRUE(jf.good()) << log.str();
-  const nlohmann::json doc = nlohmann::json::parse(jf);
+  log << b.log;
+  ASSERT_TRUE(WIFEXITED(b.rc)) << log.str();
+  if (WEXITSTATUS(b.rc) == 77) GTEST_SKIP() << "bench multitask: unsupported here:\n" << log.str();
+  ASSERT_EQ(WEXITSTATUS(b.rc), 0) << log.str();
+  ASSERT_TRUE(b.has_doc) << log.str();
+  const nlohmann::json& doc = b.doc;
   ASSERT_EQ(doc["modes"].size(), 3u);
   const nlohmann::json* os = nullptr;
   const nlohmann::json* mz = nullptr;
@@ -225,26 +255,21 @@ TEST(MultitaskBench, QuickRunMzcacheSurvivesWhereOsPagingIsKilled) {
 // llama.cpp on AVX2), a floor of 256 MiB and a camera of 512 MiB in 1024 MiB. Asserts who was
 // killed and who survived, not times (~40 s here).
 TEST(FieldNotesBench, SmallPhoneDefaultKilledNoRepackAndMzcacheSurvive) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root (creates a memory cgroup)";
-  struct stat st;
-  if (::stat("/sys/fs/cgroup/memory/memory.limit_in_bytes", &st) != 0 ||
-      ::access("/sys/fs/cgroup/memory/cgroup.event_control", W_OK) != 0)
-    GTEST_SKIP() << "no cgroup v1 memory controller at /sys/fs/cgroup/memory";
+  if (const std::string why = CgroupBenchUnsupported(); !why.empty()) GTEST_SKIP() << why;
   const std::string model = test::ModelPath("qwen3-0.6b", "q4_0");
   const std::string out = test::TempDir() + "/field-notes";
-  const std::string cmd = "'" MZ_CLI_PATH "' bench field-notes --model '" + model +
-                          "' --phone-mib 1024 --floor-mib 256 --camera-mib 512 --tokens 48 --camera-at 16"
-                          " --camera-s 5 --max-run-s 120 --sweep-tokens 0 -o '" + out + "' > '" + out + ".log' 2>&1";
-  const int rc = std::system(cmd.c_str());
-  std::ifstream logf(out + ".log");
+  const CliBench b = RunCliBench("",
+                                 "bench field-notes --model '" + model +
+                                     "' --phone-mib 1024 --floor-mib 256 --camera-mib 512 --tokens 48 --camera-at 16"
+                                     " --camera-s 5 --max-run-s 120 --sweep-tokens 0",
+                                 out, "bench-field-notes.json");
   std::stringstream log;
-  log << logf.rdbuf();
-  ASSERT_TRUE(WIFEXITED(rc)) << log.str();
-  if (WEXITSTATUS(rc) == 77) GTEST_SKIP() << "bench field-notes: unsupported here:\n" << log.str();
-  ASSERT_EQ(WEXITSTATUS(rc), 0) << log.str();
-  std::ifstream jf(out + "/bench-field-notes.json");
-  ASSERT_TRUE(jf.good()) << log.str();
-  const nlohmann::json doc = nlohmann::json::parse(jf);
+  log << b.log;
+  ASSERT_TRUE(WIFEXITED(b.rc)) << log.str();
+  if (WEXITSTATUS(b.rc) == 77) GTEST_SKIP() << "bench field-notes: unsupported here:\n" << log.str();
+  ASSERT_EQ(WEXITSTATUS(b.rc), 0) << log.str();
+  ASSERT_TRUE(b.has_doc) << log.str();
+  const nlohmann::json& doc = b.doc;
   ASSERT_EQ(doc["runs"].size(), 3u) << log.str();
   std::set<std::string> seen;
   for (const auto& r : doc["runs"]) {
