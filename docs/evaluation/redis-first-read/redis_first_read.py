@@ -28,31 +28,63 @@ def cmd(*args):
     return out
 
 
+def server_cpu(port):
+    """redis-server's CPU seconds so far (INFO cpu: used_cpu_sys + used_cpu_user)."""
+    c = connect(port, False, None)
+    c.sendall(cmd("INFO", "cpu"))
+    text = b""
+    while b"used_cpu_user_children" not in text:
+        got = c.recv(65536)
+        if not got:
+            sys.exit("redis_first_read: INFO cpu: the server closed the connection")
+        text += got
+    c.close()
+    f = dict(l.split(":", 1) for l in text.decode(errors="replace").splitlines() if ":" in l)
+    return float(f["used_cpu_sys"]) + float(f["used_cpu_user"])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, required=True, help="the plain port")
     p.add_argument("--tls-port", type=int, help="the TLS port (for --write tls or --read tls)")
     p.add_argument("--ca-file", help="the TLS port's CA certificate")
-    p.add_argument("--write", choices=["plain", "tls"], default="plain", help="how the values are SET")
+    p.add_argument("--write", choices=["plain", "tls", "append"], default="plain",
+                   help="how the values are written: SET over plain TCP or TLS, or (append, plain TCP) SET of\nthe first 16 KiB and APPENDs of 16 KiB, one pipeline per value (below Redis's 32 KiB big-argument\nsize, so Redis copies each part in user space)")
     p.add_argument("--read", choices=["plain", "tls"], default="plain", help="how they are read")
     p.add_argument("--values", type=int, default=20)
     p.add_argument("--bytes", type=int, default=28 << 20)
     a = p.parse_args()
     if "tls" in (a.write, a.read) and not (a.tls_port and a.ca_file):
         p.error("tls needs --tls-port and --ca-file")
-    port = {"plain": a.port, "tls": a.tls_port}
+    port = {"plain": a.port, "tls": a.tls_port, "append": a.port}
     layers, n, v = 28, a.values, a.bytes
     w = connect(port[a.write], a.write == "tls", a.ca_file)
     value = os.urandom(1 << 20) * (v >> 20) + os.urandom(v & ((1 << 20) - 1))
+    cw, tw = server_cpu(a.port), time.perf_counter()
     for i in range(n):
-        w.sendall(cmd("SET", "mz:firstread:%d" % i, value))
-        if w.recv(16) != b"+OK\r\n":
-            sys.exit("redis_first_read: SET failed")
+        key = "mz:firstread:%d" % i
+        if a.write == "append":
+            part = 16 << 10
+            w.sendall(cmd("SET", key, value[:part]) +
+                      b"".join(cmd("APPEND", key, value[o:o + part]) for o in range(part, v, part)))
+            replies, want = b"", 1 + (v - 1) // part
+            while replies.count(b"\r\n") < want:
+                got = w.recv(1 << 20)
+                if not got:
+                    sys.exit("redis_first_read: the server closed the connection")
+                replies += got
+            if not replies.endswith(b":%d\r\n" % v):
+                sys.exit("redis_first_read: APPEND failed: " + replies[-80:].decode(errors="replace"))
+        else:
+            w.sendall(cmd("SET", key, value))
+            if w.recv(16) != b"+OK\r\n":
+                sys.exit("redis_first_read: SET failed")
+    tw, cw = time.perf_counter() - tw, server_cpu(a.port) - cw
     w.close()
     r = connect(port[a.read], a.read == "tls", a.ca_file)
     per = v // layers
     buf = memoryview(bytearray(n * (per + 32)))
-    first, total = [], 0.0
+    first, total, cr = [], 0.0, server_cpu(a.port)
     for l in range(layers):
         req = b"".join(cmd("GETRANGE", "mz:firstread:%d" % i, l * per, l * per + per - 1) for i in range(n))
         need = n * (len(b"$%d\r\n" % per) + per + 2)
@@ -68,11 +100,12 @@ def main():
         first.append((t1 - t0) * 1e3)
         total += time.perf_counter() - t0
     r.close()
+    cr = server_cpu(a.port) - cr
     c = connect(a.port, False, None)
     c.sendall(b"".join(cmd("DEL", "mz:firstread:%d" % i) for i in range(n)))
     c.recv(4096)
-    print("write %-5s read %-5s: first byte ms median %.1f (min %.1f max %.1f); %.2f GB/s"
-          % (a.write, a.read, statistics.median(first), min(first), max(first), n * per * layers / total / 1e9))
+    print("write %-6s read %-5s: writing %.2f GB/s (redis-server CPU %.2f s); first byte ms median %.1f (min %.1f max %.1f); %.2f GB/s (redis-server CPU %.2f s)"
+          % (a.write, a.read, n * v / tw / 1e9, cw, statistics.median(first), min(first), max(first), n * per * layers / total / 1e9, cr))
 
 
 if __name__ == "__main__":
