@@ -4,7 +4,7 @@
 Writes N values of V bytes (SET, one connection, over plain TCP or TLS), then reads them back
 as the remote tier's stream does (28 pipelined GETRANGEs of 1/28 of every value, over plain TCP
 or TLS, a new connection) and prints the time to the first byte of each pipeline and the rate.
-Found with it: values written over plain TCP are read 3-5x slower, the first time, than values
+Found with it: values written over plain TCP are read 2-4x slower, the first time, than values
 written over TLS, whichever transport reads them (docs/fleet.md, "Why TLS read faster").
 Needs a redis-server with a plain port and, for tls, a TLS port and its CA file. Measuring: run
 it under the bench lock (flock /tmp/mz-bench.lock nice -n -5 docs/evaluation/redis-first-read/redis_first_read.py ...).
