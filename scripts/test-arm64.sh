@@ -38,6 +38,9 @@ BUILD=build-arm64
 #              seeded shapes; the lossless round trip, the q8 layout and the bounds stay)
 #   unit_table all but UnitTableAgreement (random evict/decode/restore/truncate sequences, the table
 #              against the KvCache views): the Elastic* tests (states x codecs, faults, RSS)
+#   env        EnvPageCache.PopulateMappedMapsTheFileWhetherOrNotItIsCongruent: it checks with
+#              mincore that MADV_POPULATE_READ brought the mapping in, and qemu-user passes most
+#              madvise advice as a no-op (0 bytes resident under qemu; the data check passes)
 #   pipeline   all but RestoreGenerateCompressed (q8 chunks read in place, bit-identical to restoring
 #              them): 79 of 81 tests, 10-30 s each under qemu
 #   differential  all (against libllama for AArch64: a 640-token prompt through both engines, four
@@ -47,7 +50,7 @@ CI_SUITES=(
   "attention:*"
   "policy:*"
   "amount_policy:*"
-  "env:*"
+  "env:*-EnvPageCache.PopulateMappedMapsTheFileWhetherOrNotItIsCongruent"
   "swap:*"
   "tokenizer:*"
   "loader:-LoaderFuzz.*"
