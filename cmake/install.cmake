@@ -4,6 +4,8 @@
 #   P/include/mzcache.h                  the whole public API
 #   P/lib/pkgconfig/mzcache.pc           pkg-config --cflags --libs mzcache
 #   P/lib/cmake/mzcache/                 find_package(mzcache) -> mzcache::mzcache
+#   P/bin/mzcache                        the command (run, chat, serve, bench, ...), finding ggml and
+#                                        libllama in P/lib by its rpath ($ORIGIN/../lib)
 # A program built against P runs with nothing else set: the .pc file and the CMake target carry an
 # rpath to P/lib, and libmzcache.so finds its ggml/llama.cpp beside itself.
 include(GNUInstallDirs)
@@ -28,6 +30,11 @@ install(TARGETS mzcache_shared EXPORT mzcacheTargets
 # ggml and libllama from the pinned build, every versioned file and symlink (the SONAMEs resolve).
 install(DIRECTORY ${MZ_DEPS_PREFIX}/lib/ DESTINATION ${CMAKE_INSTALL_LIBDIR}
   FILES_MATCHING PATTERN "libllama.so*" PATTERN "libggml*.so*")
+
+# The command. OPTIONAL: a build that made only the library (the AArch64 cross-build of
+# scripts/test-arm64.sh) installs without it; scripts/demo.sh and scripts/test.sh build it.
+set_target_properties(mzcache PROPERTIES INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+install(TARGETS mzcache RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} OPTIONAL)
 
 install(EXPORT mzcacheTargets NAMESPACE mzcache:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mzcache)
 configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/mzcacheConfig.cmake.in

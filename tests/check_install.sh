@@ -7,7 +7,8 @@
 # 3. libmzcache.so exports only mz_* symbols (nm -D);
 # 4. examples/simple.c is built out of tree through pkg-config and through find_package(mzcache), and
 #    each binary runs on MODEL with an empty environment (nothing set: no LD_LIBRARY_PATH);
-# 5. tests/exit_threads.c, built through pkg-config against the installed prefix, runs the load,
+# 5. P/bin/mzcache, the command, runs with an empty environment and loads ggml/libllama from P/lib;
+# 6. tests/exit_threads.c, built through pkg-config against the installed prefix, runs the load,
 #    decode, free and exit sequence $MZ_INSTALL_EXIT_RUNS times (default 3; each a forked child):
 #    every run must exit 0 with one thread left before main returns, which a leftover thread breaks in
 #    every run, not once in a thousand: so 3 runs suffice (an OpenMP worker still running
@@ -58,6 +59,16 @@ cmake -S "$src/examples" -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$P" -DCMAKE_BUILD_TYP
 cmake --build "$tmp/ex" >/dev/null || fail "building examples/ with find_package(mzcache)"
 echo "check_install: built examples/ through find_package(mzcache); running it"
 run "$tmp/ex/simple"
+
+# The installed command: its ggml and libllama are the prefix's, and it reads the model.
+[ -x "$P/bin/mzcache" ] || fail "missing bin/mzcache in the installed prefix"
+llama=$(env -i PATH=/usr/bin:/bin ldd "$P/bin/mzcache" | awk '$1 ~ /^libllama\.so/ {print $3}')
+[ "$(readlink -f "$llama")" = "$(readlink -f "$P/lib/libllama.so.0")" ] || fail "bin/mzcache loads libllama from '$llama', not from the prefix"
+env -i PATH=/usr/bin:/bin "$P/bin/mzcache" --help > "$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt" >&2; fail "bin/mzcache --help"; }
+env -i PATH=/usr/bin:/bin HOME="$tmp" "$P/bin/mzcache" info -m "$model" > "$tmp/out.txt" 2>&1 \
+  || { cat "$tmp/out.txt" >&2; fail "bin/mzcache info on $model"; }
+grep -qi "layer" "$tmp/out.txt" || { cat "$tmp/out.txt" >&2; fail "bin/mzcache info printed no layers"; }
+echo "check_install: bin/mzcache runs from the prefix (libllama: $llama)"
 
 # The exits of the installed library (what tests/exit_threads.c checks on the build tree's copy).
 cc -std=c11 -Wall -Wextra -Werror "$src/tests/exit_threads.c" -o "$tmp/exit_threads" \
