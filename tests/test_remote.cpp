@@ -970,6 +970,29 @@ TEST(RemoteStream, FirstLayersAreRestoredBeforeTheRestArrivesAndTheResultIsExact
   EXPECT_EQ(RestoreNext(m.get(), FakeOpts(dir_a, kv), "s", next), remote);
 }
 
+// good, the chunk value stored under key, with one bit flipped in the middle of its last layer's
+// payload (where its own index places it); empty if it does not read.
+std::string LastLayerFlipped(Model* m, const std::string& key, const std::string& good) {
+  RemoteTierOptions ro;
+  ro.store = std::make_shared<FakeRemoteKv>();  // only for the envelope
+  std::unique_ptr<RemoteTier> t;
+  std::string payload;
+  if (!RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &t).ok() ||
+      !t->Unwrap(RemoteTier::kChunk, key, good, &payload).ok())
+    return std::string();
+  const std::string f = test::TempDir() + "/remote-chunk-" + std::to_string(getpid()) + ".mzk";
+  std::unique_ptr<SessionReader> r;
+  if (!Env::Default()->WriteSmallFile(f, payload, true).ok() || !SessionReader::Open(*m, T, f, &r).ok()) return std::string();
+  uint64_t off = 0, size = 0, hash = 0;
+  int enc = 0;
+  r->ChunkPlace(int(m->hparams().n_layer) - 1, 0, &off, &size, &hash, &enc);
+  r.reset();
+  std::filesystem::remove(f);
+  std::string bad = good;
+  bad[good.size() - payload.size() + off + size / 2] ^= 0x10;
+  return bad;
+}
+
 // A chunk whose layer fails its check when it arrives (a bit flip in the store), or that the
 // store loses mid-stream (evicted after its head was read), is never attended: its units are lost,
 // the conversation's tokens are computed again, and the answer is still exact.
@@ -992,34 +1015,13 @@ TEST(RemoteStream, ALayerFailingMidStreamIsComputedAgainNeverUsed) {
   const std::string manifest_key = names->ManifestKey("f");
   const std::string manifest = kv->Snapshot().at(manifest_key);  // each round's pool writes its turn back
   names.reset();
-  // Where the last layer's payload of that chunk lies (its own index says).
-  std::string payload;
-  {
-    RemoteTier::Kind k = RemoteTier::kChunk;
-    RemoteTierOptions r2;
-    r2.store = std::make_shared<FakeRemoteKv>();
-    std::unique_ptr<RemoteTier> t;
-    ASSERT_TRUE(RemoteTier::Open(*m, T, "none", r2, [](uint64_t) { return std::string(); }, &t).ok());
-    ASSERT_TRUE(t->Unwrap(k, key, good, &payload).ok());
-  }
-  const std::string f = test::TempDir() + "/remote-chunk-" + std::to_string(getpid()) + ".mzk";
-  ASSERT_TRUE(Env::Default()->WriteSmallFile(f, payload, true).ok());
-  std::unique_ptr<SessionReader> r;
-  ASSERT_TRUE(SessionReader::Open(*m, T, f, &r).ok());
-  const int L = int(m->hparams().n_layer);
-  uint64_t off = 0, size = 0, hash = 0;
-  int enc = 0;
-  r->ChunkPlace(L - 1, 0, &off, &size, &hash, &enc);
-  r.reset();
-  std::filesystem::remove(f);
-  const size_t env_bytes = good.size() - payload.size();
+  const std::string bad = LastLayerFlipped(m.get(), key, good);
+  ASSERT_FALSE(bad.empty());
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
     kv->Set(key, good);
     kv->Set(manifest_key, manifest);
     if (round == 0) {
-      std::string bad = good;
-      bad[env_bytes + off + size / 2] ^= 0x10;
       kv->Set(key, bad);
     } else {
       kv->HoldRangesAfter(1);  // the heads pass; then the key goes
@@ -1140,32 +1142,18 @@ TEST(RemoteStream, APrefixChunkFailingMidStreamIsComputedAgainNeverUsed) {
   const std::vector<int32_t> first(q.begin(), q.begin() + 3 * T), rest(q.begin() + 3 * T, q.end());
   const std::vector<float> want = Reference(m.get(), first, rest);
   RemoteTierOptions ro;
-  ro.store = std::make_shared<FakeRemoteKv>();  // only for the key names and the envelope
+  ro.store = std::make_shared<FakeRemoteKv>();  // only for the key names
   std::unique_ptr<RemoteTier> names;
   ASSERT_TRUE(RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &names).ok());
   const std::vector<uint64_t> h = ChainHashes(m->identity().header_hash, toks.data(), 3 * T, T);
   const std::string key = names->ChunkKey(h[1]);
   const std::string good = kv->Snapshot().at(key);
-  std::string payload;
-  RemoteTier::Kind kind = RemoteTier::kChunk;
-  ASSERT_TRUE(names->Unwrap(kind, key, good, &payload).ok());
-  const std::string f = test::TempDir() + "/remote-pchunk-" + std::to_string(getpid()) + ".mzk";
-  ASSERT_TRUE(Env::Default()->WriteSmallFile(f, payload, true).ok());
-  std::unique_ptr<SessionReader> r;
-  ASSERT_TRUE(SessionReader::Open(*m, T, f, &r).ok());
-  const int L = int(m->hparams().n_layer);
-  uint64_t off = 0, size = 0, hash = 0;
-  int enc = 0;
-  r->ChunkPlace(L - 1, 0, &off, &size, &hash, &enc);
-  r.reset();
-  std::filesystem::remove(f);
-  const size_t env_bytes = good.size() - payload.size();
+  const std::string bad = LastLayerFlipped(m.get(), key, good);
+  ASSERT_FALSE(bad.empty());
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
     kv->Set(key, good);
     if (round == 0) {
-      std::string bad = good;
-      bad[env_bytes + off + size / 2] ^= 0x10;
       kv->Set(key, bad);
     } else {
       kv->HoldRangesAfter(1);  // the heads pass; then the key goes

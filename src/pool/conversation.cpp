@@ -194,11 +194,9 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, bool remote, int
   }
   if (depth == 0) return Status::Ok();
   const int n_prefix = depth * T;
-  if (!remote_refs.empty()) {
-    // Streamed: borrowed as they are (a unit whose layer is not in yet waits at the store's file
-    // gate when restored; one that never arrives whole fails the call with kCorruption: Run
-    // computes the tokens again without the remote tier).
-    if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, remote_refs).ok()) {
+  // This context borrows the run's units (refs: one reference each, given up on failure).
+  auto borrow = [&](const std::vector<SharedChunkStore::Ref>& refs) {
+    if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, refs).ok()) {
       ctx_->Truncate(0);
       return Status::Ok();
     }
@@ -207,7 +205,11 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, bool remote, int
     std::lock_guard<std::mutex> lk(pool_->mu_);
     pool_->stats_.prefix_chunks_reused += uint64_t(depth);
     return Status::Ok();
-  }
+  };
+  // Streamed: borrowed as they are (a unit whose layer is not in yet waits at the store's file
+  // gate when restored; one that never arrives whole fails the call with kCorruption: Run
+  // computes the tokens again without the remote tier).
+  if (!remote_refs.empty()) return borrow(remote_refs);
   std::unique_ptr<SessionReader> reader;
   if (!src_ctx && remote_readers.empty()) {
     // Decoded into this context's resident form (q8_0 KV: q8 chunks), as the store holds them.
@@ -251,15 +253,7 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, bool remote, int
     if (src_ctx->BorrowShared(tokens, depth, pool_->shared_, theirs).ok() && pool_->opts_.dedup_stored)
       src_conv->rename_shared_ = true;
   }
-  if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, mine).ok()) {
-    ctx_->Truncate(0);
-    return Status::Ok();
-  }
-  *consumed = n_prefix;
-  shared_chunks_ = depth;
-  std::lock_guard<std::mutex> lk(pool_->mu_);
-  pool_->stats_.prefix_chunks_reused += uint64_t(depth);
-  return Status::Ok();
+  return borrow(mine);
 }
 
 void Conversation::AfterChangeLocked(int keep_tokens) {
