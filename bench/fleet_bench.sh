@@ -9,7 +9,11 @@
 #           folder, no remote); --rounds rounds, the order rotated each round. TTFT (the server's),
 #           the request's time (the Redis fetch at open included) and the bytes moved (Redis bytes
 #           fetched from /metrics, bytes read from storage from the reply). Codec: --return-codec
-#           (default none, lossless) for both --persist-codec and --kv-codec.
+#           (default none, lossless) for both --persist-codec and --kv-codec. --return-cases picks and
+#           orders them (default local,redis,recompute); two more: prefix (another server, the
+#           request without X-Mz-Conversation: its history found in Redis by chain hash and streamed
+#           in, front layers first, overlapped with the prefill) and prefix-whole (the same with
+#           --remote-prefix-whole: fetched whole before the prefill; the peer of prefix).
 #   shared  --convs conversations sharing a system prompt of about --sys-tokens tokens, one turn each,
 #           --concurrency at once through nginx over 3 servers; with the remote tier, then without
 #           it: keys and bytes in Redis (SCAN, STRLEN, MEMORY USAGE, INFO) and on the three pool
@@ -21,7 +25,8 @@
 #           redis-benchmark GET and SET of --redis-value-kib values (default 1024: one layer of one
 #           256-token Qwen3-0.6B chunk, uncompressed; what a streamed GETRANGE reads), 2 connections.
 # Usage: bench/fleet_bench.sh [--out DIR] [--cases return,shared,kill,redis] [--model GGUF] [--cli MZCACHE]
-#   [--threads 2] [--fleet-threads 1] [--rounds 3] [--return-tokens 4096] [--return-codec none] [--convs 50]
+#   [--threads 2] [--fleet-threads 1] [--rounds 3] [--return-tokens 4096] [--return-codec none]
+#   [--return-cases local,redis,recompute] [--convs 50]
 #   [--sys-tokens 1536] [--concurrency 3] [--clients 8] [--load-s 120] [--kill-at 60] [--load-sys-tokens 512] [--redis-value-kib 1024]
 # --threads: the return case's servers (one runs at a time). --fleet-threads: each of the 3 servers
 # of the shared and kill cases, which compute at once: on a 2-core machine 3 x 2 threads would
@@ -32,15 +37,15 @@
 # Needs redis-server, nginx, gnuplot, node and the cached openai package (tests/check_fleet.sh).
 set -euo pipefail
 R=$(cd "$(dirname "$0")/.." && pwd)
-help() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+help() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; }
 OUT=$R/build/bench-fleet CASES=return,shared,kill,redis MODEL=$HOME/.cache/mzcache/models/qwen3-0.6b-q8_0.gguf
 CLI=$R/build/mzcache THREADS=2 FTHREADS=1 ROUNDS=3 RET_TOKENS=4096 RET_CODEC=none CONVS=50 SYS_TOKENS=1536 CONC=3
-CLIENTS=8 LOAD_S=120 KILL_AT=60 LOAD_SYS=512 VALUE_KIB=1024
+CLIENTS=8 LOAD_S=120 KILL_AT=60 LOAD_SYS=512 VALUE_KIB=1024 RET_CASES=local,redis,recompute
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) help; exit 0 ;;
     --out) OUT=$2 ;; --cases) CASES=$2 ;; --model) MODEL=$2 ;; --cli) CLI=$2 ;; --threads) THREADS=$2 ;; --fleet-threads) FTHREADS=$2 ;;
-    --rounds) ROUNDS=$2 ;; --return-tokens) RET_TOKENS=$2 ;; --return-codec) RET_CODEC=$2 ;;
+    --rounds) ROUNDS=$2 ;; --return-tokens) RET_TOKENS=$2 ;; --return-codec) RET_CODEC=$2 ;; --return-cases) RET_CASES=$2 ;;
     --convs) CONVS=$2 ;; --sys-tokens) SYS_TOKENS=$2 ;; --concurrency) CONC=$2 ;; --clients) CLIENTS=$2 ;;
     --load-s) LOAD_S=$2 ;; --kill-at) KILL_AT=$2 ;; --load-sys-tokens) LOAD_SYS=$2 ;; --redis-value-kib) VALUE_KIB=$2 ;;
     *) echo "fleet_bench: unknown option '$1' (--help)" >&2; exit 2 ;;
@@ -128,19 +133,25 @@ case_return() {
   local RPORT; RPORT=$(cat "$F/redis.port")
   redis-cli -p "$RPORT" info memory | tr -d '\r' | grep -E '^used_memory:' >"$RAW/return-redis-memory.txt"
   : >"$RAW/return-rounds.jsonl"
-  local order=(local redis recompute) i k c port la0 la1 fetched line
+  local order i k c n port la0 la1 fetched line id
+  IFS=, read -r -a order <<<"$RET_CASES"
+  n=${#order[@]}
   for i in $(seq "$ROUNDS"); do
-    for k in 0 1 2; do
-      c=${order[$(((k + i - 1) % 3))]}
+    for k in $(seq 0 $((n - 1))); do
+      c=${order[$(((k + i - 1) % n))]}
       rm -rf "$W/pool-$c"
+      id=return-conv
       case $c in
         local) cp -r "$F/pool-1" "$W/pool-local"; start_one "return-$c" --pool-dir "$W/pool-$c" $args ;;
         redis) start_one "return-$c" --pool-dir "$W/pool-$c" --remote "redis://127.0.0.1:$RPORT" $args ;;
+        prefix) id=-; start_one "return-$c" --pool-dir "$W/pool-$c" --remote "redis://127.0.0.1:$RPORT" $args ;;
+        prefix-whole) id=-; start_one "return-$c" --pool-dir "$W/pool-$c" --remote "redis://127.0.0.1:$RPORT" --remote-prefix-whole $args ;;
         recompute) start_one "return-$c" --pool-dir "$W/pool-$c" $args ;;
+        *) die "unknown return case '$c' (local, redis, prefix, prefix-whole, recompute)" ;;
       esac
       port=$(cat "$W/return-$c.port")
       la0=$(loadavg)
-      line=$(node "$TURN" "http://127.0.0.1:$port/v1" "$NPM" return-conv "$W/return-m2.json" 8) || die "round $i $c: the turn failed"
+      line=$(node "$TURN" "http://127.0.0.1:$port/v1" "$NPM" "$id" "$W/return-m2.json" 8) || die "round $i $c: the turn failed"
       la1=$(loadavg)
       fetched=$(metric "$port" 'mzcache_remote_bytes_total{direction="fetched"}')
       stop_one "return-$c"

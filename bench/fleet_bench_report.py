@@ -26,7 +26,7 @@ def report_return(raw, out, md, res):
     rows = lines(f"{raw}/return-rounds.jsonl")
     first = json.load(open(f"{raw}/return-first.json"))
     cases = {}
-    for c in ("redis", "local", "recompute"):
+    for c in ("redis", "prefix", "prefix-whole", "local", "recompute"):
         rs = [r for r in rows if r["case"] == c]
         if not rs:
             continue
@@ -51,7 +51,9 @@ def report_return(raw, out, md, res):
               f"{'yes' if same_text else 'NO'}.\n")
     md.append("| case | TTFT median (min-max) s | request median (min-max) s | cached tokens | Redis bytes fetched | storage bytes read | load avg (min-max) |")
     md.append("|---|---|---|---|---|---|---|")
-    names = {"redis": "another server, from Redis", "local": "same server, local storage", "recompute": "re-prefill (nothing stored)"}
+    names = {"redis": "another server, from Redis", "local": "same server, local storage", "recompute": "re-prefill (nothing stored)",
+             "prefix": "another server, no id: prefix by chain hash from Redis, streamed",
+             "prefix-whole": "another server, no id: prefix by chain hash from Redis, fetched whole first"}
     for c, v in cases.items():
         t, w, l = v["ttft_s"], v["request_s"], v["load"]
         md.append(f"| {names[c]} | {t['median']:.3f} ({t['min']:.3f}-{t['max']:.3f}) | {w['median']:.3f} ({w['min']:.3f}-{w['max']:.3f}) "
@@ -59,12 +61,33 @@ def report_return(raw, out, md, res):
                   f"| {v['storage_bytes_read']['median'] / 2**20:.1f} MiB | {l['min']:.2f}-{l['max']:.2f} |")
     if "recompute" in cases:
         base = cases["recompute"]["ttft_s"]["median"]
-        for c in ("redis", "local"):
+        for c in ("redis", "prefix", "prefix-whole", "local"):
             if c in cases:
                 md.append(f"\n{names[c]}: TTFT {cases[c]['ttft_s']['median'] / base:.3f}x re-prefill's (medians, same run).")
+    if "prefix" in cases and "prefix-whole" in cases:
+        # The streamed prefix against its peer, round by round (each round ran both, alternated).
+        per = {}
+        for r in rows:
+            if r["case"] in ("prefix", "prefix-whole"):
+                per.setdefault(r["round"], {})[r["case"]] = r["turn"]
+        ratios = {k: [] for k in ("wall_s", "ttft_s")}
+        for rd in per.values():
+            if len(rd) == 2:
+                for k in ratios:
+                    if rd["prefix-whole"][k] > 0:
+                        ratios[k].append(rd["prefix"][k] / rd["prefix-whole"][k])
+        res["return"]["prefix_vs_whole"] = {k: spread(v) for k, v in ratios.items() if v}
+        if ratios["wall_s"]:
+            w, t = spread(ratios["wall_s"]), spread(ratios["ttft_s"]) if ratios["ttft_s"] else None
+            md.append(f"\nStreamed / fetched whole (no id, prefix by chain hash), each round's own ratio: request time "
+                      f"{w['median']:.3f}x (min {w['min']:.3f}, max {w['max']:.3f}, {w['n']} rounds)"
+                      + (f"; server TTFT {t['median']:.3f}x ({t['min']:.3f}-{t['max']:.3f})" if t else "")
+                      + ". The server's TTFT starts when its restore does: a prefix fetched whole is fetched before "
+                      "(in the request's time, not in its TTFT); a streamed one arrives during it.")
     md.append("")
     dat = f"{out}/fleet-return.dat"
-    short = {"redis": "Redis (another server)", "local": "local (same server)", "recompute": "re-prefill"}
+    short = {"redis": "Redis (another server)", "local": "local (same server)", "recompute": "re-prefill",
+             "prefix": "no id, streamed", "prefix-whole": "no id, whole"}
     with open(dat, "w") as f:
         for i, (c, v) in enumerate(cases.items()):
             f.write(f'{i} "{short[c]}" {v["ttft_s"]["median"]} {v["ttft_s"]["min"]} {v["ttft_s"]["max"]} '

@@ -27,7 +27,7 @@
 /* Library version (semantic: the major version changes only when the ABI breaks; it is the
  * SONAME's number, libmzcache.so.MAJOR). mz_version() returns the library's own at run time. */
 #define MZ_VERSION_MAJOR 0
-#define MZ_VERSION_MINOR 18
+#define MZ_VERSION_MINOR 19
 #define MZ_VERSION_PATCH 0
 
 #include <stdbool.h>
@@ -697,6 +697,11 @@ struct mz_profile_params {
    * chunk-sized values written, read back in one pipeline and removed). NULL or "" (default): not
    * measured, reported so (the pool then learns the rate at run time). */
   const char* remote_url;
+  /* since 0.19: with a rediss:// remote_url, the PEM certificate authorities to trust (a Redis with
+   * a private CA's certificate); NULL (default): the system's. Read before anything is measured:
+   * an unreadable or bad file is MZ_ERR_INVALID_ARG (or the read's error) naming it, as is a CA
+   * file with a redis:// URL. */
+  const char* remote_ca_file;
 };
 struct mz_profile_params mz_profile_default_params(void);
 /* Profiles this device with the KV of the model at model_path (loaded, a 512-token prefill of
@@ -877,6 +882,12 @@ struct mz_pool_params {
   const char* remote_cert_file; /* PEM client certificate (for Redis's tls-auth-clients), with
                                    remote_key_file (both or neither); NULL (default): none */
   const char* remote_key_file;  /* its unencrypted PEM private key; NULL (default): none */
+  /* since 0.19 */
+  bool remote_prefix_whole;     /* an empty conversation's prefix found in Redis by chain hash is
+                                   fetched whole and verified before its prefill (true), instead of
+                                   streamed in front layers first, overlapped with the prefill, as a
+                                   conversation opened by id is (false, default): the peer the
+                                   streamed path is measured against (bench fleet) */
 };
 struct mz_pool_params mz_pool_default_params(void);
 /* Creates a pool over model (which must outlive it) and finds the conversations stored in dir. */
@@ -1099,6 +1110,18 @@ struct mz_pool_remote_report {
   char last_error[256];
 };
 int mz_pool_get_remote_report(mz_pool* pool, struct mz_pool_remote_report* out);
+/* Since 0.19: what became of the prefixes an empty conversation's first call found in Redis by
+ * chain hash: fetched (streamed in, or whole with remote_prefix_whole), or not fetched because
+ * computing their tokens again was expected to be faster (the device profile's remote read rate,
+ * else the rate learned from earlier fetches, against the measured prefill rate; docs/fleet.md).
+ * An output struct, frozen like the others. MZ_ERR_INVALID_ARG for NULL; all 0 without a remote tier. */
+struct mz_pool_remote_fetch_report {
+  uint64_t prefix_chunks;          /* chunks found by chain hash and fetched (as mz_pool_remote_report's) */
+  uint64_t fetches_skipped_slower; /* prefixes found and not fetched: computing them was expected faster */
+  uint64_t chunks_skipped_slower;  /* the chunks of those prefixes */
+  int32_t streaming;               /* chunks being streamed in now (by id or by chain hash) */
+};
+int mz_pool_get_remote_fetch_report(mz_pool* pool, struct mz_pool_remote_fetch_report* out);
 /* Since 0.15: mz_pool_flush, then tries every pending remote write now and waits for it: MZ_OK,
  * or the store's error (MZ_ERR_IO: unreachable; the writes are kept and retried). MZ_OK without
  * a remote tier. */

@@ -2,6 +2,8 @@
 // load balancer sends it (tests/check_fleet.sh): the whole history, plus the X-Mz-Conversation
 // header that routes it (nginx hashes it) and names the conversation to continue.
 // Usage: node fleet_openai.mjs BASE_URL OPENAI_PACKAGE_DIR CONVERSATION_ID MESSAGES_JSON_FILE [MAX_TOKENS]
+//   CONVERSATION_ID '-': no X-Mz-Conversation header (a client that sends only the history: the
+//   server finds its prefix by chain hash).
 //   Greedy (temperature 0), at most MAX_TOKENS (default 8) tokens. Prints one JSON line: {text,
 //   cached_tokens, prompt_tokens, conversation, upstream, wall_s, ttft_s, reload_s,
 //   bytes_from_storage} (upstream: nginx's X-Mz-Upstream, the server that answered; wall_s: the
@@ -26,7 +28,8 @@ const messages = JSON.parse(readFileSync(file, 'utf8'));
 try {
   const t0 = performance.now();
   const { data, response } = await client.chat.completions
-    .create({ model: 'any', messages, max_tokens: maxTokens, temperature: 0 }, { headers: { 'X-Mz-Conversation': id } })
+    .create({ model: 'any', messages, max_tokens: maxTokens, temperature: 0 },
+            id === '-' ? {} : { headers: { 'X-Mz-Conversation': id } })
     .withResponse();
   console.log(JSON.stringify({
     text: data.choices[0].message.content,

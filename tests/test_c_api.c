@@ -1423,14 +1423,24 @@ static int check_pool(const char* path) {
   /* The remote tier (0.15): none by default (its report says so; flush_remote is a no-op); a
    * remote_url without dir, a rediss:// URL with a CA file that cannot be read, a CA file with a
    * redis:// URL (0.18) and a bad URL are refused; a 0.13-0.14 struct_size (ending before
-   * remote_url) and a 0.15-0.17 one (ending before remote_ca_file) are still accepted. */
+   * remote_url), a 0.15-0.17 one (ending before remote_ca_file) and a 0.18 one (ending before
+   * remote_prefix_whole) are still accepted. */
   {
     struct mz_pool_remote_report rr;
     CHECK(mz_pool_get_remote_report(pool, NULL) == MZ_ERR_INVALID_ARG, "remote report without out");
     CHECK(mz_pool_get_remote_report(pool, &rr) == MZ_OK && !rr.enabled && !rr.degraded && rr.pending == 0,
           "remote report of a pool without one");
     CHECK(mz_pool_flush_remote(pool) == MZ_OK, "flush_remote without a remote tier: %s", mz_last_error());
+    /* 0.19: the fetch-or-compute counters; all 0 without a remote tier */
+    struct mz_pool_remote_fetch_report rf;
+    memset(&rf, 0xff, sizeof rf);
+    CHECK(mz_pool_get_remote_fetch_report(pool, NULL) == MZ_ERR_INVALID_ARG, "remote fetch report without out");
+    CHECK(mz_pool_get_remote_fetch_report(NULL, &rf) == MZ_ERR_INVALID_ARG, "remote fetch report without pool");
+    CHECK(mz_pool_get_remote_fetch_report(pool, &rf) == MZ_OK && rf.prefix_chunks == 0 &&
+              rf.fetches_skipped_slower == 0 && rf.chunks_skipped_slower == 0 && rf.streaming == 0,
+          "remote fetch report of a pool without a remote tier");
     struct mz_pool_params rp = mz_pool_default_params();
+    CHECK(!rp.remote_prefix_whole, "remote_prefix_whole defaults to false (streamed)");
     CHECK(rp.remote_url == NULL && rp.remote_timeout_ms == 2000 && rp.remote_ttl_s == 604800, "remote defaults");
     rp.context = &cp;
     rp.remote_url = "redis://127.0.0.1:1";
@@ -1460,6 +1470,10 @@ static int check_pool(const char* path) {
     mz_pool* p17 = NULL;
     CHECK(mz_pool_new(model, &old, &p17) == MZ_OK && p17, "a 0.17 struct_size refused: %s", mz_last_error());
     mz_pool_free(p17);
+    old.struct_size = (uint32_t)offsetof(struct mz_pool_params, remote_prefix_whole);
+    mz_pool* p18 = NULL;
+    CHECK(mz_pool_new(model, &old, &p18) == MZ_OK && p18, "a 0.18 struct_size refused: %s", mz_last_error());
+    mz_pool_free(p18);
   }
   CHECK(mz_pool_delete(pool, "a") == MZ_OK && mz_pool_delete(pool, "b") == MZ_OK, "delete: %s", mz_last_error());
   CHECK(mz_pool_list(pool, NULL, 0) == 0, "conversations left after delete");

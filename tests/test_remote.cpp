@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "mzcache.h"
 #include "policy/profiler.h"
 #include "pool/chunk_hash.h"
 #include "pool/pool.h"
@@ -356,19 +357,31 @@ TEST(RemoteTier, NewConversationFindsItsPrefixByChainHash) {
   ASSERT_TRUE(m);
   const std::vector<int32_t> a = Tokens(2 * T, 2 * T + 40, 1);
   Serve(m.get(), Opts(FreshDir("a3"), redis.Url()), "a", a);
-  // Server B, a request with no conversation id: the same 2 chunks, another continuation.
+  // Server B, a request with no conversation id: the same 2 chunks, another continuation. Streamed
+  // (the default) and fetched whole: both exact.
   std::vector<int32_t> q(a.begin(), a.begin() + 2 * T);
   for (int i = 0; i < 30; ++i) q.push_back(300 + i);
-  std::unique_ptr<Pool> b;
-  ASSERT_TRUE(Pool::Open(m.get(), Opts(FreshDir("b3"), redis.Url()), &b).ok());
-  std::shared_ptr<Conversation> c;
-  ASSERT_TRUE(b->OpenConversation("q", &c).ok());
-  ASSERT_TRUE(c->Decode(q.data(), int(q.size()), false).ok());
-  const PoolStats s = b->Stats();
-  EXPECT_EQ(s.prefix_chunks_reused, 2u);
-  EXPECT_EQ(s.remote.prefix_chunks, 2u);
   const std::vector<int32_t> first(q.begin(), q.begin() + 2 * T), rest(q.begin() + 2 * T, q.end());
-  EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), Reference(m.get(), first, rest));
+  const std::vector<float> want = Reference(m.get(), first, rest);
+  for (const bool stream : {true, false}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    PoolOptions o = Opts(FreshDir(stream ? "b3s" : "b3w"), redis.Url());
+    o.remote.stream_prefix = stream;
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), o, &b).ok());
+    std::shared_ptr<Conversation> c;
+    const std::string id = stream ? "q-s" : "q-w";  // not in Redis: a new conversation
+    ASSERT_TRUE(b->OpenConversation(id, &c).ok());
+    ASSERT_TRUE(c->Decode(q.data(), int(q.size()), false).ok());
+    for (int i = 0; i < 2000 && b->Stats().remote.streaming > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const PoolStats s = b->Stats();
+    EXPECT_EQ(s.prefix_chunks_reused, 2u);
+    EXPECT_EQ(s.remote.prefix_chunks, 2u);
+    EXPECT_EQ(s.remote.chunks_fetched, 2u);
+    EXPECT_EQ(s.remote.damaged, 0u);
+    EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), want);
+  }
 }
 
 // The fetch-or-compute plan (policy/remote_fetch.h) applied by RemotePrefix: with the device
@@ -727,6 +740,47 @@ TEST(RemoteTls, ClientCertificateForTlsAuthClientsAndBadFiles) {
 
 // Faults of the Env's sockets reach TLS connections: a refused connect and a read that fails mid
 // reply are errors, never values; the next call makes a new connection and reads exactly.
+// `mzcache profile --remote rediss://... --remote-ca-file F` (mz_profile_params.remote_ca_file,
+// 0.19): a Redis whose certificate a private CA signed is measured when that CA is given, and
+// refused (certificate verify failed, nothing written) when it is not; a CA file with a redis://
+// URL, or without a URL, and an unreadable one are refused naming it.
+TEST(RemoteTls, ProfileTrustsAPrivateCaFile) {
+  NEED_TLS();
+  RedisServer redis;
+  ASSERT_TRUE(redis.StartTls(certs));
+  const std::string dir = FreshDir("tls-prof");
+  std::filesystem::create_directories(dir);
+  const std::string out = dir + "/profile.json";
+  mz_profile_params pp = mz_profile_default_params();
+  pp.dir = dir.c_str();
+  pp.file_mib = 8;
+  pp.quick = true;
+  const std::string url = redis.Url();
+  pp.remote_url = url.c_str();
+  pp.remote_ca_file = certs.cert.c_str();
+  ASSERT_EQ(mz_profile_device(ModelFile().c_str(), &pp, out.c_str()), MZ_OK) << mz_last_error();
+  DeviceProfile prof;
+  ASSERT_TRUE(DeviceProfile::Load(out, &prof).ok());
+  EXPECT_GT(prof.remote_read_Bps, 0);
+  std::filesystem::remove(out);
+  pp.remote_ca_file = nullptr;  // the system's CAs: they do not know the private CA
+  EXPECT_NE(mz_profile_device(ModelFile().c_str(), &pp, out.c_str()), MZ_OK);
+  EXPECT_TRUE(std::string(mz_last_error()).find("certificate verify failed") != std::string::npos ||
+              std::string(mz_last_error()).find("system's certificate authorities") != std::string::npos)
+      << mz_last_error();
+  EXPECT_FALSE(std::filesystem::exists(out));
+  pp.remote_ca_file = "/nonexistent/mz-private-ca.pem";
+  EXPECT_NE(mz_profile_device(ModelFile().c_str(), &pp, out.c_str()), MZ_OK);
+  EXPECT_NE(std::string(mz_last_error()).find("mz-private-ca.pem"), std::string::npos) << mz_last_error();
+  const std::string plain = "redis://127.0.0.1:" + std::to_string(redis.tls_port());
+  pp.remote_url = plain.c_str();
+  pp.remote_ca_file = certs.cert.c_str();
+  EXPECT_EQ(mz_profile_device(ModelFile().c_str(), &pp, out.c_str()), MZ_ERR_INVALID_ARG) << mz_last_error();
+  pp.remote_url = nullptr;
+  EXPECT_EQ(mz_profile_device(ModelFile().c_str(), &pp, out.c_str()), MZ_ERR_INVALID_ARG) << mz_last_error();
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
 TEST(RemoteTls, SocketFaultsUnderTlsAreErrorsNeverValues) {
   NEED_TLS();
   RedisServer redis;
@@ -916,6 +970,29 @@ TEST(RemoteStream, FirstLayersAreRestoredBeforeTheRestArrivesAndTheResultIsExact
   EXPECT_EQ(RestoreNext(m.get(), FakeOpts(dir_a, kv), "s", next), remote);
 }
 
+// good, the chunk value stored under key, with one bit flipped in the middle of its last layer's
+// payload (where its own index places it); empty if it does not read.
+std::string LastLayerFlipped(Model* m, const std::string& key, const std::string& good) {
+  RemoteTierOptions ro;
+  ro.store = std::make_shared<FakeRemoteKv>();  // only for the envelope
+  std::unique_ptr<RemoteTier> t;
+  std::string payload;
+  if (!RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &t).ok() ||
+      !t->Unwrap(RemoteTier::kChunk, key, good, &payload).ok())
+    return std::string();
+  const std::string f = test::TempDir() + "/remote-chunk-" + std::to_string(getpid()) + ".mzk";
+  std::unique_ptr<SessionReader> r;
+  if (!Env::Default()->WriteSmallFile(f, payload, true).ok() || !SessionReader::Open(*m, T, f, &r).ok()) return std::string();
+  uint64_t off = 0, size = 0, hash = 0;
+  int enc = 0;
+  r->ChunkPlace(int(m->hparams().n_layer) - 1, 0, &off, &size, &hash, &enc);
+  r.reset();
+  std::filesystem::remove(f);
+  std::string bad = good;
+  bad[good.size() - payload.size() + off + size / 2] ^= 0x10;
+  return bad;
+}
+
 // A chunk whose layer fails its check when it arrives (a bit flip in the store), or that the
 // store loses mid-stream (evicted after its head was read), is never attended: its units are lost,
 // the conversation's tokens are computed again, and the answer is still exact.
@@ -938,34 +1015,13 @@ TEST(RemoteStream, ALayerFailingMidStreamIsComputedAgainNeverUsed) {
   const std::string manifest_key = names->ManifestKey("f");
   const std::string manifest = kv->Snapshot().at(manifest_key);  // each round's pool writes its turn back
   names.reset();
-  // Where the last layer's payload of that chunk lies (its own index says).
-  std::string payload;
-  {
-    RemoteTier::Kind k = RemoteTier::kChunk;
-    RemoteTierOptions r2;
-    r2.store = std::make_shared<FakeRemoteKv>();
-    std::unique_ptr<RemoteTier> t;
-    ASSERT_TRUE(RemoteTier::Open(*m, T, "none", r2, [](uint64_t) { return std::string(); }, &t).ok());
-    ASSERT_TRUE(t->Unwrap(k, key, good, &payload).ok());
-  }
-  const std::string f = test::TempDir() + "/remote-chunk-" + std::to_string(getpid()) + ".mzk";
-  ASSERT_TRUE(Env::Default()->WriteSmallFile(f, payload, true).ok());
-  std::unique_ptr<SessionReader> r;
-  ASSERT_TRUE(SessionReader::Open(*m, T, f, &r).ok());
-  const int L = int(m->hparams().n_layer);
-  uint64_t off = 0, size = 0, hash = 0;
-  int enc = 0;
-  r->ChunkPlace(L - 1, 0, &off, &size, &hash, &enc);
-  r.reset();
-  std::filesystem::remove(f);
-  const size_t env_bytes = good.size() - payload.size();
+  const std::string bad = LastLayerFlipped(m.get(), key, good);
+  ASSERT_FALSE(bad.empty());
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
     kv->Set(key, good);
     kv->Set(manifest_key, manifest);
     if (round == 0) {
-      std::string bad = good;
-      bad[env_bytes + off + size / 2] ^= 0x10;
       kv->Set(key, bad);
     } else {
       kv->HoldRangesAfter(1);  // the heads pass; then the key goes
@@ -992,6 +1048,220 @@ TEST(RemoteStream, ALayerFailingMidStreamIsComputedAgainNeverUsed) {
   }
 }
 
+
+// A request without a conversation id whose history the store holds by chain hash (a returning
+// user on another server): its chunks stream in as a conversation opened by id does. Only their
+// heads are fetched before the restore starts; restore_generate restores the first layers while
+// the rest is still in the store (held after layer 0) and prefills the new tokens. Released, the
+// logits equal those of a context that computed every token, and those of a pool that fetched the
+// chunks whole before its prefill (the peer).
+TEST(RemoteStream, PrefixFoundByChainHashStreamsFrontLayersFirstAndIsExact) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  auto kv = std::make_shared<FakeRemoteKv>();
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 20, 7);
+  Serve(m.get(), FakeOpts(FreshDir("pa"), kv), "s", toks);
+  std::vector<int32_t> q(toks.begin(), toks.begin() + 3 * T);  // the same history, another turn
+  for (int i = 0; i < 25; ++i) q.push_back(400 + i);
+  const std::vector<int32_t> first(q.begin(), q.begin() + 3 * T), rest(q.begin() + 3 * T, q.end());
+  const std::vector<float> want = Reference(m.get(), first, rest);
+  const int nv = int(m->hparams().n_vocab);
+
+  kv->HoldRangesAfter(2);  // range call 0: the heads; 1: layer 0 of every chunk; 2 (layer 1) waits
+  const std::string dir_b = FreshDir("pb");
+  std::unique_ptr<Pool> b;
+  ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(dir_b, kv), &b).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(b->OpenConversation("new", &c).ok());  // no such id in the store: an empty conversation
+  EXPECT_EQ(c->n_tokens(), 0);
+  std::vector<float> got;
+  Status st;
+  std::thread gen([&] {
+    PipelineOptions po;
+    RestoreGenerateStats rs;
+    st = c->RestoreGenerate(q.data(), int(q.size()), po, &rs);
+    if (st.ok()) got = Row(c->logits(0), nv);
+  });
+  // Readiness wait (not a timing): a layer-0 unit restored while layer 1 is held in the store.
+  bool used_early = false;
+  for (int i = 0; i < 4000 && !used_early; ++i) {
+    const PoolStats s = b->Stats();
+    used_early = s.shared.units_resident >= 1 && kv->range_calls() == 3 && s.remote.chunks_fetched == 0 &&
+                 s.remote.streaming == 3;
+    if (!used_early) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(used_early) << "no shared unit was restored while layer 1 was still held in the store";
+  kv->Release();
+  gen.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(got, want);
+  PoolStats s = b->Stats();
+  EXPECT_EQ(s.remote.prefix_chunks, 3u);
+  EXPECT_EQ(s.prefix_chunks_reused, 3u);
+  EXPECT_EQ(s.remote.chunks_fetched, 3u);
+  EXPECT_EQ(s.remote.streaming, 0);
+  EXPECT_EQ(s.remote.damaged, 0u);
+  EXPECT_EQ(s.recomputed, 0u);
+  // Nothing of the streamed files is left in the pool's folder (the store holds them open).
+  for (const auto& e : std::filesystem::directory_iterator(dir_b + "/swap"))
+    EXPECT_EQ(e.path().filename().string().find("~remote-"), std::string::npos) << e.path();
+  // A second new conversation on the same history borrows the chunks the store holds: nothing
+  // fetched again.
+  std::shared_ptr<Conversation> c2;
+  ASSERT_TRUE(b->OpenConversation("new2", &c2).ok());
+  PipelineOptions po;
+  RestoreGenerateStats rs;
+  ASSERT_TRUE(c2->RestoreGenerate(q.data(), int(q.size()), po, &rs).ok());
+  EXPECT_EQ(Row(c2->logits(0), nv), want);
+  EXPECT_EQ(b->Stats().remote.chunks_fetched, 3u);
+  // The peer: fetched whole before the prefill. The same logits.
+  PoolOptions wo = FakeOpts(FreshDir("pw"), kv);
+  wo.remote.stream_prefix = false;
+  std::unique_ptr<Pool> w;
+  ASSERT_TRUE(Pool::Open(m.get(), wo, &w).ok());
+  std::shared_ptr<Conversation> cw;
+  ASSERT_TRUE(w->OpenConversation("new", &cw).ok());
+  ASSERT_TRUE(cw->RestoreGenerate(q.data(), int(q.size()), po, &rs).ok());
+  EXPECT_EQ(Row(cw->logits(0), nv), want);
+  s = w->Stats();
+  EXPECT_EQ(s.remote.prefix_chunks, 3u);
+  EXPECT_EQ(s.remote.chunks_fetched, 3u);
+}
+
+// The same request when one of its chunks fails: a bit flip in its last layer (found when that
+// layer arrives), or evicted by the store after its head was read. Never attended: its units are
+// lost, the call computes its tokens again without the remote tier, and the answer is exact.
+TEST(RemoteStream, APrefixChunkFailingMidStreamIsComputedAgainNeverUsed) {
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  auto kv = std::make_shared<FakeRemoteKv>();
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 9, 8);
+  Serve(m.get(), FakeOpts(FreshDir("qa"), kv), "f", toks);
+  std::vector<int32_t> q(toks.begin(), toks.begin() + 3 * T);
+  for (int i = 0; i < 12; ++i) q.push_back(600 + i);
+  const std::vector<int32_t> first(q.begin(), q.begin() + 3 * T), rest(q.begin() + 3 * T, q.end());
+  const std::vector<float> want = Reference(m.get(), first, rest);
+  RemoteTierOptions ro;
+  ro.store = std::make_shared<FakeRemoteKv>();  // only for the key names
+  std::unique_ptr<RemoteTier> names;
+  ASSERT_TRUE(RemoteTier::Open(*m, T, "none", ro, [](uint64_t) { return std::string(); }, &names).ok());
+  const std::vector<uint64_t> h = ChainHashes(m->identity().header_hash, toks.data(), 3 * T, T);
+  const std::string key = names->ChunkKey(h[1]);
+  const std::string good = kv->Snapshot().at(key);
+  const std::string bad = LastLayerFlipped(m.get(), key, good);
+  ASSERT_FALSE(bad.empty());
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
+    kv->Set(key, good);
+    if (round == 0) {
+      kv->Set(key, bad);
+    } else {
+      kv->HoldRangesAfter(1);  // the heads pass; then the key goes
+    }
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(FreshDir("qb" + std::to_string(round)), kv), &b).ok());
+    std::shared_ptr<Conversation> c;
+    ASSERT_TRUE(b->OpenConversation("g" + std::to_string(round), &c).ok());
+    Status st;
+    std::thread gen([&] {
+      PipelineOptions po;
+      RestoreGenerateStats rs;
+      st = c->RestoreGenerate(q.data(), int(q.size()), po, &rs);
+    });
+    if (round == 1) {
+      for (int i = 0; i < 4000 && kv->range_calls() < 2; ++i)  // the layers' first call is waiting
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      kv->Erase(key);
+      kv->Release();
+    }
+    gen.join();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(Row(c->logits(0), int(m->hparams().n_vocab)), want);
+    for (int i = 0; i < 2000 && b->Stats().remote.streaming > 0; ++i)  // the good chunks' last layers
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const PoolStats s = b->Stats();
+    EXPECT_EQ(s.remote.damaged, 1u);
+    EXPECT_EQ(s.recomputed, 1u);
+    EXPECT_EQ(s.remote.prefix_chunks, 3u);   // found and streamed ...
+    EXPECT_EQ(s.remote.chunks_fetched, 2u);  // ... the two good chunks arrived whole
+    EXPECT_EQ(c->n_tokens(), int(q.size()));
+  }
+}
+
+
+// A chunk file still arriving when the process dies is partial on disk. Played with the Env's
+// faults: a write of one chunk's first layer fails (EIO), so its stream stops there and its file
+// at the chunk file's path holds only its head; the pool then goes away without reading it (as
+// at a crash). The next start removes the chunk files that fetch placed (their marker lists them)
+// and the marker; the conversation's tokens are computed again and the answer is exact. A removal
+// that fails at start (EIO) keeps the files out of use and the marker for the next start.
+TEST(RemoteStream, PartialChunkFileLeftAtACrashIsRemovedAtStart) {
+  auto fenv = std::make_unique<FaultEnv>(Env::Default());
+  std::unique_ptr<Model> m;
+  ASSERT_TRUE(Model::Load(fenv.get(), ModelFile(), ModelOptions(), &m).ok());
+  auto kv = std::make_shared<FakeRemoteKv>();
+  const std::vector<int32_t> toks = Tokens(0, 3 * T + 11, 9);
+  const int32_t next = 66;
+  Serve(m.get(), FakeOpts(FreshDir("ca"), kv), "p", toks);
+  const std::vector<float> want = Reference(m.get(), toks, {next});
+  const std::vector<uint64_t> h = ChainHashes(m->identity().header_hash, toks.data(), 3 * T, T);
+  const std::string dir = FreshDir("cb");
+  auto chunk = [&](int c) {
+    char name[32];
+    std::snprintf(name, sizeof name, "%016llx.mzk", static_cast<unsigned long long>(h[size_t(c)]));
+    return dir + "/chunks/" + name;
+  };
+  auto markers = [&] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir + "/chunks"))
+      n += e.path().filename().string().rfind("~partial-", 0) == 0;
+    return n;
+  };
+  auto exists = [](const std::string& p) { return std::filesystem::exists(p); };
+  {
+    fenv->path_filter = "~remote-";  // the streamed files (their swap names at open)
+    fenv->fail_writes_after = 3;     // the three heads pass; chunk 0's layer 0 fails
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(dir, kv), &b).ok());
+    std::shared_ptr<Conversation> c;
+    ASSERT_TRUE(b->OpenConversation("p", &c).ok());
+    for (int i = 0; i < 2000 && b->Stats().remote.streaming > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(b->Stats().remote.chunks_fetched, 2u);
+    fenv->fail_writes_after = -1;
+  }  // gone without reading chunk 0: its file is partial, and marked so
+  fenv->path_filter.clear();  // no pool thread reads it now
+  for (int c = 0; c < 3; ++c) EXPECT_TRUE(exists(chunk(c))) << c;
+  EXPECT_EQ(markers(), 1);
+  {
+    // A start whose removals fail: the files are kept out of use, the marker stays.
+    fenv->path_filter = ".mzk";
+    fenv->fail_removes_after = 0;
+    std::unique_ptr<Pool> b;
+    ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(dir, kv), &b).ok());
+    fenv->fail_removes_after = -1;
+    const PoolStats s = b->Stats();
+    EXPECT_EQ(s.partial_chunk_files_removed, 0u);
+    EXPECT_EQ(s.chunk_files_damaged, 3u);  // named, not usable
+    EXPECT_EQ(markers(), 1);
+  }  // "p" was not opened: nothing persisted, the folder as it was
+  fenv->path_filter.clear();
+  PoolStats s;
+  const std::vector<float> got = RestoreNext(m.get(), FakeOpts(dir, kv), "p", next, &s);
+  EXPECT_EQ(s.partial_chunk_files_removed, 3u);
+  EXPECT_EQ(s.chunk_files_damaged, 3u);
+  EXPECT_EQ(s.recomputed, 1u);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(markers(), 0);
+  // That pool persisted "p" with its turn, writing its chunk files again: the next start finds
+  // every one whole.
+  std::unique_ptr<Pool> d;
+  ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(dir, kv), &d).ok());
+  const PoolStats s2 = d->Stats();
+  EXPECT_EQ(s2.partial_chunk_files_removed, 0u);
+  EXPECT_EQ(s2.chunk_files_damaged, 0u);
+  for (int c = 0; c < 3; ++c) EXPECT_TRUE(exists(chunk(c))) << c;
+}
 
 // ---- Redis Cluster: a real 3-master cluster of redis-server on loopback ----
 

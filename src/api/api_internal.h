@@ -95,7 +95,10 @@ inline constexpr SizeRange kContextParamsSizes[] = {
 inline constexpr SizeRange kRestoreParamsSizes[] = {MZ_ONLY_VERSION(mz_restore_params, attend_compressed)};
 inline constexpr SizeRange kSamplerParamsSizes[] = {MZ_ONLY_VERSION(mz_sampler_params, seed)};
 inline constexpr SizeRange kPressureParamsSizes[] = {MZ_VERSION_END(mz_pressure_params, restore_margin, on_action)};
-inline constexpr SizeRange kProfileParamsSizes[] = {MZ_VERSION_END(mz_profile_params, user, remote_url)};  // 0.16 and before
+inline constexpr SizeRange kProfileParamsSizes[] = {
+    MZ_VERSION_END(mz_profile_params, user, remote_url),               // 0.16 and before
+    MZ_VERSION_END(mz_profile_params, remote_url, remote_ca_file),     // 0.17-0.18
+};
 inline constexpr SizeRange kSustainedParamsSizes[] = {MZ_VERSION_END(mz_sustained_params, thermal_root, thermal_zone)};
 inline constexpr SizeRange kPlanParamsSizes[] = {MZ_ONLY_VERSION(mz_plan_params, margin)};
 inline constexpr SizeRange kBudgetParamsSizes[] = {MZ_ONLY_VERSION(mz_budget_params, memory_budget)};
@@ -105,6 +108,7 @@ inline constexpr SizeRange kPoolParamsSizes[] = {
     MZ_VERSION_END(mz_pool_params, write_behind_yield_ms, batch),         // 0.12
     MZ_VERSION_END(mz_pool_params, batch_itl_factor, shared_budget),      // 0.13-0.14
     MZ_VERSION_END(mz_pool_params, remote_ttl_s, remote_ca_file),         // 0.15-0.17
+    MZ_VERSION_END(mz_pool_params, remote_key_file, remote_prefix_whole), // 0.18
 };
 #undef MZ_ONLY_VERSION
 #undef MZ_VERSION_END

@@ -68,6 +68,7 @@ mz_pool_params mz_pool_default_params(void) {
   p.remote_ca_file = nullptr;
   p.remote_cert_file = nullptr;
   p.remote_key_file = nullptr;
+  p.remote_prefix_whole = false;
   return p;
 }
 
@@ -114,6 +115,7 @@ int mz_pool_new(mz_model* model, const mz_pool_params* params, mz_pool** out) {
       o.remote.ca_file = p.remote_ca_file ? p.remote_ca_file : "";
       o.remote.cert_file = p.remote_cert_file ? p.remote_cert_file : "";
       o.remote.key_file = p.remote_key_file ? p.remote_key_file : "";
+      o.remote.stream_prefix = !p.remote_prefix_whole;
     }
     auto h = std::make_unique<mz_pool>();
     h->model = model;
@@ -418,6 +420,19 @@ int mz_pool_get_remote_report(mz_pool* pool, mz_pool_remote_report* out) {
     out->fetch_s = r.fetch_s;
     std::snprintf(out->address, sizeof out->address, "%s", r.address.c_str());
     std::snprintf(out->last_error, sizeof out->last_error, "%s", r.last_error.c_str());
+    return mz::Status::Ok();
+  });
+}
+
+int mz_pool_get_remote_fetch_report(mz_pool* pool, mz_pool_remote_fetch_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!pool || !out) return mz::Status::InvalidArgument("pool and out must not be NULL");
+    const mz::RemoteTierStats r = pool->pool->Stats().remote;
+    std::memset(out, 0, sizeof *out);
+    out->prefix_chunks = r.prefix_chunks;
+    out->fetches_skipped_slower = r.fetches_skipped_slower;
+    out->chunks_skipped_slower = r.chunks_skipped_slower;
+    out->streaming = r.streaming;
     return mz::Status::Ok();
   });
 }

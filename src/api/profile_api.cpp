@@ -75,6 +75,7 @@ mz_profile_params mz_profile_default_params(void) {
   p.report = nullptr;
   p.user = nullptr;
   p.remote_url = nullptr;
+  p.remote_ca_file = nullptr;
   return p;
 }
 
@@ -90,9 +91,17 @@ int mz_profile_device(const char* model_path, const mz_profile_params* params, c
     // The remote tier's store first (seconds), so that a store that cannot be reached fails before
     // the long measurements.
     std::unique_ptr<mz::RemoteKv> store;
+    if (p.remote_ca_file && !(p.remote_url && *p.remote_url))
+      return mz::Status::InvalidArgument("remote_ca_file without a remote_url");
     if (p.remote_url && *p.remote_url) {
       mz::RedisOptions ro;
       MZ_RETURN_IF_ERROR(mz::ParseRemoteUrl(p.remote_url, &ro.url));
+      if (p.remote_ca_file) {
+        if (!ro.url.tls)
+          return mz::Status::InvalidArgument("remote_ca_file '" + std::string(p.remote_ca_file) +
+                                             "' needs a rediss:// remote_url (TLS)");
+        ro.ca_file = p.remote_ca_file;
+      }
       MZ_RETURN_IF_ERROR(mz::OpenRedisKv(ro, &store));
     }
     std::unique_ptr<mz::Model> model;

@@ -136,7 +136,7 @@ void Conversation::ShareAgainLocked(Context& ctx, int shared) {
   if (gs.ok() && got > 0) (void)ctx.BorrowShared(tokens.data(), got, pool_->shared_, refs);
 }
 
-Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
+Status Conversation::PrefixLocked(const int32_t* tokens, int n, bool remote, int* consumed) {
   *consumed = 0;
   const int T = ctx_->kv().geometry().chunk_tokens;
   const int max_chunks = (n - 1) / T;  // at least one token is computed (its logits are wanted)
@@ -169,10 +169,12 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
       }
     }
   }
-  // The remote tier (shared by a fleet) may hold a longer run: its chunks are fetched and verified
-  // (a chunk file's bytes each) and fill the store instead.
+  // The remote tier (shared by a fleet) may hold a longer run: its chunks stream in (borrowed at
+  // once, restored front layers first by this call's restore while their layers arrive), or, fetched
+  // whole (PoolOptions::remote.stream_prefix false), are verified and fill the store instead.
   std::vector<std::unique_ptr<SessionReader>> remote_readers;
-  if (pool_->remote_ && depth < int(h.size())) {
+  std::vector<SharedChunkStore::Ref> remote_refs;
+  if (remote && pool_->remote_ && depth < int(h.size())) {
     // A chunk's stored bytes before any was fetched: every layer's KV at the stored codec's ratio.
     const KvGeometry& g = ctx_->kv().geometry();
     const std::string codec = pool_->opts_.persist_codec.empty() ? "q8" : pool_->opts_.persist_codec;
@@ -180,7 +182,7 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
     const double s_per_token =
         ctx_->compute_s_per_token() > 0 ? ctx_->compute_s_per_token() : pool_->prefill_s_per_token_.load();
     const int k = pool_->RemotePrefix(h, tokens, depth, g.kv_type, ctx_->profile(), s_per_token, est,
-                                      &remote_readers);
+                                      &remote_readers, &remote_refs);
     if (k > depth) {
       depth = k;
       src_ctx.reset();
@@ -192,6 +194,22 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
   }
   if (depth == 0) return Status::Ok();
   const int n_prefix = depth * T;
+  // This context borrows the run's units (refs: one reference each, given up on failure).
+  auto borrow = [&](const std::vector<SharedChunkStore::Ref>& refs) {
+    if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, refs).ok()) {
+      ctx_->Truncate(0);
+      return Status::Ok();
+    }
+    *consumed = n_prefix;
+    shared_chunks_ = depth;
+    std::lock_guard<std::mutex> lk(pool_->mu_);
+    pool_->stats_.prefix_chunks_reused += uint64_t(depth);
+    return Status::Ok();
+  };
+  // Streamed: borrowed as they are (a unit whose layer is not in yet waits at the store's file
+  // gate when restored; one that never arrives whole fails the call with kCorruption: Run
+  // computes the tokens again without the remote tier).
+  if (!remote_refs.empty()) return borrow(remote_refs);
   std::unique_ptr<SessionReader> reader;
   if (!src_ctx && remote_readers.empty()) {
     // Decoded into this context's resident form (q8_0 KV: q8 chunks), as the store holds them.
@@ -235,15 +253,7 @@ Status Conversation::PrefixLocked(const int32_t* tokens, int n, int* consumed) {
     if (src_ctx->BorrowShared(tokens, depth, pool_->shared_, theirs).ok() && pool_->opts_.dedup_stored)
       src_conv->rename_shared_ = true;
   }
-  if (!ctx_->BorrowShared(tokens, depth, pool_->shared_, mine).ok()) {
-    ctx_->Truncate(0);
-    return Status::Ok();
-  }
-  *consumed = n_prefix;
-  shared_chunks_ = depth;
-  std::lock_guard<std::mutex> lk(pool_->mu_);
-  pool_->stats_.prefix_chunks_reused += uint64_t(depth);
-  return Status::Ok();
+  return borrow(mine);
 }
 
 void Conversation::AfterChangeLocked(int keep_tokens) {
@@ -308,7 +318,10 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
       int consumed = 0;
       before = int(ctx_->history().size());  // these tokens stay as they are
       const bool was_empty = before == 0;
-      if (was_empty && pool_->opts_.share_prefixes) MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, &consumed));
+      // Made again after a shared chunk failed (computed_again): not from the remote tier, whose
+      // copy may be what failed.
+      if (was_empty && pool_->opts_.share_prefixes)
+        MZ_RETURN_IF_ERROR(PrefixLocked(tokens, n, /*remote=*/!computed_again, &consumed));
       const int shared_before = ctx_->SharedPrefixChunks();
       Status st = WithWeightsLocked([&] {
         if (pipeline && !all_logits) return ctx_->RestoreGenerate(tokens + consumed, n - consumed, po, stats);

@@ -63,7 +63,10 @@ class Conversation {
   // REQUIRES use_mu_. fn (a compute on this conversation's context) under the pool's weights lock: shared while every
   // weight unit is resident, exclusive when some must be restored.
   Status WithWeightsLocked(const std::function<Status()>& fn);
-  Status PrefixLocked(const int32_t* tokens, int n, int* consumed);
+  // REQUIRES use_mu_, an empty context. Borrows the longest shared prefix of tokens (the pool's own,
+  // or, remote true, the remote tier's when longer: Pool::RemotePrefix): *consumed tokens borrowed
+  // (0: none; every failure of this optimization computes everything).
+  Status PrefixLocked(const int32_t* tokens, int n, bool remote, int* consumed);
   // REQUIRES use_mu_. A stored copy of this conversation failed verification (why): a new context
   // computes tokens again (under the weights lock), reported in the pool's Damaged() and counted
   // (PoolStats::recomputed); the conversation is marked changed (persisted again). On success *out

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <set>
 
 #include "pool/chunk_hash.h"
 #include "pool/shared_budget.h"
@@ -127,7 +128,34 @@ Status Pool::Init() {
     // Chunk files: those no stored file names (a crash between writing one and the session file
     // naming it, or after the last file naming it was replaced) and interrupted writes go.
     MZ_RETURN_IF_ERROR(env->ListDir(opts_.dir + "/chunks", &names));
+    // Chunk files marked partial (their layers were arriving from the remote tier when the process
+    // died: a marker pool_internal::kPartialPrefix lists them, pool_remote.cpp) are removed, then
+    // the marker. A removal that fails keeps the marker: that file is not taken as a chunk file now
+    // (named but missing: its tokens are computed again) and goes at a later start. A marker that
+    // does not read (cut short by the crash while it was written) named no file placed yet.
+    const std::string partial_prefix = pool_internal::kPartialPrefix;
+    std::set<std::string> partial;  // chunk file names marked partial: not chunk files at this start
     for (const auto& n : names) {
+      if (n.compare(0, partial_prefix.size(), partial_prefix) != 0) continue;
+      const std::string marker = opts_.dir + "/chunks/" + n;
+      std::string list;
+      bool all = true;
+      if (env->ReadSmallFile(marker, &list).ok()) {
+        for (size_t at = 0, nl; (nl = list.find('\n', at)) != std::string::npos; at = nl + 1) {
+          if (nl - at != 16) continue;  // not a hash line
+          const std::string chunk = list.substr(at, 16) + ".mzk";
+          partial.insert(chunk);
+          FileInfo fi;
+          const std::string cpath = opts_.dir + "/chunks/" + chunk;
+          if (!env->StatPath(cpath, &fi).ok()) continue;  // never placed
+          if (env->Remove(cpath).ok()) stats_.partial_chunk_files_removed++;
+          else all = false;
+        }
+      }
+      if (all) (void)env->Remove(marker);
+    }
+    for (const auto& n : names) {
+      if (partial.count(n) || n.compare(0, partial_prefix.size(), partial_prefix) == 0) continue;
       const std::string path = opts_.dir + "/chunks/" + n;
       uint64_t h = 0;
       const bool ours = n.size() == 16 + 4 && pool_internal::EndsWith(n, ".mzk") &&

@@ -157,7 +157,8 @@ struct PoolOptions {
   // names: written into dir as a stored conversation and opened as one, so it is restored front
   // layers first, overlapped with prefill, and any chunk missing or failing verification makes the
   // pool compute its tokens again); an empty conversation's first call looks up the longest run
-  // of its full chunks by chain hash there when the pool's own is shorter.
+  // of its full chunks by chain hash there when the pool's own is shorter (streamed in the same
+  // way, unless remote.stream_prefix is false: RemotePrefix).
   RemoteTierOptions remote;
 };
 
@@ -187,6 +188,8 @@ struct PoolStats {
   uint64_t chunk_file_bytes = 0;
   uint64_t chunk_file_refs = 0;  // stored conversations naming them, summed over the files
   uint64_t chunk_files_damaged = 0;  // chunk files found missing or damaged (written again when next named)
+  // Chunk files found marked partial at start (streamed from the remote tier at a crash) and removed.
+  uint64_t partial_chunk_files_removed = 0;
   uint64_t recomputed = 0;       // conversations computed again: a stored copy failed verification
   uint64_t memory_budget = 0, disk_budget = 0;
   uint64_t conversations_lost = 0;  // deleted by the disk budget
@@ -447,9 +450,16 @@ class Pool {
   // (the caller makes a new conversation). Serialized by remote_fetch_mu_.
   Status FetchRemoteConversation(const std::string& id);
   // The longest run of tokens' full chunks (chain hashes h, at most h.size()) the remote tier
-  // holds, if longer than local_depth: fetched and verified, one open reader per chunk (a chunk
-  // file's bytes each) into *readers, the run's length returned (0: none longer, a chunk failed,
-  // or not fetched). Fetched only when policy/remote_fetch.h plans it (applied here, the one place):
+  // holds, if longer than local_depth, the run's length returned (0: none longer, a chunk's head
+  // failed, or not fetched). Streamed (PoolOptions::remote.stream_prefix, the default): the chunks
+  // this pool holds neither in the shared store nor in a chunk file come as a conversation opened
+  // by id gets them (StreamRemoteHeads: heads now, layers on the remote tier's stream thread, front
+  // layers first), each adopted by the shared store from its file under the file gate; *refs gets
+  // one new reference per unit of the run, refs[l * run + c], for Context::BorrowShared, so that the
+  // caller's restore_generate restores them front layers first, overlapped with its prefill (a
+  // layer that never arrives whole: kCorruption from that call, its units lost). Whole
+  // (stream_prefix false): fetched and verified before return, one open reader per chunk (a chunk
+  // file's bytes each) into *readers. Fetched only when policy/remote_fetch.h plans it (applied here, the one place):
   // the chunks' bytes (the average fetched chunk's, else est_chunk_bytes) at profile's
   // remote_read_Bps (+ remote_first_byte_s), or, not measured, at the rate learned from
   // RemoteTierStats (bytes_fetched / fetch_s, latency included), against the tokens beyond
@@ -458,7 +468,32 @@ class Pool {
   // as slower is counted (RemoteTierStats::fetches_skipped_slower) and 0 returned.
   int RemotePrefix(const std::vector<uint64_t>& h, const int32_t* tokens, int local_depth, KvType kv_type,
                    const DeviceProfile& profile, double compute_s_per_token, uint64_t est_chunk_bytes,
-                   std::vector<std::unique_ptr<SessionReader>>* readers);
+                   std::vector<std::unique_ptr<SessionReader>>* readers, std::vector<SharedChunkStore::Ref>* refs);
+  // RemotePrefix's streamed run of k chunks (see there).
+  int StreamRemotePrefix(const std::vector<uint64_t>& h, const int32_t* tokens, int k, int local_depth,
+                         std::vector<SharedChunkStore::Ref>* refs);
+  // One chunk whose head came from the remote tier (StreamRemoteHeads): its file in dir/swap (the
+  // head written, sized to the chunk file's full length) and its stream job (hash, the file open for
+  // writing, each layer's place; gen is the caller's to set).
+  struct RemoteHead {
+    int index = 0;  // the chunk's place in the caller's chain
+    std::string path;
+    RemoteTier::StreamJob job;
+  };
+  // The heads of the chunks hashes (chain positions index[i]; chunk c holds tokens[c*T, (c+1)*T))
+  // in one pipeline, each checked as a chunk file of exactly its tokens in codec (session header,
+  // index checksum, geometry, every layer a full chunk placed after the head) and written to a new
+  // file in dir/swap at its full length. A head missing or failing a check is left out (counted as
+  // damaged); the store unreachable: none. Sets the shared store's file gate (RemoteTier::AwaitLayer)
+  // first. No shared store: none.
+  void StreamRemoteHeads(const std::vector<uint64_t>& hashes, const std::vector<int>& index, const int32_t* tokens,
+                         const std::string& codec, std::vector<RemoteHead>* out);
+  // Chunk c of the chain h over tokens, from the chunk file at path (gen: the pool's name for that
+  // file, ChunkFile::gen or a streamed file's): opened, checked (one chunk of exactly its tokens,
+  // every layer a full chunk) and adopted by the shared store, one new reference per layer in
+  // *row. Errors: the open's, kCorruption for a check; nothing taken then.
+  Status AdoptChunkFile(const std::vector<uint64_t>& h, const int32_t* tokens, int c, const std::string& path,
+                        uint64_t gen, std::vector<SharedChunkStore::Ref>* row);
   // After a persist of c wrote its stored file: the remote tier's write-behind takes it.
   void QueueRemoteWrite(const std::string& id, const std::string& path);
 

@@ -171,20 +171,7 @@ Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunk
         auto it = chunk_files_.find(h[size_t(c)]);
         if (it != chunk_files_.end()) gen = it->second.gen;
       }
-      std::unique_ptr<SessionReader> cr;
-      Status st = SessionReader::Open(*model_, T, path, &cr, g.kv_type);
-      if (st.ok() && (int(cr->tokens().size()) != T || cr->n_chunks() != 1 ||
-                      !std::equal(cr->tokens().begin(), cr->tokens().end(), ct)))
-        st = Status::Corruption("chunk file " + path + " holds other tokens");
-      std::vector<SharedChunkStore::FilePlace> places(static_cast<size_t>(L));
-      if (st.ok()) {
-        for (int l = 0; l < L && st.ok(); ++l) {
-          int enc = 0;
-          pool_internal::PlaceOf(*cr, l, &places[size_t(l)], &enc);
-          if (enc != T) st = Status::Corruption("chunk file " + path + ": layer " + std::to_string(l) + " is not a full chunk");
-        }
-      }
-      if (st.ok()) st = shared_->AdoptFile(h[size_t(c)], parent, ct, c, path, cr->codec(), places, &row, gen);
+      Status st = AdoptChunkFile(h, tokens.data(), c, path, gen, &row);
       if (!st.ok()) {
         // Missing (nothing at its path) or failing a check: written again when next named.
         FileInfo fi;
@@ -201,6 +188,27 @@ Status Pool::ResolveExternal(const SessionReader& r, std::shared_ptr<SharedChunk
     for (int l = 0; l < L; ++l) (*refs)[size_t(l) * size_t(k) + size_t(c)] = rows[size_t(c)][size_t(l)];
   *store = shared_;
   return Status::Ok();
+}
+
+Status Pool::AdoptChunkFile(const std::vector<uint64_t>& h, const int32_t* tokens, int c, const std::string& path,
+                            uint64_t gen, std::vector<SharedChunkStore::Ref>* row) {
+  row->clear();
+  const KvGeometry& g = shared_->geometry();
+  const int T = g.chunk_tokens, L = g.n_layer;
+  const int32_t* ct = tokens + size_t(c) * size_t(T);
+  std::unique_ptr<SessionReader> cr;
+  Status st = SessionReader::Open(*model_, T, path, &cr, g.kv_type);
+  if (st.ok() && (int(cr->tokens().size()) != T || cr->n_chunks() != 1 || !std::equal(cr->tokens().begin(), cr->tokens().end(), ct)))
+    st = Status::Corruption("chunk file " + path + " holds other tokens");
+  std::vector<SharedChunkStore::FilePlace> places(static_cast<size_t>(L));
+  for (int l = 0; l < L && st.ok(); ++l) {
+    int enc = 0;
+    pool_internal::PlaceOf(*cr, l, &places[size_t(l)], &enc);
+    if (enc != T) st = Status::Corruption("chunk file " + path + ": layer " + std::to_string(l) + " is not a full chunk");
+  }
+  if (st.ok()) st = shared_->AdoptFile(h[size_t(c)], c ? h[size_t(c) - 1] : 0, ct, c, path, cr->codec(), places, row, gen);
+  if (!st.ok()) row->clear();
+  return st;
 }
 
 }  // namespace mz

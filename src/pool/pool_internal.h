@@ -12,6 +12,10 @@ namespace mz {
 namespace pool_internal {
 
 constexpr const char* kStoredSuffix = ".mzs";
+// <dir>/chunks/~partial-<n>: the hashes (16 hex digits a line) of chunk files that may be partial
+// (their layers still arriving from the remote tier: pool_remote.cpp). Found at start, those chunk
+// files are removed, then it.
+constexpr const char* kPartialPrefix = "~partial-";
 
 // A conversation id: letters, digits, '-', '_', '.', 1-128 chars, not starting with '.'.
 inline bool ValidId(const std::string& id) {

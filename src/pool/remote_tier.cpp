@@ -509,8 +509,9 @@ void RemoteTier::StreamBatch(std::vector<StreamJob>& jobs) {
       }
       bytes += v[i].size();
       if (l + 1 == L) {  // whole: synced, counted, then no longer streaming
-        (void)j.file->Sync();
+        const bool synced = j.file->Sync().ok();
         j.file.reset();
+        if (synced && j.marker && j.marker->left.fetch_sub(1) == 1) (void)model_->env()->Remove(j.marker->path);
         std::lock_guard<std::mutex> lk(mu_);
         stats_.chunks_fetched++;
       }

@@ -38,6 +38,7 @@
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -76,6 +77,10 @@ struct RemoteTierOptions {
   uint32_t ttl_s = 7 * 24 * 3600;    // every key's time to live, refreshed by writes and fetches
   uint32_t retry_ms = 1000;          // degraded: the pending writes are tried again this often
   int connections = 4;
+  // A new conversation's prefix found by chain hash (Pool::RemotePrefix): streamed in, front layers
+  // first, overlapped with the prefill, as a conversation opened by id (true, the default); false:
+  // fetched whole and verified before the prefill starts (the peer it is measured against).
+  bool stream_prefix = true;
   // Tests: this store instead of connecting to url (a FakeRemoteKv, or a RedisKv of theirs).
   std::shared_ptr<RemoteKv> store;
 };
@@ -152,6 +157,14 @@ class RemoteTier {
     uint64_t hash = 0, gen = 0;
     std::unique_ptr<File> file;
     std::vector<SharedChunkStore::FilePlace> layers;
+    // Optional, shared by several jobs: the caller's file standing for their chunk files while any
+    // may be partial (its sign, for a restart after a crash). Removed through the model's Env once
+    // `left` of the jobs holding it arrived whole and synced; kept when one fails or never ends.
+    struct Marker {
+      std::string path;
+      std::atomic<int> left{0};
+    };
+    std::shared_ptr<Marker> marker;
   };
   // Fills the jobs' files on the tier's stream thread and returns at once: layer 0 of every chunk
   // (one pipelined GETRANGE), then layer 1, and so on, so that a restore (front layers first) uses

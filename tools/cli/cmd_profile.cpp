@@ -19,7 +19,7 @@ struct ProfileArgs {
   int file_mib = 512;
   int threads = 2;
   bool quick = false;
-  std::string remote;
+  std::string remote, remote_ca_file;
 };
 
 void PrintReport(const char* text, void*) { std::fputs(text, stdout); }
@@ -45,6 +45,8 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
   p->add_option("--remote", a->remote,
                  "redis://[user[:password]@]host:port[/db]: also measure the remote tier's read rate (a few "
                  "chunk-sized values written, read back and removed); without it not measured");
+  p->add_option("--remote-ca-file", a->remote_ca_file,
+                "rediss:// only: PEM certificate authorities to trust (a private CA; default: the system's)");
   runners.push_back([p, a]() -> int {
     if (!p->parsed()) return -1;
     if (a->model.empty()) {
@@ -58,6 +60,7 @@ void AddProfileCommands(CLI::App& app, Runners& runners) {
     pp.threads = a->threads;
     pp.quick = a->quick;
     pp.remote_url = a->remote.empty() ? nullptr : a->remote.c_str();
+    pp.remote_ca_file = a->remote_ca_file.empty() ? nullptr : a->remote_ca_file.c_str();
     pp.progress = PrintProgress;
     pp.report = PrintReport;
     const int rc = mz_profile_device(a->model.c_str(), &pp, a->out.c_str());

@@ -107,6 +107,10 @@ void AddServeCommands(CLI::App& app, Runners& runners) {
                 "rediss:// only: the client certificate's unencrypted PEM private key (with --remote-cert-file)");
   c->add_option("--remote-timeout", a->remote_timeout_ms, "milliseconds to connect to Redis and for each reply (default 2000)")
       ->check(CLI::Range(1, 600000));
+  c->add_flag("--remote-prefix-whole", a->remote_prefix_whole,
+              "a request without a conversation id whose history Redis holds by chain hash: fetch those chunks "
+              "whole before its prefill (default: streamed in front layers first, overlapped with the prefill, "
+              "as a conversation named by id); for comparing the two (bench fleet)");
   // TEST HOOK, hidden from --help (group ""): tools/serve/scripted_replies.h.
   c->add_option("--test-scripted-replies", a->test_scripted_replies,
                 "TEST HOOK: each turn's reply is the next string of this JSON array (loopback only)")

@@ -172,9 +172,16 @@ std::string Server::MetricsText() {
   }
   // The remote tier, every model's pool summed (degraded when any is).
   mz_pool_remote_report rr{};
+  mz_pool_remote_fetch_report rf{};
   for (size_t k = 0; k < models_.size(); ++k) {
     mz_pool_remote_report x{};
     if (mz_pool_get_remote_report(models_.at(k).pool, &x) != MZ_OK || !x.enabled) continue;
+    mz_pool_remote_fetch_report f{};
+    if (mz_pool_get_remote_fetch_report(models_.at(k).pool, &f) == MZ_OK) {
+      rf.fetches_skipped_slower += f.fetches_skipped_slower;
+      rf.chunks_skipped_slower += f.chunks_skipped_slower;
+      rf.streaming += f.streaming;
+    }
     rr.enabled = true;
     rr.degraded = rr.degraded || x.degraded;
     rr.pending += x.pending;
@@ -211,6 +218,12 @@ std::string Server::MetricsText() {
             double(rr.damaged));
     counter("mzcache_remote_prefix_chunks_total", "Chunks found in the remote tier by chain hash for new conversations",
             double(rr.prefix_chunks));
+    counter("mzcache_remote_prefix_skipped_slower_total",
+            "Prefixes found in the remote tier by chain hash and not fetched: computing them was expected faster",
+            double(rf.fetches_skipped_slower));
+    counter("mzcache_remote_prefix_chunks_skipped_slower_total", "The chunks of those prefixes",
+            double(rf.chunks_skipped_slower));
+    gauge("mzcache_remote_streaming", "Chunks being streamed in from the remote tier now", rf.streaming);
   }
   // Each model's weights by tier (issue 45): resident, given back but still in the page cache (a
   // restore reads no storage), and given back and gone from it (evicted: a restore reads storage).

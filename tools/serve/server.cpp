@@ -741,6 +741,7 @@ int Server::Load() {
     pp.remote_ca_file = file(a_.remote_ca_file);
     pp.remote_cert_file = file(a_.remote_cert_file);
     pp.remote_key_file = file(a_.remote_key_file);
+    pp.remote_prefix_whole = a_.remote_prefix_whole;
   }
   size_t n_conversations = 0;
   for (const serve::ModelSpec& spec : specs_) {

@@ -64,6 +64,7 @@ struct ServeArgs {
   std::string remote, remote_password_file;
   std::string remote_ca_file, remote_cert_file, remote_key_file;  // rediss:// only (TLS)
   int remote_timeout_ms = 2000;
+  bool remote_prefix_whole = false;  // mz_pool_params.remote_prefix_whole
 };
 
 
