@@ -392,6 +392,10 @@ struct mz_restore_params {
    * first. They stay compressed (mz_restore or restore-ahead bring them back; mz_decode reads them
    * in place too). 0: the paper's mzCache, every unit is restored before compute reads it. */
   int32_t attend_compressed;
+  /* since 0.19, an ablation: > 0, compute keeps this many threads (at most its own) from the start
+   * of an overlapped restore instead of the one fewer it runs on while restoration still needs a
+   * core; 0 (default): as the restore mode decides */
+  int32_t compute_threads_while_restoring;
 };
 struct mz_restore_params mz_restore_default_params(void);
 struct mz_restore_stats {
@@ -1151,6 +1155,23 @@ struct mz_budget_params {
   uint32_t struct_size;         /* set by mz_budget_default_params() */
   uint64_t memory_budget;       /* RAM for every pool naming it (weights, KV, in-memory swap,
                                    compute buffers); 0: none (only pressure and mz_budget_evict take) */
+  /* since 0.19 */
+  bool pass_after_return;       /* the budget pass after a generation call runs on the budget's own
+                                   thread once the call has returned its logits, not inside it
+                                   (default true). Guaranteed either way: before a call restores
+                                   anything, idle models give back for what it will bring back, so
+                                   every restore starts within the budget. With it, between a
+                                   call's return and the end of its pass the pools may hold more
+                                   than the budget by what the call grew (its prompt's KV, compute
+                                   buffers allocated again); mz_budget_settle waits for that pass,
+                                   whose errors are not the call's. false: inside the call (the
+                                   call returns its error), as before 0.19 */
+  bool spread_idle_weights;     /* step 2 of the order below across idle models: false (default)
+                                   the least recently used model's weights first, back to front,
+                                   before the next idle model's; true: one layer at a time from the
+                                   idle model keeping the largest share of its layers, so every
+                                   idle model keeps the same front share (an ablation, bench
+                                   models' mzcache-spread) */
 };
 struct mz_budget_params mz_budget_default_params(void);
 int mz_budget_new(const struct mz_budget_params* params, mz_budget** out);
@@ -1176,6 +1197,21 @@ struct mz_budget_report {
   uint64_t evict_calls, evict_bytes;        /* mz_budget_evict */
 };
 int mz_budget_get_report(mz_budget* budget, struct mz_budget_report* out);
+/* Since 0.19: waits until the budget pass after every call that returned before this one has run
+ * (mz_budget_params.pass_after_return; at once without it). */
+int mz_budget_settle(mz_budget* budget);
+/* Since 0.19: what a pooled conversation's last successful generation call
+ * (mz_conversation_restore_generate or _decode) spent besides its restore and compute, in a shared
+ * budget: the room pass before its restore (idle models giving back for what it brings back) and
+ * the budget pass after it when that ran inside the call (0 when it ran on the budget's thread:
+ * pass_after_return, or in another call of the same batch step). An output struct, frozen like the
+ * others. */
+struct mz_call_report {
+  double room_s;                /* the room pass's seconds */
+  uint64_t room_bytes;          /* what it gave back */
+  double pass_s;                /* the pass after the call, inside it */
+};
+int mz_conversation_get_call_report(mz_conversation* conv, struct mz_call_report* out);
 
 /* Since 0.15: a pool's weights by tier, for a report per model: resident (in RAM, as the pool
  * holds them), given back but still in the page cache (a restore finds them without reading

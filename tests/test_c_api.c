@@ -115,6 +115,15 @@ static int check_struct_size(mz_model* model, const char* path, const mz_token* 
   rp.overlap = 99; /* copied, then refused */
   CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_ERR_INVALID_ARG, "overlap 99 accepted");
   rp = mz_restore_default_params();
+  CHECK(rp.compute_threads_while_restoring == 0, "compute_threads_while_restoring defaults to 0 (0.19)");
+  rp.compute_threads_while_restoring = -1; /* copied, then refused */
+  CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_ERR_INVALID_ARG, "compute_threads_while_restoring -1 accepted");
+  rp = mz_restore_default_params();
+  rp.struct_size = (uint32_t)offsetof(struct mz_restore_params, compute_threads_while_restoring); /* 0.18's size */
+  CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_OK && mz_context_n_tokens(ctx) == n + 1,
+        "restore_generate with 0.18's restore params: %s", mz_last_error());
+  mz_context_truncate(ctx, n);
+  rp = mz_restore_default_params();
   CHECK(mz_restore_generate(ctx, &t, 1, &rp, NULL) == MZ_OK && mz_context_n_tokens(ctx) == n + 1,
         "restore_generate with default params: %s", mz_last_error());
 
@@ -1214,7 +1223,18 @@ static int check_budget(const char* path) {
   mz_budget* b = NULL;
   struct mz_budget_params bp = mz_budget_default_params();
   bp.memory_budget = 1; /* everything over: every pass gives back all it may */
+  CHECK(bp.pass_after_return, "pass_after_return defaults to true (0.19)");
+  {
+    struct mz_budget_params old = bp; /* the 0.15-0.18 size: no pass_after_return (true) */
+    old.struct_size = (uint32_t)offsetof(struct mz_budget_params, pass_after_return);
+    mz_budget* b18 = NULL;
+    CHECK(mz_budget_new(&old, &b18) == MZ_OK && b18, "0.18 budget params: %s", mz_last_error());
+    CHECK(mz_budget_settle(b18) == MZ_OK, "settle with no pool");
+    mz_budget_free(b18);
+  }
+  bp.pass_after_return = false;
   CHECK(mz_budget_new(&bp, &b) == MZ_OK && b, "mz_budget_new: %s", mz_last_error());
+  bp.pass_after_return = true;
   char d1[256], d2[256];
   const char* tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   snprintf(d1, sizeof d1, "%s/mz-c-budget1-%d", tmp, (int)getpid());
@@ -1253,11 +1273,36 @@ static int check_budget(const char* path) {
   CHECK(mz_pool_open(p1, "x", &c1) == MZ_OK && mz_conversation_decode(c1, t, 130, false) == MZ_OK, "decode 1: %s",
         mz_last_error());
   CHECK(mz_conversation_commit(c1) == MZ_OK, "commit 1");
+  {
+    /* Since 0.19: b runs the pass after a call inside it (pass_after_return false), so the call
+     * report has its time; the deferred default is checked on b2 below. */
+    struct mz_call_report cr;
+    CHECK(mz_conversation_get_call_report(c1, &cr) == MZ_OK && cr.pass_s > 0 && cr.room_s >= 0,
+          "call report: pass %.6f s inside the call", cr.pass_s);
+    CHECK(mz_conversation_get_call_report(NULL, &cr) == MZ_ERR_INVALID_ARG, "call report of NULL");
+    CHECK(mz_budget_settle(NULL) == MZ_ERR_INVALID_ARG, "settle NULL");
+  }
   struct mz_pool_weights_report w;
   CHECK(mz_pool_get_weights_report(p1, &w) == MZ_OK, "weights report: %s", mz_last_error());
   CHECK(!w.in_use && w.units > 1 && w.resident + w.dropped == w.total && w.units_resident < w.units && w.last_use_unix_ms > 0,
         "pool 1 alone over a 1-byte budget: %d of %d units resident, in use %d", (int)w.units_resident, (int)w.units,
         (int)w.in_use);
+  {
+    /* b2 (pass_after_return, the default): the pass after p2's call runs on the budget's thread,
+     * not inside the call; once settled, p2 alone over a 1-byte budget gave its weights back. */
+    mz_conversation* c2 = NULL;
+    CHECK(mz_pool_open(p2, "y", &c2) == MZ_OK && mz_conversation_decode(c2, t, 130, false) == MZ_OK, "decode 2: %s",
+          mz_last_error());
+    struct mz_call_report cr;
+    CHECK(mz_conversation_get_call_report(c2, &cr) == MZ_OK && cr.pass_s == 0, "deferred pass inside the call: %.6f s",
+          cr.pass_s);
+    CHECK(mz_budget_settle(b2) == MZ_OK, "settle: %s", mz_last_error());
+    struct mz_pool_weights_report w2;
+    CHECK(mz_pool_get_weights_report(p2, &w2) == MZ_OK && w2.units_resident < w2.units,
+          "the deferred pass gave back p2's weights: %d of %d units resident", (int)w2.units_resident, (int)w2.units);
+    CHECK(mz_conversation_commit(c2) == MZ_OK, "commit 2");
+    mz_conversation_release(c2);
+  }
   uint64_t freed = 0;
   CHECK(mz_budget_evict(b2, UINT64_MAX, &freed) == MZ_OK, "evict: %s", mz_last_error());
   CHECK(mz_budget_evict(NULL, 1, &freed) == MZ_ERR_INVALID_ARG, "evict NULL");

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <random>
 #include <thread>
@@ -171,6 +172,7 @@ TEST(SharedBudget, IdleModelGivesBackFirstAndReturnsExactly) {
   ASSERT_TRUE(pb->OpenConversation("talk", &cb).ok());
   ASSERT_TRUE(cb->Decode(tb.data(), int(tb.size()), false).ok());
   ASSERT_TRUE(cb->Commit().ok());
+  budget->Settle();  // the pass after B's call (on the budget's thread) has run
   SharedBudgetStats s = budget->Stats();
   EXPECT_LE(s.in_memory, s.memory_budget);
   EXPECT_GT(s.idle_model_kv_bytes, 0u) << "A's conversation goes first";
@@ -198,6 +200,7 @@ TEST(SharedBudget, IdleModelGivesBackFirstAndReturnsExactly) {
   EXPECT_EQ(DroppedWeights(*a), 0u) << "A's weights all back";
   ASSERT_TRUE(ca->Commit().ok());
   // Now B is the idle model, given back first (A just generated).
+  budget->Settle();
   s = budget->Stats();
   EXPECT_LE(s.in_memory, s.memory_budget);
   EXPECT_GT(DroppedWeights(*bm), 0u);
@@ -241,6 +244,7 @@ TEST(SharedBudget, SwitchMakesRoomBeforeTheRestore) {
   ASSERT_TRUE(pb->OpenConversation("talk", &cb).ok());
   ASSERT_TRUE(cb->Decode(tb.data(), int(tb.size()), false).ok());
   ASSERT_TRUE(cb->Commit().ok());
+  budget->Settle();
   ASSERT_LE(budget->InMemory(), budget->memory_budget());
   const uint64_t dropped_a = DroppedWeights(*a);
   ASSERT_GT(dropped_a, 0u) << "B's call gave back A's weights (the switch to come restores them)";
@@ -270,7 +274,137 @@ TEST(SharedBudget, SwitchMakesRoomBeforeTheRestore) {
   // Exact, and within the budget after the call too.
   EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", ta, {250}));
   ASSERT_TRUE(ca->Commit().ok());
+  budget->Settle();
   EXPECT_LE(budget->InMemory(), budget->memory_budget());
+}
+
+// The budget pass after a call leaves the call (pass_after_return, the default since 0.19): a call
+// that leaves the pools over the budget returns without running it (no time inside the call), the
+// budget's thread runs it, and once settled the pools fit. With pass_after_return off the pass runs
+// inside the call and the pools fit as soon as it returns. Either way the room pass before a
+// switch's restore runs inside the call, and the logits are exact.
+TEST(SharedBudget, PassAfterReturnLeavesTheCall) {
+  const auto t = Tokens(200, 8);
+  // A's turn, then B's (mid-turn: in use); total: what both pools hold then with no budget.
+  auto run = [&](const std::string& dir, uint64_t bytes, bool after, uint64_t* total) {
+    auto a = Load("tiny-qwen3");
+    auto bm = Load("tiny-llama");
+    auto budget = std::make_shared<SharedBudget>(bytes, AmountOptions(), after);
+    ASSERT_EQ(budget->pass_after_return(), after);
+    std::unique_ptr<Pool> pa, pb;
+    ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
+    ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
+    std::shared_ptr<Conversation> ca, cb;
+    ASSERT_TRUE(pa->OpenConversation("x", &ca).ok());
+    ASSERT_TRUE(ca->Decode(t.data(), 150, false).ok());
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(pa->Flush().ok());
+    budget->Settle();
+    const uint64_t deferred0 = budget->Stats().deferred_passes;
+    ASSERT_TRUE(pb->OpenConversation("x", &cb).ok());
+    ASSERT_TRUE(cb->RestoreGenerate(t.data(), 150, PipelineOptions(), nullptr).ok());
+    if (total) {
+      *total = budget->InMemory();
+      return;
+    }
+    const Conversation::CallTimes times = cb->last_call();
+    if (after) {
+      EXPECT_EQ(times.pass_s, 0.0) << "the pass ran inside the call";
+    } else {
+      EXPECT_GT(times.pass_s, 0.0) << "the pass did not run inside the call";
+      EXPECT_LE(budget->InMemory(), budget->memory_budget()) << "over the budget when the call returned";
+    }
+    budget->Settle();
+    EXPECT_LE(budget->InMemory(), budget->memory_budget());
+    EXPECT_GT(DroppedWeights(*a), 0u) << "the idle A gave back";
+    ExpectBackToFront(*a, "A");
+    EXPECT_EQ(DroppedWeights(*bm), 0u) << "B, in use, keeps its weights";
+    const SharedBudgetStats s = budget->Stats();
+    EXPECT_EQ(s.deferred_passes > deferred0, after);
+    EXPECT_EQ(s.deferred_pass_errors, 0u) << s.last_deferred_pass_error;
+    EXPECT_GT(s.pass_s, 0.0);
+    ASSERT_TRUE(cb->Commit().ok());
+    ASSERT_TRUE(pb->Flush().ok());
+    budget->Settle();
+    // A comes back: the room pass (inside the call) makes room before the restore; exact logits.
+    ASSERT_TRUE(ca->Decode(t.data() + 150, 50, false).ok());
+    EXPECT_GT(ca->last_call().room_bytes, 0u) << "B gave back for A's restore";
+    EXPECT_GT(ca->last_call().room_s, 0.0);
+    EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", t, {150}));
+    budget->Settle();
+    EXPECT_LE(budget->InMemory(), budget->memory_budget());
+  };
+  uint64_t total = 0;
+  run(FreshDir("after-probe"), 0, true, &total);
+  ASSERT_GT(total, 0u);
+  const uint64_t layer = Load("tiny-qwen3")->unit(0).region_bytes;
+  for (bool after : {true, false}) {
+    SCOPED_TRACE(after ? "pass after return" : "pass inside the call");
+    run(FreshDir(std::string("after-") + (after ? "y" : "n")), total - 3 * layer, after, nullptr);
+  }
+}
+
+// Step 2's order across two idle models: by default the least recently used one gives back all
+// its layers before the other gives any; spread by depth (spread_idle_weights), both keep the
+// same front share of their layers (within one layer), each back to front. A third model is in
+// use (mid-turn) and keeps everything; the answers stay exact.
+TEST(SharedBudget, SpreadGivesIdleModelsBackByDepth) {
+  for (bool spread : {false, true}) {
+    SCOPED_TRACE(spread ? "spread by depth" : "least recently used model first");
+    const std::string dir = FreshDir(std::string("spread-") + (spread ? "y" : "n"));
+    auto a = Load("tiny-qwen3");
+    auto bm = Load("tiny-llama");
+    auto cm = Load("tiny-qwen3");  // a third "model" (the same file loaded again)
+    auto share = [](const Model& m) {
+      int r = 0;
+      for (int l = 0; l < m.base_unit(); ++l) r += m.unit(l).resident() ? 1 : 0;
+      return double(r) / m.base_unit();
+    };
+    auto budget = std::make_shared<SharedBudget>(0);  // no budget: only Evict takes (the same order)
+    budget->set_spread_idle_weights(spread);
+    std::unique_ptr<Pool> pa, pb, pc;
+    ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
+    ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
+    ASSERT_TRUE(Pool::Open(cm.get(), Opts(dir + "/c", budget), &pc).ok());
+    const auto t = Tokens(100, 11);
+    std::shared_ptr<Conversation> ca, cb, cc;
+    ASSERT_TRUE(pa->OpenConversation("x", &ca).ok());
+    ASSERT_TRUE(ca->Decode(t.data(), 60, false).ok());
+    ASSERT_TRUE(ca->Commit().ok());
+    ASSERT_TRUE(pb->OpenConversation("x", &cb).ok());
+    ASSERT_TRUE(cb->Decode(t.data(), 60, false).ok());
+    ASSERT_TRUE(cb->Commit().ok());
+    ASSERT_TRUE(pa->Flush().ok());
+    ASSERT_TRUE(pb->Flush().ok());
+    ASSERT_TRUE(pc->OpenConversation("x", &cc).ok());
+    ASSERT_TRUE(cc->RestoreGenerate(t.data(), 60, PipelineOptions(), nullptr).ok());  // mid-turn: in use
+    ConversationReport ra, rb;
+    ASSERT_TRUE(pa->Report("x", &ra).ok());
+    ASSERT_TRUE(pb->Report("x", &rb).ok());
+    // Both idle conversations, then two of the smaller model's layers (of four).
+    const uint64_t layer = std::min(a->unit(0).region_bytes, bm->unit(0).region_bytes);
+    uint64_t freed = 0;
+    ASSERT_TRUE(budget->Evict(ra.kv_resident + rb.kv_resident + 2 * layer, &freed).ok());
+    EXPECT_GE(freed, ra.kv_resident + rb.kv_resident + 2 * layer);
+    EXPECT_EQ(DroppedWeights(*cm), 0u) << "the model in use keeps its weights";
+    ExpectBackToFront(*a, "A");
+    ExpectBackToFront(*bm, "B");
+    const double sa = share(*a), sb = share(*bm);
+    const double one = 1.0 / std::min(a->base_unit(), bm->base_unit());
+    if (spread) {
+      EXPECT_LT(sa, 1.0) << "A gave back";
+      EXPECT_LT(sb, 1.0) << "B gave back too";
+      EXPECT_LE(std::abs(sa - sb), one + 1e-9) << "front shares " << sa << " and " << sb;
+    } else {
+      EXPECT_LT(sa, 1.0) << "A (least recently used) gave back";
+      if (sa > 0) EXPECT_EQ(sb, 1.0) << "B gave nothing while A had layers";
+    }
+    // Both come back exactly.
+    ASSERT_TRUE(ca->Decode(t.data() + 60, 40, false).ok());
+    EXPECT_TRUE(LastLogits(*ca, int(a->hparams().n_vocab)) == Reference("tiny-qwen3", t, {60}));
+    ASSERT_TRUE(cb->Decode(t.data() + 60, 40, false).ok());
+    EXPECT_TRUE(LastLogits(*cb, int(bm->hparams().n_vocab)) == Reference("tiny-llama", t, {60}));
+  }
 }
 
 // Pressure on one pool (its watch, onTrimMemory) is applied across every model: the least
@@ -428,6 +562,7 @@ TEST(SharedBudget, TwoModelsGenerateAtOnceUnderOneBudget) {
   ASSERT_TRUE(pb->OpenConversation("c", &cb).ok());
   EXPECT_EQ(ca->n_tokens(), 260);
   EXPECT_EQ(cb->n_tokens(), 260);
+  budget->Settle();
   EXPECT_GT(budget->Stats().bytes_evicted, 0u);
   // One more token each: exactly what a model that never left memory gives.
   auto more = toks;

@@ -92,7 +92,9 @@ inline constexpr SizeRange kContextParamsSizes[] = {
     MZ_VERSION_END(mz_context_params, memory_check, kv_type),                   // 0.9 before kv_type
     MZ_VERSION_END(mz_context_params, kv_type, restore_nice_beside_batch),      // 0.9-0.15
 };
-inline constexpr SizeRange kRestoreParamsSizes[] = {MZ_ONLY_VERSION(mz_restore_params, attend_compressed)};
+inline constexpr SizeRange kRestoreParamsSizes[] = {
+    MZ_VERSION_END(mz_restore_params, attend_compressed, compute_threads_while_restoring),  // before 0.19
+};
 inline constexpr SizeRange kSamplerParamsSizes[] = {MZ_ONLY_VERSION(mz_sampler_params, seed)};
 inline constexpr SizeRange kPressureParamsSizes[] = {MZ_VERSION_END(mz_pressure_params, restore_margin, on_action)};
 inline constexpr SizeRange kProfileParamsSizes[] = {
@@ -101,7 +103,9 @@ inline constexpr SizeRange kProfileParamsSizes[] = {
 };
 inline constexpr SizeRange kSustainedParamsSizes[] = {MZ_VERSION_END(mz_sustained_params, thermal_root, thermal_zone)};
 inline constexpr SizeRange kPlanParamsSizes[] = {MZ_ONLY_VERSION(mz_plan_params, margin)};
-inline constexpr SizeRange kBudgetParamsSizes[] = {MZ_ONLY_VERSION(mz_budget_params, memory_budget)};
+inline constexpr SizeRange kBudgetParamsSizes[] = {
+    MZ_VERSION_END(mz_budget_params, memory_budget, pass_after_return),  // 0.15-0.18
+};
 inline constexpr SizeRange kPoolParamsSizes[] = {
     MZ_VERSION_END(mz_pool_params, context, read_stored_whole),         // 0.7
     MZ_VERSION_END(mz_pool_params, read_stored_whole, load_arena_bytes),  // 0.8-0.11

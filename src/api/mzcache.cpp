@@ -129,6 +129,8 @@ mz::Status ToPipelineOptions(const mz_restore_params* params, mz::PipelineOption
   po->io_threads = std::max(1, p.io_threads);
   po->decode_threads = std::max(1, p.decode_threads);
   po->attend_compressed = p.attend_compressed != 0;
+  if (p.compute_threads_while_restoring < 0) return mz::Status::InvalidArgument("compute_threads_while_restoring < 0");
+  po->compute_threads_while_restoring = p.compute_threads_while_restoring;
   return mz::Status::Ok();
 }
 

@@ -508,6 +508,7 @@ mz_budget_params mz_budget_default_params(void) {
   mz_budget_params p;
   std::memset(&p, 0, sizeof p);
   p.struct_size = uint32_t(sizeof(p));
+  p.pass_after_return = true;
   return p;
 }
 
@@ -518,7 +519,8 @@ int mz_budget_new(const mz_budget_params* params, mz_budget** out) {
     mz_budget_params p;
     MZ_RETURN_IF_ERROR(ReadParams(params, mz_budget_default_params(), kBudgetParamsSizes, "mz_budget_params", &p));
     auto h = std::make_unique<mz_budget>();
-    h->budget = std::make_shared<mz::SharedBudget>(p.memory_budget);
+    h->budget = std::make_shared<mz::SharedBudget>(p.memory_budget, mz::AmountOptions(), p.pass_after_return);
+    h->budget->set_spread_idle_weights(p.spread_idle_weights);
     *out = h.release();
     return mz::Status::Ok();
   });
@@ -568,6 +570,26 @@ int mz_budget_get_report(mz_budget* budget, mz_budget_report* out) {
     out->pressure_bytes = s.pressure_bytes;
     out->evict_calls = s.evict_calls;
     out->evict_bytes = s.evict_bytes;
+    return mz::Status::Ok();
+  });
+}
+
+int mz_budget_settle(mz_budget* budget) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!budget) return mz::Status::InvalidArgument("budget must not be NULL");
+    budget->budget->Settle();
+    return mz::Status::Ok();
+  });
+}
+
+int mz_conversation_get_call_report(mz_conversation* conv, mz_call_report* out) {
+  return Guard(__func__, [&]() -> mz::Status {
+    if (!conv || !out) return mz::Status::InvalidArgument("conversation and out must not be NULL");
+    const mz::Conversation::CallTimes t = conv->conv->last_call();
+    std::memset(out, 0, sizeof *out);
+    out->room_s = t.room_s;
+    out->room_bytes = t.room_bytes;
+    out->pass_s = t.pass_s;
     return mz::Status::Ok();
   });
 }

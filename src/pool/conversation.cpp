@@ -290,6 +290,8 @@ Status Conversation::RestoreGenerate(const int32_t* tokens, int n, const Pipelin
 Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po, RestoreGenerateStats* stats,
                          bool all_logits, bool pipeline) {
   if (!tokens || n <= 0) return Status::InvalidArgument("no tokens");
+  double room_s = 0;
+  uint64_t room_bytes = 0;
   {
     std::unique_lock<std::mutex> use = LockForUse();
     // A first token (restore and prefill): the write-behind waits between chunks meanwhile.
@@ -311,7 +313,9 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     // weights given back, its KV) is counted before the restore, and the idle models give back
     // for it now, so that a switch never holds both models; the pass after the call settles what
     // the call grew. Its error is not the call's (that pass reports the budget's).
-    (void)pool_->MakeRoomForCall(*this);
+    const uint64_t room0 = pool_->model_->env()->NowNs();
+    (void)pool_->MakeRoomForCall(*this, &room_bytes);
+    room_s = double(pool_->model_->env()->NowNs() - room0) * 1e-9;
     MZ_SYNC_POINT("conversation:before_restore", 0);  // tests: room made, nothing restored yet
     int before = 0;
     for (bool computed_again = false;;) {
@@ -364,13 +368,25 @@ Status Conversation::Run(const int32_t* tokens, int n, const PipelineOptions& po
     if (pipeline || n == 1) turn_open_ = true;
     AfterChangeLocked(before);
   }
+  CallTimes times{room_s, room_bytes, 0};
+  auto note = [&] {
+    std::lock_guard<std::mutex> lk(call_mu_);
+    last_call_ = times;
+  };
   if (pool_->batcher_) {
     // Once per batcher step: the first call returning after a step runs the pass.
     const uint64_t step = pool_->batcher_->steps();
     uint64_t seen = pool_->budget_step_.load();
-    if (seen == step || !pool_->budget_step_.compare_exchange_strong(seen, step)) return Status::Ok();
+    if (seen == step || !pool_->budget_step_.compare_exchange_strong(seen, step)) {
+      note();
+      return Status::Ok();
+    }
   }
-  return pool_->EnforceBudget();
+  // In a shared budget with pass_after_return, handed to the budget's thread (the logits are
+  // ready now; SharedBudget's header says what the budget guarantees meanwhile).
+  Status st = pool_->EnforceAfterCall(&times.pass_s);
+  note();
+  return st;
 }
 
 void Conversation::Cancel() {

@@ -51,6 +51,21 @@ class Conversation {
   // less than write_behind_idle_ms ago (mid-reply between tokens). The budget pass spares every
   // conversation in use when two or more are (Pool, "Memory budget").
   bool InUse();
+  // What this conversation's last Decode or RestoreGenerate spent besides its restore and compute
+  // (several models under one budget): the room pass before the restore (idle models giving back
+  // for what the call brings back), its seconds and bytes, and the seconds the budget pass after
+  // the call took inside it (0 when handed to the budget's thread: SharedBudget::pass_after_return,
+  // or when another call of the same batcher step runs it). Of the last call that succeeded; any
+  // thread.
+  struct CallTimes {
+    double room_s = 0;
+    uint64_t room_bytes = 0;
+    double pass_s = 0;
+  };
+  CallTimes last_call() {
+    std::lock_guard<std::mutex> lk(call_mu_);
+    return last_call_;
+  }
   // The context, for read-only helpers (a sampler reads logits through it). nullptr once closed.
   // Do not call its mutating methods: the pool would not see the change.
   Context* context();
@@ -111,6 +126,8 @@ class Conversation {
   std::atomic<bool> running_{false};         // a generation call runs on it
   std::atomic<uint64_t> last_use_unix_ms_{0};
   int shared_chunks_ = 0;
+  std::mutex call_mu_;                 // guards last_call_
+  CallTimes last_call_;
   // Under the pool's mu_:
   std::vector<uint64_t> hashes_;       // chained hashes of its full chunks (the prefix index's view)
   std::string stored_path_;            // session file ("" if never stored)

@@ -369,6 +369,9 @@ class Pool {
   Status EvictIdleModel(uint64_t bytes, uint64_t* freed);
   Status EvictWeightsOnly(uint64_t bytes, uint64_t* freed);
   Status EvictOwn(uint64_t bytes, bool pressure, uint64_t* freed);
+  // The share of its layers' weight units (the base unit aside) resident now, 0..1 (0 while its
+  // weights are being restored: never waits). For the spread order of step 2.
+  double ResidentLayerShare();
   Pool(Model* model, const PoolOptions& opts) : model_(model), opts_(opts), group_(opts.shared_budget) {}
   Status Init();
   // A context for conversation id (its swap file named after id; suffix, if any, appended: a second
@@ -386,11 +389,16 @@ class Pool {
   // tokens are unchanged since the last call: only the full chunks past them are hashed again.
   void ReindexLocked(Conversation& c, const std::vector<int32_t>& history, int keep_tokens);
   Status EnforceBudget();
+  // The budget pass after a call on one of its conversations: in a shared budget,
+  // SharedBudget::EnforceAfterCall (deferred to the budget's thread with pass_after_return);
+  // otherwise EnforceBudget() here. *ran_here_s: seconds it took in the calling thread.
+  Status EnforceAfterCall(double* ran_here_s);
   // In a shared budget, before c's call restores (REQUIRES c's use lock, c open): the room pass
   // (SharedBudget::MakeRoom) for what the call will bring back: this model's weight units not
   // resident and c's KV chunks not resident (raw bytes; its last known figures if its report is
   // busy). Without a shared budget: nothing. Errors: the room pass's (the call goes on).
-  Status MakeRoomForCall(Conversation& c);
+  // *freed (optional): what the room pass gave back.
+  Status MakeRoomForCall(Conversation& c, uint64_t* freed = nullptr);
   // The pool's LLM memory (every weight unit but the base one, plus every open conversation's KV)
   // and how much of it is in RAM: the amount policy's inputs. Never waits: a busy conversation
   // counts with its last known figures, weights being moved as resident. Returns true when every

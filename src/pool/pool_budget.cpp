@@ -110,12 +110,23 @@ Status Pool::EvictWeightsOnly(uint64_t bytes, uint64_t* freed) {
   return st;
 }
 
+double Pool::ResidentLayerShare() {
+  std::shared_lock<std::shared_mutex> wl(weights_mu_, std::try_to_lock);
+  if (!wl.owns_lock()) return 0;  // being restored: its eviction would be skipped anyway
+  const int L = model_->base_unit();
+  if (L <= 0) return 0;
+  int resident = 0;
+  for (int l = 0; l < L; ++l) resident += model_->unit(l).resident() ? 1 : 0;
+  return double(resident) / double(L);
+}
+
 Status Pool::EvictOwn(uint64_t bytes, bool pressure, uint64_t* freed) {
   std::lock_guard<std::mutex> ev(evict_mu_);
   return ApplyEviction(bytes, EvictionMode{/*budget=*/!pressure, false, false}, freed);
 }
 
-Status Pool::MakeRoomForCall(Conversation& c) {
+Status Pool::MakeRoomForCall(Conversation& c, uint64_t* freed) {
+  if (freed) *freed = 0;
   if (!group_ || !in_group_ || !c.ctx_) return Status::Ok();
   uint64_t incoming = 0;
   {
@@ -132,7 +143,15 @@ Status Pool::MakeRoomForCall(Conversation& c) {
   }
   (void)TryReportShared(*c.ctx_, &r);  // busy: the last known figures
   if (r.kv_total > r.kv_resident) incoming += r.kv_total - r.kv_resident;
-  return group_->MakeRoom(incoming);
+  return group_->MakeRoom(incoming, freed);
+}
+
+Status Pool::EnforceAfterCall(double* ran_here_s) {
+  if (group_ && in_group_) return group_->EnforceAfterCall(model_->env(), ran_here_s);
+  const uint64_t t0 = model_->env()->NowNs();
+  Status st = EnforceBudget();
+  *ran_here_s = double(model_->env()->NowNs() - t0) * 1e-9;
+  return st;
 }
 
 Status Pool::EnforceBudget() {

@@ -2,13 +2,81 @@
 
 #include <algorithm>
 
+#include "env/env.h"
 #include "pool/pool.h"
 
 namespace mz {
 
-SharedBudget::SharedBudget(uint64_t memory_budget, const AmountOptions& amount)
-    : memory_budget_(memory_budget), amount_(amount) {
+SharedBudget::SharedBudget(uint64_t memory_budget, const AmountOptions& amount, bool pass_after_return)
+    : memory_budget_(memory_budget), pass_after_return_(pass_after_return), amount_(amount) {
   stats_.memory_budget = memory_budget;
+}
+
+SharedBudget::~SharedBudget() {
+  {
+    std::lock_guard<std::mutex> lk(def_mu_);
+    def_stop_ = true;
+  }
+  def_cv_.notify_all();
+  if (def_thread_.joinable()) def_thread_.join();
+}
+
+void SharedBudget::PassThread() {
+  std::unique_lock<std::mutex> lk(def_mu_);
+  for (;;) {
+    def_cv_.wait(lk, [&] { return def_queued_ || def_stop_; });
+    if (!def_queued_) return;  // stopping, nothing queued
+    def_queued_ = false;
+    def_running_ = true;
+    lk.unlock();
+    const uint64_t t0 = def_env_->NowNs();
+    Status st = Enforce();
+    const double s = double(def_env_->NowNs() - t0) * 1e-9;
+    {
+      std::lock_guard<std::mutex> slk(mu_);
+      stats_.deferred_passes++;
+      stats_.pass_s += s;
+      if (!st.ok()) {
+        if (stats_.deferred_pass_errors++ == 0) stats_.last_deferred_pass_error = st.ToString();
+      }
+    }
+    lk.lock();
+    def_running_ = false;
+    def_done_cv_.notify_all();
+  }
+}
+
+Status SharedBudget::EnforceAfterCall(Env* env, double* ran_here_s) {
+  if (ran_here_s) *ran_here_s = 0;
+  if (memory_budget_ == 0) return Status::Ok();
+  if (pass_after_return_) {
+    std::unique_lock<std::mutex> lk(def_mu_);
+    if (!def_started_ && !def_stop_) {
+      def_env_ = env;
+      def_started_ = env->StartThread([this] { PassThread(); }, &def_thread_).ok();
+    }
+    if (def_started_) {
+      def_queued_ = true;
+      lk.unlock();
+      def_cv_.notify_all();
+      return Status::Ok();
+    }
+    // The OS refused the thread: the pass runs here, as without pass_after_return.
+  }
+  const uint64_t t0 = env->NowNs();
+  Status st = Enforce();
+  const double s = double(env->NowNs() - t0) * 1e-9;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.pass_s += s;
+  }
+  if (ran_here_s) *ran_here_s = s;
+  return st;
+}
+
+void SharedBudget::Settle() {
+  std::unique_lock<std::mutex> lk(def_mu_);
+  def_done_cv_.wait(lk, [&] { return !def_started_ || (!def_queued_ && !def_running_); });
 }
 
 void SharedBudget::Add(Pool* p) {
@@ -63,7 +131,8 @@ Status SharedBudget::Enforce() {
   return st;
 }
 
-Status SharedBudget::MakeRoom(uint64_t incoming) {
+Status SharedBudget::MakeRoom(uint64_t incoming, uint64_t* freed_out) {
+  if (freed_out) *freed_out = 0;
   if (memory_budget_ == 0 || incoming == 0) return Status::Ok();
   std::lock_guard<std::mutex> pass(pass_mu_);  // measured after a pass under way has given back
   const uint64_t want = InMemory() + incoming;
@@ -77,6 +146,7 @@ Status SharedBudget::MakeRoom(uint64_t incoming) {
     stats_.room_passes++;
     stats_.room_bytes += freed;
   }
+  if (freed_out) *freed_out = freed;
   return st;
 }
 
@@ -155,13 +225,37 @@ Status SharedBudget::EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed,
     total += f;
     kv_idle += f;
   }
-  // 2. Idle models' weights, back to front.
-  for (const Member& m : order) {
-    if (total >= bytes || m.in_use) break;
-    uint64_t f = 0;
-    note(m.pool->EvictWeightsOnly(bytes - total, &f));
-    total += f;
-    w_idle += f;
+  // 2. Idle models' weights, back to front: each model whole (least recently used first), or
+  // spread by depth: one layer at a time from the idle model keeping the largest share of its
+  // layers (the first in the order above among equals), until none gives anything.
+  if (!spread_idle_weights_.load()) {
+    for (const Member& m : order) {
+      if (total >= bytes || m.in_use) break;
+      uint64_t f = 0;
+      note(m.pool->EvictWeightsOnly(bytes - total, &f));
+      total += f;
+      w_idle += f;
+    }
+  } else {
+    std::vector<Pool*> idle;
+    for (const Member& m : order)
+      if (!m.in_use) idle.push_back(m.pool);
+    while (total < bytes && !idle.empty()) {
+      size_t pick = 0;
+      double best = -1;
+      for (size_t k = 0; k < idle.size(); ++k) {
+        const double share = idle[k]->ResidentLayerShare();
+        if (share > best) best = share, pick = k;
+      }
+      uint64_t f = 0;
+      note(idle[pick]->EvictWeightsOnly(1, &f));  // its rearmost resident unit
+      if (f == 0) {
+        idle.erase(idle.begin() + std::ptrdiff_t(pick));  // nothing left, or computing: not this pass
+        continue;
+      }
+      total += f;
+      w_idle += f;
+    }
   }
   // 3. Models in use, each in its own pool's order (idle models with nothing left give nothing).
   for (const Member& m : order) {

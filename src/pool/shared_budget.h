@@ -17,7 +17,11 @@
 //      with batching off, their compute buffers (counted in the budget; allocated again by their
 //      next call);
 //   2. idle models' weights, least recently used model first, each back to front (later layers
-//      first, the base unit last), and only while none of its conversations computes;
+//      first, the base unit last), and only while none of its conversations computes; with
+//      spread_idle_weights (since 0.19, an ablation: off by default), one layer at a time from the
+//      idle model that keeps the largest share of its layers (least recently used first among
+//      equals), so every idle model keeps the same front share instead of the least recently used
+//      one emptying first;
 //   3. then each model in use, least recently used first, in its own pool's order (its idle
 //      conversations, its most recent conversation's KV, its weights), as a single pool does.
 // A model whose weights were given back comes back as today's single pool does: its next
@@ -31,15 +35,29 @@
 // whole budget: the amount policy's share is of every pool's LLM memory together, given back in
 // the order above. A pool's own Evict (mz_pool_evict) stays within that pool; Evict here spans all.
 //
+// The budget pass after a call (since 0.19, pass_after_return, the default) leaves the caller's
+// critical path: the call hands it to the budget's own thread (EnforceAfterCall) and returns its
+// logits at once. What the budget then guarantees: every restore starts with the pools' counted
+// bytes plus what it will bring back within the budget (the room pass, inside the call, before the
+// restore; it waits for a deferred pass under way, one pass at a time); between a call's return and
+// the end of its deferred pass the pools may hold more than the budget by what the call grew and
+// the room pass could not cover (the KV its prefill added, compute buffers allocated again, units
+// of a model in use the room pass never takes); Settle() waits for that pass. pass_after_return
+// false runs the pass inside the call, as before 0.19.
+//
 // Thread-safety: every method may be called from any thread. Pools add themselves at Pool::Open
 // and remove themselves in ~Pool; the SharedBudget must outlive none of them (they hold it by
 // shared_ptr). One pass (Enforce or Evict) runs at a time; a budget pass that finds one under way
-// returns at once (that pass gives back what is needed).
+// returns at once (that pass gives back what is needed). The pass thread (started by the first
+// EnforceAfterCall, through that caller's Env, which must outlive the SharedBudget: the thread
+// reads its clock) is joined by ~SharedBudget.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/status.h"
@@ -48,6 +66,7 @@
 
 namespace mz {
 
+class Env;
 class Pool;
 
 struct SharedBudgetStats {
@@ -63,15 +82,30 @@ struct SharedBudgetStats {
   // Pressure events and onTrimMemory calls applied across the pools, and what they gave back.
   uint64_t pressure_events = 0, pressure_bytes = 0;
   uint64_t evict_calls = 0, evict_bytes = 0;  // Evict (mz_budget_evict)
+  // Budget passes run after a call returned (EnforceAfterCall, on the pass thread), and those
+  // that failed (the first error's text: a deferred pass has no caller to return it to).
+  uint64_t deferred_passes = 0, deferred_pass_errors = 0;
+  std::string last_deferred_pass_error;
+  // Seconds spent in budget passes after calls (inside them or deferred), for reports.
+  double pass_s = 0;
 };
 
 class SharedBudget {
  public:
-  explicit SharedBudget(uint64_t memory_budget, const AmountOptions& amount = AmountOptions());
+  // pass_after_return: the budget pass after a call runs on the budget's own thread once the call
+  // returned (above); false: inside the call.
+  explicit SharedBudget(uint64_t memory_budget, const AmountOptions& amount = AmountOptions(),
+                        bool pass_after_return = true);
+  ~SharedBudget();
   SharedBudget(const SharedBudget&) = delete;
   SharedBudget& operator=(const SharedBudget&) = delete;
 
   uint64_t memory_budget() const { return memory_budget_; }
+  bool pass_after_return() const { return pass_after_return_; }
+  // Step 2's order across idle models (above): false (default) least recently used model first,
+  // each whole back to front; true spread by depth. Any thread; passes from now on.
+  void set_spread_idle_weights(bool on) { spread_idle_weights_ = on; }
+  bool spread_idle_weights() const { return spread_idle_weights_.load(); }
   // The pools' RAM together now (each pool's fresh figures, or its last known while it is busy).
   uint64_t InMemory();
   // Budget bytes not held by any pool now (0 when over).
@@ -80,13 +114,22 @@ class SharedBudget {
   // the order above, sparing what a budget pass spares in a single pool (a conversation mid-turn
   // when two or more are, the weights while any conversation of that model computes).
   Status Enforce();
+  // The budget pass after a call on one of the pools: with pass_after_return, queued for the pass
+  // thread (started now through env if it is not running; refused: run here) and Ok at once, the
+  // pass's error counted in Stats (deferred_pass_errors); several calls before it runs make one
+  // pass. Otherwise Enforce() here. *ran_here_s (optional): seconds spent in this thread.
+  Status EnforceAfterCall(Env* env, double* ran_here_s = nullptr);
+  // Waits until no deferred pass is queued or running (the budget pass after every call that
+  // returned before this one has run). Returns at once without pass_after_return.
+  void Settle();
   // The room pass, before a call restores: incoming is what the call will bring back (its model's
   // evicted weight units and its conversation's evicted KV). Gives back what the pools' RAM now
   // plus incoming would hold above the budget, from idle models only (steps 1 and 2 of the order
   // above): never a model in use, so never the calling model's units nor a conversation in use.
   // What it cannot free there stays over until the budget pass after the call. Waits for a pass
   // under way (a pass never waits for a call, so the caller may hold its conversation).
-  Status MakeRoom(uint64_t incoming);
+  // *freed (optional): what it gave back.
+  Status MakeRoom(uint64_t incoming, uint64_t* freed = nullptr);
   // Gives back at least bytes (or all it can) across the pools in the order above, taking what
   // a pressure eviction takes (conversations in use too, but never what is computing). *freed
   // (optional). Counted as evict_calls.
@@ -107,13 +150,22 @@ class SharedBudget {
   // The pass itself: pressure false spares what a budget pass spares. REQUIRES pass_mu_.
   // idle_models_only: steps 1 and 2 only (the room pass).
   Status EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed, bool idle_models_only = false);
+  void PassThread();
 
   const uint64_t memory_budget_;
+  const bool pass_after_return_;
+  std::atomic<bool> spread_idle_weights_{false};
   std::mutex mu_;  // guards pools_, stats_ and amount_
   std::vector<Pool*> pools_;
   SharedBudgetStats stats_;
   AmountPolicy amount_;
   std::mutex pass_mu_;  // one pass at a time (taken before any pool's locks)
+  // The deferred pass (pass_after_return): queued_ / running_ / stop_ under def_mu_.
+  std::mutex def_mu_;
+  std::condition_variable def_cv_, def_done_cv_;
+  bool def_queued_ = false, def_running_ = false, def_stop_ = false, def_started_ = false;
+  Env* def_env_ = nullptr;  // the Env the pass thread was started through (its clock)
+  std::thread def_thread_;
 };
 
 }  // namespace mz

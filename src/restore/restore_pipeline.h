@@ -73,6 +73,11 @@ struct PipelineOptions {
   // 0.303 s at 75%; Llama-3.2-1B 8k 0.327 vs 0.399 s at 75%. Without reading in place it was no
   // better (0.513 vs 0.489 s at 50%). bench ttft measures it off (mznoft, Fig. 11a).
   bool full_threads_for_io = true;
+  // > 0: compute keeps this many threads (at most its own) from the start of an overlapped
+  // restore, whatever the restore-mode plan or full_threads_for_io say (an ablation since 0.19,
+  // mz_restore_params.compute_threads_while_restoring; bench models' mzcache-overlap-all). 0: as
+  // they decide.
+  int compute_threads_while_restoring = 0;
   // Restoration threads' priority, as a nice value relative to the calling thread's (<= 0; 0 or
   // a positive value leaves it alone). When the OS grants it (a lower nice needs CAP_SYS_NICE or RLIMIT_NICE;
   // probed at Start), every restoration thread (storage and in-memory workers, the allocation

@@ -559,6 +559,7 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   // Restoration threads that run ahead of compute (restore_nice granted) need no core kept free;
   // a kAuto plan says how many compute keeps while restoration runs.
   const int during = pipe.done() || pipe.restore_priority_raised() ? full
+                     : po.compute_threads_while_restoring > 0     ? std::min(full, po.compute_threads_while_restoring)
                      : auto_mode                                  ? std::max(1, std::min(full, plan.compute_threads_during))
                                                                   : std::max(1, full - 1);
   const bool restored_before_compute = pipe.done();

@@ -20,6 +20,13 @@
 //                   history (re-prefill), as Ollama's after an unload. Expert flags for a fast
 //                   switch: --no-warmup, -np 1, -c sized to the history, the same threads.
 //   all-in-memory   every model loaded, no budget: the lower bound.
+//   mzcache-serial, mzcache-overlap   mzcache with restore_generate's overlap forced (none, full);
+//   mzcache-overlap-all  overlap forced, compute on all its threads while restoring
+//                   (mz_restore_params.compute_threads_while_restoring);
+//   mzcache-spread  mzcache with idle models' weights given back by depth across models
+//                   (mz_budget_params.spread_idle_weights);
+//   mzcache-inpass  mzcache with the budget pass after a call inside it (pass_after_return off, as
+//                   before 0.19).
 // Each system has its own copy of every GGUF (and its own folders), so no system's page cache
 // serves another's reads; dropped weights leave the page cache (the library drops their range),
 // so a restore reads storage, as it does after real pressure.
@@ -141,6 +148,10 @@ struct Request {
   // none), so a value > 0 tells which mode the call ran (auto: which one it chose).
   double alloc_s = 0;
   double cpu_s = 0;  // the process's CPU seconds during the restore_generate call (mz_restore_stats.cpu_s)
+  // The call's shared-budget passes (mz_conversation_get_call_report; the mzcache systems): the room
+  // pass before the restore and the budget pass after it when that ran inside the call.
+  double room_s = 0, pass_s = 0;
+  uint64_t room_bytes = 0;
   // The system's processes' memory after the request (/proc/<pid>/status): RSS, anonymous, file.
   uint64_t rss = 0, rss_anon = 0, rss_file = 0;
 };
@@ -173,6 +184,8 @@ class System {
       return 0;
     return double(w.resident) / double(w.total);
   }
+  // restore_generate's mz_restore_params.compute_threads_while_restoring (0: the library's choice).
+  virtual int32_t ComputeThreadsWhileRestoring() const { return 0; }
   // restore_generate's mz_restore_params.overlap.
   virtual int32_t Overlap() const {
     return a_.overlap == "none" ? MZ_OVERLAP_NONE : a_.overlap == "full" ? MZ_OVERLAP_FULL : MZ_OVERLAP_AUTO;
@@ -185,6 +198,8 @@ class System {
     }
     return h;
   }
+  // Waits for the budget passes after the request's calls (mz_budget_settle); nothing for most.
+  virtual void Settle() {}
   // What the system adds to the JSON report ({} for most).
   virtual nlohmann::json Report() { return nlohmann::json::object(); }
   // A process the system runs beside its worker (llama-server), 0 if none: its memory is the system's.
@@ -204,6 +219,7 @@ class System {
     mz_restore_stats rs{};
     mz_restore_params rp = mz_restore_default_params();
     rp.overlap = Overlap();
+    rp.compute_threads_while_restoring = ComputeThreadsWhileRestoring();
     MZ_RETURN_IF_ERROR(
         MzStatus(mz_conversation_restore_generate(s.conv.get(), q.data(), int32_t(q.size()), &rp, &rs)));
     mz_token tok = Argmax(s.conv.get(), s.n_vocab);
@@ -216,11 +232,18 @@ class System {
     r->pipe_storage = rs.bytes_from_storage;
     r->read_bytes = ProcReadBytes() - rb0;
     r->first = tok;
+    mz_call_report cr{};
+    if (mz_conversation_get_call_report(s.conv.get(), &cr) == MZ_OK) {
+      r->room_s = cr.room_s;
+      r->room_bytes = cr.room_bytes;
+      r->pass_s = cr.pass_s;
+    }
     for (int g = 1; g < a_.gen; ++g) {
       MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_decode(s.conv.get(), &tok, 1, false)));
       tok = Argmax(s.conv.get(), s.n_vocab);
     }
     MZ_RETURN_IF_ERROR(MzStatus(mz_conversation_commit(s.conv.get())));
+    Settle();  // a budget pass handed to the budget's thread has run: what it holds now
     r->held_after = Held();
     return Status::Ok();
   }
@@ -281,16 +304,27 @@ class System {
   mz_context_params cp_{};
 };
 
+// The mzcache systems' budget: the default, the spread order of idle models' weights
+// (mz_budget_params.spread_idle_weights), or the pass after a call inside it (pass_after_return off).
+enum class BudgetVariant { kDefault, kSpread, kPassInCall };
+
 class MzcacheSystem : public System {
  public:
   using System::System;
-  // overlap: this system's mz_restore_params.overlap (-1: --overlap's).
-  MzcacheSystem(std::string name, const ModelsArgs& a, int32_t overlap) : System(std::move(name), a), overlap_(overlap) {}
+  // overlap: this system's mz_restore_params.overlap (-1: --overlap's); variant: its budget's
+  // ablation (mzcache-spread, mzcache-inpass).
+  // all_threads: compute keeps all its threads while restoring (mzcache-overlap-all).
+  MzcacheSystem(std::string name, const ModelsArgs& a, int32_t overlap, BudgetVariant variant = BudgetVariant::kDefault,
+                bool all_threads = false)
+      : System(std::move(name), a), overlap_(overlap), variant_(variant), all_threads_(all_threads) {}
   int32_t Overlap() const override { return overlap_ >= 0 ? overlap_ : System::Overlap(); }
+  int32_t ComputeThreadsWhileRestoring() const override { return all_threads_ ? a_.threads : 0; }
   Status Setup(const std::vector<std::string>& sources, const std::string& root, uint64_t budget) override {
     MZ_RETURN_IF_ERROR(CopyModels(sources, root));
     mz_budget_params bp = mz_budget_default_params();
     bp.memory_budget = budget;
+    bp.spread_idle_weights = variant_ == BudgetVariant::kSpread;
+    bp.pass_after_return = variant_ != BudgetVariant::kPassInCall;
     mz_budget* b = nullptr;
     MZ_RETURN_IF_ERROR(MzStatus(mz_budget_new(&bp, &b)));
     budget_.reset(b);
@@ -304,6 +338,7 @@ class MzcacheSystem : public System {
     mz_budget_report r;
     return mz_budget_get_report(budget_.get(), &r) == MZ_OK ? r.in_memory : 0;
   }
+  void Settle() override { (void)mz_budget_settle(budget_.get()); }
   nlohmann::json Report() override {
     mz_budget_report r;
     mz_budget_get_report(budget_.get(), &r);
@@ -318,6 +353,8 @@ class MzcacheSystem : public System {
  private:
   MzBudget budget_;
   int32_t overlap_ = -1;
+  BudgetVariant variant_ = BudgetVariant::kDefault;
+  bool all_threads_ = false;
 };
 
 class UnloadLoadSystem : public System {
@@ -489,7 +526,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
 }
 
 // The systems --systems names, in the order they alternate (all-in-memory last).
-const char* const kSystemOrder[] = {"mzcache", "mzcache-serial", "mzcache-overlap", "unload-load", "llama-server",
+const char* const kSystemOrder[] = {"mzcache",        "mzcache-serial", "mzcache-overlap", "mzcache-overlap-all",
+                                    "mzcache-spread", "mzcache-inpass", "unload-load",     "llama-server",
                                     "all-in-memory"};
 
 // A system by its name; nullptr for an unknown one.
@@ -497,6 +535,9 @@ std::unique_ptr<System> MakeSystem(const std::string& name, const ModelsArgs& a)
   if (name == "mzcache") return std::make_unique<MzcacheSystem>(name, a);
   if (name == "mzcache-serial") return std::make_unique<MzcacheSystem>(name, a, MZ_OVERLAP_NONE);
   if (name == "mzcache-overlap") return std::make_unique<MzcacheSystem>(name, a, MZ_OVERLAP_FULL);
+  if (name == "mzcache-overlap-all") return std::make_unique<MzcacheSystem>(name, a, MZ_OVERLAP_FULL, BudgetVariant::kDefault, true);
+  if (name == "mzcache-spread") return std::make_unique<MzcacheSystem>(name, a, -1, BudgetVariant::kSpread);
+  if (name == "mzcache-inpass") return std::make_unique<MzcacheSystem>(name, a, -1, BudgetVariant::kPassInCall);
   if (name == "unload-load") return std::make_unique<UnloadLoadSystem>(name, a);
   if (name == "llama-server") return std::make_unique<LlamaServerSystem>(name, a);
   if (name == "all-in-memory") return std::make_unique<AllInMemorySystem>(name, a);
@@ -569,10 +610,12 @@ int RunModelsWorker(const ModelsArgs& a) {
       const SelfMemory m = SystemMemory(0, sys->ChildPid());
       std::fprintf(out,
                    "result model=%s ttft=%.9g read=%llu resident=%.9g held=%llu first=%d pipe_ttft=%.9g wait=%.9g "
-                   "reload=%.9g storage=%llu alloc=%.9g cpu=%.9g rss=%llu anon=%llu file=%llu child=%d\n",
+                   "reload=%.9g storage=%llu alloc=%.9g cpu=%.9g room=%.9g room_bytes=%llu pass=%.9g rss=%llu anon=%llu "
+                   "file=%llu child=%d\n",
                    r.model.c_str(), r.ttft_s, (unsigned long long)r.read_bytes, r.incoming_resident,
                    (unsigned long long)r.held_after, int(r.first), r.pipe_ttft_s, r.wait_s, r.reload_s,
-                   (unsigned long long)r.pipe_storage, r.alloc_s, r.cpu_s, (unsigned long long)m.rss,
+                   (unsigned long long)r.pipe_storage, r.alloc_s, r.cpu_s, r.room_s, (unsigned long long)r.room_bytes,
+                   r.pass_s, (unsigned long long)m.rss,
                    (unsigned long long)m.rss_anon, (unsigned long long)m.rss_file, sys->ChildPid());
     } else if (line.rfind("report", 0) == 0) {
       std::fprintf(out, "report %s\n", sys->Report().dump().c_str());
@@ -651,6 +694,9 @@ Status ServeOn(Worker& w, int model, int step, Request* r) {
   r->pipe_storage = u("storage");
   r->alloc_s = d("alloc");
   r->cpu_s = d("cpu");
+  r->room_s = d("room");
+  r->room_bytes = u("room_bytes");
+  r->pass_s = d("pass");
   r->rss = u("rss");
   r->rss_anon = u("anon");
   r->rss_file = u("file");
@@ -733,7 +779,9 @@ int RunModels(const ModelsArgs& a) {
                double(mean) / 1048576, double(budget) / 1048576, a.budget_models);
   auto want = [&](const std::string& n) { return std::find(wanted.begin(), wanted.end(), n) != wanted.end(); };
   const std::map<std::string, std::string> folder = {{"mzcache", "/mzcache"}, {"mzcache-serial", "/mzcache-serial"},
-                                                     {"mzcache-overlap", "/mzcache-overlap"}, {"unload-load", "/unload"},
+                                                     {"mzcache-overlap", "/mzcache-overlap"}, {"mzcache-overlap-all", "/mzcache-overlap-all"},
+                                                     {"mzcache-spread", "/mzcache-spread"},
+                                                     {"mzcache-inpass", "/mzcache-inpass"}, {"unload-load", "/unload"},
                                                      {"llama-server", "/llama"}};
   for (const char* n : kSystemOrder) {
     if (std::string(n) == "all-in-memory" || !want(n)) continue;
@@ -770,9 +818,10 @@ int RunModels(const ModelsArgs& a) {
       if (!st.ok()) return Fail(st.With(w.name + ", step " + std::to_string(step)));
       if (step == 0) continue;
       std::fprintf(stderr, "[bench models] step %d/%d %-15s -> %-20s TTFT %.3f s (pipeline %.3f, alloc %.3f, waited %.3f, "
-                   "reload %.3f, cpu %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB, RSS %.0f MiB (anon %.0f, file %.0f)\n",
+                   "reload %.3f, cpu %.3f, room %.3f, pass %.3f), read %.0f MiB, resident %.0f%%, holds %.0f MiB, RSS %.0f MiB "
+                   "(anon %.0f, file %.0f)\n",
                    step, a.steps, r.system.c_str(), r.model.c_str(), r.ttft_s, r.pipe_ttft_s, r.alloc_s, r.wait_s, r.reload_s,
-                   r.cpu_s, double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576,
+                   r.cpu_s, r.room_s, r.pass_s, double(r.read_bytes) / 1048576, 100 * r.incoming_resident, double(r.held_after) / 1048576,
                    double(r.rss) / 1048576, double(r.rss_anon) / 1048576, double(r.rss_file) / 1048576);
       reqs.push_back(r);
     }
@@ -808,6 +857,7 @@ int RunModels(const ModelsArgs& a) {
                                {"held_after", r.held_after}, {"first_token", r.first},
                                {"pipeline_ttft_s", r.pipe_ttft_s}, {"wait_s", r.wait_s}, {"reload_s", r.reload_s},
                                {"pipeline_bytes_from_storage", r.pipe_storage}, {"alloc_s", r.alloc_s}, {"cpu_s", r.cpu_s},
+                               {"room_s", r.room_s}, {"room_bytes", r.room_bytes}, {"pass_in_call_s", r.pass_s},
                                {"rss_after", r.rss}, {"rss_anon_after", r.rss_anon}, {"rss_file_after", r.rss_file}});
     ttft[r.system].push_back(r.ttft_s);
     reads[r.system].push_back(double(r.read_bytes));
@@ -851,7 +901,7 @@ int RunModels(const ModelsArgs& a) {
   doc["rss_sample_ms"] = a.sample_ms;
   for (const auto& [st, t] : step_starts) doc["step_start_s"].push_back(t);
   {
-    std::vector<double> pipe, wait, rest;
+    std::vector<double> pipe, wait, rest, room, pass, other;
     int restored_first = 0;
     for (const auto& r : reqs)
       if (r.system == "mzcache") {
@@ -859,15 +909,24 @@ int RunModels(const ModelsArgs& a) {
         pipe.push_back(r.pipe_ttft_s);
         wait.push_back(r.wait_s);
         rest.push_back(r.ttft_s - r.pipe_ttft_s);
+        room.push_back(r.room_s);
+        pass.push_back(r.pass_s);
+        other.push_back(r.ttft_s - r.pipe_ttft_s - r.room_s - r.pass_s);
       }
     if (!pipe.empty()) {
       const Stats p = Summarize(pipe), w = Summarize(wait), x = Summarize(rest);
+      const Stats ro = Summarize(room), pa = Summarize(pass), ot = Summarize(other);
       md += Sprintf("\nWhere mzcache's time goes (medians): the restore pipeline to the last input token's logits "
-                    "%.3f s, of which compute waited for units %.3f s; the rest of the call (the budget pass that "
-                    "ends it: the other model's memory given back) %.3f s.\n", p.median, w.median, x.median);
+                    "%.3f s, of which compute waited for units %.3f s; the rest of the call %.3f s: the room pass "
+                    "before the restore (idle models giving back) %.3f s (%.3f-%.3f), the budget pass after it inside "
+                    "the call %.3f s (%.3f-%.3f; 0 when it ran on the budget's thread), the remainder (opening, "
+                    "bookkeeping, the first token's argmax) %.3f s.\n",
+                    p.median, w.median, x.median, ro.median, ro.min, ro.max, pa.median, pa.min, pa.max, ot.median);
       doc["mzcache_pipeline_ttft_median_s"] = p.median;
       doc["mzcache_wait_median_s"] = w.median;
       doc["mzcache_after_pipeline_median_s"] = x.median;
+      doc["mzcache_room_median_s"] = ro.median;
+      doc["mzcache_pass_in_call_median_s"] = pa.median;
       md += Sprintf("mzcache (--overlap %s) restored before computing in %d of %zu switches (an allocation phase "
                     "ran), overlapped in the rest.\n", a.overlap.c_str(), restored_first, pipe.size());
       doc["mzcache_restored_first"] = restored_first;
@@ -978,7 +1037,10 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
     c->add_option("--budget-models", a->budget_models, "the shared budget, in mean model footprints");
     c->add_option("--seed", a->seed, "seed of the sequence and the tokens");
     c->add_option("--systems", a->systems, "comma-separated: mzcache, mzcache-serial (restores before the prefill), "
-                  "mzcache-overlap (restores overlapped with the prefill), unload-load, llama-server, all-in-memory");
+                  "mzcache-overlap (restores overlapped with the prefill), mzcache-overlap-all (the same, compute on all its "
+                  "threads while restoring), mzcache-spread (idle models' weights given back "
+                  "by depth across models), mzcache-inpass (the budget pass after a call inside it, as before 0.19), "
+                  "unload-load, llama-server, all-in-memory");
     AddWeightsOption(c, &a->weights);  // how the mzcache systems hold weights
     c->add_option("--overlap", a->overlap,
                   "restore_generate of the mzcache system: auto (overlapped or restore-first, chosen per call from the "
