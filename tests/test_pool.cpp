@@ -1234,6 +1234,51 @@ TEST(Pool, WriteBehindWaitsForAFirstTokenElsewhereAndGoesOnForAWaiter) {
   EXPECT_GT(pool->Stats().persist_yielded_s, 0.0);
 }
 
+// While the write-behind writes a conversation (its use lock held), its history and turn mark are
+// read without waiting (a server matches every request against every conversation: a request for
+// another one must not wait for this write); a call on it still waits for the write.
+TEST(Pool, HistoryIsReadWhileTheWriteBehindWritesIt) {
+  auto m = LoadModel();
+  const std::string dir = FreshDir("persisting");
+  PoolOptions o = Opts(dir);
+  o.write_behind = true;
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  const auto a = Tokens(0, 100, 61);
+  std::shared_ptr<Conversation> ca;
+  ASSERT_TRUE(pool->OpenConversation("a", &ca).ok());
+  ASSERT_TRUE(ca->Decode(a.data(), 100, false).ok());
+  ASSERT_TRUE(ca->SetTurnMark(90).ok());
+  std::atomic<bool> writing{false}, release{false};
+  SyncPoints::SetCallback("pool:persisting", [&](int) {
+    writing = true;
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  ASSERT_TRUE(ca->Commit().ok());  // queues a's write, which stops with a's use lock held
+  for (int w = 0; w < 10000 && !writing; ++w) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(writing);
+  std::vector<int32_t> h;
+  Status st = pool->History("a", &h);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(h, a);
+  int mark = -1;
+  st = pool->TurnMark("a", &mark);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(mark, 90);
+  ConversationReport r;
+  ASSERT_TRUE(pool->Report("a", &r).ok());
+  EXPECT_EQ(r.stored_tokens, 0) << "the write is still under way";
+  release = true;
+  // A call waits for the write, then runs; afterwards History reads the conversation itself.
+  const int32_t next = 7;
+  ASSERT_TRUE(ca->Decode(&next, 1, false).ok());
+  SyncPoints::ClearAll();
+  ASSERT_TRUE(pool->History("a", &h).ok());
+  EXPECT_EQ(h.size(), 101u);
+  ASSERT_TRUE(pool->Report("a", &r).ok());
+  EXPECT_EQ(r.stored_tokens, 100);
+}
+
 // The load arena: in-memory swap segments freed by evictions are kept and reused by the next load
 // from storage, inside the memory budget; results are bit-identical to a pool without it, and
 // Evict gives the arena back first.

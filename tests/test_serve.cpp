@@ -525,6 +525,28 @@ TEST(ServeApi, TimingsAsLlamaServer) {
   EXPECT_EQ(TimingsJson(t)["predicted_per_second"], 0.0);
 }
 
+// The usage chunk's "mzcache" object carries the turn's phases in the order they ran (where the
+// time to the first token went), and none when the turn reported none.
+TEST(ServeApi, TurnPhasesInTheirOrder) {
+  ChatRequest req;
+  req.chat = true;
+  Usage u;
+  TurnInfo info;
+  info.conversation = "c-1";
+  info.bytes_read_compressed = 7;
+  nlohmann::json j = UsageChunkBody(req, "id", "m", 1, u, info);
+  EXPECT_FALSE(j["mzcache"].contains("phases_ms"));
+  EXPECT_EQ(j["mzcache"]["bytes_read_compressed"], 7);
+  info.phases_ms = {{"parse", 0.5}, {"restore_generate", 120.0}, {"first_text", 1.5}};
+  j = UsageChunkBody(req, "id", "m", 1, u, info);
+  const nlohmann::json& ph = j["mzcache"]["phases_ms"];
+  ASSERT_TRUE(ph.is_array());
+  std::vector<std::string> names;
+  for (const auto& p : ph) names.push_back(p.at(0).get<std::string>());
+  EXPECT_EQ(names, (std::vector<std::string>{"parse", "restore_generate", "first_text"}));
+  EXPECT_DOUBLE_EQ(ph.at(1).at(1).get<double>(), 120.0);
+}
+
 }  // namespace
 
 }  // namespace mz::serve

@@ -137,6 +137,12 @@ class Conversation {
   // The stored file's tokens, kept from its last read or write so that a server matching requests
   // (Pool::History) reads no file (4 bytes a token; not counted in the memory budget).
   std::vector<int32_t> stored_history_;
+  // While Persist holds use_mu_ to write it (nothing can change its history meanwhile): its history
+  // and turn mark, so that Pool::History / TurnMark (a server matching a request against every
+  // conversation) read them instead of waiting for the write.
+  bool persisting_ = false;
+  std::vector<int32_t> persisting_history_;
+  int persisting_turn_mark_ = -1;
   MemoryReport last_report_;           // last known (a busy context is not waited for)
   bool dirty_queued_ = false;
   // Under the pool's files_mu_: the chunk files its stored file names (its first chunks' hashes).

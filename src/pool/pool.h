@@ -325,13 +325,18 @@ class Pool {
   // The token history of conversation id: an open one's context history, a stored one's (only its
   // stored file's header and index are read; nothing is loaded). kInvalidArgument: no such
   // conversation (or closed meanwhile); kBusy: a call runs on it (never waited for: ask again
-  // after it); kCorruption / kIOError: its stored file could not be read (it is not marked
-  // damaged here: the next open reports it).
+  // after it; while a persist writes it, its history is read without waiting); kCorruption /
+  // kIOError: its stored file could not be read (it is not marked damaged here: the next open
+  // reports it).
   Status History(const std::string& id, std::vector<int32_t>* out);
   // Conversation id's turn mark (Conversation::SetTurnMark), -1 if none: an open one's, or its
   // stored file's (known since the pool opened or last wrote it: no file is read). Errors as
   // History (kBusy while a call runs on it).
   Status TurnMark(const std::string& id, int* out);
+  // History and TurnMark while a Persist writes conversation id (its use lock held, its history
+  // fixed meanwhile): its history and turn mark as that write saw them, true; false when no write
+  // holds it (or no such conversation). Either pointer may be null.
+  bool PersistingSnapshot(const std::string& id, std::vector<int32_t>* history, int* turn_mark);
   // Conversation id with its use lock taken without waiting (History, TurnMark's common part).
   Status ForRead(const std::string& id, std::shared_ptr<Conversation>* out, std::unique_lock<std::mutex>* use);
   std::vector<DamagedFile> Damaged();

@@ -151,10 +151,21 @@ Status Pool::ForRead(const std::string& id, std::shared_ptr<Conversation>* out, 
   return Status::Ok();
 }
 
+bool Pool::PersistingSnapshot(const std::string& id, std::vector<int32_t>* history, int* turn_mark) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = convs_.find(id);
+  if (it == convs_.end() || !it->second->persisting_ || it->second->closed_) return false;
+  if (history) *history = it->second->persisting_history_;
+  if (turn_mark) *turn_mark = it->second->persisting_turn_mark_;
+  return true;
+}
+
 Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
   std::shared_ptr<Conversation> c;
   std::unique_lock<std::mutex> use;
-  MZ_RETURN_IF_ERROR(ForRead(id, &c, &use));
+  Status busy = ForRead(id, &c, &use);
+  if (busy.code() == Status::kBusy && PersistingSnapshot(id, out, nullptr)) return Status::Ok();
+  MZ_RETURN_IF_ERROR(busy);
   if (c->ctx_) {
     *out = c->ctx_->history();
     return Status::Ok();
@@ -179,7 +190,9 @@ Status Pool::History(const std::string& id, std::vector<int32_t>* out) {
 Status Pool::TurnMark(const std::string& id, int* out) {
   std::shared_ptr<Conversation> c;
   std::unique_lock<std::mutex> use;
-  MZ_RETURN_IF_ERROR(ForRead(id, &c, &use));
+  Status busy = ForRead(id, &c, &use);
+  if (busy.code() == Status::kBusy && PersistingSnapshot(id, nullptr, out)) return Status::Ok();
+  MZ_RETURN_IF_ERROR(busy);
   if (c->ctx_) {
     *out = c->ctx_->turn_mark();
     return Status::Ok();

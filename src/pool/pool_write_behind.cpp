@@ -85,6 +85,23 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
       // What the file holds besides the KV (under use_mu_: they cannot change during the save).
       const int turn_mark = c->ctx_->turn_mark();
       std::vector<int32_t> saved_tokens = c->ctx_->history();
+      // Readable meanwhile without use_mu_ (Pool::History, TurnMark): a request matched against
+      // every conversation does not wait for this write.
+      struct OnExit {
+        std::function<void()> f;
+        ~OnExit() { f(); }
+      } published{[this, &c] {
+        std::lock_guard<std::mutex> lk(mu_);
+        c->persisting_ = false;
+        c->persisting_history_.clear();
+      }};
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        c->persisting_ = true;
+        c->persisting_history_ = saved_tokens;
+        c->persisting_turn_mark_ = turn_mark;
+      }
+      MZ_SYNC_POINT("pool:persisting", 0);  // tests: a write under way, its conversation locked
       st = SaveSession(*c->ctx_, path, codec, &info, int(ext.size()), between);
       if (st.code() == Status::kCorruption && !info.replaced && c->ctx_->SharedPrefixChunks() > 0) {
         // A shared chunk it borrows is lost (found damaged when read for this save): computed

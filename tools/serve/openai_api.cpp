@@ -277,13 +277,23 @@ json UsageJson(const Usage& u) {
 }
 
 json InfoJson(const TurnInfo& t) {
-  return {{"conversation", t.conversation},
-          {"new_conversation", t.new_conversation},
-          {"ttft_s", t.ttft_s},
-          {"reload_s", t.reload_s},
-          {"wait_s", t.wait_s},
-          {"bytes_from_storage", t.bytes_from_storage},
-          {"units_restored", t.units_restored}};
+  json out = {{"conversation", t.conversation},
+              {"new_conversation", t.new_conversation},
+              {"ttft_s", t.ttft_s},
+              {"reload_s", t.reload_s},
+              {"wait_s", t.wait_s},
+              {"alloc_s", t.alloc_s},
+              {"restore_cpu_s", t.restore_cpu_s},
+              {"bytes_from_storage", t.bytes_from_storage},
+              {"bytes_decoded", t.bytes_decoded},
+              {"bytes_read_compressed", t.bytes_read_compressed},
+              {"units_restored", t.units_restored}};
+  if (!t.phases_ms.empty()) {  // [[name, ms], ...] in the order they ran (an object's keys would be sorted)
+    json ph = json::array();
+    for (const auto& [name, ms] : t.phases_ms) ph.push_back({name, ms});
+    out["phases_ms"] = ph;
+  }
+  return out;
 }
 
 }  // namespace

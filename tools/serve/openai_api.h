@@ -156,6 +156,13 @@ struct TurnInfo {
   double reload_s = 0, wait_s = 0;  // the restore's reload phase, and compute's wait for units
   uint64_t bytes_from_storage = 0;
   int units_restored = 0;
+  uint64_t bytes_decoded = 0, bytes_read_compressed = 0;  // KV decoded from compressed memory; read in place
+  double alloc_s = 0, restore_cpu_s = 0;  // the restore's allocation phase; process CPU seconds of restore_generate
+  // Where the time to the first token went, in order (name, milliseconds): the request's parse,
+  // template and tokenization, the claim, each step of the turn up to its first text written to the
+  // client (docs/server.md "Where a return's time goes"). In JSON: "phases_ms": [[name, ms], ...].
+  // Empty: not reported.
+  std::vector<std::pair<std::string, double>> phases_ms;
   Timings timings;  // the body's "timings" (set: present)
 };
 

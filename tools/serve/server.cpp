@@ -72,6 +72,11 @@ struct Server::Job {
   int slot = -1;  // its place in slots_ (-1: none)
   bool finished = false, was_empty = false;
   int shared_before = 0;
+  // When the handler got the request, parsed it, had its prompt's tokens and its claim; when the
+  // stream's provider started and had written the role chunk (streamed only): the phases_ms of the
+  // response's "mzcache" object.
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point t_in, t_parsed, t_prompt, t_claimed, t_provider, t_role;
   ~Job() {
     if (conv) mz_conversation_release(conv);
     if (!finished && !claim.id.empty()) m->router.Abandon(claim.id, false);
@@ -359,6 +364,7 @@ void Server::FinishJob(Job& job, bool damaged, const std::vector<mz_token>& hist
 }
 
 void Server::Completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const Job::Clock::time_point t_in = Job::Clock::now();
   requests_++;
   ChatRequest r;
   ApiError err;
@@ -382,16 +388,22 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     }
     r.conversation = id;
   }
+  const Job::Clock::time_point t_parsed = Job::Clock::now();
   if (!(m = ModelFor(r, &err)) || !Prompt(*m, r, &prompt, &err)) {
     failures_++;
     if (err.code == "model_changed") res.set_header("x-should-retry", "false");  // the openai client retries a 409 otherwise
     return Error(res, err);
   }
+  const Job::Clock::time_point t_prompt = Job::Clock::now();
   std::shared_ptr<Job> job = Claim(*m, r, std::move(prompt), &err);
   if (!job) {
     failures_++;
     return Error(res, err);
   }
+  job->t_in = t_in;
+  job->t_parsed = t_parsed;
+  job->t_prompt = t_prompt;
+  job->t_claimed = Job::Clock::now();
   const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = UnixNow();
   const std::string model_id_ = m->id;
@@ -409,6 +421,22 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     info->wait_s = t.restore.wait_s;
     info->bytes_from_storage = t.restore.bytes_from_storage;
     info->units_restored = t.restore.units_restored;
+    info->bytes_decoded = t.restore.bytes_decoded;
+    info->bytes_read_compressed = t.restore.bytes_read_compressed;
+    info->alloc_s = t.restore.alloc_s;
+    info->restore_cpu_s = t.restore.cpu_s;
+    auto ms = [](Job::Clock::time_point a, Job::Clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    info->phases_ms = {{"parse", ms(j.t_in, j.t_parsed)}, {"prompt", ms(j.t_parsed, j.t_prompt)},
+                       {"claim", ms(j.t_prompt, j.t_claimed)}};
+    if (j.req.stream)
+      info->phases_ms.insert(info->phases_ms.end(), {{"to_stream", ms(j.t_claimed, j.t_provider)},
+                                                     {"role_chunk", ms(j.t_provider, j.t_role)}});
+    info->phases_ms.insert(info->phases_ms.end(),
+                           {{"truncate", t.truncate_s * 1e3}, {"restore_generate", t.prompt_s * 1e3},
+                            {"turn_mark", t.mark_s * 1e3}, {"first_sample", t.first_sample_s * 1e3},
+                            {"first_text", t.first_text_s * 1e3}});
     RecordTurn(t, u->prompt_tokens - u->cached_tokens, u->cached_tokens, &info->timings);  // once per turn
   };
   auto record = [this](const serve::Usage& u, const serve::TurnInfo& info) {
@@ -467,7 +495,9 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
       return false;
     };
     bool alive = true;
+    job->t_provider = Job::Clock::now();
     if (r.chat) alive = send(serve::ChunkBody(r, id, model_id_, created, nullptr, nullptr, /*role_only=*/true));
+    job->t_role = Job::Clock::now();
     serve::TurnResult t;
     size_t offset = 0;  // completions' text_offset of the next chunk's first token: bytes sent so far
     auto advance = [&offset](const std::vector<serve::TokenLogprob>& lps) {

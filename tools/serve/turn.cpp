@@ -97,6 +97,9 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     pending.clear();
     return go_on;
   };
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const Clock::time_point tt = Clock::now();
   const int held = mz_conversation_n_tokens(conv);
   if (held < 0) return Failed(r, held);
   if (keep > held) keep = held;
@@ -106,20 +109,22 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
   r.history.assign(prompt.begin(), prompt.begin() + keep);  // what the conversation holds now
   std::unique_ptr<mz_sampler, void (*)(mz_sampler*)> sampler(mz_sampler_new(&params.sampler), mz_sampler_free);
   if (!sampler) return Failed(r, MZ_ERR_INVALID_ARG);
-  using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
+  r.truncate_s = secs(tt, t0);
   if (int st = mz_conversation_restore_generate(conv, prompt.data() + keep, int32_t(prompt.size()) - keep, nullptr,
                                                 &r.restore);
       st != MZ_OK)
     return Failed(r, st);
   const Clock::time_point t1 = Clock::now();
-  r.prompt_s = std::chrono::duration<double>(t1 - t0).count();
+  r.prompt_s = secs(t0, t1);
   // The turn mark (where this turn's prompt ends) is the pool's, persisted with this turn's commit:
   // after a restart, or on another server of a fleet, a resent history is matched against it.
   if (int st = mz_conversation_set_turn_mark(conv, int32_t(prompt.size())); st != MZ_OK) {
     mz_conversation_commit(conv);
     return Failed(r, st);
   }
+  const Clock::time_point tm = Clock::now();
+  r.mark_s = secs(t1, tm);
 
   r.history = prompt;
   std::vector<mz_token> script;
@@ -150,6 +155,8 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     }
   }
   TextStream text(params.stop);
+  Clock::time_point t_first = tm;  // the first token sampled
+  bool any_text = false;           // some text went to emit
   int n = int(prompt.size());
   bool stopped = false;
   r.finish_reason = "length";
@@ -182,6 +189,10 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       mz_conversation_commit(conv);
       return Failed(r, t);
     }
+    if (r.completion_tokens == 0) {
+      t_first = Clock::now();
+      r.first_sample_s = secs(tm, t_first);
+    }
     if (mz_token_is_eog(model, t)) {
       r.finish_reason = "stop";
       break;
@@ -199,9 +210,14 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     // With logprobs, the token's piece was just built for them: not built a second time.
     const std::string out =
         text.Push(params.top_logprobs >= 0 ? pending.back().piece : cli::TokenPiece(model, t), &stopped);
+    const bool first_text = !any_text && !out.empty();
     if (!out.empty() && !send(out)) {
       r.finish_reason = "cancelled";
       break;
+    }
+    if (first_text) {
+      any_text = true;
+      r.first_text_s = secs(t_first, Clock::now());
     }
     if (stopped) {
       r.finish_reason = "stop";

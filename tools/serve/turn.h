@@ -49,6 +49,13 @@ struct TurnResult {
   // Wall seconds of the prompt's restore_generate (restore and prefill), and of the reply: from
   // the first sample to the end of the last decode (llama-server's prompt_ms / predicted_ms).
   double prompt_s = 0, predicted_s = 0;
+  // Wall seconds of the steps around it up to the first text given to emit: cutting the
+  // conversation back to keep (truncate_s), the turn mark (mark_s), the first token's sampling
+  // (first_sample_s, from the mark to the token), and from that token to the return of the first
+  // emit with text (first_text_s: the write to the client, and the decode of further tokens when
+  // the first ones' text was held back, e.g. an incomplete UTF-8 character). 0 when the step did
+  // not run.
+  double truncate_s = 0, mark_s = 0, first_sample_s = 0, first_text_s = 0;
   // The conversation's history after the turn: the prompt (when its restore_generate succeeded)
   // and the sampled tokens that were decoded (the last sampled one is not).
   std::vector<mz_token> history;
