@@ -49,6 +49,10 @@ struct TurnResult {
   // Wall seconds of the prompt's restore_generate (restore and prefill), and of the reply: from
   // the first sample to the end of the last decode (llama-server's prompt_ms / predicted_ms).
   double prompt_s = 0, predicted_s = 0;
+  // Of predicted_s, wall seconds in the reply's one-token decode calls (waiting for and computing
+  // batcher steps), in sampling (mz_conversation_sample, or the constrained pick), and in handing
+  // text to emit (the SSE write): the caller's part of a batched step's cycle (session 37).
+  double decode_s = 0, sample_s = 0, emit_s = 0;
   // The conversation's history after the turn: the prompt (when its restore_generate succeeded)
   // and the sampled tokens that were decoded (the last sampled one is not).
   std::vector<mz_token> history;
