@@ -6,7 +6,7 @@
 //   node bench/batch_race.mjs --mzcache build/mzcache --llama-server PATH -m MODEL.gguf --openai DIR
 //        [--streams 1,2,4,8] [--history-tokens 512] [--max-tokens 128] [--reps 2] [--threads 2]
 //        [--ctx-per-seq 1024] [--kv q8_0|f16] [--long-prompt-tokens 0] [--systems mzcache,llama]
-//        [--text FILE] [--api chat|completions|native] [-o DIR]
+//        [--text FILE] [--api chat|completions|native] [--mzcache-base BIN] [-o DIR]
 //   node bench/batch_race.mjs --check-native --llama-server PATH -m MODEL.gguf [-o DIR]
 //
 // --api completions sends the same text to /v1/completions (no chat template on either side).
@@ -36,6 +36,14 @@
 //            --parallel max(N,8)` (+ `--kv-type q8_0`); its defaults otherwise.
 //   llama    `llama-server -t T -tb T -np N -c N*C --no-webui --no-jinja` (+ `-ctk q8_0 -ctv q8_0 -fa on`);
 //            continuous batching is its default.
+//   base     with --mzcache-base BIN: the same `serve` command as mzcache from another binary (e.g.
+//            main's, for an A/B of a change in the same run); added to the default systems
+//            (mzcache,base,llama). Ratios are given for mzcache/llama, base/llama and mzcache/base.
+// After each mzcache or base level, the server's own account is read from GET /v1/mzcache/pool
+// before it stops: its batcher's steps, mean batch, tokens and prompt tokens, and the pool's
+// persists (stored writes: one per finished turn is expected, more means writes mid-reply), and
+// from GET /metrics its replies' seconds by part (mzcache_reply_seconds_total: decode calls,
+// sampling, emit), in race.json (`server_report`) and race.md.
 // C = --ctx-per-seq (default: 1024, raised to fit the history and the reply when they need more).
 // At level N, N clients start at the same moment; client i sends one streamed chat completion
 // (max_tokens --max-tokens, temperature 0.8, seed i, ignore_eos, stream_options.include_usage) whose
@@ -73,6 +81,7 @@ function args() {
       console.log(fs.readFileSync(new URL(import.meta.url)).toString().split('\n').filter(l => l.startsWith('//')).map(l => l.slice(3)).join('\n'));
       process.exit(0);
     } else if (k === '--mzcache') a.mzcache = next();
+    else if (k === '--mzcache-base') a.mzcacheBase = next();
     else if (k === '--llama-server') a.llama = next();
     else if (k === '-m' || k === '--model') a.model = next();
     else if (k === '--openai') a.openai = next();
@@ -91,9 +100,10 @@ function args() {
     else if (k === '--check-native') a.checkNative = true;
     else { console.error(`unknown option ${k} (--help)`); process.exit(2); }
   }
-  a.systems ??= ['mzcache', 'llama'];
+  a.systems ??= a.mzcacheBase ? ['mzcache', 'base', 'llama'] : ['mzcache', 'llama'];
   const bad = (m) => { console.error(`${m} (--help)`); process.exit(2); };
-  for (const s of a.systems) if (s !== 'mzcache' && s !== 'llama') bad(`unknown system ${s}: mzcache or llama`);
+  for (const s of a.systems) if (!['mzcache', 'llama', 'base'].includes(s)) bad(`unknown system ${s}: mzcache, base or llama`);
+  if (a.systems.includes('base') && !a.mzcacheBase) bad('system base needs --mzcache-base BIN');
   if (!a.systems.includes('llama')) a.llama ??= '-';
   if (!a.systems.includes('mzcache')) a.mzcache ??= '-';
   if (a.checkNative) { a.mzcache ??= '-'; a.openai ??= '-'; }
@@ -177,9 +187,9 @@ async function startServer(sys, slots, ctxPerSeq, logName) {
   const logFile = path.join(A.o, 'logs', `${logName}.log`);
   const fd = fs.openSync(logFile, 'w');
   let cmd, argv, port = 0, portFile = null;
-  if (sys === 'mzcache') {
+  if (sys === 'mzcache' || sys === 'base') {
     portFile = path.join(tmp, 'port');
-    cmd = A.mzcache;
+    cmd = sys === 'base' ? A.mzcacheBase : A.mzcache;
     argv = ['serve', '-m', A.model, '--port', '0', '--port-file', portFile, '--threads', String(A.threads),
             '--pool-dir', path.join(tmp, 'pool'), '--ctx', String(ctxPerSeq), '--no-watch-pressure',
             '--parallel', String(Math.max(slots, 8))];
@@ -416,10 +426,11 @@ const machine = { cpu: 'unknown', cores: os.cpus().length, date: new Date().toIS
 try { machine.cpu = execFileSync('sh', ['-c', "lscpu | sed -n 's/^Model name: *//p' | head -1"]).toString().trim() || 'unknown'; } catch {}
 try { machine.cores = +execFileSync('sh', ['-c', "lscpu | sed -n 's/^CPU(s): *//p' | head -1"]).toString().trim() || machine.cores; } catch {}
 const versions = {};
-if (A.systems.includes('mzcache')) {
-  if (!fs.existsSync(A.mzcache)) await fail(`no mzcache binary at ${A.mzcache}`);
-  const help = info(A.mzcache, ['serve', '--help']);
-  if (A.kv === 'q8_0' && !help.includes('--kv-type')) await fail(`${A.mzcache} serve has no --kv-type (rebuild it)`);
+for (const [sys, bin] of [['mzcache', A.mzcache], ['base', A.mzcacheBase]]) {
+  if (!A.systems.includes(sys)) continue;
+  if (!fs.existsSync(bin)) await fail(`no mzcache binary at ${bin}`);
+  const help = info(bin, ['serve', '--help']);
+  if (A.kv === 'q8_0' && !help.includes('--kv-type')) await fail(`${bin} serve has no --kv-type (rebuild it)`);
 }
 if (A.systems.includes('llama')) {
   if (!fs.existsSync(A.llama)) await fail(`no llama-server at ${A.llama}`);
@@ -435,6 +446,24 @@ const f3 = x => Number.isFinite(x) ? x.toFixed(3) : '-';
 const f1 = x => Number.isFinite(x) ? x.toFixed(1) : '-';
 log(`${systems.join(' vs ')}; streams ${A.streams.join(',')}; ~${A.historyTokens} history tokens (${historyWords} words of ${textSource}); ` +
     `${A.maxTokens} max tokens; ${A.reps} reps; ${A.threads} threads; ctx/seq ${A.ctxPerSeq}; KV ${A.kv}; machine ${machine.cpu}, ${machine.cores} cores`);
+
+// An mzcache server's own account after a level (GET /v1/mzcache/pool): its batcher and the
+// pool's stored writes; null when it cannot be read (an older binary without the batch object).
+async function serverReport(s) {
+  try {
+    const j = await (await fetch(`http://127.0.0.1:${s.port}/v1/mzcache/pool`)).json();
+    const b = j.batch ?? {};
+    // Replies' time by part on the callers' threads (mzcache_reply_seconds_total, since session 37).
+    const reply = {};
+    try {
+      const m = await (await fetch(`http://127.0.0.1:${s.port}/metrics`)).text();
+      for (const [, part, v] of m.matchAll(/^mzcache_reply_seconds_total\{[^}]*part="(\w+)"[^}]*\} ([0-9.eE+-]+)$/gm)) reply[part] = +v;
+    } catch {}
+    return { steps: b.steps ?? null, mean_batch: b.mean_batch ?? null, max_batch: b.max_batch ?? null, tokens: b.tokens ?? null,
+             prefill_tokens: b.prefill_tokens ?? null, persists: j.pool?.persists ?? null,
+             reply_decode_s: reply.decode ?? null, reply_sample_s: reply.sample ?? null, reply_emit_s: reply.emit ?? null };
+  } catch (e) { log(`${s.sys}: no /v1/mzcache/pool report (${e?.message ?? e})`); return null; }
+}
 
 async function runLevel(rep, N, sys) {
   const tag = `rep ${rep + 1}/${A.reps} N=${N} ${sys}`;
@@ -454,13 +483,17 @@ async function runLevel(rep, N, sys) {
   }
   const peak = stopRss();
   const hwm = procStatus(s.p.pid, 'VmHWM');
+  const report = sys === 'llama' ? null : await serverReport(s);
   await stopServer(s);
   const st = levelStats(recs);
   log(`${tag}: aggregate ${f1(st.aggregate_tok_s)} tok/s, slowest stream ${f1(st.slowest_stream_tok_s)} tok/s, ` +
       `TTFT p50 ${f3(st.ttft_p50_s)} s p95 ${f3(st.ttft_p95_s)} s, ITL p95 ${f3(st.itl_p95_s)} s, peak RSS ${peak.toFixed(0)} MiB ` +
       `(${st.completion_tokens} tokens, prompt ~${st.prompt_tokens_median} tokens${st.stopped_early ? `, ${st.stopped_early} stopped early` : ''})`);
+  if (report) log(`${tag}: server's account: ${report.steps} steps, mean batch ${f3(report.mean_batch)}, ` +
+                  `${report.prefill_tokens} prompt tokens, ${report.persists} persists; replies' seconds (all streams): ` +
+                  `decode ${f3(report.reply_decode_s)}, sample ${f3(report.reply_sample_s)}, emit ${f3(report.reply_emit_s)}`);
   runs.push({ rep, streams: N, system: sys, cmdline: s.cmdline, load_s: load, rss_idle_mib: rssIdle, peak_rss_mib: peak,
-              vm_hwm_mib: hwm, ...st, per_stream: recs });
+              vm_hwm_mib: hwm, ...st, server_report: report, per_stream: recs });
 }
 
 async function runItl(rep, sys) {
@@ -524,7 +557,7 @@ try {
 const stat = v => { const w = v.filter(Number.isFinite); return { median: median(w), min: w.length ? Math.min(...w) : NaN, max: w.length ? Math.max(...w) : NaN, n: w.length }; };
 const metrics = ['aggregate_tok_s', 'slowest_stream_tok_s', 'ttft_p50_s', 'ttft_p95_s', 'itl_p50_s', 'itl_p95_s', 'peak_rss_mib'];
 const ratioMetrics = ['aggregate_tok_s', 'slowest_stream_tok_s', 'peak_rss_mib'];
-const both = systems.includes('mzcache') && systems.includes('llama');
+const ratioPairs = [['mzcache', 'llama'], ['base', 'llama'], ['mzcache', 'base']].filter(([a, b]) => systems.includes(a) && systems.includes(b));
 const summary = A.streams.map(N => {
   const lv = { streams: N, systems: {} };
   for (const sys of systems) {
@@ -533,16 +566,17 @@ const summary = A.streams.map(N => {
     lv.systems[sys].prompt_tokens_median = median(r.map(x => x.prompt_tokens_median));
     lv.systems[sys].stopped_early = r.reduce((x, y) => x + y.stopped_early, 0);
   }
-  if (both) {
-    lv.ratio_mzcache_over_llama = {};
+  for (const [sa, sb] of ratioPairs) {
+    const key = `ratio_${sa}_over_${sb}`;
+    lv[key] = {};
     for (const m of ratioMetrics) {
       const per = [];
       for (let rep = 0; rep < A.reps; rep++) {
-        const a = runs.find(x => x.rep === rep && x.streams === N && x.system === 'mzcache');
-        const b = runs.find(x => x.rep === rep && x.streams === N && x.system === 'llama');
+        const a = runs.find(x => x.rep === rep && x.streams === N && x.system === sa);
+        const b = runs.find(x => x.rep === rep && x.streams === N && x.system === sb);
         if (a && b) per.push(a[m] / b[m]);
       }
-      lv.ratio_mzcache_over_llama[m] = { ...stat(per), per_rep: per };
+      lv[key][m] = { ...stat(per), per_rep: per };
     }
   }
   return lv;
@@ -576,7 +610,7 @@ md += `API: ${API === 'native' ? 'mzcache /v1/completions through the `openai` c
 md += `Values: median (min-max) across reps. Aggregate = all completion tokens / (last end - first start); ` +
       `slowest stream = min over streams of (tokens - 1) / (end - first token); TTFT = first streamed content; ` +
       `ITL = gap between content chunks, all streams; RSS = peak VmRSS sampled every 100 ms. ` +
-      `Ratios: mzcache/llama per rep, then median.\n`;
+      `Ratios: per rep, then median.\n`;
 md += `Versions: mzcache repo ${versions.repo ?? '-'}; llama-server ${versions.llama || '-'}.\n`;
 for (const lv of summary) {
   md += `\n## ${lv.streams} stream${lv.streams > 1 ? 's' : ''}\n\n`;
@@ -586,9 +620,15 @@ for (const lv of summary) {
     md += `| ${sys} | ${fmt(s.aggregate_tok_s, 1)} | ${fmt(s.slowest_stream_tok_s, 1)} | ${fmt(s.ttft_p50_s, 3)} | ${fmt(s.ttft_p95_s, 3)} | ` +
           `${fmt(s.itl_p95_s, 3)} | ${fmt(s.peak_rss_mib, 0)} |\n`;
   }
-  if (lv.ratio_mzcache_over_llama) {
-    const r = lv.ratio_mzcache_over_llama;
-    md += `| **mzcache/llama** | ${fmt(r.aggregate_tok_s, 2)} | ${fmt(r.slowest_stream_tok_s, 2)} | | | | ${fmt(r.peak_rss_mib, 2)} |\n`;
+  for (const [sa, sb] of ratioPairs) {
+    const r = lv[`ratio_${sa}_over_${sb}`];
+    md += `| **${sa}/${sb}** | ${fmt(r.aggregate_tok_s, 2)} | ${fmt(r.slowest_stream_tok_s, 2)} | | | | ${fmt(r.peak_rss_mib, 2)} |\n`;
+  }
+  for (const sys of systems.filter(x => x !== 'llama')) {
+    const rr = runs.filter(x => x.streams === lv.streams && x.system === sys && x.server_report);
+    if (rr.length) md += `\n${sys} server's account per rep (steps, mean batch, prompt tokens, persists; replies' decode / sample / emit s summed over streams): ` +
+      rr.map(x => { const r = x.server_report; return `${r.steps}, ${f3(r.mean_batch)}, ${r.prefill_tokens}, ${r.persists}; ` +
+        `${f3(r.reply_decode_s)} / ${f3(r.reply_sample_s)} / ${f3(r.reply_emit_s)}`; }).join('; ') + '.\n';
   }
   const notes = systems.filter(s => lv.systems[s].stopped_early).map(s => `${s}: ${lv.systems[s].stopped_early} stream(s) stopped before max_tokens`);
   md += `\nPrompt tokens per stream (server's count): ${systems.map(s => `${s} ${lv.systems[s].prompt_tokens_median ?? '-'}`).join(', ')}.` +

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -20,6 +22,9 @@
 #include "runtime/context.h"
 #include "runtime/forward.h"
 #include "test_util.h"
+
+#include "ggml-cpu.h"
+#include "ggml.h"
 
 namespace mz {
 // Drops a weight unit the way a pool's table would (the model's units are unit state).
@@ -465,6 +470,53 @@ TEST(Batch, BudgetPassNeverEvictsAConversationMidReply) {
   EXPECT_LE(s.in_memory, o.memory_budget + (uint64_t(1) << 20));
 }
 
+// The write-behind saves a changed conversation once no call has run on it for
+// write_behind_idle_ms. A call waiting in the batcher (a decode behind a long prompt step: seconds
+// at 8 streams on 2 cores) is mid-reply, not idle: before session 37 the idle scan queued it, waited
+// for its lock and saved it the moment the call returned, holding the lock while the caller came
+// back for its next token (and taking CPU from the steps), after every step longer than the idle
+// time. Now it is saved only once idle_ms have passed with no call on it.
+TEST(Batch, WriteBehindNeverSavesAConversationMidCall) {
+  auto m = LoadModel();
+  PoolOptions o = Opts(true, "wbmid");
+  o.dir = test::TempDir() + "/batch-wbmid-" + std::to_string(getpid());
+  std::filesystem::remove_all(o.dir);
+  std::filesystem::create_directories(o.dir);
+  o.write_behind_idle_ms = 1000;
+  std::unique_ptr<Pool> pool;
+  ASSERT_TRUE(Pool::Open(m.get(), o, &pool).ok());
+  std::shared_ptr<Conversation> c;
+  ASSERT_TRUE(pool->OpenConversation("w", &c).ok());
+  const auto t = Tokens(0, 100, 11);
+  ASSERT_TRUE(c->RestoreGenerate(t.data(), 100, PipelineOptions(), nullptr).ok());  // changed, not saved
+  // Its next token waits in the held batcher for 2.5 s: longer than the idle time, with a change
+  // not yet saved.
+  Batcher* b = pool->batcher();
+  ASSERT_NE(b, nullptr);
+  b->Hold(true);
+  Status st;
+  std::thread th([&] {
+    const int32_t tok = 321;
+    st = c->Decode(&tok, 1, false);
+  });
+  while (b->active() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_EQ(pool->Stats().persists, 0u);
+  b->Hold(false);
+  th.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // The call just ended: the conversation is in use (its caller samples), not saved now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(pool->Stats().persists, 0u) << "saved right after a call returned: mid-reply";
+  // Idle for write_behind_idle_ms: saved (nothing lost).
+  for (int w = 0; w < 20000 && pool->Stats().persists == 0; w += 10)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(pool->Stats().persists, 1u);
+  c.reset();
+  pool.reset();
+  std::filesystem::remove_all(o.dir);
+}
+
 // A pooled context computes through the pool's batcher: it never makes a Forward of its own (its
 // backend and graph metadata), which is made only at a context's first own compute (issue 44's
 // design items). The saving per conversation is recorded (fixed_bytes, construction time; a
@@ -530,6 +582,39 @@ struct StepRun {
     return fwd->Step(seqs.data(), 3);
   }
 };
+
+// The KV store's fp16 rounding (Forward's store op) is ggml-cpu's ggml_cpu_fp32_to_fp16 since
+// session 37 (the CPU's F16C conversion where built with it), which must give the same bits as
+// ggml's scalar ggml_fp32_to_fp16_row it replaced: every fp16 value, the halfway points between
+// neighbours (ties to even), and random floats, including subnormals and the overflow edge.
+TEST(KvStoreRounding, GgmlCpuConversionEqualsTheScalarRow) {
+  std::vector<float> x;
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float f = ggml_fp16_to_fp32(ggml_fp16_t(h));
+    if (std::isnan(f)) continue;
+    x.push_back(f);
+    const float g = ggml_fp16_to_fp32(ggml_fp16_t(h + 1));
+    if (h + 1 < 0x10000u && std::isfinite(f) && std::isfinite(g) && !std::isnan(g)) x.push_back(f + (g - f) / 2);
+  }
+  std::mt19937 rng(37);
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t bits = rng();
+    float f;
+    std::memcpy(&f, &bits, 4);
+    if (!std::isnan(f)) x.push_back(f);
+  }
+  for (float f : {65504.0f, 65519.0f, 65520.0f, -65520.0f, 1e-8f, 5.9604644775390625e-8f, 2.98e-8f, 0.0f, -0.0f})
+    x.push_back(f);
+  // Odd lengths and offsets: the vector loops and their scalar tails.
+  std::vector<ggml_fp16_t> a(x.size()), b(x.size());
+  for (size_t at = 0; at < x.size();) {
+    const size_t n = std::min<size_t>(x.size() - at, 1 + (at * 7) % 131);
+    ggml_cpu_fp32_to_fp16(x.data() + at, a.data() + at, int64_t(n));
+    ggml_fp32_to_fp16_row(x.data() + at, b.data() + at, int64_t(n));
+    at += n;
+  }
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(a[i], b[i]) << "value " << x[i] << " (index " << i << ")";
+}
 
 // The same steps computed as one graph (no wait hook) and layer by layer (a wait hook that lets
 // every unit through, as the restore pipeline's does once a unit is in): the logits are equal bit

@@ -424,7 +424,12 @@ class Pool {
   void QueuePersist(const std::shared_ptr<Conversation>& c);
   // Saves c if it changed since its last save (waits for a call running on it). Counted in stats_.
   // background: the write-behind thread's write, which yields to generations (YieldToCalls).
-  Status Persist(const std::shared_ptr<Conversation>& c, bool background = false);
+  // if_idle: the write-behind's idle scan; once c's lock is held, c is saved only if still idle
+  // (IdleForWriteBehind): a call that began and ended meanwhile makes it skip (not an attempt).
+  Status Persist(const std::shared_ptr<Conversation>& c, bool background = false, bool if_idle = false);
+  // c changed since its last save and no call has run on it for write_behind_idle_ms: no call
+  // running now (a call blocked in a long batcher step is not idle) and its last change older.
+  bool IdleForWriteBehind(const Conversation& c, uint64_t now_ns) const;
   // The write-behind's pause between two chunks of conversation c's write: waits while a call
   // computes its first token elsewhere, until one waits for c or for a write (Commit), an eviction
   // found a conversation busy since the write began (busy0), or *left_ns runs out (decremented).

@@ -51,7 +51,18 @@ void Pool::YieldToCalls(Conversation& c, uint64_t busy0, uint64_t* left_ns) {
   yielded_ns_.fetch_add(d);
 }
 
-Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
+bool Pool::IdleForWriteBehind(const Conversation& c, uint64_t now_ns) const {
+  if (!c.ctx_ || (c.version_.load() == c.persisted_version_.load() && !c.rename_shared_.load())) return false;
+  // A call in flight (a decode waiting for its turn in a batcher step with a long prompt slice, or
+  // a prompt waiting behind others' prompts) is mid-reply: saving it would wait for the call and
+  // then hold the conversation's lock while its caller wants the next token (session 37: at 8
+  // streams the write-behind saved every stream mid-reply after each >= 2 s step).
+  if (c.running_.load()) return false;
+  const uint64_t last = c.last_use_ns_.load();
+  return now_ns >= last && now_ns - last >= uint64_t(opts_.write_behind_idle_ms) * 1000000ull;
+}
+
+Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background, bool if_idle) {
   if (opts_.dir.empty()) return Status::Ok();
   Status st;
   bool unchanged = false;
@@ -62,6 +73,9 @@ Status Pool::Persist(const std::shared_ptr<Conversation>& c, bool background) {
   {
     std::unique_lock<std::mutex> use =
         background ? std::unique_lock<std::mutex>(c->use_mu_) : c->LockForUse();
+    // The idle scan's choice, checked again now that no call can start: a call that ran while this
+    // write waited for the lock made it busy again (its caller is likely sampling its next token).
+    if (if_idle && !IdleForWriteBehind(*c, model_->env()->NowNs())) return Status::Ok();
     unchanged = c->closed_ || !c->ctx_ ||
                 (c->version_.load() == c->persisted_version_.load() && !c->rename_shared_.load());
     const bool renaming = c->rename_shared_.exchange(false);  // a borrow from now on sets it again
@@ -235,17 +249,13 @@ void Pool::WriteBehindLoop() {
     const uint64_t now = env->NowNs();
     {
       std::lock_guard<std::mutex> g(mu_);
-      for (auto& kv : convs_) {
-        Conversation& c = *kv.second;
-        if (!c.ctx_ || (c.version_.load() == c.persisted_version_.load() && !c.rename_shared_.load()) ||
-            now - c.last_use_ns_.load() < uint64_t(opts_.write_behind_idle_ms) * 1000000ull)
-          continue;
-        q.push_back(kv.second);
-      }
+      for (auto& kv : convs_)
+        if (IdleForWriteBehind(*kv.second, now)) q.push_back(kv.second);
     }
     for (size_t i = 0; i < q.size(); ++i) {
       if (i < queued) wb_pending_.fetch_sub(1);  // started: a write behind it makes it stop yielding
-      if (auto c = q[i].lock()) Persist(c, /*background=*/true);  // failures are counted (persist_failures) and retried later
+      // failures are counted (persist_failures) and retried later
+      if (auto c = q[i].lock()) Persist(c, /*background=*/true, /*if_idle=*/i >= queued);
     }
     // A budget pass that stopped at a busy idle conversation (a generation, now over) runs again.
     if (budget_retry_.exchange(false)) (void)EnforceBudget();

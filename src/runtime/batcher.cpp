@@ -18,7 +18,8 @@ Status Batcher::Create(Model* model, const BatcherOptions& opts, std::shared_ptr
   if (!model || !out) return Status::InvalidArgument("Batcher: no model");
   if (opts.n_threads < 1 || opts.n_threads > 512 || opts.n_ubatch < 1 || opts.max_seqs < 1 ||
       opts.max_seqs > opts.n_ubatch || opts.prefill_slice < 1 || opts.min_prefill_slice < 1 ||
-      opts.min_prefill_slice > opts.prefill_slice || !(opts.itl_factor == 0 || opts.itl_factor >= 1))
+      opts.min_prefill_slice > opts.prefill_slice || !(opts.itl_factor == 0 || opts.itl_factor >= 1) ||
+      !(opts.gather_step_share >= 0 && opts.gather_step_share <= 1))
     return Status::InvalidArgument("Batcher: options out of range (n_threads " + std::to_string(opts.n_threads) +
                                    ", n_ubatch " + std::to_string(opts.n_ubatch) + ", max_seqs " +
                                    std::to_string(opts.max_seqs) + ", prefill_slice " +
@@ -181,8 +182,11 @@ void Batcher::Loop() {
     cv_.wait(lk, [&] { return stop_ || (!queue_.empty() && !held_); });
     if (stop_) return;
     if (returning_ > 0 && arrivals_ < returning_ && opts_.gather_us > 0) {
-      // The last step's callers are sampling their next token: let them join this step.
-      cv_.wait_for(lk, std::chrono::microseconds(opts_.gather_us), [&] { return stop_ || arrivals_ >= returning_; });
+      // The last step's callers are sampling their next token: let them join this step (at most
+      // gather_us, or gather_step_share of a decode-only step when that is longer).
+      const auto cap = std::chrono::microseconds(
+          std::max<int64_t>(opts_.gather_us, int64_t(opts_.gather_step_share * decode_step_s_ * 1e6)));
+      cv_.wait_for(lk, cap, [&] { return stop_ || arrivals_ >= returning_; });
       if (stop_) return;
     }
     if (queue_.empty() || held_) continue;

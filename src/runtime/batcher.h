@@ -66,6 +66,12 @@ struct BatcherOptions {
   // whatever is queued), so that synchronous streams keep sharing steps instead of splitting into
   // half-full ones.
   int gather_us = 5000;
+  // While steps are long the gather may wait longer: up to this share of the measured decode-only
+  // step (0: gather_us only). Callers each sample from a full vocabulary row (Qwen3: 152k logits,
+  // ~1-2 ms) on the cores the step just left: 8 of them on 2 cores take more than 5 ms, and one
+  // that misses the gather waits a whole step (session 36: mean batch 7.1-7.5 of 8). The wait
+  // still ends as soon as every caller the last step finished is back.
+  double gather_step_share = 0.25;
 };
 
 struct BatcherStats {

@@ -28,10 +28,9 @@ int32_t ArgMax(const float* logits, int32_t n) {
 
 int32_t Sampler::Sample(const float* logits, int32_t n_vocab) {
   if (!chain_) return ArgMax(logits, n_vocab);
-  std::vector<llama_token_data> cand;
-  cand.resize(static_cast<size_t>(n_vocab));
-  for (int32_t i = 0; i < n_vocab; ++i) cand[size_t(i)] = {i, logits[i], 0.0f};
-  llama_token_data_array arr{cand.data(), cand.size(), -1, false};
+  if (cand_.size() != size_t(n_vocab)) cand_.resize(size_t(n_vocab));
+  for (int32_t i = 0; i < n_vocab; ++i) cand_[size_t(i)] = {i, logits[i], 0.0f};
+  llama_token_data_array arr{cand_.data(), cand_.size(), -1, false};
   llama_sampler_apply(chain_, &arr);
   return arr.data[arr.selected].id;
 }

@@ -2,8 +2,10 @@
 // libllama's sampler chain. Not thread-safe (keeps RNG state).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 struct llama_sampler;
+struct llama_token_data;
 
 namespace mz {
 
@@ -25,6 +27,9 @@ class Sampler {
  private:
   SamplerParams p_;
   llama_sampler* chain_ = nullptr;
+  // The candidates of the last Sample (n_vocab entries: 1.8 MB for Qwen3's 152k), kept so that a
+  // token costs no allocation and no zero-fill of a vocabulary-sized array.
+  std::vector<llama_token_data> cand_;
 };
 
 // Index of the largest logit (lowest index on ties).

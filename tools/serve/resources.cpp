@@ -94,6 +94,12 @@ void Server::RecordTurn(const serve::TurnResult& t, int prompt_n, int cache_n, s
   metrics_.Add("llamacpp:tokens_predicted_seconds_total", "Total time spent generating tokens", t.predicted_s);
   // mzcache's own.
   metrics_.Add("mzcache_turns_total", "Turns computed (chat and completions)", 1);
+  // Where a reply's time went on its caller's thread: a batched step's cycle is the step plus the
+  // slowest caller's sampling and emit before it comes back.
+  const char* reply_help = "Time of replies by part: one-token decode calls (waiting for and computing batched steps), sampling, handing text to the stream";
+  metrics_.Add("mzcache_reply_seconds_total", reply_help, t.decode_s, {{"part", "decode"}});
+  metrics_.Add("mzcache_reply_seconds_total", reply_help, t.sample_s, {{"part", "sample"}});
+  metrics_.Add("mzcache_reply_seconds_total", reply_help, t.emit_s, {{"part", "emit"}});
   metrics_.Add("mzcache_prefix_hit_tokens_total",
                "Prompt tokens not computed: kept from the conversation or copied from a shared prefix", cache_n);
   metrics_.Observe("mzcache_ttft_seconds", "Time to first token of a turn (restore and prefill)", kSecondsBuckets,

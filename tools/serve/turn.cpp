@@ -90,8 +90,12 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     n_vocab = info.n_vocab;
   }
   std::vector<TokenLogprob> pending;  // logprobs not yet given to emit
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   auto send = [&](const std::string& text) {
+    const Clock::time_point e0 = Clock::now();
     const bool go_on = emit(text, pending);
+    r.emit_s += since(e0);
     for (TokenLogprob& t : pending) r.logprobs.push_back(std::move(t));
     r.logprobs_emitted = r.logprobs.size();
     pending.clear();
@@ -170,6 +174,7 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
       break;
     }
     mz_token t = -1;
+    const Clock::time_point s0 = Clock::now();
     if (params.scripted) {
       t = script[script_at++];
     } else if (constraint) {
@@ -185,6 +190,7 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     } else {
       t = mz_conversation_sample(conv, sampler.get(), 0);
     }
+    r.sample_s += since(s0);
     if (t < 0) {
       mz_conversation_commit(conv);
       return Failed(r, t);
@@ -225,9 +231,12 @@ TurnResult RunTurn(mz_model* model, mz_conversation* conv, const std::vector<mz_
     }
     // The sampled token is decoded only if another one follows it.
     if (r.completion_tokens >= params.max_tokens || n + 1 >= params.n_ctx) break;
-    if (int st = mz_conversation_decode(conv, &t, 1, false); st != MZ_OK) {
+    const Clock::time_point d0 = Clock::now();
+    const int dst = mz_conversation_decode(conv, &t, 1, false);
+    r.decode_s += since(d0);
+    if (dst != MZ_OK) {
       mz_conversation_commit(conv);
-      return Failed(r, st);
+      return Failed(r, dst);
     }
     r.history.push_back(t);
     ++n;

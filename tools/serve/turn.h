@@ -56,6 +56,10 @@ struct TurnResult {
   // the first ones' text was held back, e.g. an incomplete UTF-8 character). 0 when the step did
   // not run.
   double truncate_s = 0, mark_s = 0, first_sample_s = 0, first_text_s = 0;
+  // Of predicted_s, wall seconds in the reply's one-token decode calls (waiting for and computing
+  // batcher steps), in sampling (mz_conversation_sample, or the constrained pick), and in handing
+  // text to emit (the SSE write): the caller's part of a batched step's cycle (session 37).
+  double decode_s = 0, sample_s = 0, emit_s = 0;
   // The conversation's history after the turn: the prompt (when its restore_generate succeeded)
   // and the sampled tokens that were decoded (the last sampled one is not).
   std::vector<mz_token> history;
