@@ -20,6 +20,7 @@ const state = {
   statusSticky: false,         // see setStatus
   lastEventSeq: null,          // the newest event shown (null: none fetched yet)
   convIds: '',                 // the conversation list the select was built from
+  answeredAt: {},              // id -> performance.now() when this page last finished a turn in it
   pool: null,
 };
 
@@ -94,7 +95,8 @@ function askKey(message) {
 async function poll() {
   if (!state.needKey) {
     try {
-      render(await api('GET', '/v1/mzcache/pool'));
+      const asked = performance.now();
+      render(await api('GET', '/v1/mzcache/pool'), asked);
       if (!state.sending && !state.statusSticky) setStatus('live', false, false);
     } catch (e) {
       if (!(e instanceof ApiError && e.status === 401)) setStatus(`pool: ${e.message}`, true, false);
@@ -103,7 +105,9 @@ async function poll() {
   setTimeout(poll, POLL_MS);
 }
 
-function render(p) {
+// `asked`: when the report was asked for (performance.now()); a conversation the page finished
+// after that may be missing from it without being gone.
+function render(p, asked) {
   state.pool = p;
   const pool = p.pool || {};
   $('t-budget').textContent = pool.memory_budget ? fmtBytes(pool.memory_budget) : 'none';
@@ -122,7 +126,7 @@ function render(p) {
   wsto.style.width = `${wt ? (100 * (wt - wr)) / wt : 0}%`;
   w.querySelector('.figures').textContent = `${fmtBytes(wr)} in memory · ${fmtBytes(Math.max(0, wt - wr))} left in the model file`;
   renderModels(p.models || []);
-  renderConversations(p.conversations || []);
+  renderConversations(p.conversations || [], asked);
   renderTurns(p.turns || []);
   renderEvents(p.events || []);
 }
@@ -172,14 +176,20 @@ function renderModels(models) {
   $('model-weights').replaceChildren(...rows);
 }
 
-function renderConversations(list) {
-  // Forget what the pool no longer has (deleted elsewhere, or by the disk budget).
+function renderConversations(list, asked) {
+  // Forget what the pool no longer has (deleted elsewhere, or by the disk budget), but not a
+  // conversation answered while this report was on its way: a report asked for before the turn
+  // ended may not list it yet.
   const ids = new Set(list.map((c) => c.id));
+  const gone = (id) => !ids.has(id) && !state.sending && !((state.answeredAt[id] || 0) >= asked);
   let changed = false;
   for (const id of Object.keys(state.histories))
-    if (!ids.has(id)) { delete state.histories[id]; changed = true; }
+    if (gone(id)) {
+      delete state.histories[id];
+      changed = true;
+    }
   if (changed) saveHistories();
-  if (state.selected && !ids.has(state.selected) && !state.sending) select('');
+  if (state.selected && gone(state.selected)) select('');
 
   const key = list.map((c) => c.id).join(' ') + '|' + Object.keys(state.histories).join(' ');
   if (key !== state.convIds) {
@@ -274,9 +284,10 @@ async function trim() {
   const level = Number($('trim-level').value);
   $('trim').disabled = true;
   try {
+    const asked = performance.now();
     const r = await api('POST', '/v1/mzcache/trim', { level });
     setStatus(`trim ${level} (${TRIM_NAMES[level]}): gave back ${fmtBytes(r.freed)}`);
-    render(r);
+    render(r, asked);
   } catch (e) {
     setStatus(`trim: ${e.message}`, true);
   } finally {
@@ -291,7 +302,8 @@ async function forgetConversation(id) {
     saveHistories();
     if (state.selected === id) select('');
     setStatus(`forgot ${id}`);
-    render(await api('GET', '/v1/mzcache/pool'));
+    const asked = performance.now();
+    render(await api('GET', '/v1/mzcache/pool'), asked);
   } catch (e) {
     setStatus(`forget: ${e.message}`, true);
   }
@@ -372,6 +384,7 @@ async function send(text) {
     if (failed) throw new Error(failed);
     const content = body.textContent;
     state.histories[conv] = messages.concat([{ role: 'assistant', content }]);
+    state.answeredAt[conv] = performance.now();
     if (conv !== id && id && state.histories[id]) delete state.histories[id];
     saveHistories();
     state.selected = conv;
