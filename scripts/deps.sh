@@ -7,8 +7,8 @@
 #
 #   MZ_DEPS_CACHE   cache root (default ~/.cache/mzcache)
 #   MZ_SKIP_APT=1   do not run apt-get (packages are known to be present)
-#   MZ_DEPS_SERVER=1 also build llama.cpp's llama-server (the peer `bench serve` races; not needed by
-#                    the tests, so the test command does not pay for it); added to a finished build
+#   MZ_DEPS_SERVER=1 also build llama.cpp's llama-server (the peer `bench serve` races, and a system
+#                    of `bench field-notes`: the test command asks for it); added to a finished build
 #                    incrementally
 #   MZ_DEPS_BENCH=1  also build llama.cpp's llama-bench (the peer of `bench speed`; likewise not needed
 #                    by the tests: it pulls in llama-common and its HTTP client, 37% of the CPU time

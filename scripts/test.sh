@@ -34,7 +34,10 @@ stage() {  # stage NAME: ends the current stage (printing its time) and starts N
   STAGE=$1; STAGE_T0=$now
 }
 stage deps
-PREFIX=$(scripts/deps.sh | tail -n 1)
+# With llama.cpp's llama-server: bench field-notes (field_notes_quick) runs it as one of the systems
+# it compares, and batch_race_native checks against it (a fresh machine has none until deps.sh
+# builds it; once, incrementally, then cached).
+PREFIX=$(MZ_DEPS_SERVER=1 scripts/deps.sh | tail -n 1)
 echo "[test] deps: $PREFIX"
 # Compiler cache (ccache, installed by deps.sh), shared by every clone on this machine: CI builds a
 # fresh clone in another folder, so paths are made relative to the source tree (base_dir) and the
