@@ -227,13 +227,6 @@ class Env {
   virtual uint64_t WallClockMs() = 0;
   // CPU time used so far by the whole process, all threads (CLOCK_PROCESS_CPUTIME_ID), in ns.
   virtual uint64_t ProcessCpuNs() = 0;
-  // CPU time used so far by the calling thread (CLOCK_THREAD_CPUTIME_ID), in ns, into *ns. false
-  // (and *ns untouched) where the OS cannot tell: callers then know only wall time (NowNs). The
-  // default is false, so an Env that does not measure threads need not implement it.
-  virtual bool ThreadCpuNs(uint64_t* ns) {
-    (void)ns;
-    return false;
-  }
   // Blocks the calling thread for at least ns nanoseconds of the monotonic clock (0: returns at
   // once). For pacing (a sustained mode's duty cycle, src/runtime/sustained.h); never fails.
   virtual void SleepNs(uint64_t ns) = 0;
@@ -328,7 +321,6 @@ class EnvWrapper : public Env {
   uint64_t NowNs() override { return target_->NowNs(); }
   uint64_t WallClockMs() override { return target_->WallClockMs(); }
   uint64_t ProcessCpuNs() override { return target_->ProcessCpuNs(); }
-  bool ThreadCpuNs(uint64_t* ns) override { return target_->ThreadCpuNs(ns); }
   void SleepNs(uint64_t ns) override { target_->SleepNs(ns); }
   size_t PageSize() override { return target_->PageSize(); }
   Status ReadSmallFile(const std::string& p, std::string* out) override { return target_->ReadSmallFile(p, out); }

@@ -445,12 +445,6 @@ class PosixEnv final : public Env {
     if (::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) != 0) return 0;
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
   }
-  bool ThreadCpuNs(uint64_t* ns) override {
-    timespec ts{};
-    if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return false;
-    *ns = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-    return true;
-  }
   void SleepNs(uint64_t ns) override {
     if (ns > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
   }

@@ -17,10 +17,7 @@ RestoreModePlan PlanRestoreMode(const RestoreCosts& in) {
   const double serial = std::max(r / serial_workers, w) + c;
   double overlap;
   if (spare > 0) overlap = std::max({c, r / std::min(spare, asked), w});
-  else if (n > 1) {
-    const double t = std::max(r, w);  // restoration on the one core compute leaves it
-    overlap = std::max(t, c + t / n);
-  }
+  else if (n > 1) overlap = std::max({c * n / (n - 1), r, w});
   else overlap = std::max(c + r, w);
   if (c > 0) {
     p.overlap = overlap < serial;

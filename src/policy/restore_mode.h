@@ -1,7 +1,6 @@
 // RestoreMode: whether a restore_generate overlaps its restoration with the prefill or restores
 // first and computes after (serial), and how many restoration workers it runs, chosen from the
-// cores, the restore rates (learned from the restores that ran, policy/restore_rates.h; the device
-// profile's figures before any) and the context's measured compute rate.
+// cores, the device profile's restore rates and the context's measured compute rate.
 //
 // Why: overlapping hides the restore behind the prefill only when the two do not compete for the
 // same cores. Restoring through the page cache (file-backed weights, KV mapped from the swap) and
@@ -9,20 +8,14 @@
 // machine with no core beyond the compute threads, the overlapped pipeline gives compute one
 // thread fewer while it restores, and the restore still takes a core's time: measured on a 2-core
 // VM, serial 0.765 s against overlapped 0.891 s after a model switch (docs/results.md, session 32).
-// Overlap pays where restoration mostly waits (for storage, or a page-cache reload that is mostly
-// not CPU: session 36's Llama-3.2-1B reload, 0.33 s of wall time for ~0.1 s of CPU) or has spare
-// cores.
+// Overlap pays where restoration mostly waits for storage (direct I/O) or has spare cores.
 //
 // The cost model (seconds; c = compute_s, r = restore_cpu_s, w = restore_wait_s, n compute
 // threads, C cores, K = the workers asked for):
 //   serial   = max(r / min(C, K), w) + c          (restore on every core, then compute on n)
 //   overlap  = max(c, r / min(C - n, K), w)       (C > n: restoration has cores of its own)
-//   overlap  = max(T, c + T / n), T = max(r, w)    (C <= n, n > 1: one core restores, for T; compute runs
-//                                                   on n - 1 threads meanwhile and on all n once restoration
-//                                                   is done, and cannot end before the last unit is back)
+//   overlap  = max(c * n / (n - 1), r, w)         (C <= n, n > 1: compute on n - 1 threads, one core restores)
 //   overlap  = max(c + r, w)                      (C <= n, n == 1: one core does both)
-// (Until session 38 the C <= n case was max(c * n / (n - 1), r, w), compute on n - 1 threads to the
-// end; the pipeline gives compute its threads back once restoration is done, PipelineOptions.)
 // The smaller wins; a tie goes to serial (no contention risk). Compute unknown (c = 0, nothing
 // measured yet): overlap when restoration mostly waits (w > r) or there are spare cores, else serial.
 // Thread-safety: a pure function.
@@ -36,7 +29,7 @@ struct RestoreCosts {
   int io_workers = 2;        // storage-path workers asked for (mz_restore_params.io_threads)
   int decode_workers = 1;    // in-memory path workers asked for
   double restore_cpu_s = 0;  // one thread's CPU seconds the restore needs (page-cache reads, decoding, allocation)
-  double restore_wait_s = 0; // seconds the restore waits (for storage, kernel locks), with io_workers in flight
+  double restore_wait_s = 0; // seconds the restore waits for storage (direct reads), with io_workers in flight
   double compute_s = 0;      // the prefill's compute with every unit resident on compute_threads (0: unknown)
 };
 

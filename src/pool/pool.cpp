@@ -69,9 +69,6 @@ Status Pool::NewContext(const std::string& id, std::shared_ptr<Context>* out, co
 
 Status Pool::Init() {
   Env* env = model_->env();
-  // One set of learned restore rates for every context of the pool (its conversations and the
-  // weights' handle): what a conversation's restore measured prices the next one's, whichever.
-  if (!opts_.context.restore_rates) opts_.context.restore_rates = std::make_shared<RestoreRates>();
   stats_.memory_budget = opts_.memory_budget;
   stats_.disk_budget = opts_.disk_budget;
   if (group_ && opts_.memory_budget != 0)

@@ -102,9 +102,7 @@ struct PoolOptions {
   uint64_t memory_budget = 0;  // RAM for weights + every conversation's KV and in-memory swap; 0: none
   uint64_t disk_budget = 0;    // bytes of stored session files; 0: none
   // Each conversation's context (shared_weights is forced on; swap_path defaults to
-  // <dir>/swap/<id>.swap, or the context's own default without a folder). context.restore_rates:
-  // shared by every context of the pool (Init makes one if it is nullptr; pools given the same one
-  // share it).
+  // <dir>/swap/<id>.swap, or the context's own default without a folder).
   ContextOptions context;
   std::string persist_codec = "q8";  // session codec of stored conversations ("none": lossless)
   bool write_behind = true;          // false: Commit() persists before it returns

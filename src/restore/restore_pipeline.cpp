@@ -80,8 +80,6 @@ void RestorePipeline::AllocatorThread() {
 void RestorePipeline::Process(size_t i) {
   Task& t = tasks_[i];
   const int64_t t0 = ClockNs();
-  uint64_t c0 = 0;
-  const bool c0_ok = t.rate_kind >= 0 && e_->env()->ThreadCpuNs(&c0);
   MZ_SYNC_POINT("pipeline:before_unit", t.key);
   EnsureAllocated(i);
   Status st;
@@ -106,14 +104,6 @@ void RestorePipeline::Process(size_t i) {
   MZ_SYNC_POINT("pipeline:after_unit", t.key);
   const int64_t t1 = ClockNs();
   (t.mem_path ? mem_busy_ns_ : sto_busy_ns_) += uint64_t(t1 - t0);
-  if (t.rate_kind >= 0 && st.ok()) {
-    const size_t k = size_t(t.rate_kind);
-    uint64_t c1 = 0;
-    if (c0_ok && e_->env()->ThreadCpuNs(&c1) && c1 >= c0) kind_cpu_ns_[k] += c1 - c0;
-    else ++kind_cpu_unknown_[k];
-    kind_bytes_[k] += t.rate_bytes;
-    kind_wall_ns_[k] += uint64_t(std::max<int64_t>(0, t1 - t0));
-  }
   AtomicMax(t_last_done_ns_, t1);
   AtomicMax(t.mem_path ? mem_last_done_ns_ : sto_last_done_ns_, t1);
   {
@@ -231,15 +221,6 @@ Status RestorePipeline::Start() {
     const bool page_cache = (t.u.kind == UnitRef::kWeights && e_->weights_file_backed()) || e_->RestoresByMapping(t.u);
     t.no_slice = t.to_stack || page_cache;
     t.cpu = t.mem_path || page_cache;
-    // Learned kinds (PipelineStats::by_kind): dropped weights, raw KV on storage; not decoding.
-    const UnitState state = e_->state(t.u);
-    if (!t.to_stack && !t.mem_path && t.run.size() <= 1 &&
-        (state == UnitState::kWeightsDropped || state == UnitState::kKvStorageRaw)) {
-      t.rate_kind = int(t.u.kind == UnitRef::kWeights ? (e_->weights_file_backed() ? RestoreKind::kMappedWeights : RestoreKind::kDirectRead)
-                        : e_->RestoresByMapping(t.u)    ? RestoreKind::kMappedKv
-                                                        : RestoreKind::kDirectRead);
-      t.rate_bytes = e_->RestoreBytes(t.u);
-    }
     n_cpu_tasks_ += t.cpu ? 1 : 0;
   }
   stats_.units = int(tasks_.size());
@@ -387,13 +368,6 @@ Status RestorePipeline::Finish() {
   }
   stats_.sto_path_busy_s = double(sto_busy_ns_.load()) * 1e-9;
   stats_.threads_refused = threads_refused_.load();
-  for (int k = 0; k < kRestoreKinds; ++k) {
-    RestoreSample& r = stats_.by_kind[k];
-    r.bytes = kind_bytes_[k].load();
-    r.wall_s = double(kind_wall_ns_[k].load()) * 1e-9;
-    r.cpu_s = double(kind_cpu_ns_[k].load()) * 1e-9;
-    r.cpu_known = kind_cpu_unknown_[k].load() == 0;
-  }
   for (const auto& e : errors_)
     if (!e.ok()) return e;
   return Status::Ok();

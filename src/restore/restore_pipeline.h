@@ -34,7 +34,6 @@
 
 #include "core/status.h"
 #include "memory/unit_table.h"
-#include "policy/restore_rates.h"
 #include "restore/executor.h"
 
 namespace mz {
@@ -132,13 +131,6 @@ struct PipelineStats {
   // to start (Env::StartThread): the restoration went on with fewer, and with none on the calling
   // thread (Start then returns with everything restored).
   int threads_refused = 0;
-  // The units restored without error, by kind (policy/restore_rates.h: page-cache weights, KV
-  // mapped from the swap, direct reads; decoding and loads of compressed chunks are in none): their
-  // bytes, the summed wall time of the threads that restored them (each unit's, from before its
-  // slice is made sure of to after the table committed it) and the same threads' CPU time over
-  // those units (cpu_known: the Env measured every one of them, Env::ThreadCpuNs). What a
-  // RestoreRates learns from.
-  RestoreSample by_kind[kRestoreKinds];
 };
 
 class RestorePipeline {
@@ -196,8 +188,6 @@ class RestorePipeline {
     bool merged = false;
     void* mem = nullptr;
     size_t bytes = 0;
-    int rate_kind = -1;       // RestoreKind of PipelineStats::by_kind, or -1: in none. Fixed at Start.
-    uint64_t rate_bytes = 0;  // with rate_kind: RAM the unit takes restored
   };
   void RunQueue(std::vector<size_t>& q, std::atomic<size_t>& next, bool mem_path);
   void Worker(bool mem_path);
@@ -232,9 +222,6 @@ class RestorePipeline {
   std::atomic<int> by_compute_{0};
   std::atomic<int> runs_ok_{0}, chunks_in_runs_ok_{0};  // storage_runs / chunks_in_runs
   std::atomic<int> threads_refused_{0};                  // threads_refused
-  // by_kind, per RestoreKind: bytes, wall and CPU ns, units whose CPU time the Env could not tell.
-  std::atomic<uint64_t> kind_bytes_[kRestoreKinds] = {}, kind_wall_ns_[kRestoreKinds] = {}, kind_cpu_ns_[kRestoreKinds] = {};
-  std::atomic<int> kind_cpu_unknown_[kRestoreKinds] = {};
   double t_reload0_ = 0;
   std::atomic<int64_t> t_last_done_ns_{0};
   std::atomic<int64_t> mem_last_done_ns_{0}, sto_last_done_ns_{0};

@@ -17,7 +17,6 @@
 namespace mz {
 
 Context::Context(Model* model, const ContextOptions& opts) : model_(model), opts_(opts) {
-  if (!opts_.restore_rates) opts_.restore_rates = std::make_shared<RestoreRates>();
   const HParams& hp = model->hparams();
   KvGeometry g;
   g.n_layer = int(hp.n_layer);
@@ -362,10 +361,10 @@ void Context::NoteComputeLocked(int n, uint64_t ns) {
 
 RestoreCosts Context::RestoreModeCosts(int n, const PipelineOptions& po) {
   ForegroundLock lk(this);
-  return RestoreModeCostsLocked(n, po, nullptr);
+  return RestoreModeCostsLocked(n, po);
 }
 
-RestoreCosts Context::RestoreModeCostsLocked(int n, const PipelineOptions& po, RestoreRate* used) {
+RestoreCosts Context::RestoreModeCostsLocked(int n, const PipelineOptions& po) {
   RestoreCosts c;
   std::vector<int> cpus;
   c.cores = model_->env()->GetThreadAffinity(&cpus).ok() && !cpus.empty() ? int(cpus.size()) : 1;
@@ -377,51 +376,28 @@ RestoreCosts Context::RestoreModeCostsLocked(int n, const PipelineOptions& po, R
   const DeviceProfile& p = profile_;
   const uint64_t layer = model_->unit(0).region_bytes, chunk = kv_->geometry().chunk_bytes();
   const double mib = 1.0 / 1048576.0;
-  const int io = std::max(1, po.io_threads);
-  RestoreRate learned[kRestoreKinds];
-  for (int k = 0; k < kRestoreKinds; ++k) {
-    learned[k] = opts_.restore_rates->Get(RestoreKind(k));
-    if (used) used[k] = learned[k];
-  }
-  // A learned kind: its CPU seconds per byte are CPU, the rest of a thread's time waiting, spread
-  // over the storage workers as they were when measured (RestoreRate).
-  auto add_learned = [&](uint64_t bytes, const RestoreRate& lr) {
-    c.restore_cpu_s += double(bytes) * lr.cpu_s_per_byte;
-    c.restore_wait_s += double(bytes) * lr.wait_s_per_byte() / io;
-  };
-  // Prior for page-cache reads: CPU work in the reading thread; the profile measured them on two threads.
+  // Page-cache reads are CPU work in the reading thread; the profile measured them on two threads.
   auto mapped_s = [&](uint64_t bytes, uint64_t piece) { return double(bytes) / (p.MappedReadBps(piece) / 2); };
-  const RestoreRate& lw = learned[int(RestoreKind::kMappedWeights)];
-  const RestoreRate& lk = learned[int(RestoreKind::kMappedKv)];
-  const RestoreRate& ld = learned[int(RestoreKind::kDirectRead)];
   if (model_->file_backed()) {
-    if (lw.samples > 0) add_learned(r.weights_dropped, lw);
-    else c.restore_cpu_s += mapped_s(r.weights_dropped, layer);
+    c.restore_cpu_s += mapped_s(r.weights_dropped, layer);
   } else {
-    if (ld.samples > 0) add_learned(r.weights_dropped, ld);
-    else c.restore_wait_s += double(r.weights_dropped) / p.ReadBps(4u << 20) / io;
+    c.restore_wait_s += double(r.weights_dropped) / p.ReadBps(4u << 20) / std::max(1, po.io_threads);
     c.restore_cpu_s += double(r.weights_dropped) * mib * p.alloc_s_per_MiB;
   }
   if (units_->KvStorageMapped()) {
-    if (lk.samples > 0) add_learned(r.kv_storage_raw, lk);
-    else c.restore_cpu_s += mapped_s(r.kv_storage_raw, chunk);
+    c.restore_cpu_s += mapped_s(r.kv_storage_raw, chunk);
   } else {
-    if (ld.samples > 0) add_learned(r.kv_storage_raw, ld);
-    else c.restore_wait_s += double(r.kv_storage_raw) / p.ReadBps(chunk) / io;
+    c.restore_wait_s += double(r.kv_storage_raw) / p.ReadBps(chunk) / std::max(1, po.io_threads);
     c.restore_cpu_s += double(r.kv_storage_raw) * mib * p.alloc_s_per_MiB;
   }
   // Compressed chunks: read in place by attention (their loads from storage only wait), or decoded.
   const bool in_place = po.attend_compressed && opts_.attend_compressed && units_->codec_readable_in_place();
-  c.restore_wait_s += double(r.kv_storage_compressed) / p.ReadBps(chunk) / io;
+  c.restore_wait_s += double(r.kv_storage_compressed) / p.ReadBps(chunk) / std::max(1, po.io_threads);
   if (!in_place) {
     const uint64_t raw = r.kv_storage_compressed_raw + r.kv_mem_compressed_raw;
     c.restore_cpu_s += double(raw) / p.DecodeBps(opts_.kv_codec) + double(raw) * mib * p.alloc_s_per_MiB;
   }
   return c;
-}
-
-void Context::LearnRestoreRatesLocked(const PipelineStats& ps) {
-  for (int k = 0; k < kRestoreKinds; ++k) opts_.restore_rates->Note(RestoreKind(k), ps.by_kind[k]);
 }
 
 Status Context::ComputeLocked(const int32_t* tokens, int n, bool all_logits, const std::function<Status(int)>& wait,
@@ -565,7 +541,7 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   RestoreModePlan plan;
   const bool auto_mode = po.overlap == Overlap::kAuto;
   if (auto_mode) {
-    const RestoreCosts costs = RestoreModeCostsLocked(n, po, stats ? stats->mode_rates : nullptr);
+    const RestoreCosts costs = RestoreModeCostsLocked(n, po);
     plan = PlanRestoreMode(costs);
     pipe_opts.overlap = plan.overlap ? Overlap::kFull : Overlap::kNone;
     pipe_opts.io_threads = plan.io_workers;
@@ -618,14 +594,6 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   // Compute that never waited for a unit measures the prefill rate the restore-mode plan uses.
   if (st.ok() && restored_before_compute) NoteComputeLocked(n, t1 - tc);
   Status fin = pipe.Finish();
-  // The units' timings measure the restore rates the plan uses, unless compute ran on the cores
-  // the restoration used meanwhile (its threads' wall time would count compute's time as the
-  // restore's): a restore done before compute started, or one whose workers had cores of their own.
-  std::vector<int> cpus;
-  const int cores = model_->env()->GetThreadAffinity(&cpus).ok() && !cpus.empty() ? int(cpus.size()) : 1;
-  const bool uncontended = restored_before_compute ||
-                           (during + std::max(0, pipe_opts.io_threads) + std::max(0, pipe_opts.decode_threads) <= cores);
-  if (fin.ok() && uncontended) LearnRestoreRatesLocked(pipe.stats());
   // The restore's error is the cause when compute found a unit not there (kBusy) after it.
   if (!fin.ok() && (st.ok() || st.code() == Status::kBusy)) st = fin;
   if (!st.ok()) {
@@ -639,7 +607,6 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
     stats->wait_s = wait;
     stats->cpu_s = CpuSeconds(model_->env()) - c0;
     stats->compute_threads_during_restore = during;
-    stats->rates_learned = fin.ok() && uncontended;
   }
   return Status::Ok();
 }

@@ -19,7 +19,6 @@
 #include "memory/kv_cache.h"
 #include "policy/device_profile.h"
 #include "policy/restore_mode.h"
-#include "policy/restore_rates.h"
 #include "restore/restore_pipeline.h"
 #include "policy/hybrid_swap.h"
 #include "model/model.h"
@@ -48,11 +47,6 @@ struct RestoreGenerateStats {
   bool auto_mode = false;
   RestoreCosts mode_costs;
   RestoreModePlan mode_plan;
-  // kAuto: the learned rates mode_costs used, per RestoreKind (samples 0: that kind was priced
-  // from the device profile); and whether this call's pipeline timings were learned from (a
-  // restore that ran with compute on the cores it used is not: ContextOptions::restore_rates).
-  RestoreRate mode_rates[kRestoreKinds];
-  bool rates_learned = false;
 };
 
 struct ContextOptions {
@@ -132,11 +126,6 @@ struct ContextOptions {
   // never wait for its units. SetThreads then changes only this context's own Forward (made for it,
   // unused); without SetThreads none is made (Context::forward).
   std::shared_ptr<Batcher> batcher;
-  // What restores of each kind have cost (policy/restore_rates.h): every RestoreGenerate learns
-  // into it from its pipeline's timings and the restore-mode plan (kAuto) prices restoration with
-  // it, the device profile's figures standing in for a kind not observed yet. A pool shares one
-  // among its contexts (Pool::Init). nullptr: the constructor makes the context its own.
-  std::shared_ptr<RestoreRates> restore_rates;
 };
 
 // What an EvictBytes call may move.
@@ -191,8 +180,7 @@ class Context {
   // The policy's input for the current state (pure data; for tests and tools).
   PolicyInput MakePolicyInput(uint64_t bytes);
   // What restoring the evicted units now and computing n tokens would cost (policy/restore_mode.h):
-  // restoration estimated from the units' states and the learned rates (restore_rates(); the
-  // device profile's for a kind not observed yet), compute from this
+  // restoration estimated from the units' states and the device profile, compute from this
   // context's measured prefill rate (0 until a prompt of two or more tokens was computed with every
   // unit resident), the cores from the calling thread's affinity (Env; 1 if unreadable). po gives
   // the workers asked for. REQUIRES: mu_ held (RestoreModeCostsLocked) / not held.
@@ -207,9 +195,6 @@ class Context {
   // The measured seconds per prompt token (0: none yet); for reports and tests.
   double compute_s_per_token() const { return compute_s_per_token_.load(); }
   const DeviceProfile& profile() const { return profile_; }
-  // The restore rates this context learns into and plans with (ContextOptions::restore_rates;
-  // never nullptr after Init).
-  const std::shared_ptr<RestoreRates>& restore_rates() const { return opts_.restore_rates; }
   // Switches the eviction policy for later EvictBytes calls (benchmarks compare policies on one
   // context). REQUIRES: no concurrent EvictBytes.
   void SetEvictionPolicy(bool partial_offload, EvictOrder order, bool hybrid) {
@@ -388,10 +373,7 @@ class Context {
   std::atomic<double> compute_s_per_token_{0.0};
   std::atomic<uint64_t> compute_buffer_bytes_{0};  // fwd_'s, after each call (compute_buffer_bytes)
   void NoteComputeLocked(int n, uint64_t ns);
-  // used (optional, kRestoreKinds of them): the learned rates the costs were priced with.
-  RestoreCosts RestoreModeCostsLocked(int n, const PipelineOptions& po, RestoreRate* used);
-  // Learns the restore rates from a pipeline's timings (PipelineStats::by_kind). REQUIRES: mu_ held.
-  void LearnRestoreRatesLocked(const PipelineStats& ps);
+  RestoreCosts RestoreModeCostsLocked(int n, const PipelineOptions& po);  // when the last prompt (a call of more than one token) was computed
   // The compute of a call (REQUIRES mu_): appends tokens to the KV cache and fills logits_, through
   // the batcher when there is one (wait/restoring: the restore pipeline's hooks, see
   // Batcher::Request), else this context's Forward. *wait_s (optional): time compute waited for units.
