@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "mzcache.h"
+#include "tools/serve/prompt_tokens.h"
 #include "tools/serve/router.h"
 #include "tools/serve/tool_calls.h"
 
@@ -59,6 +60,9 @@ struct ServedModel {
   mz_model* model = nullptr;
   mz_pool* pool = nullptr;
   Router router;
+  // Chat prompts' tokens, reusing a recent prompt's up to the last special token they share
+  // (tools/serve/prompt_tokens.h): a returning user's resent history is not tokenized again.
+  PromptTokens prompt_tokens;
   int chunk_tokens = 256;
   ToolSyntax tool_syntax = ToolSyntax::kHermes;
 };

@@ -72,11 +72,12 @@ struct Server::Job {
   int slot = -1;  // its place in slots_ (-1: none)
   bool finished = false, was_empty = false;
   int shared_before = 0;
-  // When the handler got the request, parsed it, had its prompt's tokens and its claim; when the
+  // When the handler got the request, parsed it, had its model (checked), its prompt's text
+  // (template), its prompt's tokens and its claim; when the
   // stream's provider started and had written the role chunk (streamed only): the phases_ms of the
   // response's "mzcache" object.
   using Clock = std::chrono::steady_clock;
-  Clock::time_point t_in, t_parsed, t_prompt, t_claimed, t_provider, t_role;
+  Clock::time_point t_in, t_parsed, t_model, t_rendered, t_prompt, t_claimed, t_provider, t_role;
   ~Job() {
     if (conv) mz_conversation_release(conv);
     if (!finished && !claim.id.empty()) m->router.Abandon(claim.id, false);
@@ -158,7 +159,8 @@ serve::ServedModel* Server::ModelFor(const ChatRequest& r, ApiError* err) {
   return m;
 }
 
-bool Server::Prompt(serve::ServedModel& m, const ChatRequest& r, std::vector<mz_token>* out, ApiError* err) {
+bool Server::Prompt(serve::ServedModel& m, const ChatRequest& r, std::vector<mz_token>* out, ApiError* err,
+                    std::chrono::steady_clock::time_point* rendered) {
   mz_model* const model_ = m.model;
   std::string text;
   if (!r.chat) {
@@ -190,7 +192,11 @@ bool Server::Prompt(serve::ServedModel& m, const ChatRequest& r, std::vector<mz_
     err->message = std::string("the model's chat template cannot be applied: ") + mz_last_error();
     return false;
   }
-  if (int rc = TokenizeText(model_, text, true, r.chat, out); rc != MZ_OK) {
+  *rendered = std::chrono::steady_clock::now();
+  // A chat's text (special tokens parsed) through the model's prompt cache: a resent history
+  // reuses its previous turn's tokens (exactly the full tokenization's; tools/serve/prompt_tokens.h).
+  const int rc = r.chat ? m.prompt_tokens.Tokenize(model_, text, out) : TokenizeText(model_, text, true, false, out);
+  if (rc != MZ_OK) {
     err->http = 400;
     err->message = std::string("the prompt cannot be tokenized: ") + CError(rc);
     return false;
@@ -389,7 +395,8 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     r.conversation = id;
   }
   const Job::Clock::time_point t_parsed = Job::Clock::now();
-  if (!(m = ModelFor(r, &err)) || !Prompt(*m, r, &prompt, &err)) {
+  Job::Clock::time_point t_model = t_parsed, t_rendered = t_parsed;
+  if (!(m = ModelFor(r, &err)) || ((t_model = Job::Clock::now()), !Prompt(*m, r, &prompt, &err, &t_rendered))) {
     failures_++;
     if (err.code == "model_changed") res.set_header("x-should-retry", "false");  // the openai client retries a 409 otherwise
     return Error(res, err);
@@ -402,6 +409,8 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
   }
   job->t_in = t_in;
   job->t_parsed = t_parsed;
+  job->t_model = t_model;
+  job->t_rendered = t_rendered;
   job->t_prompt = t_prompt;
   job->t_claimed = Job::Clock::now();
   const std::string id = RandomId(chat ? "chatcmpl-" : "cmpl-");
@@ -428,7 +437,9 @@ void Server::Completions(const httplib::Request& req, httplib::Response& res, bo
     auto ms = [](Job::Clock::time_point a, Job::Clock::time_point b) {
       return std::chrono::duration<double, std::milli>(b - a).count();
     };
-    info->phases_ms = {{"parse", ms(j.t_in, j.t_parsed)}, {"prompt", ms(j.t_parsed, j.t_prompt)},
+    info->phases_ms = {{"parse", ms(j.t_in, j.t_parsed)}, {"model", ms(j.t_parsed, j.t_model)},
+                       {"template", ms(j.t_model, j.t_rendered)},
+                       {"tokenize", ms(j.t_rendered, j.t_prompt)},
                        {"claim", ms(j.t_prompt, j.t_claimed)}};
     if (j.req.stream)
       info->phases_ms.insert(info->phases_ms.end(), {{"to_stream", ms(j.t_claimed, j.t_provider)},

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -100,7 +101,9 @@ class Server {
   // is still the one loaded: nullptr with *err (400 unknown model or another model's conversation,
   // 409 model_changed) otherwise.
   serve::ServedModel* ModelFor(const serve::ChatRequest& r, serve::ApiError* err);
-  bool Prompt(serve::ServedModel& m, const serve::ChatRequest& r, std::vector<mz_token>* out, serve::ApiError* err);
+  // The request's prompt tokens; *rendered: when the chat template was done (tokenizing followed).
+  bool Prompt(serve::ServedModel& m, const serve::ChatRequest& r, std::vector<mz_token>* out, serve::ApiError* err,
+              std::chrono::steady_clock::time_point* rendered);
   std::shared_ptr<Job> Claim(serve::ServedModel& m, const serve::ChatRequest& r, std::vector<mz_token> prompt,
                              serve::ApiError* err);
   serve::TurnResult Turn(Job& job, const serve::EmitFn& emit);
