@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
@@ -410,6 +411,58 @@ TEST_P(DropReload, ReloadRestoresEveryByteAndRefusesAChangedFile) {
   EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
   EXPECT_NE(st.message().find(path_), std::string::npos) << "the message should name the file: " << st.ToString();
   EXPECT_FALSE(m->unit(m->base_unit()).resident());
+}
+
+// The wall clock moved by ahead_ms (Model::VerifyIdentity trusts a check made >= 2 s after the
+// file's ctime).
+class ShiftedClockEnv : public FaultEnv {
+ public:
+  using FaultEnv::FaultEnv;
+  std::atomic<int64_t> ahead_ms{0};
+  uint64_t WallClockMs() override { return uint64_t(int64_t(FaultEnv::WallClockMs()) + ahead_ms.load()); }
+};
+
+// The server checks the model file before every request: the header (the vocabulary, megabytes)
+// is read again only when the file's status moved since a check that read it, and a change made
+// in place with the mtime set back is still found (its ctime moved).
+TEST_P(DropReload, VerifyReadsTheHeaderAgainOnlyWhenTheFileStatusMoved) {
+  if (GetParam() != 0) GTEST_SKIP() << "the check does not depend on how weights are held: run once";
+  ShiftedClockEnv env(Env::Default());
+  env.path_filter = "model.gguf";
+  std::unique_ptr<Model> m;
+  Status st = Model::Load(&env, path_, ModelOptions(), &m);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // A check that runs within 2 s of the file's last change is never trusted: each one reads.
+  env.ahead_ms = -10000;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t r = env.n_reads.load();
+    ASSERT_TRUE(m->VerifyIdentity().ok());
+    EXPECT_GT(env.n_reads.load(), r) << "check " << i << " did not read the header";
+  }
+  // Later: one check reads and is trusted; the next, with the same status, reads nothing.
+  env.ahead_ms = 10000;
+  int64_t r = env.n_reads.load();
+  ASSERT_TRUE(m->VerifyIdentity().ok());
+  EXPECT_GT(env.n_reads.load(), r);
+  r = env.n_reads.load();
+  ASSERT_TRUE(m->VerifyIdentity().ok());
+  EXPECT_EQ(env.n_reads.load(), r) << "the unchanged file's header was read again";
+  // One header byte changed in place, size and mtime as before: found (the ctime moved).
+  struct stat sb;
+  ASSERT_EQ(stat(path_.c_str(), &sb), 0);
+  const timespec orig[2] = {sb.st_atim, sb.st_mtim};
+  {
+    std::fstream io(path_, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(100);
+    const char c = char(io.get());
+    io.seekp(100);
+    io.put(char(~c));
+  }
+  ASSERT_EQ(utimensat(AT_FDCWD, path_.c_str(), orig, 0), 0);
+  r = env.n_reads.load();
+  st = m->VerifyIdentity();
+  EXPECT_EQ(st.code(), Status::kModelChanged) << st.ToString();
+  EXPECT_GT(env.n_reads.load(), r) << "the changed file's header was not read again";
 }
 
 INSTANTIATE_TEST_SUITE_P(Io, DropReload, ::testing::Values(0, 1, 2), [](const auto& info) {

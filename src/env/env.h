@@ -22,6 +22,9 @@ namespace mz {
 struct FileInfo {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
+  // Status change time (st_ctim): moves on every write, chmod or utimes, and cannot be set back by
+  // a user. 0 where the Env does not report it (fakes): then nothing may be concluded from it.
+  int64_t ctime_ns = 0;
   uint64_t inode = 0;
   uint64_t device = 0;
 };

@@ -159,6 +159,7 @@ class PosixFile final : public File {
     if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "stat " + path_);
     info->size = uint64_t(st.st_size);
     info->mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+    info->ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
     info->inode = st.st_ino;
     info->device = st.st_dev;
     return Status::Ok();
@@ -199,6 +200,7 @@ class PosixEnv final : public Env {
     if (::stat(path.c_str(), &st) != 0) return Status::FromErrno(errno, "stat " + path);
     info->size = uint64_t(st.st_size);
     info->mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec;
+    info->ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000LL + st.st_ctim.tv_nsec;
     info->inode = st.st_ino;
     info->device = st.st_dev;
     return Status::Ok();

@@ -26,6 +26,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -192,8 +193,13 @@ class Model {
   Status UnitFileCached(int u, uint64_t* cached, uint64_t* file_bytes) const;
   // The model file as held since load (for reports naming it; nullptr before load).
   File* file() const { return file_.get(); }
-  // Re-reads the file's header and checks size, mtime and header hash against the identity recorded
-  // at load: kModelChanged if anything differs. Call before re-reading dropped weights.
+  // Checks that the file at the path is still the one loaded: size, mtime, inode and device against
+  // the identity recorded at load, then the header's hash (re-read): kModelChanged if anything
+  // differs, the Env's error if the header cannot be read. Call before re-reading dropped weights.
+  // The header (megabytes: the vocabulary) is read again only when the file's status changed since
+  // the last check that read it (stat, ctime included: every write moves it and no user can set it
+  // back), or when that check ran less than 2 s of wall clock after the ctime it saw (a write in
+  // the same clock tick could leave ctime unchanged). Thread-safe.
   Status VerifyIdentity() const;
 
  private:
@@ -251,6 +257,11 @@ class Model {
   FileIdentity identity_;
   int n_repack_units_ = 0;
   uint64_t meta_len_ = 0;  // bytes before the tensor data (hashed into identity_)
+  // The file's stat at the last VerifyIdentity that read the header, found it unchanged and ran
+  // at least 2 s after that stat's ctime (verified_ok_); a call whose stat equals it skips the read.
+  mutable std::mutex verify_mu_;
+  mutable FileInfo verified_;
+  mutable bool verified_ok_ = false;
   ggml_context* meta_ = nullptr;  // owns the ggml_tensor structs (no data)
 };
 
