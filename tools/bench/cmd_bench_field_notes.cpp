@@ -326,9 +326,21 @@ Status RunLlama(const Args& a, const std::string& model, bool repack, const std:
   } else {
     r->majflt_total = MajorFaults(pid);
   }
-  if (!dead && Reaped(pid, &st)) dead = true;
+  // A stream that ended short of the tokens asked for means llama-server went away or failed the
+  // request; a process the OOM killer chose closes its sockets before it can be reaped (its memory
+  // is still being freed), so it is waited for (up to 10 s) before the harness stops it itself:
+  // otherwise a kill would be recorded as a survival.
+  const bool short_stream = !r->cut && int(r->tok_t.size()) < n_tokens;
+  for (int i = 0; !dead && i < 100; ++i) {
+    if (Reaped(pid, &st)) dead = true;
+    else if (!short_stream) break;
+    else usleep(100000);
+  }
   if (!dead) {
     r->majflt_total = std::max(r->majflt_total, MajorFaults(pid));
+    if (short_stream)
+      r->note = Sprintf("the stream ended after %d of %d tokens with llama-server still running; log %s",
+                        int(r->tok_t.size()), n_tokens, log.c_str());
     KillReap(pid);
   } else if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) {
     r->killed = true;
