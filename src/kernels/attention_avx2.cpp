@@ -1,14 +1,19 @@
 // Chunked-KV attention, AVX2 + FMA + F16C path (x86-64-v3). Compiled in every build (GLOB_RECURSE);
 // empty unless the compiler targets those extensions (MZ_ATTN_AVX2, kernels/attention_impl.h).
 // The algorithm and the work partition are shared with the other paths (attention_impl.h); this
-// file holds the register-blocked QK and PV tiles, fp16 / q8 -> f32 tile conversion, and exp2.
+// file holds the register-blocked QK and PV tiles and fp16 / q8 -> f32 tile conversion (exp2 is
+// kernels/exp2_avx2.h, shared with the sampler).
 #include "kernels/attention_impl.h"
 
 #if MZ_ATTN_AVX2
 #include <immintrin.h>
 
+#include "kernels/exp2_avx2.h"
+
 namespace mz::attn {
 namespace {
+
+using mz::simd::exp2_ps;
 
 inline float hsum(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -28,25 +33,6 @@ inline float hmax(__m256 v) {
 inline __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-// 2^x for x <= 0 (also fine up to ~127). x < -126 (including -inf) gives exactly 0.
-// Cephes exp2f polynomial on the fraction in [-0.5, 0.5]: relative error ~2e-7.
-inline __m256 exp2_ps(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-126.0f);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(127.0f));
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 // fp16 -> f32 for count elements (count % 8 == 0).
