@@ -7,25 +7,17 @@
 #include <nlohmann/json.hpp>
 
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "mzcache.h"
 #include "runtime/chat_render.h"
 #include "test_util.h"
+#include "chat_models.h"
 
 namespace {
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-std::string Data(const std::string& name) { return Read(std::string(MZ_SOURCE_DIR "/tests/data/chat_render/") + name); }
-std::string Template(const std::string& name) { return Read(std::string(MZ_LLAMA_SRC "/models/templates/") + name); }
+std::string Data(const std::string& name) { return mz::test::ReadFile(std::string(MZ_SOURCE_DIR "/tests/data/chat_render/") + name); }
+std::string Template(const std::string& name) { return mz::test::ReadFile(std::string(MZ_LLAMA_SRC "/models/templates/") + name); }
 
 // A request file's messages and tools, as JSON text (key order kept).
 void Request(const std::string& name, std::string* messages, std::string* tools) {
@@ -35,32 +27,10 @@ void Request(const std::string& name, std::string* messages, std::string* tools)
 }
 
 std::string Render(const mz_model* m, const std::string& tmpl, const std::string& msgs, const std::string& tools) {
-  const int32_t n = mz_chat_render(m, tmpl.c_str(), msgs.c_str(), tools.empty() ? nullptr : tools.c_str(), true, nullptr, 0);
-  EXPECT_GE(n, 0) << mz_last_error();
-  if (n < 0) return "";
-  std::string out(size_t(n) + 1, '\0');
-  EXPECT_EQ(mz_chat_render(m, tmpl.c_str(), msgs.c_str(), tools.empty() ? nullptr : tools.c_str(), true, out.data(),
-                           int32_t(out.size())),
-            n);
-  out.resize(size_t(n));
-  return out;
+  return mz::test::RenderJinja(m, tmpl, msgs, tools);
 }
 
-class ChatRender : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ASSERT_EQ(mz_model_load(mz::test::ModelPath("tiny-qwen3").c_str(), nullptr, &qwen_), MZ_OK) << mz_last_error();
-    ASSERT_EQ(mz_model_load(mz::test::ModelPath("tiny-llama").c_str(), nullptr, &llama_), MZ_OK) << mz_last_error();
-  }
-  static void TearDownTestSuite() {
-    mz_model_free(qwen_);
-    mz_model_free(llama_);
-  }
-  static mz_model* qwen_;
-  static mz_model* llama_;
-};
-mz_model* ChatRender::qwen_ = nullptr;
-mz_model* ChatRender::llama_ = nullptr;
+class ChatRender : public mz::test::TwoChatModels {};
 
 TEST_F(ChatRender, Qwen3MatchesLlamaServer) {
   const std::string tmpl = Template("Qwen-Qwen3-0.6B.jinja");

@@ -8,15 +8,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "mzcache.h"
 #include "test_util.h"
+#include "chat_models.h"
 #include "tools/cli/c_api_text.h"
 #include "tools/serve/prompt_tokens.h"
 
@@ -24,13 +23,7 @@ namespace {
 
 using mz::serve::PromptTokens;
 
-std::string Read(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  EXPECT_TRUE(f.good()) << path;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using mz::test::ReadFile;
 
 std::vector<mz_token> Full(const mz_model* m, const std::string& text) {
   std::vector<mz_token> t;
@@ -47,13 +40,7 @@ std::string Chat(const mz_model* m, const std::vector<Msg>& msgs) {
   return out;
 }
 std::string Jinja(const mz_model* m, const std::string& tmpl, const std::string& msgs, const std::string& tools) {
-  const int32_t n = mz_chat_render(m, tmpl.c_str(), msgs.c_str(), tools.empty() ? nullptr : tools.c_str(), true, nullptr, 0);
-  EXPECT_GE(n, 0) << mz_last_error();
-  if (n < 0) return "";
-  std::string out(size_t(n) + 1, '\0');
-  mz_chat_render(m, tmpl.c_str(), msgs.c_str(), tools.empty() ? nullptr : tools.c_str(), true, out.data(), n + 1);
-  out.resize(size_t(n));
-  return out;
+  return mz::test::RenderJinja(m, tmpl, msgs, tools);
 }
 
 // Words of varied shapes (spaces, punctuation, digits, newlines, multi-byte UTF-8).
@@ -68,16 +55,8 @@ std::string Words(std::mt19937& rng, int n) {
   return s;
 }
 
-class PromptTokensTest : public ::testing::Test {
+class PromptTokensTest : public mz::test::TwoChatModels {
  protected:
-  static void SetUpTestSuite() {
-    ASSERT_EQ(mz_model_load(mz::test::ModelPath("tiny-qwen3").c_str(), nullptr, &qwen_), MZ_OK) << mz_last_error();
-    ASSERT_EQ(mz_model_load(mz::test::ModelPath("tiny-llama").c_str(), nullptr, &llama_), MZ_OK) << mz_last_error();
-  }
-  static void TearDownTestSuite() {
-    mz_model_free(qwen_);
-    mz_model_free(llama_);
-  }
   // Tokenizes text through pt and checks it against the full tokenization; returns the stats.
   static PromptTokens::Stats Check(PromptTokens& pt, const mz_model* m, const std::string& text) {
     std::vector<mz_token> got;
@@ -88,11 +67,7 @@ class PromptTokensTest : public ::testing::Test {
     EXPECT_EQ(st.reused + st.tokenized, int(want.size()));
     return st;
   }
-  static mz_model* qwen_;
-  static mz_model* llama_;
 };
-mz_model* PromptTokensTest::qwen_ = nullptr;
-mz_model* PromptTokensTest::llama_ = nullptr;
 
 // A conversation of 6 turns through each model's own template: each return reuses all of the
 // previous prompt but its last few tokens (the assistant header), and the cache holds one entry.
@@ -161,14 +136,14 @@ TEST_F(PromptTokensTest, EditedHistoryOtherSystemPromptAndShorterHistory) {
 // The Jinja templates with tools, tool calls and tool results (the tool-calling path of
 // tools/serve/server.cpp Prompt): exact and reused as the conversation grows.
 TEST_F(PromptTokensTest, JinjaTemplatesWithTools) {
-  const auto req = nlohmann::ordered_json::parse(Read(MZ_SOURCE_DIR "/tests/data/chat_render/req_tools.json"));
+  const auto req = nlohmann::ordered_json::parse(ReadFile(MZ_SOURCE_DIR "/tests/data/chat_render/req_tools.json"));
   const std::string tools = req["tools"].dump();
   struct Case {
     mz_model* m;
     std::string tmpl;
   };
-  for (const Case& c : {Case{qwen_, Read(MZ_LLAMA_SRC "/models/templates/Qwen-Qwen3-0.6B.jinja")},
-                        Case{llama_, Read(MZ_LLAMA_SRC "/models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja")}}) {
+  for (const Case& c : {Case{qwen_, ReadFile(MZ_LLAMA_SRC "/models/templates/Qwen-Qwen3-0.6B.jinja")},
+                        Case{llama_, ReadFile(MZ_LLAMA_SRC "/models/templates/meta-llama-Llama-3.2-3B-Instruct.jinja")}}) {
     PromptTokens pt;
     nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
     msgs.push_back(req["messages"][0]);
