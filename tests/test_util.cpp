@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <fstream>
 #include <sstream>
@@ -180,10 +181,33 @@ std::vector<int32_t> PromptTokens(const std::string& path, int n) {
   return t;
 }
 
+namespace {
+std::mutex temp_mu;
+std::string temp_dir;  // this process's, once made
+pid_t temp_owner = 0;  // the process that made it (a forked child exiting must not remove it)
+
+// At exit of the process that made it: removed if every test passed, kept to look at otherwise.
+void RemoveTempDir() {
+  if (getpid() != temp_owner || temp_dir.empty()) return;
+  if (!::testing::UnitTest::GetInstance()->Passed()) {
+    std::fprintf(stderr, "[test_util] kept %s (a test failed)\n", temp_dir.c_str());
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(temp_dir, ec);
+}
+}  // namespace
+
 std::string TempDir() {
-  std::string d = std::string(MZ_TEST_MODEL_DIR) + "/../tmp-" + std::to_string(getpid());
-  std::system(("mkdir -p '" + d + "'").c_str());
-  return d;
+  std::lock_guard<std::mutex> lock(temp_mu);
+  if (temp_dir.empty() || temp_owner != getpid()) {
+    temp_dir = std::string(MZ_TEST_MODEL_DIR) + "/../tmp-" + std::to_string(getpid());
+    if (temp_owner == 0) std::atexit(RemoveTempDir);
+    temp_owner = getpid();
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(temp_dir, ec);
+  return temp_dir;
 }
 
 }  // namespace mz::test

@@ -21,7 +21,7 @@ std::string LongText();
 // kept for the process and beside the model (`<path>.longtext-<key>.tokens`, keyed by the text and
 // the file's size and mtime) for later processes. Thread-safe.
 std::vector<int32_t> PromptTokens(const std::string& path, int n);
-// Scratch directory for this test process (created, not removed).
+// Scratch directory for this test process (created; removed at exit when every test passed).
 std::string TempDir();
 
 }  // namespace mz::test
