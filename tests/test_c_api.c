@@ -11,7 +11,8 @@
  * model folder the sanitizer runs use, as in tests/test_util.cpp); $MZ_TEST_MODEL (set by ctest).
  * ctest makes sure the file exists first (fixture test c_api_model_setup).
  */
-#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp, rmdir (check_profile), mkdir, nanosleep, pthread_self */
+#define _XOPEN_SOURCE 700 /* POSIX 2008 (setenv, mkdtemp, rmdir, mkdir, nanosleep, pthread_self) and nftw */
+#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -23,6 +24,13 @@
 #include <unistd.h>
 
 #include "mzcache.h"
+
+/* Removes the folder path and everything in it (a test's pool folder, once its checks are done). */
+static int remove_entry(const char* path, const struct stat* st, int flag, struct FTW* ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+static void remove_tree(const char* path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 #define CHECK(cond, ...)                                                        \
   do {                                                                          \
@@ -1316,6 +1324,8 @@ static int check_budget(const char* path) {
   mz_budget_free(b2);
   mz_model_free(m1);
   mz_model_free(m2);
+  remove_tree(d1);
+  remove_tree(d2);
   return 0;
 }
 
@@ -1519,6 +1529,7 @@ static int check_pool(const char* path) {
     mz_pool* p18 = NULL;
     CHECK(mz_pool_new(model, &old, &p18) == MZ_OK && p18, "a 0.18 struct_size refused: %s", mz_last_error());
     mz_pool_free(p18);
+    remove_tree(rdir);
   }
   CHECK(mz_pool_delete(pool, "a") == MZ_OK && mz_pool_delete(pool, "b") == MZ_OK, "delete: %s", mz_last_error());
   CHECK(mz_pool_list(pool, NULL, 0) == 0, "conversations left after delete");
