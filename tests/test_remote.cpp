@@ -970,6 +970,15 @@ TEST(RemoteStream, FirstLayersAreRestoredBeforeTheRestArrivesAndTheResultIsExact
   EXPECT_EQ(RestoreNext(m.get(), FakeOpts(dir_a, kv), "s", next), remote);
 }
 
+// The two damages the remote restore tests put on one chunk (key: good whole, bad its last layer
+// flipped): round 0 stores bad; round 1 stores good, but the key goes from the store once the
+// reader has taken its layer heads (HoldRangesAfter(1); the test erases it and releases).
+void ArmChunkDamage(FakeRemoteKv* kv, const std::string& key, const std::string& good, const std::string& bad,
+                    int round) {
+  kv->Set(key, round == 0 ? bad : good);
+  if (round == 1) kv->HoldRangesAfter(1);  // the heads pass; then the key goes
+}
+
 // good, the chunk value stored under key, with one bit flipped in the middle of its last layer's
 // payload (where its own index places it); empty if it does not read.
 std::string LastLayerFlipped(Model* m, const std::string& key, const std::string& good) {
@@ -1019,13 +1028,8 @@ TEST(RemoteStream, ALayerFailingMidStreamIsComputedAgainNeverUsed) {
   ASSERT_FALSE(bad.empty());
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
-    kv->Set(key, good);
     kv->Set(manifest_key, manifest);
-    if (round == 0) {
-      kv->Set(key, bad);
-    } else {
-      kv->HoldRangesAfter(1);  // the heads pass; then the key goes
-    }
+    ArmChunkDamage(kv.get(), key, good, bad, round);
     std::unique_ptr<Pool> b;
     ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(FreshDir("fb" + std::to_string(round)), kv), &b).ok());
     std::shared_ptr<Conversation> c;
@@ -1152,12 +1156,7 @@ TEST(RemoteStream, APrefixChunkFailingMidStreamIsComputedAgainNeverUsed) {
   ASSERT_FALSE(bad.empty());
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE(round == 0 ? "bit flip in the last layer" : "evicted after its head was read");
-    kv->Set(key, good);
-    if (round == 0) {
-      kv->Set(key, bad);
-    } else {
-      kv->HoldRangesAfter(1);  // the heads pass; then the key goes
-    }
+    ArmChunkDamage(kv.get(), key, good, bad, round);
     std::unique_ptr<Pool> b;
     ASSERT_TRUE(Pool::Open(m.get(), FakeOpts(FreshDir("qb" + std::to_string(round)), kv), &b).ok());
     std::shared_ptr<Conversation> c;

@@ -120,6 +120,15 @@ void ExpectLaw(const std::vector<float>& logits, float t, int draws, uint32_t se
   }
 }
 
+// n logits drawn uniformly from [-spread, spread] with generator seed `seed`.
+std::vector<float> UniformLogits(int n, float spread, uint32_t seed) {
+  std::vector<float> logits(static_cast<size_t>(n));
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-spread, spread);
+  for (float& l : logits) l = u(g);
+  return logits;
+}
+
 TEST(SamplerRow, DrawsFollowTheSoftmaxAtTheTemperature) {
   const std::vector<float> logits = {0.0f, 1.0f, 2.0f, -kInf, 0.5f, kNaN, 3.0f, -1.0f, 2.5f, 1.5f, 0.25f};
   ExpectLaw(logits, 1.0f, 100000, 11);
@@ -129,10 +138,7 @@ TEST(SamplerRow, DrawsFollowTheSoftmaxAtTheTemperature) {
 
 TEST(SamplerRow, DrawsFollowTheSoftmaxOverAFullVocabulary) {
   // Qwen3's vocabulary size; three tokens hold most of the mass, the rest a spread of small logits.
-  std::vector<float> logits(151936);
-  std::mt19937 g(5);
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  for (float& l : logits) l = u(g);
+  std::vector<float> logits = UniformLogits(151936, 2.0f, 5);
   logits[777] = 14.0f;
   logits[151935] = 13.0f;
   logits[64000] = 12.5f;
@@ -140,10 +146,7 @@ TEST(SamplerRow, DrawsFollowTheSoftmaxOverAFullVocabulary) {
 }
 
 TEST(SamplerRow, ASeedGivesTheSameTokensAndAnotherSeedOthers) {
-  std::vector<float> logits(5000);
-  std::mt19937 g(9);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& l : logits) l = u(g);
+  const std::vector<float> logits = UniformLogits(5000, 1.0f, 9);
   Sampler a(SamplerParams{1.0f, 0, 1.0f, 7}), b(SamplerParams{1.0f, 0, 1.0f, 7}), c(SamplerParams{1.0f, 0, 1.0f, 8});
   int differ = 0;
   for (int i = 0; i < 200; ++i) {
