@@ -105,14 +105,18 @@ class RedisServer {
   ~RedisServer() { Stop(); }
   // TLS: with certs, the port is a TLS one (the plain port off unless plain_port > 0);
   // auth_clients is redis's tls-auth-clients ("yes": a client certificate is required).
-  bool StartTls(const TestCerts& certs, const std::string& auth_clients = "optional", int plain_port = 0) {
+  // tls_port: 0 for any free one; extra: more redis-server arguments (a cluster node's).
+  bool StartTls(const TestCerts& certs, const std::string& auth_clients = "optional", int plain_port = 0,
+                int tls_port = 0, const std::vector<std::string>& extra = {}) {
     tls_ = true;
     certs_ = certs;
     client_cert_ = auth_clients == "yes";
-    tls_port_ = FreePort();
-    return Start(plain_port, {"--port", std::to_string(plain_port), "--tls-port", std::to_string(tls_port_),
-                              "--tls-cert-file", certs.cert, "--tls-key-file", certs.key, "--tls-ca-cert-file",
-                              certs.cert, "--tls-auth-clients", auth_clients});
+    tls_port_ = tls_port > 0 ? tls_port : FreePort();
+    std::vector<std::string> args = {"--port", std::to_string(plain_port), "--tls-port", std::to_string(tls_port_),
+                                     "--tls-cert-file", certs.cert, "--tls-key-file", certs.key, "--tls-ca-cert-file",
+                                     certs.cert, "--tls-auth-clients", auth_clients};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Start(plain_port, args);
   }
   bool Start(int port = 0, const std::vector<std::string>& extra = {}) {
     if (port == 0) port = FreePort();
@@ -1311,13 +1315,22 @@ std::string ShellOut(const std::string& cmd) {
 }
 
 // Three masters (no replicas), every slot assigned, the cluster's state ok on each node: the
-// nodes started in `nodes` (a test's fatal failure when it does not come up).
-void StartCluster(RedisServer (&nodes)[3]) {
-  std::string create = "redis-cli --cluster create";
+// nodes started in `nodes` (a test's fatal failure when it does not come up). With tls: TLS ports
+// only, the cluster bus over TLS too (tls-cluster: CLUSTER SLOTS and redirections name TLS ports).
+void StartCluster(RedisServer (&nodes)[3], const TestCerts* tls = nullptr) {
+  const std::string cli = tls ? "redis-cli --tls --cacert " + tls->cert : std::string("redis-cli");
+  std::string create = cli + " --cluster create";
+  const std::vector<std::string> cluster = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                            "--cluster-node-timeout", "5000"};
   for (auto& n : nodes) {
-    ASSERT_TRUE(n.Start(ClusterPort(), {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                            "--cluster-node-timeout", "5000"}));
-    create += " 127.0.0.1:" + std::to_string(n.port());
+    if (tls) {
+      std::vector<std::string> extra = cluster;
+      extra.insert(extra.end(), {"--tls-cluster", "yes"});
+      ASSERT_TRUE(n.StartTls(*tls, "optional", 0, ClusterPort(), extra));
+    } else {
+      ASSERT_TRUE(n.Start(ClusterPort(), cluster));
+    }
+    create += " 127.0.0.1:" + std::to_string(tls ? n.tls_port() : n.port());
   }
   create += " --cluster-replicas 0 --cluster-yes > /dev/null 2>&1";
   ASSERT_EQ(std::system(create.c_str()), 0) << create;
@@ -1325,7 +1338,8 @@ void StartCluster(RedisServer (&nodes)[3]) {
   for (int i = 0; i < 500 && !ok; ++i) {
     ok = true;
     for (auto& n : nodes) {
-      const std::string q = "redis-cli -p " + std::to_string(n.port()) + " CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok";
+      const std::string q = cli + " -p " + std::to_string(tls ? n.tls_port() : n.port()) +
+                            " CLUSTER INFO 2>/dev/null | grep -q cluster_state:ok";
       ok = ok && std::system(q.c_str()) == 0;
     }
     if (!ok) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -1339,9 +1353,11 @@ void StartCluster(RedisServer (&nodes)[3]) {
 // the remote tier and nothing recomputed, damaged or degraded. B's stats in *out.
 void ContinueElsewhere(Model* m, const std::string& dir, const std::string& url, const std::string& id,
                        const std::vector<int32_t>& toks, const std::vector<int32_t>& next, uint64_t chunks,
-                       PoolStats* out) {
+                       PoolStats* out, const std::string& ca_file = "") {
   std::unique_ptr<Pool> b;
-  ASSERT_TRUE(Pool::Open(m, Opts(dir, url), &b).ok());
+  PoolOptions o = Opts(dir, url);
+  o.remote.ca_file = ca_file;
+  ASSERT_TRUE(Pool::Open(m, o, &b).ok());
   std::shared_ptr<Conversation> c;
   ASSERT_TRUE(b->OpenConversation(id, &c).ok());
   std::vector<int32_t> hist;
@@ -1385,6 +1401,38 @@ TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughACluster) {
   uint64_t keys = 0, bytes = 0;
   ASSERT_TRUE(kv->Census("mz:*", &keys, &bytes).ok());
   EXPECT_EQ(keys, 6u);
+}
+
+// The same over TLS: every node serves a TLS port only and the cluster bus is TLS too, so the slot
+// map and the MOVED redirections name TLS ports, and each connection the client opens to a master
+// (from the map or a redirection) is verified against the CA file, as the first one is.
+TEST(RemoteCluster, AnotherServerContinuesTheConversationThroughATlsCluster) {
+  NEED_TLS();
+  if (!RedisCliPresent()) GTEST_SKIP() << "redis-cli is not installed";
+  RedisServer nodes[3];
+  StartCluster(nodes, &certs);
+  if (HasFatalFailure()) return;
+  auto m = LoadModel();
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> toks = Tokens(0, 5 * T + 20, 13), next = {41, 42, 43};
+  PoolOptions oa = Opts(FreshDir("tca"), nodes[0].Url());
+  oa.remote.ca_file = certs.cert;
+  Serve(m.get(), oa, "chat-t", toks);
+  PoolStats s;
+  ContinueElsewhere(m.get(), FreshDir("tcb"), nodes[1].Url(), "chat-t", toks, next, 5, &s, certs.cert);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(s.remote.address.rfind("rediss://", 0), 0u) << s.remote.address;
+  std::unique_ptr<RemoteKv> kv = nodes[2].Client();  // the census asks every master, over TLS
+  uint64_t keys = 0, bytes = 0;
+  ASSERT_TRUE(kv->Census("mz:*", &keys, &bytes).ok());
+  EXPECT_EQ(keys, 6u);  // 5 chunks and the manifest
+  // Spread over the masters: each node's own count (DBSIZE over TLS).
+  int nodes_with_keys = 0;
+  for (auto& n : nodes) {
+    const std::string q = "redis-cli --tls --cacert " + certs.cert + " -p " + std::to_string(n.tls_port()) + " DBSIZE";
+    nodes_with_keys += std::atoll(ShellOut(q + " 2>/dev/null").c_str()) > 0;
+  }
+  EXPECT_GE(nodes_with_keys, 2);
 }
 
 // A slot being migrated (resharding in progress): the manifest's slot and a chunk's slot are each
