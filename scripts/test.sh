@@ -73,7 +73,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export MZ_TEST_MODEL_DIR_OVERRIDE=$PWD/build/test-models
 # LoaderFuzz.* (thousands of mutated GGUF headers) is left to the fuzz stage here: fuzz_gguf runs
 # the same parser under ASan+UBSan, coverage-guided, from a corpus that replays every earlier find.
-(cd build-asan && ctest --output-on-failure -j "$TEST_JOBS" --timeout 2400 -LE "slow|install" -E '^LoaderFuzz\.') | tee -a "$LOG"
+# Label nosan: tests whose sanitizer run another test repeats (tests/CMakeLists.txt says which).
+(cd build-asan && ctest --output-on-failure -j "$TEST_JOBS" --timeout 2400 -LE "slow|install|nosan" -E '^LoaderFuzz\.') | tee -a "$LOG"
 
 stage build-tsan
 build build-tsan "thread" tests_concurrency

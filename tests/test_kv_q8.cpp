@@ -230,7 +230,15 @@ TEST(LiveQ8Kv, EvictRestoreAndRestoreGenerateAreExact) {
   const auto want_last = LastRow(*ref.ctx);
   ref.ctx->Truncate(kPrompt);
   const auto want = Continue(*ref.ctx, t);
+  // Under TSan, q8 (its rows kept as they are) and zstd (a general-purpose codec) only: the codec
+  // changes the bytes the restore's workers and the compute read, not how they are handed over
+  // (what TSan checks); Codecs.ConcurrentUse runs every codec from 4 threads at once under TSan, and
+  // all four codecs run here in the normal and ASan+UBSan stages. 99 s of the TSan stage, 2026-12-07.
+#if defined(__SANITIZE_THREAD__)
+  for (const char* codec : {"q8", "zstd"})
+#else
   for (const char* codec : {"q8", "none", "lz4", "zstd"})
+#endif
     for (UnitState target : {UnitState::kKvMemCompressed, UnitState::kKvStorageCompressed, UnitState::kKvStorageRaw})
       for (bool generate : {false, true}) {
         SCOPED_TRACE(std::string(codec) + " " + UnitStateName(target) + (generate ? " restore_generate" : " restore"));
