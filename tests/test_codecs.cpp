@@ -490,6 +490,40 @@ TEST(Codecs, PartialChunks) {
     }
 }
 
+// DecodeValid (a restore of a partial chunk): into a buffer of garbage it writes exactly the valid
+// rows, bit-identical to Decode's, and leaves every invalid row's bytes as they were; into a zeroed
+// buffer (a fresh mapping) it gives Decode's whole chunk. Its errors are Decode's.
+TEST(Codecs, DecodeValidWritesOnlyTheValidRows) {
+  std::mt19937_64 rng(15);
+  int checked = 0;
+  for (auto& c : AllCodecs())
+    for (const ChunkShape& s : PartialShapes()) {
+      const Raw raw = Realistic(s, rng);
+      const Blob b = Enc(*c, s, raw);
+      const Raw full = Dec(*c, s, b);
+      Raw garbage(s.raw_bytes() / 2);
+      for (auto& x : garbage) x = uint16_t(rng() | 1);  // never zero: an invalid row written as zero shows
+      Raw out = garbage;
+      ASSERT_TRUE(c->DecodeValid(s, b.data(), b.size(), out.data()).ok()) << c->name();
+      for (int blk = 0; blk < 2; blk++)
+        for (int h = 0; h < s.n_kv_head; h++)
+          for (int t = 0; t < s.chunk_tokens; t++)
+            for (int d = 0; d < s.head_dim; d++) {
+              const size_t i = Idx(s, blk, h, t, d);
+              ASSERT_EQ(out[i], t < s.n_tokens ? full[i] : garbage[i])
+                  << c->name() << " n_tokens " << s.n_tokens << " block " << blk << " head " << h << " row " << t;
+            }
+      Raw zeroed(s.raw_bytes() / 2, 0);
+      ASSERT_TRUE(c->DecodeValid(s, b.data(), b.size(), zeroed.data()).ok());
+      EXPECT_EQ(zeroed, full) << c->name() << " n_tokens " << s.n_tokens;
+      Blob bad = b;
+      bad.pop_back();
+      EXPECT_EQ(c->DecodeValid(s, bad.data(), bad.size(), out.data()).code(), Status::kCorruption) << c->name();
+      checked++;
+    }
+  EXPECT_GT(checked, 6 * 10);
+}
+
 // Decode of bad input: errors, or finite output for payload damage in lossy codecs; never a crash
 // or an out-of-bounds access (buffers are exact-size vectors so ASan/valgrind catch overruns).
 TEST(Codecs, CorruptInput) {

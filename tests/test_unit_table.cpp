@@ -21,7 +21,10 @@
 
 #include "core/sync_point.h"
 #include "env/fault_env.h"
+#include "kernels/q8_block.h"
 #include "memory/unit_table.h"
+#include "restore/restore_pipeline.h"
+#include "store/q8_kv.h"
 #include "model/model.h"
 #include "runtime/context.h"
 #include "runtime/sampler.h"
@@ -358,6 +361,139 @@ void ExpectTableAndKvAgree(const Context& c, const std::string& when) {
   for (int u = -1; u < kv.geometry().n_layer; ++u) {
     const int wu = u < 0 ? c.model()->base_unit() : u;
     ASSERT_EQ(c.model()->unit(wu).resident(), t.state(UnitRef::Weights(u)) == UnitState::kResident) << when;
+  }
+}
+
+// A conversation's last, partial chunk (44 of 256 rows) evicted and restored, by Restore (the
+// executor) and by restore_generate (the pipeline; also from storage, a server's return), for the
+// codecs none, q8, q4 and cachegen (lz4 and zstd: Codecs.DecodeValidWritesOnlyTheValidRows), with
+// fp16 and q8 resident rows: the restored chunk is, byte for byte, the codec's
+// Decode of its blob into zeroed memory (what a restore wrote before it decoded valid rows only,
+// KvCodec::DecodeValid), so compute sees the same KV; the lossless ones give the never-evicted KV
+// and logits bit for bit. The pages restored follow the rows: RestoreRanges of the partial chunk
+// is a fraction of the chunk.
+TEST(PartialChunkRestore, RestoredChunkIsTheDecodeOfItsBlobAndTouchesOnlyItsRows) {
+  constexpr int kT = 256, kN = 300, kNew = 9;  // chunk 1 holds rows 0..43; restore_generate writes 44..52
+  const std::string path = test::ModelPath("tiny-qwen3");
+  const auto toks = test::PromptTokens(path, kN + kNew + 1);
+  for (KvType kv : {KvType::kF16, KvType::kQ8}) {
+    std::string codec = "q8";
+    auto make = [&](const std::string& name, int n) {
+      Fixture f;
+      EXPECT_TRUE(Model::Load(Env::Default(), path, ModelOptions(), &f.model).ok());
+      ContextOptions co;
+      co.n_ctx = 1024;
+      co.kv_chunk_tokens = kT;
+      co.kv_codec = codec;
+      co.kv_type = kv;
+      co.swap_path = test::TempDir() + "/partial-" + name + ".swap";
+      f.ctx = std::make_unique<Context>(f.model.get(), co);
+      EXPECT_TRUE(f.ctx->Init().ok());
+      EXPECT_TRUE(f.ctx->Decode(toks.data(), kN, false).ok());
+      if (n > kN) EXPECT_TRUE(f.ctx->Decode(toks.data() + kN, n - kN, false).ok());
+      return f;
+    };
+    // Never evicted: after kN tokens (next logits) and after kN + kNew (chunk 1 and next logits).
+    std::vector<float> want_a, want_b;
+    std::vector<std::vector<uint8_t>> ref_b;
+    {
+      Fixture a = make("ref-a", kN);
+      want_a = NextLogits(*a.ctx, toks[kN]);
+      Fixture b = make("ref-b", kN + kNew);
+      for (int l = 0; l < int(b.model->hparams().n_layer); ++l) {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(b.ctx->kv().chunk(l, 1));
+        ref_b.emplace_back(p, p + b.ctx->kv().geometry().chunk_bytes());
+      }
+      want_b = NextLogits(*b.ctx, toks[kN + kNew]);
+    }
+    for (const char* c : {"none", "q8", "q4", "cachegen"})
+      for (UnitState target : {UnitState::kKvMemCompressed, UnitState::kKvStorageCompressed})
+        for (bool generate : {false, true}) {
+          if (target == UnitState::kKvStorageCompressed && !generate) continue;  // a server's return: generate
+          codec = c;
+          SCOPED_TRACE(std::string(KvTypeName(kv)) + " " + codec + " " + UnitStateName(target) +
+                       (generate ? " restore_generate" : " restore"));
+          Fixture f = make("ev", kN);
+          const KvGeometry& g = f.ctx->kv().geometry();
+          const int L = int(f.model->hparams().n_layer);
+          const size_t cb = g.chunk_bytes();
+          ChunkShape sh;
+          sh.n_kv_head = g.n_kv_head, sh.chunk_tokens = kT, sh.head_dim = g.head_dim, sh.n_tokens = kN - kT;
+          sh.n_layer = L;
+          // What each layer's chunk 1 must come back as: its blob decoded into zeroed memory.
+          std::vector<std::vector<uint8_t>> want(size_t(L), std::vector<uint8_t>(cb, 0));
+          const KvCodec& kc = f.ctx->units().codec();
+          for (int l = 0; l < L; ++l) {
+            sh.layer = l;
+            std::vector<uint8_t> blob(kc.MaxEncodedSize(sh));
+            size_t w = 0;
+            ASSERT_TRUE(kc.Encode(sh, f.ctx->kv().chunk(l, 1), blob.data(), blob.size(), &w).ok());
+            ASSERT_TRUE(kc.Decode(sh, blob.data(), w, reinterpret_cast<uint16_t*>(want[size_t(l)].data())).ok());
+          }
+          Plan plan;
+          for (int l = 0; l < L; ++l) plan.push_back({UnitRef::Kv(l, 1), target});
+          ASSERT_TRUE(f.ctx->Evict(plan, 0, nullptr).ok());
+          for (int l = 0; l < L; ++l) {
+            size_t covered = 0;
+            for (const auto& [off, len] : f.ctx->units().RestoreRanges(UnitRef::Kv(l, 1))) {
+              EXPECT_LE(off + len, cb);
+              covered += len;
+            }
+            EXPECT_GT(covered, 0u);
+            EXPECT_LE(covered, cb / 2) << "a 44-row restore populates at most half of a 256-row chunk";
+          }
+          const bool lossless = kc.lossless();
+          if (!generate) {
+            ASSERT_TRUE(f.ctx->Restore().ok());
+            for (int l = 0; l < L; ++l)
+              ASSERT_EQ(0, std::memcmp(f.ctx->kv().chunk(l, 1), want[size_t(l)].data(), cb)) << "layer " << l;
+            if (lossless) {
+              const auto got = NextLogits(*f.ctx, toks[kN]);
+              ASSERT_EQ(got.size(), want_a.size());
+              EXPECT_EQ(0, std::memcmp(got.data(), want_a.data(), got.size() * 4));
+            }
+            continue;
+          }
+          PipelineOptions po;
+          RestoreGenerateStats st;
+          Status s = f.ctx->RestoreGenerate(toks.data() + kN, kNew, po, &st);
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          const int rows_end = kN + kNew - kT;
+          for (int l = 0; l < L; ++l) {
+            const uint8_t* got = reinterpret_cast<const uint8_t*>(f.ctx->kv().chunk(l, 1));
+            const uint8_t* r = ref_b[size_t(l)].data();
+            const uint8_t* w = want[size_t(l)].data();
+            for (int j = 0; j < 2 * g.n_kv_head; ++j) {
+              // fp16: a segment is [kT][head_dim]; q8: amax[kT] then codes[kT][head_dim].
+              auto rows = [&](const uint8_t* base, int t0, int t1, std::vector<uint8_t>* out) {
+                out->clear();
+                if (g.q8()) {
+                  const uint8_t* seg = q8_segment(base, kT, g.head_dim, j);
+                  out->insert(out->end(), seg + 2 * t0, seg + 2 * t1);
+                  const uint8_t* q = reinterpret_cast<const uint8_t*>(q8_row_codes(seg, kT, g.head_dim, 0));
+                  out->insert(out->end(), q + size_t(t0) * g.head_dim, q + size_t(t1) * g.head_dim);
+                } else {
+                  const uint8_t* seg = base + size_t(j) * kT * g.head_dim * 2;
+                  out->insert(out->end(), seg + size_t(t0) * g.head_dim * 2, seg + size_t(t1) * g.head_dim * 2);
+                }
+              };
+              std::vector<uint8_t> a, b;
+              rows(got, 0, kN - kT, &a), rows(w, 0, kN - kT, &b);
+              ASSERT_EQ(a, b) << "layer " << l << " segment " << j << ": the restored rows";
+              rows(got, rows_end, kT, &a);
+              ASSERT_EQ(a, std::vector<uint8_t>(a.size(), 0)) << "layer " << l << " segment " << j << ": rows never written";
+              if (lossless) {
+                rows(r, 0, kT, &b), rows(got, 0, kT, &a);
+                ASSERT_EQ(a, b) << "layer " << l << " segment " << j << ": lossless, as never evicted";
+              }
+            }
+          }
+          if (lossless) {
+            const auto got = NextLogits(*f.ctx, toks[kN + kNew]);
+            ASSERT_EQ(got.size(), want_b.size());
+            EXPECT_EQ(0, std::memcmp(got.data(), want_b.data(), got.size() * 4));
+          }
+        }
   }
 }
 

@@ -369,6 +369,28 @@ Status UnitTable::EvictKv(int layer, int chunk, UnitState target) {
   return Status::Ok();
 }
 
+namespace {
+// Each thread's buffer for a blob read from storage before its decode: aligned for direct I/O, so
+// the read lands in it in place (SwapFile::ReadPadded), grown to the largest extent seen and kept
+// until the thread exits. Per chunk, no fresh zero-filled vector and no bounce buffer (each a new
+// mapping whose pages a VM pays for), nor the copy between them. nullptr if it cannot grow.
+uint8_t* BlobReadBuffer(size_t n) {
+  struct Buf {
+    uint8_t* p = nullptr;
+    size_t n = 0;
+    ~Buf() { std::free(p); }
+  };
+  thread_local Buf b;
+  if (b.n < n) {
+    std::free(b.p);
+    const size_t m = (n + kDirectIoAlign - 1) / kDirectIoAlign * kDirectIoAlign;
+    b.p = static_cast<uint8_t*>(std::aligned_alloc(kDirectIoAlign, m));
+    b.n = b.p ? m : 0;
+  }
+  return b.p;
+}
+}  // namespace
+
 Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
   KvSlot& s = slot(layer, chunk);
   const KvGeometry& g = kv_->geometry();
@@ -422,17 +444,21 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
   uint16_t* dst = static_cast<uint16_t*>(mem);
   ChunkShape sh = shape(layer, chunk);
   sh.n_tokens = s.enc_tokens;
+  // The pages this restore and the next pass use (all of them unless the blob is partial), taken
+  // before the state changes below. mem is unwritten (RestoreInto's contract): decoding only the
+  // valid rows leaves the others reading as zeros, Decode's chunk without touching their pages.
+  const std::vector<std::pair<size_t, size_t>> ranges = RestoreRanges(UnitRef::Kv(layer, chunk));
   Status st;
   if (s.state == UnitState::kKvMemCompressed) {
     size_t n = 0;
     const uint8_t* p = stack_->Get(s.h, &n);
-    st = p ? codec_->Decode(sh, p, n, dst) : Status::Internal("swap stack entry missing");
+    st = p ? codec_->DecodeValid(sh, p, n, dst) : Status::Internal("swap stack entry missing");
   } else if (s.state == UnitState::kKvStorageRaw) {
     st = file_for(s.ext)->Read(s.ext, dst);
   } else {
-    std::vector<uint8_t> buf(s.ext.size);
-    st = file_for(s.ext)->Read(s.ext, buf.data());
-    if (st.ok()) st = codec_->Decode(sh, buf.data(), buf.size(), dst);
+    uint8_t* buf = BlobReadBuffer(s.ext.len);
+    st = buf ? file_for(s.ext)->ReadPadded(s.ext, buf) : Status::NoMemory("a read buffer for a stored KV chunk");
+    if (st.ok()) st = codec_->DecodeValid(sh, buf, s.ext.size, dst);
   }
   if (!st.ok()) {
     kv_->env()->Unmap(mem, raw);
@@ -451,7 +477,8 @@ Status UnitTable::RestoreKv(int layer, int chunk, void* mem) {
   s.enc_bytes = 0;
   s.state = UnitState::kResident;
   s.will_rewrite = false;  // an anonymous chunk is written whole at its next eviction anyway
-  if (opts_.touch_restored) TouchPages(dst, raw);
+  if (opts_.touch_restored)
+    for (const auto& [off, len] : ranges) TouchPages(reinterpret_cast<const char*>(dst) + off, len);
   return Status::Ok();
 }
 
@@ -639,8 +666,58 @@ void* UnitTable::AllocateFor(const UnitRef& u, size_t* bytes) {
   if (RestoresByMapping(u)) return nullptr;  // mapped from the swap file on restore
   *bytes = RestoreBytes(u);
   void* p = kv_->env()->MapAnon(*bytes);
-  if (p) kv_->env()->Prefault(p, *bytes);
+  if (p) PrefaultFor(u, p);
   return p;
+}
+
+int UnitTable::RestoreRows(int layer, int chunk) const {
+  const int T = kv_->geometry().chunk_tokens;
+  const KvSlot* s = find_slot(layer, chunk);
+  // Only a chunk decoded from a blob (in memory or on storage) is written row by row; a raw read
+  // or mapping, an attached shared chunk, or a resident one is whole.
+  if (!s || s->shared || s->lost ||
+      (s->state != UnitState::kKvMemCompressed && s->state != UnitState::kKvStorageCompressed) || s->enc_tokens <= 0)
+    return T;
+  const int64_t ahead = int64_t(write_until_) - int64_t(chunk) * T;
+  return int(std::clamp<int64_t>(std::max<int64_t>(s->enc_tokens, ahead), 1, T));
+}
+
+std::vector<std::pair<size_t, size_t>> UnitTable::RestoreRanges(const UnitRef& u) const {
+  const size_t bytes = RestoreBytes(u);
+  std::vector<std::pair<size_t, size_t>> out;
+  if (bytes == 0) return out;
+  const KvGeometry& g = kv_->geometry();
+  const int rows = u.kind == UnitRef::kKv ? RestoreRows(u.layer, u.chunk) : g.chunk_tokens;
+  if (u.kind != UnitRef::kKv || rows >= g.chunk_tokens) {
+    out.emplace_back(0, bytes);
+    return out;
+  }
+  constexpr size_t kPage = 4096;
+  auto add = [&](size_t b, size_t e) {  // [b, e), rounded out to pages, merged with the last range
+    b = b / kPage * kPage;
+    e = std::min(bytes, (e + kPage - 1) / kPage * kPage);
+    if (b >= e) return;
+    if (!out.empty() && out.back().first + out.back().second >= b)
+      out.back().second = std::max(out.back().first + out.back().second, e) - out.back().first;
+    else
+      out.emplace_back(b, e - b);
+  };
+  const size_t T = size_t(g.chunk_tokens), D = size_t(g.head_dim), r = size_t(rows);
+  for (size_t j = 0; j < 2 * size_t(g.n_kv_head); ++j) {
+    if (g.q8()) {  // segment: amax[T] (2 bytes each), then codes[T][D]
+      const size_t base = j * T * (2 + D);
+      add(base, base + 2 * r);
+      add(base + 2 * T, base + 2 * T + r * D);
+    } else {  // segment: [T][D] fp16
+      add(j * T * D * 2, (j * T + r) * D * 2);
+    }
+  }
+  return out;
+}
+
+void UnitTable::PrefaultFor(const UnitRef& u, void* mem) const {
+  if (!mem) return;
+  for (const auto& [off, len] : RestoreRanges(u)) kv_->env()->Prefault(static_cast<char*>(mem) + off, len);
 }
 
 Status UnitTable::RestoreInto(const UnitRef& u, void* mem) {

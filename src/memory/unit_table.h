@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -234,9 +235,26 @@ class UnitTable {
   // receives the size mapped, 0 for nullptr);
   // RestoreInto fills it and installs it (taking ownership of mem, which may be nullptr: then it
   // allocates itself). Distinct units may be restored concurrently.
+  //
+  // mem (from AllocateFor, a slice of MapSlices, or nullptr) must be memory nothing has written: a
+  // KV chunk that comes back from a partial blob (encoded with fewer than chunk_tokens rows) has
+  // only its valid rows written (KvCodec::DecodeValid), its other rows read as the mapping's zeros,
+  // and only the pages of RestoreRanges are populated and touched (touch_restored).
   void* AllocateFor(const UnitRef& u, size_t* bytes);
   // RAM unit u occupies when resident (what AllocateFor maps for it).
   size_t RestoreBytes(const UnitRef& u) const;
+  // The byte ranges of u's restored memory (offsets into RestoreBytes(u)) that restoring it writes
+  // and the forward pass after it writes or reads, rounded out to 4096-byte pages, in order, not
+  // overlapping: the whole unit, except a KV chunk decoded from a partial blob, of which only the
+  // rows below max(its encoded rows, the rows of set_write_until's tokens) of every head: a restore
+  // of a partial chunk populates and touches pages in proportion to its tokens, not chunk_tokens.
+  std::vector<std::pair<size_t, size_t>> RestoreRanges(const UnitRef& u) const;
+  // Prefaults RestoreRanges(u) of mem (what AllocateFor and the executors' slices populate).
+  void PrefaultFor(const UnitRef& u, void* mem) const;
+  // The next forward pass writes tokens up to this count (Context sets it before a restore for
+  // compute and clears it, 0, after): the rows of a partial chunk it will write are populated and
+  // touched with the restored ones, off compute's path. Serialized like Apply.
+  void set_write_until(int tokens) { write_until_ = tokens; }
   Env* env() const;
   Status RestoreInto(const UnitRef& u, void* mem);
   // Forget chunks >= first_chunk (context truncation): frees their swap copies.
@@ -385,9 +403,13 @@ class UnitTable {
   // Model::LoadUnit, then (touch_restored) the first user-space read of its mapped pages.
   Status LoadWeights(int unit, void* mem);
 
+  // Rows of KV chunk (layer, chunk) that RestoreRanges covers (chunk_tokens: all of them).
+  int RestoreRows(int layer, int chunk) const;
+
   Model* model_;
   KvCache* kv_;
   UnitTableOptions opts_;
+  int write_until_ = 0;  // set_write_until
   std::unique_ptr<KvCodec> codec_;
   std::unique_ptr<CompressedStack> stack_;
   std::unique_ptr<SwapFile> swap_;

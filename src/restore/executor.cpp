@@ -96,7 +96,7 @@ Status RestoreUnits(UnitTable* t, const std::vector<UnitRef>& todo, const std::f
       Status st;
       if (region) {
         void* mem = region + off[i];
-        if (populate(todo[i])) env->Prefault(mem, bytes[i]);
+        if (populate(todo[i])) t->PrefaultFor(todo[i], mem);  // the pages its restore uses
         st = t->RestoreInto(todo[i], mem);  // owns the slice from here (unmaps it on failure)
       } else {
         st = t->RestoreInto(todo[i], nullptr);  // maps its own memory

@@ -46,7 +46,7 @@ bool RestorePipeline::ClaimAndPopulate(size_t i) {
   if (tasks_[i].no_slice) return false;  // fixed before any thread starts
   uint8_t s = 0;
   if (!alloc_state_[i].compare_exchange_strong(s, 1, std::memory_order_acq_rel)) return false;
-  e_->env()->Prefault(tasks_[i].mem, tasks_[i].bytes);
+  e_->PrefaultFor(tasks_[i].u, tasks_[i].mem);  // the pages its restore uses (UnitTable::RestoreRanges)
   alloc_state_[i].store(2, std::memory_order_release);
   return true;
 }

@@ -335,7 +335,10 @@ Status Context::Decode(const int32_t* tokens, int n, bool all_logits) {
     req.mode = RestoreMode::kForCompute;
     req.attend_compressed_below = first_write;
   }
-  MZ_RETURN_IF_ERROR(RunRestore(units_.get(), req));
+  units_->set_write_until(int(history_.size()) + n);  // a partial chunk's rows this pass writes come back populated
+  Status rs = RunRestore(units_.get(), req);
+  units_->set_write_until(0);
+  MZ_RETURN_IF_ERROR(rs);
   const uint64_t tc = model_->env()->NowNs();
   MZ_RETURN_IF_ERROR(ComputeLocked(tokens, n, all_logits));
   if (!all_logits) NoteComputeLocked(n, model_->env()->NowNs() - tc);
@@ -493,6 +496,13 @@ Status Context::RestoreGenerate(const int32_t* tokens, int n, const PipelineOpti
   if (stats) stats->remaining_at_start = units_->Report().remaining(true);
   // Chunks for the new tokens exist before workers run (the chunk table must not grow under them).
   MZ_RETURN_IF_ERROR(kv_->Reserve(start + n));
+  // A partial chunk's rows this call writes come back populated and touched with its valid rows
+  // (UnitTable::RestoreRanges); cleared on every return below.
+  units_->set_write_until(start + n);
+  struct ClearWriteUntil {
+    UnitTable* u;
+    ~ClearWriteUntil() { u->set_write_until(0); }
+  } clear_write_until{units_.get()};
   PipelineOptions pipe_opts = po;
   pipe_opts.attend_compressed_below =
       po.attend_compressed && opts_.attend_compressed ? start / kv_->geometry().chunk_tokens : 0;

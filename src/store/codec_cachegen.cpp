@@ -132,6 +132,14 @@ class CacheGenCodec final : public KvCodec {
   }
 
   Status Decode(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return DecodeImpl(s, src, size, dst, true);
+  }
+  Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return DecodeImpl(s, src, size, dst, false);
+  }
+
+ private:
+  Status DecodeImpl(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst, bool zero_invalid) const {
     MZ_RETURN_IF_ERROR(ValidateShape(s));
     MZ_RETURN_IF_ERROR(CheckLayer(s));
     const int bits = CacheGenBits(s.layer, s.n_layer), levels = (1 << bits) - 1;
@@ -173,7 +181,7 @@ class CacheGenCodec final : public KvCodec {
         }
       }
     }
-    ZeroInvalidRows(s, dst);
+    if (zero_invalid) ZeroInvalidRows(s, dst);
     return Status::Ok();
   }
 };

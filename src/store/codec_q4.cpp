@@ -124,6 +124,14 @@ class Q4Codec final : public KvCodec {
   }
 
   Status Decode(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return DecodeImpl(s, src, size, dst, true);
+  }
+  Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return DecodeImpl(s, src, size, dst, false);
+  }
+
+ private:
+  Status DecodeImpl(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst, bool zero_invalid) const {
     MZ_RETURN_IF_ERROR(ValidateShape(s));
     size_t payload = 0;
     MZ_RETURN_IF_ERROR(CheckHeader(src, size, id(), 0, s, &payload));
@@ -169,7 +177,7 @@ class Q4Codec final : public KvCodec {
         p += r;
       }
     }
-    ZeroInvalidRows(s, dst);
+    if (zero_invalid) ZeroInvalidRows(s, dst);
     return Status::Ok();
   }
 };

@@ -105,7 +105,8 @@ size_t Q8PayloadBytes(const ChunkShape& s) { return q8_payload_bytes(s.n_kv_head
 
 using RowDecoder = void (*)(const int8_t*, int, uint16_t, uint16_t*);
 
-Status Q8DecodeWith(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst, RowDecoder row) {
+Status Q8DecodeWith(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst, RowDecoder row,
+                    bool zero_invalid = true) {
   MZ_RETURN_IF_ERROR(ValidateShape(s));
   size_t payload = 0;
   MZ_RETURN_IF_ERROR(CheckHeader(src, size, uint8_t(KvCodecId::kQ8), 0, s, &payload));
@@ -125,7 +126,7 @@ Status Q8DecodeWith(const ChunkShape& s, const uint8_t* src, size_t size, uint16
       row(q8_row_codes(seg, n, d, t), d, hb, out + size_t(t) * d);
     }
   }
-  ZeroInvalidRows(s, dst);
+  if (zero_invalid) ZeroInvalidRows(s, dst);
   return Status::Ok();
 }
 
@@ -159,6 +160,9 @@ class Q8Codec final : public KvCodec {
   }
   Status Decode(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
     return Q8DecodeWith(s, src, size, dst, &Q8DecodeRowSimd);
+  }
+  Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return Q8DecodeWith(s, src, size, dst, &Q8DecodeRowSimd, /*zero_invalid=*/false);
   }
 };
 

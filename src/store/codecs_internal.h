@@ -56,6 +56,9 @@ void GatherValid(const ChunkShape& s, const uint16_t* raw, uint16_t* packed);
 // dst holds the packed valid rows at its start (2*H*n*D elements); spreads them in place into the
 // raw layout and zero-fills the invalid rows.
 void ScatterValidInPlace(const ChunkShape& s, uint16_t* dst);
+// Copies packed valid rows (2*H*n*D elements, any alignment) into their rows of the raw layout;
+// writes nothing else of dst (the invalid rows are left as they are).
+void ScatterValid(const ChunkShape& s, const uint8_t* packed, uint16_t* dst);
 // Zero-fills rows n_tokens..chunk_tokens-1 of every head of both blocks.
 void ZeroInvalidRows(const ChunkShape& s, uint16_t* dst);
 inline size_t ValidElems(const ChunkShape& s) {

@@ -90,6 +90,11 @@ void GatherValid(const ChunkShape& s, const uint16_t* raw, uint16_t* packed) {
   for (int j = 0; j < 2 * s.n_kv_head; j++) std::memcpy(packed + j * seg, raw + j * stride, seg * 2);
 }
 
+void ScatterValid(const ChunkShape& s, const uint8_t* packed, uint16_t* dst) {
+  const size_t seg = size_t(s.n_tokens) * s.head_dim, stride = size_t(s.chunk_tokens) * s.head_dim;
+  for (int j = 0; j < 2 * s.n_kv_head; j++) std::memcpy(dst + j * stride, packed + j * seg * 2, seg * 2);
+}
+
 void ScatterValidInPlace(const ChunkShape& s, uint16_t* dst) {
   const size_t seg = size_t(s.n_tokens) * s.head_dim, stride = size_t(s.chunk_tokens) * s.head_dim;
   if (seg == stride) return;
@@ -309,6 +314,16 @@ class NoneCodec final : public KvCodec {
     ScatterValidInPlace(s, dst);
     return Status::Ok();
   }
+  Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    MZ_RETURN_IF_ERROR(ValidateShape(s));
+    size_t payload = 0;
+    MZ_RETURN_IF_ERROR(CheckHeader(src, size, id(), 0, s, &payload));
+    if (payload != ValidElems(s) * 2)
+      return Status::Corruption("kv codec none: payload of " + std::to_string(payload) + " bytes, expected " +
+                                std::to_string(ValidElems(s) * 2));
+    ScatterValid(s, src + kKvCodecHeaderBytes, dst);  // src may be unaligned: memcpy only
+    return Status::Ok();
+  }
 };
 
 // Base for the two byte compressors: compresses the packed valid rows (gathered into thread-local
@@ -343,6 +358,18 @@ class ByteCodec : public KvCodec {
     const size_t n = ValidElems(s) * 2;
     MZ_RETURN_IF_ERROR(Decompress(src + kKvCodecHeaderBytes, payload, dst, n));
     ScatterValidInPlace(s, dst);
+    return Status::Ok();
+  }
+  Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    if (s.n_tokens == s.chunk_tokens) return Decode(s, src, size, dst);  // every row is valid
+    MZ_RETURN_IF_ERROR(ValidateShape(s));
+    size_t payload = 0;
+    MZ_RETURN_IF_ERROR(CheckHeader(src, size, id(), 0, s, &payload));
+    const size_t n = ValidElems(s) * 2;
+    uint8_t* packed = Scratch(0, n);  // decompressed apart, so dst's invalid rows are never written
+    if (!packed) return Status::NoMemory("kv codec: scratch allocation failed");
+    MZ_RETURN_IF_ERROR(Decompress(src + kKvCodecHeaderBytes, payload, packed, n));
+    ScatterValid(s, packed, dst);
     return Status::Ok();
   }
 

@@ -98,6 +98,12 @@ class KvCodec {
   // Status::Corruption with a message saying what is wrong; never reads src past size or dst past
   // raw_bytes(). On error dst contents are unspecified. Thread-safe.
   virtual Status Decode(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const = 0;
+  // Decode that writes only the valid rows: every byte of dst outside the first n_tokens rows of
+  // each head (of both blocks) is left as it was, never written (a page holding only invalid rows
+  // is never touched). Into memory whose invalid rows read as zero (a fresh anonymous mapping) the
+  // chunk is Decode's, bit for bit: what a restore of a partial chunk uses, so its cost follows
+  // n_tokens rather than chunk_tokens. Same checks, errors, buffers and thread-safety as Decode.
+  virtual Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const = 0;
 };
 
 std::unique_ptr<KvCodec> MakeKvCodec(const std::string& name);  // nullptr if unknown

@@ -52,12 +52,13 @@ void Q8KvToF16(const ChunkShape& s, const uint8_t* q8, uint16_t* f16) {
   kvc::ZeroInvalidRows(s, f16);
 }
 
-void Q8KvFromF16(const ChunkShape& s, const uint16_t* f16, uint8_t* q8) {
+void Q8KvFromF16(const ChunkShape& s, const uint16_t* f16, uint8_t* q8, bool zero_invalid) {
   const int T = s.chunk_tokens, D = s.head_dim, n = s.n_tokens;
   for (int j = 0; j < 2 * s.n_kv_head; ++j) {
     uint8_t* seg = q8_segment(q8, T, D, j);
     const uint16_t* in = f16 + size_t(j) * T * D;
     for (int t = 0; t < n; ++t) Q8KvEncodeRow(in + size_t(t) * D, D, q8_row_codes(seg, T, D, t), q8_row_amax(seg, t));
+    if (!zero_invalid) continue;
     std::memset(q8_row_amax(seg, n), 0, 2 * size_t(T - n));
     std::memset(q8_row_codes(seg, T, D, n), 0, size_t(T - n) * D);
   }
@@ -106,12 +107,22 @@ class Q8KvCodec final : public KvCodec {
   }
 
   Status Decode(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return DecodeImpl(s, src, size, dst, true);
+  }
+  // Only the valid rows' amax and codes are written; the fp16 scratch's invalid rows are never
+  // read or written (the inner codec's DecodeValid, then the conversion of the valid rows).
+  Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
+    return DecodeImpl(s, src, size, dst, false);
+  }
+
+ private:
+  Status DecodeImpl(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst, bool zero_invalid) const {
     uint8_t* q8 = reinterpret_cast<uint8_t*>(dst);
     if (!identity()) {
       MZ_RETURN_IF_ERROR(kvc::ValidateShape(s).With("decoding"));
       uint16_t* f16 = F16Scratch(s.raw_bytes());
-      MZ_RETURN_IF_ERROR(inner_->Decode(s, src, size, f16));
-      Q8KvFromF16(s, f16, q8);
+      MZ_RETURN_IF_ERROR(zero_invalid ? inner_->Decode(s, src, size, f16) : inner_->DecodeValid(s, src, size, f16));
+      Q8KvFromF16(s, f16, q8, zero_invalid);
       return Status::Ok();
     }
     Status v = kvc::ValidateShape(s);
@@ -136,14 +147,14 @@ class Q8KvCodec final : public KvCodec {
       const uint8_t* in = q8_segment(body, n, D, j);
       uint8_t* out = q8_segment(q8, T, D, j);
       std::memcpy(q8_row_amax(out, 0), q8_row_amax(in, 0), 2 * size_t(n));
-      std::memset(q8_row_amax(out, n), 0, 2 * size_t(T - n));
       std::memcpy(q8_row_codes(out, T, D, 0), q8_row_codes(in, n, D, 0), size_t(n) * D);
+      if (!zero_invalid) continue;
+      std::memset(q8_row_amax(out, n), 0, 2 * size_t(T - n));
       std::memset(q8_row_codes(out, T, D, n), 0, size_t(T - n) * D);
     }
     return Status::Ok();
   }
 
- private:
   bool identity() const { return inner_->id() == uint8_t(KvCodecId::kQ8); }
   std::unique_ptr<KvCodec> inner_;
 };

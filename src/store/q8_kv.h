@@ -60,8 +60,9 @@ void Q8KvEncodeRow(const uint16_t* row, int head_dim, int8_t* codes, uint8_t* am
 // row's amax is a finite non-negative fp16 (the process wrote it).
 void Q8KvToF16(const ChunkShape& s, const uint8_t* q8, uint16_t* f16);
 // Encodes rows [0, s.n_tokens) of an fp16 chunk into a resident q8 chunk; rows past n_tokens are
-// zero (amax 0, codes 0).
-void Q8KvFromF16(const ChunkShape& s, const uint16_t* f16, uint8_t* q8);
+// zero (amax 0, codes 0), or with zero_invalid false left as they are (never written). Reads only
+// the valid rows of f16.
+void Q8KvFromF16(const ChunkShape& s, const uint16_t* f16, uint8_t* q8, bool zero_invalid = true);
 
 // The codec `name` for chunks of KV type t: the plain codec for kF16, the adapter described above
 // for kQ8 (Encode's src and Decode's dst are then resident q8 chunks of KvChunkBytes bytes, passed
