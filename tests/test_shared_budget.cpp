@@ -235,7 +235,6 @@ TEST(SharedBudget, SwitchMakesRoomBeforeTheRestore) {
   // About one model and a half: A whole and B's base unit fit, both whole do not.
   const uint64_t layer = a->unit(0).region_bytes;
   auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
-  budget->set_room_behind(false);  // the room pass inside the call (RoomBehindTheRestore: behind it)
   std::unique_ptr<Pool> pa, pb;
   ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
   ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
@@ -281,7 +280,7 @@ TEST(SharedBudget, SwitchMakesRoomBeforeTheRestore) {
   EXPECT_LE(budget->InMemory(), budget->memory_budget());
 }
 
-// The room pass behind the restore (room_behind, the default): the switch hands what is over the
+// The room pass behind the restore (room_behind, an ablation): the switch hands what is over the
 // budget to the budget's thread and its restore starts before the idle model has given anything
 // back (the thread is held until then); at that point the counted bytes plus the incoming weights
 // fit the budget plus the room still pending, pending being what the call handed over. Once
@@ -306,7 +305,9 @@ TEST(SharedBudget, RoomBehindTheRestore) {
   }
   const uint64_t layer = a->unit(0).region_bytes;
   auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
-  ASSERT_TRUE(budget->room_behind()) << "the default";
+  ASSERT_FALSE(budget->room_behind()) << "the default";
+  budget->set_room_behind(true);
+  ASSERT_TRUE(budget->room_behind());
   std::unique_ptr<Pool> pa, pb;
   ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
   ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());

@@ -45,17 +45,18 @@
 // of a model in use the room pass never takes); Settle() waits for that pass. pass_after_return
 // false runs the pass inside the call, as before 0.19.
 //
-// The room pass behind the restore (since session 39, room_behind, on by default with
-// pass_after_return): the call measures (the pools' RAM now plus what it will bring back, after a
-// pass under way has ended) and hands what is over the budget to the budget's thread, which gives
+// The room pass behind the restore (since 0.19, room_behind: an ablation, off by default; with
+// pass_after_return only; session 39's loaded A/B did not show it helps on 2 cores, results.md):
+// the call measures (the pools' RAM now plus what it will bring back, after a pass under way has
+// ended) and hands what is over the budget to the budget's thread, which gives
 // it back from idle models (steps 1 and 2, as the room pass inside the call does) while the call's
 // restore starts. What the budget then guarantees instead of "every restore starts within the
 // budget": every restore starts with the pools' counted bytes plus what it will bring back within
 // the budget plus the room still being given back (handed to the budget's thread, queued or under
 // way: Stats().room_pending_bytes, lowered only once that pass has ended, so the bound holds
-// whenever it is read before the counted bytes). The idle models give back what the room pass
-// inside the call would have (the same bytes, the same order), only not before the restore
-// starts. Its error is counted as a deferred pass's; Settle() waits for it too. When the thread
+// whenever it is read before the counted bytes). The idle models give back as the room pass
+// inside the call would (the same steps and order, for the bytes measured in the call), only not
+// before the restore starts. Its error is counted as a deferred pass's; Settle() waits for it too. When the thread
 // cannot start, the room pass runs inside the call, as without room_behind.
 //
 // Thread-safety: every method may be called from any thread. Pools add themselves at Pool::Open
@@ -123,9 +124,9 @@ class SharedBudget {
   // each whole back to front; true spread by depth. Any thread; passes from now on.
   void set_spread_idle_weights(bool on) { spread_idle_weights_ = on; }
   bool spread_idle_weights() const { return spread_idle_weights_.load(); }
-  // The room pass behind the restore (above): true (default) hands it to the budget's thread when
-  // pass_after_return is on; false runs it inside the call before the restore. Any thread; room
-  // passes from now on.
+  // The room pass behind the restore (above): true hands it to the budget's thread when
+  // pass_after_return is on; false (default) runs it inside the call before the restore. Any
+  // thread; room passes from now on.
   void set_room_behind(bool on) { room_behind_ = on; }
   bool room_behind() const { return room_behind_.load() && pass_after_return_; }
   // The pools' RAM together now (each pool's fresh figures, or its last known while it is busy).
@@ -184,7 +185,7 @@ class SharedBudget {
   const uint64_t memory_budget_;
   const bool pass_after_return_;
   std::atomic<bool> spread_idle_weights_{false};
-  std::atomic<bool> room_behind_{true};
+  std::atomic<bool> room_behind_{false};
   std::mutex mu_;  // guards pools_, stats_ and amount_
   std::vector<Pool*> pools_;
   SharedBudgetStats stats_;
