@@ -1172,6 +1172,14 @@ struct mz_budget_params {
                                    idle model keeping the largest share of its layers, so every
                                    idle model keeps the same front share (an ablation, bench
                                    models' mzcache-spread) */
+  bool room_behind;             /* the room pass before a call's restore (idle models giving back
+                                   for what it will bring back) handed to the budget's thread, so
+                                   the restore starts at once; the pools may then hold above the
+                                   budget by what that pass has yet to give back until it ends
+                                   (mz_budget_settle waits for it). false (default): inside the
+                                   call, every restore starts within the budget. With
+                                   pass_after_return only. An ablation (bench models'
+                                   mzcache-behind): not shown to help on 2 cores */
 };
 struct mz_budget_params mz_budget_default_params(void);
 int mz_budget_new(const struct mz_budget_params* params, mz_budget** out);

@@ -521,6 +521,7 @@ int mz_budget_new(const mz_budget_params* params, mz_budget** out) {
     auto h = std::make_unique<mz_budget>();
     h->budget = std::make_shared<mz::SharedBudget>(p.memory_budget, mz::AmountOptions(), p.pass_after_return);
     h->budget->set_spread_idle_weights(p.spread_idle_weights);
+    h->budget->set_room_behind(p.room_behind);
     *out = h.release();
     return mz::Status::Ok();
   });

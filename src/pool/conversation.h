@@ -53,7 +53,8 @@ class Conversation {
   bool InUse();
   // What this conversation's last Decode or RestoreGenerate spent besides its restore and compute
   // (several models under one budget): the room pass before the restore (idle models giving back
-  // for what the call brings back), its seconds and bytes, and the seconds the budget pass after
+  // for what the call brings back), its seconds and bytes (with SharedBudget::room_behind(), the
+  // seconds of measuring and handing over, and the bytes handed to the budget's thread), and the seconds the budget pass after
   // the call took inside it (0 when handed to the budget's thread: SharedBudget::pass_after_return,
   // or when another call of the same batcher step runs it). Of the last call that succeeded; any
   // thread.

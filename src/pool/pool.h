@@ -402,7 +402,8 @@ class Pool {
   // (SharedBudget::MakeRoom) for what the call will bring back: this model's weight units not
   // resident and c's KV chunks not resident (raw bytes; its last known figures if its report is
   // busy). Without a shared budget: nothing. Errors: the room pass's (the call goes on).
-  // *freed (optional): what the room pass gave back.
+  // *freed (optional): what the room pass gave back, or with SharedBudget::room_behind() what it
+  // handed to the budget's thread to give back behind the restore.
   Status MakeRoomForCall(Conversation& c, uint64_t* freed = nullptr);
   // The pool's LLM memory (every weight unit but the base one, plus every open conversation's KV)
   // and how much of it is in RAM: the amount policy's inputs. Never waits: a busy conversation

@@ -143,7 +143,10 @@ Status Pool::MakeRoomForCall(Conversation& c, uint64_t* freed) {
   }
   (void)TryReportShared(*c.ctx_, &r);  // busy: the last known figures
   if (r.kv_total > r.kv_resident) incoming += r.kv_total - r.kv_resident;
-  return group_->MakeRoom(incoming, freed);
+  uint64_t handed = 0;
+  Status st = group_->MakeRoom(incoming, freed, model_->env(), &handed);
+  if (freed && handed > 0) *freed = handed;  // given back on the budget's thread (room_behind)
+  return st;
 }
 
 Status Pool::EnforceAfterCall(double* ran_here_s) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/sync_point.h"
 #include "env/env.h"
 #include "pool/pool.h"
 
@@ -24,7 +25,33 @@ SharedBudget::~SharedBudget() {
 void SharedBudget::PassThread() {
   std::unique_lock<std::mutex> lk(def_mu_);
   for (;;) {
-    def_cv_.wait(lk, [&] { return def_queued_ || def_stop_; });
+    def_cv_.wait(lk, [&] { return def_queued_ || room_queued_ > 0 || def_stop_; });
+    if (room_queued_ > 0) {
+      // A room pass behind a restore first: the call under way brings back what it makes room
+      // for; the budget pass after a call is not urgent.
+      room_running_ = room_queued_;
+      room_queued_ = 0;
+      const uint64_t bytes = room_running_;
+      lk.unlock();
+      MZ_SYNC_POINT("shared_budget:room_behind", 0);  // tests: handed over, nothing given back yet
+      uint64_t freed = 0;
+      Status st;
+      {
+        std::lock_guard<std::mutex> pass(pass_mu_);
+        st = RoomLocked(bytes, &freed);
+      }
+      {
+        std::lock_guard<std::mutex> slk(mu_);
+        stats_.room_passes_behind++;
+        if (!st.ok()) {
+          if (stats_.deferred_pass_errors++ == 0) stats_.last_deferred_pass_error = st.ToString();
+        }
+      }
+      lk.lock();
+      room_running_ = 0;
+      def_done_cv_.notify_all();
+      continue;
+    }
     if (!def_queued_) return;  // stopping, nothing queued
     def_queued_ = false;
     def_running_ = true;
@@ -51,11 +78,7 @@ Status SharedBudget::EnforceAfterCall(Env* env, double* ran_here_s) {
   if (memory_budget_ == 0) return Status::Ok();
   if (pass_after_return_) {
     std::unique_lock<std::mutex> lk(def_mu_);
-    if (!def_started_ && !def_stop_) {
-      def_env_ = env;
-      def_started_ = env->StartThread([this] { PassThread(); }, &def_thread_).ok();
-    }
-    if (def_started_) {
+    if (StartPassThreadLocked(env)) {
       def_queued_ = true;
       lk.unlock();
       def_cv_.notify_all();
@@ -74,9 +97,19 @@ Status SharedBudget::EnforceAfterCall(Env* env, double* ran_here_s) {
   return st;
 }
 
+bool SharedBudget::StartPassThreadLocked(Env* env) {
+  if (!def_started_ && !def_stop_ && env) {
+    def_env_ = env;
+    def_started_ = env->StartThread([this] { PassThread(); }, &def_thread_).ok();
+  }
+  return def_started_;
+}
+
 void SharedBudget::Settle() {
   std::unique_lock<std::mutex> lk(def_mu_);
-  def_done_cv_.wait(lk, [&] { return !def_started_ || (!def_queued_ && !def_running_); });
+  def_done_cv_.wait(lk, [&] {
+    return !def_started_ || (!def_queued_ && !def_running_ && room_queued_ == 0 && room_running_ == 0);
+  });
 }
 
 void SharedBudget::Add(Pool* p) {
@@ -131,14 +164,41 @@ Status SharedBudget::Enforce() {
   return st;
 }
 
-Status SharedBudget::MakeRoom(uint64_t incoming, uint64_t* freed_out) {
+Status SharedBudget::MakeRoom(uint64_t incoming, uint64_t* freed_out, Env* env, uint64_t* handed) {
   if (freed_out) *freed_out = 0;
+  if (handed) *handed = 0;
   if (memory_budget_ == 0 || incoming == 0) return Status::Ok();
   std::lock_guard<std::mutex> pass(pass_mu_);  // measured after a pass under way has given back
-  const uint64_t want = InMemory() + incoming;
+  // Less what room passes handed over before still have to give back (they will).
+  uint64_t pending = 0;
+  {
+    std::lock_guard<std::mutex> lk(def_mu_);
+    pending = room_queued_ + room_running_;
+  }
+  const uint64_t now = InMemory();
+  const uint64_t want = (now > pending ? now - pending : 0) + incoming;
   if (want <= memory_budget_) return Status::Ok();
+  const uint64_t over = want - memory_budget_;
+  if (room_behind() && env) {
+    std::unique_lock<std::mutex> lk(def_mu_);
+    if (StartPassThreadLocked(env)) {
+      room_queued_ += over;
+      lk.unlock();
+      def_cv_.notify_all();
+      if (handed) *handed = over;
+      return Status::Ok();
+    }
+    // The OS refused the thread: the room pass runs here.
+  }
   uint64_t freed = 0;
-  Status st = EvictAcross(want - memory_budget_, /*pressure=*/false, &freed, /*idle_models_only=*/true);
+  Status st = RoomLocked(over, &freed);
+  if (freed_out) *freed_out = freed;
+  return st;
+}
+
+Status SharedBudget::RoomLocked(uint64_t bytes, uint64_t* freed_out) {
+  uint64_t freed = 0;
+  Status st = EvictAcross(bytes, /*pressure=*/false, &freed, /*idle_models_only=*/true);
   if (freed > 0) {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.passes++;
@@ -146,7 +206,7 @@ Status SharedBudget::MakeRoom(uint64_t incoming, uint64_t* freed_out) {
     stats_.room_passes++;
     stats_.room_bytes += freed;
   }
-  if (freed_out) *freed_out = freed;
+  *freed_out = freed;
   return st;
 }
 
@@ -281,6 +341,10 @@ SharedBudgetStats SharedBudget::Stats() {
   std::lock_guard<std::mutex> lk(mu_);
   SharedBudgetStats s = stats_;
   s.n_pools = int(pools_.size());
+  {
+    std::lock_guard<std::mutex> dl(def_mu_);
+    s.room_pending_bytes = room_queued_ + room_running_;
+  }
   return s;
 }
 

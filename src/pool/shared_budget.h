@@ -45,6 +45,20 @@
 // of a model in use the room pass never takes); Settle() waits for that pass. pass_after_return
 // false runs the pass inside the call, as before 0.19.
 //
+// The room pass behind the restore (since 0.19, room_behind: an ablation, off by default; with
+// pass_after_return only; session 39's loaded A/B did not show it helps on 2 cores, results.md):
+// the call measures (the pools' RAM now plus what it will bring back, after a pass under way has
+// ended) and hands what is over the budget to the budget's thread, which gives
+// it back from idle models (steps 1 and 2, as the room pass inside the call does) while the call's
+// restore starts. What the budget then guarantees instead of "every restore starts within the
+// budget": every restore starts with the pools' counted bytes plus what it will bring back within
+// the budget plus the room still being given back (handed to the budget's thread, queued or under
+// way: Stats().room_pending_bytes, lowered only once that pass has ended, so the bound holds
+// whenever it is read before the counted bytes). The idle models give back as the room pass
+// inside the call would (the same steps and order, for the bytes measured in the call), only not
+// before the restore starts. Its error is counted as a deferred pass's; Settle() waits for it too. When the thread
+// cannot start, the room pass runs inside the call, as without room_behind.
+//
 // Thread-safety: every method may be called from any thread. Pools add themselves at Pool::Open
 // and remove themselves in ~Pool; the SharedBudget must outlive none of them (they hold it by
 // shared_ptr). One pass (Enforce or Evict) runs at a time; a budget pass that finds one under way
@@ -79,6 +93,10 @@ struct SharedBudgetStats {
   // Room passes (MakeRoom, before a call's restore) that gave back something, and their bytes
   // (counted in passes and bytes_evicted too).
   uint64_t room_passes = 0, room_bytes = 0;
+  // Of them, room passes run on the budget's thread behind the restore (room_behind; counted
+  // whether or not they gave back), and the bytes handed to that thread whose pass has not ended
+  // (the transient excess over the budget it allows; 0 once settled).
+  uint64_t room_passes_behind = 0, room_pending_bytes = 0;
   // Pressure events and onTrimMemory calls applied across the pools, and what they gave back.
   uint64_t pressure_events = 0, pressure_bytes = 0;
   uint64_t evict_calls = 0, evict_bytes = 0;  // Evict (mz_budget_evict)
@@ -106,6 +124,11 @@ class SharedBudget {
   // each whole back to front; true spread by depth. Any thread; passes from now on.
   void set_spread_idle_weights(bool on) { spread_idle_weights_ = on; }
   bool spread_idle_weights() const { return spread_idle_weights_.load(); }
+  // The room pass behind the restore (above): true hands it to the budget's thread when
+  // pass_after_return is on; false (default) runs it inside the call before the restore. Any
+  // thread; room passes from now on.
+  void set_room_behind(bool on) { room_behind_ = on; }
+  bool room_behind() const { return room_behind_.load() && pass_after_return_; }
   // The pools' RAM together now (each pool's fresh figures, or its last known while it is busy).
   uint64_t InMemory();
   // Budget bytes not held by any pool now (0 when over).
@@ -128,8 +151,11 @@ class SharedBudget {
   // above): never a model in use, so never the calling model's units nor a conversation in use.
   // What it cannot free there stays over until the budget pass after the call. Waits for a pass
   // under way (a pass never waits for a call, so the caller may hold its conversation).
-  // *freed (optional): what it gave back.
-  Status MakeRoom(uint64_t incoming, uint64_t* freed = nullptr);
+  // *freed (optional): what it gave back here. With room_behind() and env (the thread is started
+  // through it if it is not running) the giving back is handed to the budget's thread instead
+  // (above): *freed is 0 and *handed (optional) is what it handed over. The pools' RAM now is
+  // counted less the room still pending (handed over before, not yet given back).
+  Status MakeRoom(uint64_t incoming, uint64_t* freed = nullptr, Env* env = nullptr, uint64_t* handed = nullptr);
   // Gives back at least bytes (or all it can) across the pools in the order above, taking what
   // a pressure eviction takes (conversations in use too, but never what is computing). *freed
   // (optional). Counted as evict_calls.
@@ -151,10 +177,15 @@ class SharedBudget {
   // idle_models_only: steps 1 and 2 only (the room pass).
   Status EvictAcross(uint64_t bytes, bool pressure, uint64_t* freed, bool idle_models_only = false);
   void PassThread();
+  // Starts the pass thread through env if it is not running. REQUIRES def_mu_. False: refused.
+  bool StartPassThreadLocked(Env* env);
+  // The room pass for bytes over the budget, idle models only. REQUIRES pass_mu_.
+  Status RoomLocked(uint64_t bytes, uint64_t* freed);
 
   const uint64_t memory_budget_;
   const bool pass_after_return_;
   std::atomic<bool> spread_idle_weights_{false};
+  std::atomic<bool> room_behind_{false};
   std::mutex mu_;  // guards pools_, stats_ and amount_
   std::vector<Pool*> pools_;
   SharedBudgetStats stats_;
@@ -164,6 +195,8 @@ class SharedBudget {
   std::mutex def_mu_;
   std::condition_variable def_cv_, def_done_cv_;
   bool def_queued_ = false, def_running_ = false, def_stop_ = false, def_started_ = false;
+  uint64_t room_queued_ = 0;   // bytes handed by room passes behind, not yet taken by the thread
+  uint64_t room_running_ = 0;  // bytes of the room pass the thread runs now
   Env* def_env_ = nullptr;  // the Env the pass thread was started through (its clock)
   std::thread def_thread_;
 };

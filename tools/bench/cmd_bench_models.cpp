@@ -26,7 +26,8 @@
 //   mzcache-spread  mzcache with idle models' weights given back by depth across models
 //                   (mz_budget_params.spread_idle_weights);
 //   mzcache-inpass  mzcache with the budget pass after a call inside it (pass_after_return off, as
-//                   before 0.19).
+//                   before 0.19);
+//   mzcache-behind  mzcache with the room pass behind the restore (mz_budget_params.room_behind).
 // Each system has its own copy of every GGUF (and its own folders), so no system's page cache
 // serves another's reads; dropped weights leave the page cache (the library drops their range),
 // so a restore reads storage, as it does after real pressure.
@@ -306,7 +307,7 @@ class System {
 
 // The mzcache systems' budget: the default, the spread order of idle models' weights
 // (mz_budget_params.spread_idle_weights), or the pass after a call inside it (pass_after_return off).
-enum class BudgetVariant { kDefault, kSpread, kPassInCall };
+enum class BudgetVariant { kDefault, kSpread, kPassInCall, kRoomBehind };
 
 class MzcacheSystem : public System {
  public:
@@ -325,6 +326,7 @@ class MzcacheSystem : public System {
     bp.memory_budget = budget;
     bp.spread_idle_weights = variant_ == BudgetVariant::kSpread;
     bp.pass_after_return = variant_ != BudgetVariant::kPassInCall;
+    bp.room_behind = variant_ == BudgetVariant::kRoomBehind;
     mz_budget* b = nullptr;
     MZ_RETURN_IF_ERROR(MzStatus(mz_budget_new(&bp, &b)));
     budget_.reset(b);
@@ -527,8 +529,8 @@ std::vector<std::string> SplitComma(const std::string& s) {
 
 // The systems --systems names, in the order they alternate (all-in-memory last).
 const char* const kSystemOrder[] = {"mzcache",        "mzcache-serial", "mzcache-overlap", "mzcache-overlap-all",
-                                    "mzcache-spread", "mzcache-inpass", "unload-load",     "llama-server",
-                                    "all-in-memory"};
+                                    "mzcache-spread", "mzcache-inpass", "mzcache-behind",  "unload-load",
+                                    "llama-server",   "all-in-memory"};
 
 // A system by its name; nullptr for an unknown one.
 std::unique_ptr<System> MakeSystem(const std::string& name, const ModelsArgs& a) {
@@ -538,6 +540,7 @@ std::unique_ptr<System> MakeSystem(const std::string& name, const ModelsArgs& a)
   if (name == "mzcache-overlap-all") return std::make_unique<MzcacheSystem>(name, a, MZ_OVERLAP_FULL, BudgetVariant::kDefault, true);
   if (name == "mzcache-spread") return std::make_unique<MzcacheSystem>(name, a, -1, BudgetVariant::kSpread);
   if (name == "mzcache-inpass") return std::make_unique<MzcacheSystem>(name, a, -1, BudgetVariant::kPassInCall);
+  if (name == "mzcache-behind") return std::make_unique<MzcacheSystem>(name, a, -1, BudgetVariant::kRoomBehind);
   if (name == "unload-load") return std::make_unique<UnloadLoadSystem>(name, a);
   if (name == "llama-server") return std::make_unique<LlamaServerSystem>(name, a);
   if (name == "all-in-memory") return std::make_unique<AllInMemorySystem>(name, a);
@@ -781,7 +784,8 @@ int RunModels(const ModelsArgs& a) {
   const std::map<std::string, std::string> folder = {{"mzcache", "/mzcache"}, {"mzcache-serial", "/mzcache-serial"},
                                                      {"mzcache-overlap", "/mzcache-overlap"}, {"mzcache-overlap-all", "/mzcache-overlap-all"},
                                                      {"mzcache-spread", "/mzcache-spread"},
-                                                     {"mzcache-inpass", "/mzcache-inpass"}, {"unload-load", "/unload"},
+                                                     {"mzcache-inpass", "/mzcache-inpass"}, {"mzcache-behind", "/mzcache-behind"},
+                                                     {"unload-load", "/unload"},
                                                      {"llama-server", "/llama"}};
   for (const char* n : kSystemOrder) {
     if (std::string(n) == "all-in-memory" || !want(n)) continue;
@@ -1040,6 +1044,7 @@ void AddModelsBench(CLI::App* bench, Runners& runners) {
                   "mzcache-overlap (restores overlapped with the prefill), mzcache-overlap-all (the same, compute on all its "
                   "threads while restoring), mzcache-spread (idle models' weights given back "
                   "by depth across models), mzcache-inpass (the budget pass after a call inside it, as before 0.19), "
+                  "mzcache-behind (the room pass before a switch's restore on the budget's thread, beside it), "
                   "unload-load, llama-server, all-in-memory");
     AddWeightsOption(c, &a->weights);  // how the mzcache systems hold weights
     c->add_option("--overlap", a->overlap,
