@@ -119,6 +119,19 @@ uint64_t WeightBytes(const Model& m) {
   return d;
 }
 
+// What a pool of a and a pool of b count in memory together right after opening (weights and each
+// pool's own buffers), measured on probe pools in dir/probe-a and dir/probe-b.
+uint64_t BothPoolsBytes(const std::string& dir, Model* a, Model* b) {
+  auto probe = std::make_shared<SharedBudget>(0);
+  uint64_t total = 0;
+  for (auto [m, sub] : {std::pair<Model*, const char*>{a, "/probe-a"}, {b, "/probe-b"}}) {
+    std::unique_ptr<Pool> pp;
+    EXPECT_TRUE(Pool::Open(m, Opts(dir + sub, probe), &pp).ok());
+    if (pp) total += pp->Stats().in_memory;
+  }
+  return total;
+}
+
 TEST(SharedBudget, PoolWithItsOwnBudgetIsRefused) {
   auto m = Load("tiny-qwen3");
   auto b = std::make_shared<SharedBudget>(uint64_t(1) << 30);
@@ -219,22 +232,10 @@ TEST(SharedBudget, SwitchMakesRoomBeforeTheRestore) {
   const std::string dir = FreshDir("room");
   auto a = Load("tiny-qwen3");
   auto bm = Load("tiny-llama");
-  const uint64_t wa = WeightBytes(*a), wb = WeightBytes(*bm);
-  auto probe = std::make_shared<SharedBudget>(0);
-  uint64_t extra_a = 0, extra_b = 0;
-  {
-    std::unique_ptr<Pool> pp;
-    ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/probe-a", probe), &pp).ok());
-    extra_a = pp->Stats().in_memory - wa;
-  }
-  {
-    std::unique_ptr<Pool> pp;
-    ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/probe-b", probe), &pp).ok());
-    extra_b = pp->Stats().in_memory - wb;
-  }
+  const uint64_t both = BothPoolsBytes(dir, a.get(), bm.get());
   // About one model and a half: A whole and B's base unit fit, both whole do not.
   const uint64_t layer = a->unit(0).region_bytes;
-  auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
+  auto budget = std::make_shared<SharedBudget>(both - layer * 5 / 2);
   std::unique_ptr<Pool> pa, pb;
   ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/a", budget), &pa).ok());
   ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/b", budget), &pb).ok());
@@ -290,21 +291,9 @@ TEST(SharedBudget, RoomBehindTheRestore) {
   const std::string dir = FreshDir("behind");
   auto a = Load("tiny-qwen3");
   auto bm = Load("tiny-llama");
-  const uint64_t wa = WeightBytes(*a), wb = WeightBytes(*bm);
-  auto probe = std::make_shared<SharedBudget>(0);
-  uint64_t extra_a = 0, extra_b = 0;
-  {
-    std::unique_ptr<Pool> pp;
-    ASSERT_TRUE(Pool::Open(a.get(), Opts(dir + "/probe-a", probe), &pp).ok());
-    extra_a = pp->Stats().in_memory - wa;
-  }
-  {
-    std::unique_ptr<Pool> pp;
-    ASSERT_TRUE(Pool::Open(bm.get(), Opts(dir + "/probe-b", probe), &pp).ok());
-    extra_b = pp->Stats().in_memory - wb;
-  }
+  const uint64_t both = BothPoolsBytes(dir, a.get(), bm.get());
   const uint64_t layer = a->unit(0).region_bytes;
-  auto budget = std::make_shared<SharedBudget>(wb + extra_b + wa + extra_a - layer * 5 / 2);
+  auto budget = std::make_shared<SharedBudget>(both - layer * 5 / 2);
   ASSERT_FALSE(budget->room_behind()) << "the default";
   budget->set_room_behind(true);
   ASSERT_TRUE(budget->room_behind());

@@ -304,24 +304,27 @@ class NoneCodec final : public KvCodec {
     return Status::Ok();
   }
   Status Decode(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
-    MZ_RETURN_IF_ERROR(ValidateShape(s));
     size_t payload = 0;
-    MZ_RETURN_IF_ERROR(CheckHeader(src, size, id(), 0, s, &payload));
-    if (payload != ValidElems(s) * 2)
-      return Status::Corruption("kv codec none: payload of " + std::to_string(payload) + " bytes, expected " +
-                                std::to_string(ValidElems(s) * 2));
+    MZ_RETURN_IF_ERROR(CheckPayload(s, src, size, &payload));
     std::memcpy(dst, src + kKvCodecHeaderBytes, payload);
     ScatterValidInPlace(s, dst);
     return Status::Ok();
   }
   Status DecodeValid(const ChunkShape& s, const uint8_t* src, size_t size, uint16_t* dst) const override {
-    MZ_RETURN_IF_ERROR(ValidateShape(s));
     size_t payload = 0;
-    MZ_RETURN_IF_ERROR(CheckHeader(src, size, id(), 0, s, &payload));
-    if (payload != ValidElems(s) * 2)
-      return Status::Corruption("kv codec none: payload of " + std::to_string(payload) + " bytes, expected " +
-                                std::to_string(ValidElems(s) * 2));
+    MZ_RETURN_IF_ERROR(CheckPayload(s, src, size, &payload));
     ScatterValid(s, src + kKvCodecHeaderBytes, dst);  // src may be unaligned: memcpy only
+    return Status::Ok();
+  }
+
+ private:
+  // The shape, the header and a payload of exactly the valid rows (*payload: its bytes).
+  Status CheckPayload(const ChunkShape& s, const uint8_t* src, size_t size, size_t* payload) const {
+    MZ_RETURN_IF_ERROR(ValidateShape(s));
+    MZ_RETURN_IF_ERROR(CheckHeader(src, size, id(), 0, s, payload));
+    if (*payload != ValidElems(s) * 2)
+      return Status::Corruption("kv codec none: payload of " + std::to_string(*payload) + " bytes, expected " +
+                                std::to_string(ValidElems(s) * 2));
     return Status::Ok();
   }
 };
